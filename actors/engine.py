@@ -1,0 +1,83 @@
+"""The Engine interface every backend implements, and the choice of backend for an actor.
+
+An engine holds one model and turns requests (token ids + a per-sample seed) into completions. The
+sampling and structured-output settings are per call (one task's shard). Backends:
+- `hf`   (actors/hf_engine.py): transformers on CPU (or any torch device), xgrammar token masks.
+- `vllm` (actors/vllm_engine.py): vLLM on a GPU, CUDA graphs, chunked prefill by profile, xgrammar.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    sample_id: str
+    prompt_token_ids: list[int]
+    seed: int  # used when temperature > 0
+
+
+@dataclass
+class GenResult:
+    sample_id: str
+    output_text: str
+    output_tokens: int
+    finish_reason: str  # stop (EOS, stop string or grammar end) | length
+    latency_s: float | None  # request submitted -> last token
+    ttft_s: float | None  # request submitted -> first token
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """How an engine is configured for a class of shards (DESIGN §3)."""
+    name: str = "short"  # short | long
+    chunked_prefill: bool = False
+    max_num_batched_tokens: int | None = None
+
+
+class Engine(Protocol):
+    kind: str  # "hf" | "vllm"
+    profile: EngineProfile
+
+    def generate(self, requests: Sequence[GenRequest], sampling: SamplingSpec,
+                 structured: StructuredSpec | None) -> list[GenResult]:
+        """Completions in the order of `requests`."""
+
+    def startup(self) -> dict:
+        """Measured start-up figures: load_s, compile_s, graph_capture_s, cuda_graphs, graph_mode,
+        fallback_reason (None where not measured or not applicable)."""
+
+    def close(self) -> None: ...
+
+
+def cuda_and_vllm_available() -> bool:
+    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def choose_backend(model: ModelSpec) -> str:
+    if model.backend != "auto":
+        return model.backend
+    return "vllm" if cuda_and_vllm_available() else "hf"
+
+
+def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_threads: int | None) -> Engine:
+    backend = choose_backend(model)
+    if backend == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise RuntimeError(f"model {model.name}: backend vllm needs vLLM: pip install 'raysweep[vllm]' "
+                               "on a CUDA machine, or set `engine: hf`")
+        from actors.vllm_engine import VllmEngine
+
+        return VllmEngine(model, model_path, profile)
+    from actors.hf_engine import HFEngine
+
+    return HFEngine(model, model_path, profile, num_threads=num_threads)

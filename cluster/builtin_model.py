@@ -1,0 +1,151 @@
+"""`builtin:tiny`: a small Llama-architecture causal LM that raysweep builds locally, with no downloads.
+
+The weights are random (seeded numpy PCG64), so its answers are noise: it exists so that a whole sweep,
+structured decoding included, runs on a laptop, in CI and on a GPU under vLLM. Everything is written in
+standard Hugging Face form (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) and
+built deterministically: two builds are byte-identical. Building needs numpy, safetensors and tokenizers,
+not torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+BUILTIN_PREFIX = "builtin:"
+VERSION = "v1"  # bump when the recipe changes: the cache directory is keyed by it
+
+# Byte-level vocabulary: ids 0-255 are the bytes, then these special tokens, in this order.
+SPECIAL_TOKENS = ("<|end|>", "<|pad|>", "<|bos|>", "<|system|>", "<|user|>", "<|assistant|>",
+                  "<|reserved_0|>", "<|reserved_1|>")
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+)
+
+CONFIGS = {
+    "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=32768, seed=20261121),
+}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RAYSWEEP_CACHE", Path.home() / ".cache" / "raysweep"))
+
+
+def is_builtin(path: str) -> bool:
+    return path.startswith(BUILTIN_PREFIX)
+
+
+def resolve_model_path(path: str) -> str:
+    """A local directory or hub id as given; `builtin:NAME` built (once) into the cache."""
+    if not is_builtin(path):
+        return path
+    name = path[len(BUILTIN_PREFIX):]
+    if name not in CONFIGS:
+        raise ValueError(f"{path}: unknown builtin model; known: {', '.join(BUILTIN_PREFIX + n for n in CONFIGS)}")
+    target = cache_root() / f"builtin-{name}-{VERSION}"
+    if not (target / "model.safetensors").exists():
+        build(name, target)
+    return str(target)
+
+
+def build(name: str, target: Path) -> None:
+    """Write the model into `target` atomically: build in a sibling temp dir, then rename."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        _write_model(CONFIGS[name], tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process finished the same build first; its copy is identical
+            if not (target / "model.safetensors").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_model(cfg: dict, out: Path) -> None:
+    vocab_size = 256 + len(SPECIAL_TOKENS)
+    end_id, pad_id, bos_id = 256, 257, 258
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": vocab_size, "hidden_size": cfg["hidden_size"],
+        "intermediate_size": cfg["intermediate_size"], "num_hidden_layers": cfg["num_hidden_layers"],
+        "num_attention_heads": cfg["num_attention_heads"], "num_key_value_heads": cfg["num_key_value_heads"],
+        "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"],
+        "max_position_embeddings": cfg["max_position_embeddings"], "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": True,
+        "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02,
+        "bos_token_id": bos_id, "eos_token_id": end_id, "pad_token_id": pad_id,
+        "torch_dtype": "bfloat16",  # vLLM runs it in bf16; the CPU engine loads it as float32
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": bos_id, "eos_token_id": end_id, "pad_token_id": pad_id}, indent=2, sort_keys=True) + "\n")
+    _write_weights(config, cfg["seed"], out / "model.safetensors")
+    _write_tokenizer(out)
+
+
+def _write_weights(config: dict, seed: int, path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    rng = np.random.Generator(np.random.PCG64(seed))
+    h, inter = config["hidden_size"], config["intermediate_size"]
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    std = config["initializer_range"]
+
+    def normal(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float32)
+
+    tensors = {"model.embed_tokens.weight": normal(config["vocab_size"], h)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors[p + "self_attn.q_proj.weight"] = normal(h, h)
+        tensors[p + "self_attn.k_proj.weight"] = normal(kv, h)
+        tensors[p + "self_attn.v_proj.weight"] = normal(kv, h)
+        tensors[p + "self_attn.o_proj.weight"] = normal(h, h)
+        tensors[p + "mlp.gate_proj.weight"] = normal(inter, h)
+        tensors[p + "mlp.up_proj.weight"] = normal(inter, h)
+        tensors[p + "mlp.down_proj.weight"] = normal(h, inter)
+        tensors[p + "input_layernorm.weight"] = np.ones(h, dtype=np.float32)
+        tensors[p + "post_attention_layernorm.weight"] = np.ones(h, dtype=np.float32)
+    tensors["model.norm.weight"] = np.ones(h, dtype=np.float32)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _write_tokenizer(out: Path) -> None:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = ByteLevel.alphabet()  # the 256 printable stand-ins GPT-2 uses for bytes
+    byte_chars = sorted(alphabet, key=lambda ch: _byte_of(ch))
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(byte_chars)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n")
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 32768,
+        "bos_token": "<|bos|>", "eos_token": "<|end|>", "pad_token": "<|pad|>",
+        "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": "<|bos|>", "eos_token": "<|end|>", "pad_token": "<|pad|>"}, indent=2, sort_keys=True) + "\n")
+
+
+def _byte_of(ch: str) -> int:
+    """Inverse of GPT-2's bytes_to_unicode: printable latin-1 bytes map to themselves, the rest to 256+n."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    if ord(ch) in printable:
+        return ord(ch)
+    others = [b for b in range(256) if b not in printable]
+    return others[ord(ch) - 256]

@@ -1,0 +1,185 @@
+"""One sweep, end to end, on a Ray cluster that is already connected (jobs/ calls ray.init):
+
+1. preflight: resolve every model, load its tokenizer, load and check every task's data and
+   structured spec, plan shards (prompts measured in tokens) — all before any actor is started;
+2. open the output: committed shards of an earlier run of the same spec are skipped;
+3. per model: start its actors, fan its shards out, score and commit each result as it arrives;
+4. write telemetry and the summary; report failed shards.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pyarrow as pa
+import ray
+
+from cluster.builtin_model import resolve_model_path
+from cluster.data import TaskData, load_task
+from cluster.planner import TaskPlan, plan_task
+from cluster.scheduler import Job, SchedulerEvents, ShardScheduler
+from cluster.scoring import scorer_for
+from cluster.sink import ResultSink
+from cluster.spec import ModelSpec, SweepSpec
+from cluster.structured import check as check_structured
+from cluster.structured import is_valid
+
+
+class PreflightFailure(ValueError):
+    """Raised before any actor starts; the message names the model, task, file or field."""
+
+
+@dataclass
+class ModelPlan:
+    model: ModelSpec
+    path: str  # resolved local path (builtin models built)
+    tasks: list[TaskPlan]
+
+
+@dataclass
+class SweepReport:
+    output: str
+    summary: pa.Table
+    failed: dict = field(default_factory=dict)  # shard_id -> manifest entry with errors
+    wall_s: float = 0.0
+    samples: int = 0
+    shards_run: int = 0
+    shards_skipped: int = 0  # committed by an earlier run
+
+
+def preflight(spec: SweepSpec) -> list[ModelPlan]:
+    data: list[TaskData] = []
+    for task in spec.tasks:
+        if task.structured is not None:
+            try:
+                check_structured(task.structured)
+            except ValueError as e:
+                raise PreflightFailure(f"{spec.source}: tasks.{task.name}.structured.{e}") from None
+        data.append(load_task(spec, task))
+    plans = []
+    for model in spec.models:
+        path, tokenizer, max_len = _load_model_meta(model)
+        plans.append(ModelPlan(model, path, [plan_task(model, d, tokenizer, max_len, spec.shards) for d in data]))
+    return plans
+
+
+def _load_model_meta(model: ModelSpec):
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        path = resolve_model_path(model.path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:  # OSError, ValueError, hub errors: all mean "this model cannot be loaded"
+        raise PreflightFailure(f"model {model.name}: cannot load {model.path!r}: {str(e).splitlines()[0]}") from None
+    max_len = model.engine.get("max_model_len") or getattr(config, "max_position_embeddings", None)
+    return path, tokenizer, max_len
+
+
+def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], None] = print,
+              max_attempts: int = 3) -> SweepReport:
+    started = time.perf_counter()
+    plans = preflight(spec)
+    sink = ResultSink(output or spec.output, spec)
+    done = sink.committed()
+    all_ids = [s.shard_id for mp in plans for tp in mp.tasks for s in tp.shards]
+    sink.plan(all_ids)
+    report = SweepReport(output=output or spec.output, summary=pa.table({}), shards_skipped=len(done & set(all_ids)))
+    if report.shards_skipped:
+        log(f"[raysweep] resuming: {report.shards_skipped} of {len(all_ids)} shards already committed")
+    progress = _Progress(sum(s.n_samples for mp in plans for tp in mp.tasks for s in tp.shards
+                             if s.shard_id not in done), log)
+    for mp in plans:
+        jobs = [Job(s, tp.task) for tp in mp.tasks for s in tp.shards if s.shard_id not in done]
+        if jobs:
+            _run_model(spec, mp, jobs, sink, progress, max_attempts)
+            report.shards_run += len(jobs)
+    report.summary = sink.finish()
+    report.failed = sink.failed()
+    report.samples, report.wall_s = progress.done, time.perf_counter() - started
+    return report
+
+
+def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink, progress: "_Progress",
+               max_attempts: int) -> None:
+    from actors.engine import EngineProfile
+    from actors.evaluator import EvalActor
+
+    num_gpus = spec.actors.num_gpus if ray.cluster_resources().get("GPU", 0) > 0 else 0
+    remote = ray.remote(EvalActor)
+    namespace = f"raysweep-{spec.name}"
+
+    def spawn(n: int):
+        return remote.options(name=f"raysweep:{spec.name}:{mp.model.name}:{n}", namespace=namespace,
+                              num_cpus=spec.actors.num_cpus, num_gpus=num_gpus, max_restarts=0).remote(
+            mp.model, mp.path, EngineProfile(), spec.actors.num_cpus)
+
+    task_plans = {tp.task.name: tp for tp in mp.tasks}
+
+    def on_result(job: Job, table: pa.Table, telemetry: dict) -> None:
+        scored = _score(spec, mp.model, job, table, task_plans[job.task.name])
+        sink.commit(job.shard.shard_id, mp.model.name, job.task.name, job.shard.index, scored, job.attempt)
+        sink.add_telemetry("shards", telemetry)
+        progress.add(job.shard.n_samples, job.shard.shard_id)
+
+    def on_attempt_failed(job: Job, error: str) -> None:
+        sink.add_telemetry("shards", {"shard_id": job.shard.shard_id, "attempt": job.attempt, "error": error})
+        progress.log(f"[raysweep] shard {job.shard.shard_id} attempt {job.attempt} failed: {error}")
+
+    def on_failed(job: Job) -> None:
+        sink.fail(job.shard.shard_id, job.errors)
+        progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED after {job.attempt} attempts")
+
+    events = SchedulerEvents(on_result=on_result, on_failed=on_failed, on_attempt_failed=on_attempt_failed,
+                             on_actor_started=lambda row: sink.add_telemetry("actors", row))
+    ShardScheduler(spawn, spec.actors.count, events, max_attempts=max_attempts).run(jobs)
+
+
+def _score(spec: SweepSpec, model: ModelSpec, job: Job, table: pa.Table, plan: TaskPlan) -> pa.Table:
+    """Add the driver-side columns: identity, prompt tokens, target, structured validity, score."""
+    task, shard = job.task, job.shard
+    scorer = scorer_for(task)
+    outputs, statuses = table["output_text"].to_pylist(), table["status"].to_pylist()
+    targets = [plan.targets[sid] for sid in table["sample_id"].to_pylist()]
+    generated = [s in ("ok", "truncated") and o is not None for o, s in zip(outputs, statuses)]
+    valid = [is_valid(task.structured, o) if g and task.structured else None for o, g in zip(outputs, generated)]
+    scores = [scorer(o, t) if g and scorer else None for o, t, g in zip(outputs, targets, generated)]
+    n = table.num_rows
+    # model and task are dictionary-encoded: the type readers infer from the model=/task= directories,
+    # so pyarrow, pandas and DuckDB read the results folder as one table without a type clash
+    return table.add_column(0, "sweep", pa.array([spec.name] * n)) \
+        .add_column(1, "model", pa.array([model.name] * n).dictionary_encode()) \
+        .add_column(2, "task", pa.array([task.name] * n).dictionary_encode()) \
+        .add_column(4, "shard_id", pa.array([shard.shard_id] * n)) \
+        .append_column("prompt_tokens", shard.rows["prompt_tokens"]) \
+        .append_column("structured", pa.array([task.structured.kind if task.structured else None] * n, pa.string())) \
+        .append_column("structured_valid", pa.array(valid, pa.bool_())) \
+        .append_column("target", pa.array([None if t is None else t if isinstance(t, str) else _json(t)
+                                           for t in targets], pa.string())) \
+        .append_column("score", pa.array(scores, pa.float64()))
+
+
+def _json(value) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)
+
+
+class _Progress:
+    """Samples done, rate and ETA, as log lines (readable under `ray job logs`)."""
+
+    def __init__(self, total: int, log: Callable[[str], None], every_s: float = 2.0):
+        self.total, self.log, self.every_s = total, log, every_s
+        self.done, self.started, self.last = 0, time.perf_counter(), 0.0
+
+    def add(self, n: int, shard_id: str) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if now - self.last >= self.every_s or self.done >= self.total:
+            self.last = now
+            rate = self.done / max(now - self.started, 1e-9)
+            eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+            self.log(f"[raysweep] {self.done}/{self.total} samples ({100 * self.done / max(self.total, 1):.0f}%) "
+                     f"{rate:.1f} samples/s, ETA {eta:.0f}s — last: {shard_id}")

@@ -1,0 +1,119 @@
+"""Fans shards out over a pool of Ray actors and collects them as they finish (`ray.wait`).
+
+Each actor is kept `depth` shards deep, so it starts the next shard the moment it finishes one and a
+slow shard never idles the others. A shard whose actor dies is retried on a fresh actor; a shard that
+raises is retried; after `max_attempts` it is reported as failed and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from cluster.planner import Shard
+from cluster.spec import TaskSpec
+
+
+@dataclass
+class Job:
+    shard: Shard
+    task: TaskSpec
+    attempt: int = 1
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Slot:
+    handle: Any
+    number: int  # the n in the actor's name
+    inflight: int = 0
+
+
+@dataclass
+class SchedulerEvents:
+    """What the scheduler reports; the sink and progress reporting subscribe."""
+    on_result: Callable[[Job, Any, dict], None]  # (job, results table, telemetry row)
+    on_failed: Callable[[Job], None]  # every attempt failed; job.errors says why
+    on_attempt_failed: Callable[[Job, str], None] = lambda job, error: None
+    on_actor_started: Callable[[dict], None] = lambda row: None
+
+
+class ShardScheduler:
+    def __init__(self, spawn: Callable[[int], Any], n_actors: int, events: SchedulerEvents,
+                 max_attempts: int = 3, depth: int = 2):
+        if n_actors < 1 or max_attempts < 1 or depth < 1:
+            raise ValueError("n_actors, max_attempts and depth must be >= 1")
+        self.spawn, self.n_actors, self.events = spawn, n_actors, events
+        self.max_attempts, self.depth = max_attempts, depth
+        self.actors_started = 0
+        self.actor_deaths = 0
+
+    def run(self, jobs: list[Job]) -> None:
+        pending = deque(jobs)
+        slots = [self._start() for _ in range(min(self.n_actors, len(jobs)))]
+        inflight: dict[Any, tuple[str, Any, _Slot]] = {}
+        for slot in slots:
+            inflight[slot.handle.startup.remote()] = ("startup", None, slot)
+        try:
+            while pending or any(kind == "shard" for kind, _, _ in inflight.values()):
+                for slot in slots:
+                    while pending and slot.inflight < self.depth:
+                        job = pending.popleft()
+                        inflight[slot.handle.run_shard.remote(job.shard, job.task, job.attempt)] = ("shard", job, slot)
+                        slot.inflight += 1
+                [ref], _ = ray.wait(list(inflight), num_returns=1)
+                kind, job, slot = inflight.pop(ref)
+                self._collect(ref, kind, job, slot, slots, pending, inflight)
+        finally:
+            for slot in slots:
+                ray.kill(slot.handle)
+
+    def _collect(self, ref, kind: str, job: Job | None, slot: _Slot, slots: list[_Slot],
+                 pending: deque, inflight: dict) -> None:
+        if kind == "shard":
+            slot.inflight -= 1
+        try:
+            value = ray.get(ref)
+        except RayActorError as e:
+            if slot in slots:  # the first failure seen from this actor: replace it
+                self.actor_deaths += 1
+                if self.actor_deaths > self.n_actors * self.max_attempts:
+                    raise RuntimeError(f"{self.actor_deaths} actors died; the last: {_first_line(e)}") from e
+                slots[slots.index(slot)] = replacement = self._start()
+                inflight[replacement.handle.startup.remote()] = ("startup", None, replacement)
+            if job is not None:
+                self._retry(job, f"actor died: {_first_line(e)}", pending)
+            return
+        except RayTaskError as e:
+            if job is None:
+                raise  # engine start-up raised: the model cannot run, stop the sweep
+            self._retry(job, _first_line(e.cause if e.cause is not None else e), pending)
+            return
+        if kind == "startup":
+            self.events.on_actor_started(value)
+        else:
+            self.events.on_result(job, *value)
+
+    def _retry(self, job: Job, error: str, pending: deque) -> None:
+        job.errors.append(error)
+        self.events.on_attempt_failed(job, error)
+        if job.attempt >= self.max_attempts:
+            self.events.on_failed(job)
+        else:
+            job.attempt += 1
+            pending.appendleft(job)
+
+    def _start(self) -> _Slot:
+        number = self.actors_started
+        self.actors_started += 1
+        return _Slot(handle=self.spawn(number), number=number)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    lines = [line for line in text.splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[-1] if lines else text}"[:2000]

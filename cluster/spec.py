@@ -1,0 +1,339 @@
+"""The sweep spec (DESIGN §2): YAML in, validated frozen dataclasses out.
+
+Each dataclass checks its own values in ``__post_init__`` and raises ``ValueError`` naming the field;
+``load_spec`` reads the YAML, rejects unknown keys, and re-raises every problem as ``SpecError`` with the
+file and the full field path (``quickstart.yaml: tasks[1].sampling.max_tokens: must be >= 1, got 0``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BACKENDS = ("auto", "vllm", "hf")
+STRUCTURED_KINDS = ("json_schema", "choice", "regex", "grammar")
+SCORERS = ("exact_match", "numeric_match", "choice", "json_match", "regex_match")
+LENGTH_POLICIES = ("error", "truncate_left", "skip")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # names become directory names and actor names
+
+
+class SpecError(ValueError):
+    """A sweep spec that cannot run; the message names the file and the field."""
+
+
+def _check_name(value: str, what: str = "name") -> None:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise ValueError(f"{what}: {value!r} must be letters, digits, '.', '_' or '-'")
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    max_tokens: int = 256  # generated tokens at most, per sample
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    stop: tuple[str, ...] = ()  # output ends before the first of these strings
+    seed: int = 0  # per-sample seeds are derived from this and the sample id
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature: must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k: must be an integer >= 0, got {self.top_k!r}")
+        if not isinstance(self.seed, int):
+            raise ValueError(f"seed: must be an integer, got {self.seed!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop: must be non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", stop)
+
+
+@dataclass(frozen=True)
+class StructuredSpec:
+    kind: str  # json_schema | choice | regex | grammar (xgrammar EBNF)
+    value: Any  # the schema (dict), the choices (tuple of str), the pattern or the grammar text
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"{self.kind}: unknown structured kind; use one of {', '.join(STRUCTURED_KINDS)}")
+        if self.kind == "json_schema" and not isinstance(self.value, dict):
+            raise ValueError(f"json_schema: must be a mapping (a JSON schema), got {type(self.value).__name__}")
+        if self.kind == "choice":
+            if not isinstance(self.value, (list, tuple)) or not self.value:
+                raise ValueError("choice: must be a non-empty list of strings")
+            if not all(isinstance(c, str) and c for c in self.value):
+                raise ValueError(f"choice: every choice must be a non-empty string, got {self.value!r}")
+            object.__setattr__(self, "value", tuple(self.value))
+        if self.kind in ("regex", "grammar") and (not isinstance(self.value, str) or not self.value):
+            raise ValueError(f"{self.kind}: must be a non-empty string")
+
+    def key(self) -> str:
+        """A stable text key (grammar caches, spec hash)."""
+        return json.dumps([self.kind, self.value], sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ScorerSpec:
+    name: str  # one of SCORERS
+    args: dict = field(default_factory=dict)  # e.g. json_match {fields: [...]}, regex_match {pattern: ...}
+
+    def __post_init__(self) -> None:
+        if self.name not in SCORERS:
+            raise ValueError(f"{self.name}: unknown scorer; use one of {', '.join(SCORERS)}")
+        allowed = {"json_match": {"fields"}, "regex_match": {"pattern", "group"}, "choice": {"choices"}}
+        extra = set(self.args) - allowed.get(self.name, set())
+        if extra:
+            raise ValueError(f"{sorted(extra)[0]}: not an argument of scorer {self.name}")
+        if self.name == "regex_match":
+            pattern = self.args.get("pattern")
+            if not isinstance(pattern, str):
+                raise ValueError("pattern: regex_match needs a `pattern` (a regular expression)")
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"pattern: does not compile: {e}") from None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    data: str  # JSONL or Parquet file, one row per sample (relative paths: from the spec's folder)
+    prompt: str | None = None  # str.format template over the row's columns
+    messages: str | None = None  # or: the column holding chat messages, rendered by the model's chat template
+    chat: bool = False  # wrap the rendered `prompt` as a user message and apply the chat template
+    system: str | None = None  # system message when `chat` or `messages` is used
+    target: str | None = None  # column holding the reference answer
+    id_column: str | None = None  # column holding sample ids; default: the row number
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    structured: StructuredSpec | None = None
+    scorer: ScorerSpec | None = None
+    length_policy: str = "error"  # prompt + max_tokens over max_model_len: error | truncate_left | skip
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        if not isinstance(self.data, str) or not self.data:
+            raise ValueError("data: a JSONL or Parquet file is required")
+        if not self.data.endswith((".jsonl", ".parquet")):
+            raise ValueError(f"data: {self.data!r} must end in .jsonl or .parquet")
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: give exactly one of `prompt` (a template) or `messages` (a column)")
+        if self.messages is not None and self.chat:
+            raise ValueError("chat: `messages` tasks always use the chat template; drop `chat`")
+        if self.scorer is not None and self.target is None:
+            raise ValueError(f"target: scorer {self.scorer.name} needs a target column")
+        if self.length_policy not in LENGTH_POLICIES:
+            raise ValueError(f"length_policy: must be one of {', '.join(LENGTH_POLICIES)}, got {self.length_policy!r}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: str  # local directory, hub id, or builtin:tiny
+    backend: str = "auto"  # auto: vLLM where CUDA and vLLM are present, else the CPU (transformers) engine
+    engine: dict = field(default_factory=dict)  # passed to the engine as is (max_model_len, ...)
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        if not isinstance(self.path, str) or not self.path:
+            raise ValueError("path: a model directory, hub id or builtin:tiny is required")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"engine.backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        max_len = self.engine.get("max_model_len")
+        if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
+            raise ValueError(f"engine.max_model_len: must be an integer >= 1, got {max_len!r}")
+
+
+@dataclass(frozen=True)
+class ShardLimits:
+    max_samples: int = 512  # samples per shard at most
+    max_tokens: int = 262_144  # prompt + max output tokens per shard at most
+
+    def __post_init__(self) -> None:
+        for name in ("max_samples", "max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    count: int = 1  # actors per model
+    num_gpus: float = 1.0  # GPUs per actor (fractions share a GPU); ignored where the cluster has none
+    num_cpus: float = 1.0  # CPUs per actor; the CPU engine uses this many threads
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(f"count: must be an integer >= 1, got {self.count!r}")
+        if not isinstance(self.num_gpus, (int, float)) or self.num_gpus < 0:
+            raise ValueError(f"num_gpus: must be >= 0, got {self.num_gpus!r}")
+        if not isinstance(self.num_cpus, (int, float)) or self.num_cpus <= 0:
+            raise ValueError(f"num_cpus: must be > 0, got {self.num_cpus!r}")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    output: str  # local path (relative: from the current directory) or a pyarrow filesystem URI
+    models: tuple[ModelSpec, ...]
+    tasks: tuple[TaskSpec, ...]
+    shards: ShardLimits = field(default_factory=ShardLimits)
+    actors: ActorSpec = field(default_factory=ActorSpec)
+    source: str = "<spec>"  # the file it came from, for error messages
+    base_dir: str = "."  # relative data paths are resolved from here
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        if not self.models:
+            raise ValueError("models: at least one model is required")
+        if not self.tasks:
+            raise ValueError("tasks: at least one task is required")
+        for what, items in (("models", self.models), ("tasks", self.tasks)):
+            names = [item.name for item in items]
+            dup = next((n for n in names if names.count(n) > 1), None)
+            if dup:
+                raise ValueError(f"{what}: name {dup!r} is used twice")
+
+    def data_path(self, task: TaskSpec) -> str:
+        return task.data if os.path.isabs(task.data) else os.path.join(self.base_dir, task.data)
+
+    def digest(self) -> str:
+        """Hash of everything that changes results (not the output location)."""
+        body = dataclasses.asdict(self)
+        for key in ("output", "source", "base_dir"):
+            body.pop(key)
+        return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class _Fields:
+    """Reads one YAML mapping, tracking the field path and rejecting unknown keys."""
+
+    def __init__(self, raw: Any, path: str):
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path or 'spec'}: must be a mapping, got {type(raw).__name__}")
+        self.raw, self.path = dict(raw), path
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        return self.raw.pop(key, default)
+
+    def done(self) -> None:
+        if self.raw:
+            raise ValueError(f"{self.at(sorted(self.raw)[0])}: unknown field")
+
+
+def _build(cls: type, where: str, **kwargs: Any) -> Any:
+    """Construct a dataclass, prefixing its ValueError with the field path `where`."""
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # e.g. a wrong argument type reaching the constructor
+        raise ValueError(f"{where or 'spec'}: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"{where}.{e}" if where else str(e)) from None
+
+
+def _sampling(raw: Any, path: str) -> SamplingSpec:
+    f = _Fields(raw or {}, path)
+    keys = [k.name for k in dataclasses.fields(SamplingSpec)]
+    spec = _build(SamplingSpec, path, **{k: f.pop(k) for k in keys})
+    f.done()
+    return spec
+
+
+def _structured(raw: Any, path: str) -> StructuredSpec | None:
+    if raw is None:
+        return None
+    f = _Fields(raw, path)
+    if len(f.raw) != 1:
+        raise ValueError(f"{path}: give exactly one of {', '.join(STRUCTURED_KINDS)}")
+    kind, value = next(iter(f.raw.items()))
+    return _build(StructuredSpec, path, kind=kind, value=value)
+
+
+def _scorer(raw: Any, path: str) -> ScorerSpec | None:
+    if raw is None or isinstance(raw, str):
+        return _build(ScorerSpec, path, name=raw) if raw else None
+    f = _Fields(raw, path)
+    name = f.pop("name")
+    return _build(ScorerSpec, path, name=name, args=f.raw)
+
+
+def _task(raw: Any, path: str) -> TaskSpec:
+    f = _Fields(raw, path)
+    task = _build(
+        TaskSpec, path,
+        name=f.pop("name"), data=f.pop("data"), prompt=f.pop("prompt"), messages=f.pop("messages"),
+        chat=f.pop("chat"), system=f.pop("system"), target=f.pop("target"), id_column=f.pop("id_column"),
+        sampling=_sampling(f.pop("sampling"), f.at("sampling")),
+        structured=_structured(f.pop("structured"), f.at("structured")),
+        scorer=_scorer(f.pop("scorer"), f.at("scorer")),
+        length_policy=f.pop("length_policy"),
+    )
+    f.done()
+    return task
+
+
+def _model(raw: Any, path: str) -> ModelSpec:
+    f = _Fields(raw, path)
+    engine = f.pop("engine") or {}
+    if isinstance(engine, str):  # `engine: vllm` forces a backend with default engine arguments
+        engine = {"backend": engine}
+    if not isinstance(engine, dict):
+        raise ValueError(f"{f.at('engine')}: must be a backend name or a mapping of engine arguments")
+    engine = dict(engine)
+    model = _build(ModelSpec, path, name=f.pop("name"), path=f.pop("path"),
+                   backend=engine.pop("backend", None), engine=engine)
+    f.done()
+    return model
+
+
+def _listed(raw: Any, key: str, build) -> tuple:
+    if not isinstance(raw, list):
+        raise ValueError(f"{key}: must be a list")
+    return tuple(build(item, f"{key}[{i}]") for i, item in enumerate(raw))
+
+
+def parse_spec(raw: Any, source: str = "<spec>", base_dir: str = ".") -> SweepSpec:
+    """Validate a parsed YAML document; errors are SpecError naming `source` and the field."""
+    try:
+        f = _Fields(raw, "")
+        shards, actors = _Fields(f.pop("shards") or {}, "shards"), _Fields(f.pop("actors") or {}, "actors")
+        spec = _build(
+            SweepSpec, "",
+            name=f.pop("name"), output=f.pop("output") or f"results/{raw.get('name', 'sweep')}",
+            models=_listed(f.pop("models"), "models", _model),
+            tasks=_listed(f.pop("tasks"), "tasks", _task),
+            shards=_build(ShardLimits, "shards", **{k: shards.pop(k) for k in ("max_samples", "max_tokens")}),
+            actors=_build(ActorSpec, "actors", **{k: actors.pop(k) for k in ("count", "num_gpus", "num_cpus")}),
+            source=source, base_dir=base_dir,
+        )
+        for part in (f, shards, actors):
+            part.done()
+    except ValueError as e:
+        raise SpecError(f"{source}: {e}") from None
+    return spec
+
+
+def load_spec(path: str | os.PathLike) -> SweepSpec:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {e}") from None
+    return parse_spec(raw, source=str(path), base_dir=str(path.resolve().parent))

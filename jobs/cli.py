@@ -1,0 +1,53 @@
+"""The `raysweep` command: `raysweep run SPEC` runs a sweep, `raysweep plan SPEC` prints its plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from jobs.sweep import add_run_arguments, guarded, run
+
+
+def plan(args: argparse.Namespace) -> int:
+    from cluster.run import preflight
+    from cluster.spec import load_spec
+
+    rows = []
+    for mp in preflight(load_spec(args.spec)):
+        for tp in mp.tasks:
+            lengths = tp.lengths
+            rows.append({
+                "model": mp.model.name, "task": tp.task.name, "samples": int(len(lengths)), "shards": len(tp.shards),
+                "tokens_p50": int(np.percentile(lengths, 50)), "tokens_p95": int(np.percentile(lengths, 95)),
+                "tokens_max": int(lengths.max()), "threshold": tp.threshold,
+                "short_shards": sum(s.profile == "short" for s in tp.shards),
+                "long_shards": sum(s.profile == "long" for s in tp.shards),
+                "truncated": tp.n_truncated, "skipped": tp.n_skipped, "limit": tp.limit,
+            })
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    cols = list(rows[0]) if rows else []
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join("—" if r[c] is None else str(r[c]) for c in cols) + " |")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="raysweep", description="Ray-distributed LLM evaluation sweeps.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_run_arguments(sub.add_parser("run", help="run a sweep"))
+    plan_parser = sub.add_parser("plan", help="print the shard plan of a sweep (no GPUs claimed)")
+    plan_parser.add_argument("spec", help="sweep spec (YAML)")
+    plan_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+    return guarded(run if args.command == "run" else plan, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

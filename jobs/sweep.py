@@ -1,0 +1,76 @@
+"""`python -m jobs.sweep SPEC` — run a sweep; the entry point for `ray job submit` and `raysweep run`.
+
+This is the edge of the driver process: every expected error (bad spec, bad data, a model that cannot
+load, an unusable output) is printed as one line and exits 2; a sweep with failed shards exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXPECTED_ERRORS = ("SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", help="sweep spec (YAML)")
+    parser.add_argument("--output", help="output directory or URI (default: the spec's `output`)")
+    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local cluster)")
+    parser.add_argument("--max-attempts", type=int, default=3, help="attempts per shard before it is failed")
+
+
+def run(args: argparse.Namespace) -> int:
+    import ray
+
+    from cluster.run import run_sweep
+    from cluster.spec import load_spec
+
+    spec = load_spec(args.spec)  # before ray.init: a bad spec fails in a second
+    ray.init(address=args.address, log_to_driver=True)
+    try:
+        report = run_sweep(spec, output=args.output, max_attempts=args.max_attempts)
+    finally:
+        ray.shutdown()
+    print(format_summary(report.summary))
+    print(f"\n[raysweep] {report.samples} samples in {report.wall_s:.1f}s "
+          f"({report.shards_run} shards run, {report.shards_skipped} already committed)")
+    print(f"[raysweep] results: {report.output}")
+    if report.failed:
+        for shard_id, entry in sorted(report.failed.items()):
+            print(f"[raysweep] FAILED shard {shard_id}: {entry['errors'][-1]}")
+        print(f"[raysweep] {len(report.failed)} shard(s) failed; re-run the same command to retry them")
+        return 1
+    return 0
+
+
+def format_summary(summary) -> str:
+    header = "| model | task | n | score | ± stderr | structured valid | ok/trunc/skip/err |"
+    lines = [header, "|---|---|---:|---:|---:|---:|---|"]
+    for r in summary.to_pylist():
+        score = "—" if r["score"] is None else f"{r['score']:.3f}"
+        err = "—" if r["stderr"] is None else f"{r['stderr']:.3f}"
+        valid = "—" if r["structured_valid_rate"] is None else f"{100 * r['structured_valid_rate']:.1f}%"
+        lines.append(f"| {r['model']} | {r['task']} | {r['n']} | {score} | {err} | {valid} | "
+                     f"{r['n_ok']}/{r['n_truncated']}/{r['n_skipped']}/{r['n_error']} |")
+    return "\n".join(lines)
+
+
+def guarded(fn, args: argparse.Namespace) -> int:
+    """Expected errors as one line naming what is wrong (exit 2); anything else with its traceback."""
+    try:
+        return fn(args)
+    except Exception as e:
+        if type(e).__name__ in EXPECTED_ERRORS:
+            print(f"raysweep: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.sweep", description="Run a raysweep sweep.")
+    add_run_arguments(parser)
+    return guarded(run, parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
