@@ -1,0 +1,95 @@
+"""Task data errors name file and line; prompts render; the planner sorts, cuts and profiles shards."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cluster.data import DataError, load_task, render_prompts
+from cluster.planner import PreflightError, chunk_threshold, plan_task
+from cluster.spec import ModelSpec, ShardLimits, SweepSpec, TaskSpec
+
+
+def make(tmp_path, lines: list[str], **task_fields):
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    fields = dict(name="t", data="d.jsonl", prompt="Q: {q}", target="a") | task_fields
+    task = TaskSpec(**fields)
+    spec = SweepSpec(name="s", output=str(tmp_path / "out"), models=(ModelSpec("m", "builtin:tiny"),),
+                     tasks=(task,), base_dir=str(tmp_path))
+    return spec, task
+
+
+@pytest.mark.parametrize("lines, fields, message", [
+    (['{"q": "1", "a": "1"}', '{"q": "2", "a": '], {}, "d.jsonl:2: not valid JSON"),
+    (['{"q": "1", "a": "1"}', '[1, 2]'], {}, "d.jsonl:2: expected a JSON object"),
+    (['{"q": "1", "a": "1"}', '', '{"a": "2"}'], {}, "d.jsonl:3: missing column 'q'"),
+    (['{"q": "1"}'], {}, "d.jsonl:1: missing column 'a'"),
+    (['{"q": "1", "a": "1", "id": 7}', '{"q": "2", "a": "2", "id": 7}'], {"id_column": "id"},
+     "d.jsonl:2: duplicate sample id '7' (first at 1)"),
+    ([''], {}, "has no rows"),
+])
+def test_data_errors_name_file_and_line(tmp_path, lines, fields, message):
+    spec, task = make(tmp_path, lines, **fields)
+    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_task(spec, task)
+
+
+def test_missing_file_and_parquet(tmp_path):
+    spec, task = make(tmp_path, ['{"q": "1", "a": "1"}'])
+    (tmp_path / "d.jsonl").unlink()
+    with pytest.raises(DataError, match="d.jsonl: no such data file"):
+        load_task(spec, task)
+    pq.write_table(pa.table({"q": ["x", "y"], "a": ["1", "2"]}), tmp_path / "d.parquet")
+    spec, task = make(tmp_path, [], data="d.parquet")
+    data = load_task(spec, task)
+    assert data.sample_ids == ["0", "1"] and data.targets() == ["1", "2"]
+
+
+def test_chat_rendering_uses_the_models_template(tmp_path, tiny_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    msgs = json.dumps({"msgs": [{"role": "user", "content": "hello"}], "a": "x"})
+    spec, task = make(tmp_path, [msgs], prompt=None, messages="msgs", system="be brief")
+    prompts, add_special = render_prompts(load_task(spec, task), tok)
+    assert prompts == ["<|system|>be brief<|end|><|user|>hello<|end|><|assistant|>"] and add_special is False
+    spec, task = make(tmp_path, ['{"q": "2+2", "a": "4"}'], chat=True)
+    assert render_prompts(load_task(spec, task), tok)[0] == ["<|user|>Q: 2+2<|end|><|assistant|>"]
+
+
+@pytest.mark.parametrize("lengths, expected", [
+    ([10] * 100 + [999], None),  # longest under 1,000: chunked prefill off
+    ([100] * 90 + [1500] * 10, 2048),  # p95 under 2,048
+    ([4000] * 100, 3200),  # else 0.8 x p95
+])
+def test_chunk_threshold(lengths, expected):
+    assert chunk_threshold(np.array(lengths)) == expected
+
+
+def test_plan_sorts_cuts_and_applies_length_policy(tmp_path, tiny_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    rows = [json.dumps({"q": "x" * n, "a": "1"}) for n in (50, 3, 20, 9, 40, 1)]
+    spec, task = make(tmp_path, rows)
+    plan = plan_task(spec.models[0], load_task(spec, task), tok, None, ShardLimits(max_samples=2))
+    lengths = [r for s in plan.shards for r in s.rows["prompt_tokens"].to_pylist()]
+    assert lengths == sorted(lengths) and [s.n_samples for s in plan.shards] == [2, 2, 2]
+    assert len({sid for s in plan.shards for sid in s.rows["sample_id"].to_pylist()}) == 6
+    assert [s.shard_id for s in plan.shards] == ["m/t/00000", "m/t/00001", "m/t/00002"]
+    # token budget: prompt + max_tokens per sample
+    budget = ShardLimits(max_samples=100, max_tokens=2 * (task.sampling.max_tokens + 10))
+    assert [s.n_samples for s in plan_task(spec.models[0], load_task(spec, task), tok, None, budget).shards] == [2, 1, 1, 1, 1]
+    # length policy against max_model_len - max_tokens = 300 - 256 = 44 prompt tokens ("Q: " + 50 x's = 53)
+    with pytest.raises(PreflightError, match=r"1 prompt\(s\) over the limit of 44 tokens.*sample_id=0 tokens=53"):
+        plan_task(spec.models[0], load_task(spec, task), tok, 300, ShardLimits())
+    for policy, status in (("skip", "skipped"), ("truncate_left", "truncated")):
+        spec, task = make(tmp_path, rows, length_policy=policy)
+        plan = plan_task(spec.models[0], load_task(spec, task), tok, 300, ShardLimits())
+        table = plan.shards[0].rows.to_pylist()
+        over = next(r for r in table if r["sample_id"] == "0")
+        assert over["status"] == status
+        if policy == "truncate_left":
+            assert over["prompt_tokens"] == 44 and over["prompt_token_ids"] == tok("Q: " + "x" * 50)["input_ids"][-44:]

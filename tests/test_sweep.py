@@ -1,0 +1,106 @@
+"""The quickstart sweep end to end on a real local Ray (2 CPUs, 2 actors): every sample exactly once,
+100% structured_valid, the summary equal to a recomputation from the results, and a re-run resumes."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from cluster.run import run_sweep
+from cluster.sink import SinkError
+from cluster.spec import load_spec
+from tests.conftest import QUICKSTART, ROOT
+
+
+@pytest.fixture(scope="module")
+def quickstart(ray_local, tmp_path_factory):
+    out = tmp_path_factory.mktemp("quickstart")
+    spec = load_spec(QUICKSTART)
+    report = run_sweep(spec, output=str(out), log=lambda line: None)
+    return spec, out, report
+
+
+def expected_ids(spec):
+    import json
+
+    ids = set()
+    for task in spec.tasks:
+        with open(spec.data_path(task)) as f:
+            ids |= {(task.name, json.loads(line)["id"]) for line in f if line.strip()}
+    return ids
+
+
+def test_every_sample_exactly_once(quickstart):
+    spec, out, report = quickstart
+    results = pq.read_table(out / "results").to_pandas()
+    keys = list(zip(results["task"].astype(str), results["sample_id"]))
+    assert len(keys) == len(set(keys)) == 350
+    assert set(keys) == expected_ids(spec)
+    assert (results["status"] == "ok").all() and not report.failed
+
+
+def test_structured_tasks_all_valid(quickstart):
+    _, out, _ = quickstart
+    results = pq.read_table(out / "results").to_pandas()
+    structured = results[results["task"].astype(str).isin(["choice", "extract"])]
+    assert len(structured) == 200 and structured["structured_valid"].all()
+    assert set(results[results["task"] == "choice"]["output_text"]) <= {"A", "B", "C", "D"}
+
+
+def test_summary_equals_recomputation(quickstart):
+    _, out, report = quickstart
+    results = pq.read_table(out / "results").to_pandas()
+    summary = pq.read_table(out / "summary.parquet").to_pandas().set_index("task")
+    for task, rows in results.groupby(results["task"].astype(str)):
+        scores = rows["score"].dropna()
+        mean = scores.mean()
+        stderr = math.sqrt(((scores - mean) ** 2).sum() / (len(scores) - 1) / len(scores))
+        assert summary.loc[task, "n"] == len(rows) == summary.loc[task, "n_scored"]
+        assert summary.loc[task, "score"] == pytest.approx(mean)
+        assert summary.loc[task, "stderr"] == pytest.approx(stderr)
+    assert report.summary.num_rows == 3
+
+
+def test_telemetry_is_measured(quickstart):
+    _, out, _ = quickstart
+    shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pandas()
+    assert len(shards) == 7 and (shards["wall_s"] > 0).all() and (shards["output_tokens"] > 0).all()
+    assert shards["gpu_mem_used_max_mib"].isna().all()  # no GPU here: null, never zero
+    actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
+    assert len(actors) == 2 and (actors["load_s"] > 0).all() and set(actors["engine"]) == {"hf"}
+    results = pq.read_table(out / "results").to_pandas()
+    assert (results["latency_s"] >= results["ttft_s"]).all() and (results["ttft_s"] > 0).all()
+
+
+def test_rerun_skips_committed_shards_and_changed_spec_is_refused(quickstart, tmp_path):
+    spec, out, _ = quickstart
+    again = run_sweep(spec, output=str(out), log=lambda line: None)
+    assert again.shards_run == 0 and again.shards_skipped == 7
+    assert pq.read_table(out / "results").num_rows == 350
+    changed = load_spec(QUICKSTART)
+    object.__setattr__(changed, "name", "other")
+    with pytest.raises(SinkError, match="holds results of another spec"):
+        run_sweep(changed, output=str(out), log=lambda line: None)
+
+
+def test_cli_run_exits_on_bad_spec_with_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodels: []\ntasks: []\n")
+    proc = subprocess.run([sys.executable, "-m", "jobs.sweep", str(bad)], cwd=ROOT, capture_output=True, text=True,
+                          env=os.environ | {"RAY_ADDRESS": "local"}, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"raysweep: error: {bad}: models: at least one model is required"
+
+
+def test_cli_runs_the_quickstart(tmp_path):
+    """The README's command, as a user runs it: a fresh local Ray, results where --output says."""
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(QUICKSTART), "--output", str(tmp_path / "qs")],
+                          cwd=ROOT, capture_output=True, text=True, env=os.environ | {"RAY_ADDRESS": "local"},
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"[raysweep] results: {tmp_path / 'qs'}" in proc.stdout
+    assert "| tiny | extract | 100 |" in proc.stdout and "100.0%" in proc.stdout
+    assert pq.read_table(tmp_path / "qs" / "results").num_rows == 350
