@@ -25,7 +25,9 @@ class HFEngine:
     def __init__(self, model: ModelSpec, model_path: str, profile: EngineProfile, num_threads: int | None = None):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # a per-tensor loading bar per actor floods the driver's log
         if num_threads:
             torch.set_num_threads(max(1, int(num_threads)))  # one actor per CPU slot: don't oversubscribe
         started = time.perf_counter()
