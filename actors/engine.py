@@ -55,6 +55,12 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+def runs_profile(engine: Engine, profile: EngineProfile) -> bool:
+    """Whether `engine` can run a shard of `profile` without a restart. The CPU engine has no
+    chunked prefill, so any profile runs on it as it is."""
+    return engine.kind == "hf" or engine.profile == profile
+
+
 def cuda_and_vllm_available() -> bool:
     if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch") is None:
         return False
@@ -69,7 +75,8 @@ def choose_backend(model: ModelSpec) -> str:
     return "vllm" if cuda_and_vllm_available() else "hf"
 
 
-def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_threads: int | None) -> Engine:
+def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_threads: int | None,
+                gpu_fraction: float = 1.0) -> Engine:
     backend = choose_backend(model)
     if backend == "vllm":
         if importlib.util.find_spec("vllm") is None:
@@ -77,7 +84,7 @@ def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_t
                                "on a CUDA machine, or set `engine: hf`")
         from actors.vllm_engine import VllmEngine
 
-        return VllmEngine(model, model_path, profile)
+        return VllmEngine(model, model_path, profile, gpu_fraction=gpu_fraction)
     from actors.hf_engine import HFEngine
 
     return HFEngine(model, model_path, profile, num_threads=num_threads)

@@ -1,19 +1,24 @@
-"""EvalActor: one engine (one model, one profile) that turns shards into result tables.
+"""EvalActor: one engine (one model, one profile at a time) that turns shards into result tables.
 
-The class is plain Python; the scheduler wraps it with `ray.remote` and the resources from the spec, so
-tests can also drive it directly. Each call returns the shard's results as an Arrow table and one
-telemetry row (DESIGN §5, telemetry/shards); figures that are not measured here are None.
+The class is plain Python; the scheduler wraps it with `ray.remote`, the resources from the spec and
+`max_concurrency` = the number of shards it keeps in flight, so a streaming engine admits the next shard
+while the last one finishes. A shard whose profile the engine does not run waits for the shards in
+flight, then the engine restarts with that profile (counted, and reported as a new engine start).
+Each shard returns its results as an Arrow table and one telemetry row (DESIGN §5); figures that are
+not measured here are None.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from actors.engine import EngineProfile, GenRequest, make_engine
+from actors.engine import EngineProfile, GenRequest, make_engine, runs_profile
+from actors.telemetry import GpuSampler
 from cluster.planner import Shard
 from cluster.spec import ModelSpec, TaskSpec
 
@@ -24,25 +29,68 @@ RESULT_SCHEMA = pa.schema([
 ])
 
 
+def shard_profile(shard: Shard) -> EngineProfile:
+    return EngineProfile(name=shard.profile, chunked_prefill=shard.profile == "long",
+                         max_num_batched_tokens=shard.max_num_batched_tokens)
+
+
 class EvalActor:
-    def __init__(self, model: ModelSpec, model_path: str, profile: EngineProfile, num_cpus: float = 1):
-        self.model = model
+    def __init__(self, model: ModelSpec, model_path: str, num_cpus: float = 1, num_gpus: float = 0,
+                 profile: EngineProfile = EngineProfile()):
+        self.model, self.model_path = model, model_path
+        self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self.actor_id, self.node_ip = _identity()
-        self.engine = make_engine(model, model_path, profile, num_threads=max(1, int(num_cpus)))
         self.gpu_name = _gpu_name()
+        self.restarts = 0
+        self._cv = threading.Condition()
+        self._inflight = 0
+        self._starts: list[dict] = []  # engine starts not yet reported to the driver
+        self._start_engine(profile)
 
     def startup(self) -> dict:
-        """The telemetry/actors row for this engine start."""
-        return {"actor_id": self.actor_id, "node_ip": self.node_ip, "gpu_name": self.gpu_name,
-                "model": self.model.name, "engine": self.engine.kind, "profile": self.engine.profile.name,
-                **self.engine.startup()}
+        """The telemetry/actors row of the first engine start."""
+        with self._cv:
+            return self._starts.pop(0) if self._starts else {}
 
     def run_shard(self, shard: Shard, task: TaskSpec, attempt: int) -> tuple[pa.Table, dict]:
+        engine = self._acquire(shard_profile(shard))
+        try:
+            return self._run(engine, shard, task, attempt)
+        finally:
+            with self._cv:
+                self._inflight -= 1
+                self._cv.notify_all()
+
+    def exit(self) -> None:
+        """Test hook: die as a crashed engine would."""
+        os._exit(1)
+
+    def _acquire(self, profile: EngineProfile):
+        with self._cv:
+            while not runs_profile(self.engine, profile) and self._inflight > 0:
+                self._cv.wait()
+            if not runs_profile(self.engine, profile):
+                self.engine.close()
+                self.restarts += 1
+                self._start_engine(profile)
+            self._inflight += 1
+            return self.engine
+
+    def _start_engine(self, profile: EngineProfile) -> None:
+        gpu_fraction = self.num_gpus if self.num_gpus else 1.0
+        self.engine = make_engine(self.model, self.model_path, profile, num_threads=max(1, int(self.num_cpus)),
+                                  gpu_fraction=gpu_fraction)
+        self._starts.append({"actor_id": self.actor_id, "node_ip": self.node_ip, "gpu_name": self.gpu_name,
+                             "model": self.model.name, "engine": self.engine.kind, "profile": profile.name,
+                             "restart": self.restarts, **self.engine.startup()})
+
+    def _run(self, engine, shard: Shard, task: TaskSpec, attempt: int) -> tuple[pa.Table, dict]:
         started_at, started = datetime.now(timezone.utc), time.perf_counter()
         rows = shard.rows.to_pylist()
         runnable = [r for r in rows if r["status"] != "skipped"]
         requests = [GenRequest(r["sample_id"], r["prompt_token_ids"], r["seed"]) for r in runnable]
-        generated = {g.sample_id: g for g in self.engine.generate(requests, task.sampling, task.structured)}
+        with GpuSampler() as gpu:
+            generated = {g.sample_id: g for g in engine.generate(requests, task.sampling, task.structured)}
         wall = time.perf_counter() - started
         out = []
         for r in rows:
@@ -52,23 +100,24 @@ class EvalActor:
                         "finish_reason": g.finish_reason if g else None, "latency_s": g.latency_s if g else None,
                         "ttft_s": g.ttft_s if g else None})
         output_tokens = sum(g.output_tokens for g in generated.values())
+        info = engine.startup()
+        with self._cv:
+            engine_starts, self._starts = self._starts, []
         telemetry = {
             "shard_id": shard.shard_id, "attempt": attempt, "actor_id": self.actor_id, "node_ip": self.node_ip,
-            "gpu_name": self.gpu_name, "engine": self.engine.kind,
-            "cuda_graphs": self.engine.startup()["cuda_graphs"], "profile": shard.profile,
-            "chunked_prefill": self.engine.profile.chunked_prefill,
-            "max_num_batched_tokens": self.engine.profile.max_num_batched_tokens,
+            "gpu_name": self.gpu_name, "engine": engine.kind, "cuda_graphs": info["cuda_graphs"],
+            "graph_mode": info["graph_mode"], "profile": shard.profile,
+            "chunked_prefill": info.get("chunked_prefill", False),
+            "max_num_batched_tokens": info.get("max_num_batched_tokens"),
             "n_samples": len(rows), "prompt_tokens": int(sum(r["prompt_tokens"] for r in runnable)),
             "output_tokens": output_tokens, "wall_s": wall,
             "output_tok_per_s": output_tokens / wall if wall > 0 else None,
-            "gpu_mem_used_max_mib": None, "gpu_util_mean_pct": None, "power_mean_w": None,  # NVML: telemetry issue
+            **gpu.aggregates(),  # NVML over this shard's run; None where there is no GPU
+            "engine_restarts": self.restarts,
             "started_at": started_at, "finished_at": datetime.now(timezone.utc), "error": None,
+            "engine_starts": engine_starts,  # restarts since the last report, for telemetry/actors
         }
         return pa.Table.from_pylist(out, schema=RESULT_SCHEMA), telemetry
-
-    def exit(self) -> None:
-        """Test hook for a hard actor death (as a crashed engine would)."""
-        os._exit(1)
 
 
 def _identity() -> tuple[str, str | None]:

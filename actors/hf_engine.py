@@ -10,6 +10,7 @@ matcher, stop strings and measured first-token and finish times:
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Sequence
 
@@ -42,10 +43,12 @@ class HFEngine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
         self._compiler = None
         self._grammars: dict[str, object] = {}
+        self._lock = threading.Lock()  # the actor may call generate from two threads; torch runs one batch at a time
 
     def startup(self) -> dict:
         return {"load_s": self._load_s, "compile_s": None, "graph_capture_s": None, "cuda_graphs": False,
-                "graph_mode": None, "fallback_reason": None}
+                "graph_mode": None, "fallback_reason": None, "chunked_prefill": False,
+                "max_num_batched_tokens": None, "max_num_seqs": self.batch_size}
 
     def close(self) -> None:
         self.model = None
@@ -53,10 +56,12 @@ class HFEngine:
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingSpec,
                  structured: StructuredSpec | None) -> list[GenResult]:
         submitted = time.perf_counter()
-        grammar = self._grammar(structured) if structured else None
         results: list[GenResult] = []
-        for start in range(0, len(requests), self.batch_size):
-            results.extend(self._generate_batch(requests[start:start + self.batch_size], sampling, grammar, submitted))
+        with self._lock:
+            grammar = self._grammar(structured) if structured else None
+            for start in range(0, len(requests), self.batch_size):
+                batch = requests[start:start + self.batch_size]
+                results.extend(self._generate_batch(batch, sampling, grammar, submitted))
         return results
 
     def _grammar(self, spec: StructuredSpec):

@@ -31,6 +31,9 @@ CHAT_TEMPLATE = (
 CONFIGS = {
     "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=32768, seed=20261121),
+    # ~135M parameters: big enough that a GPU benchmark measures the GPU, not Python overhead
+    "small": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
+                  num_key_value_heads=4, max_position_embeddings=32768, seed=20261122),
 }
 
 

@@ -27,6 +27,9 @@ from cluster.structured import check as check_structured
 from cluster.structured import is_valid
 
 
+SHARDS_IN_FLIGHT = 2  # per actor: one running, one admitted behind it
+
+
 class PreflightFailure(ValueError):
     """Raised before any actor starts; the message names the model, task, file or field."""
 
@@ -104,7 +107,6 @@ def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], N
 
 def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink, progress: "_Progress",
                max_attempts: int) -> None:
-    from actors.engine import EngineProfile
     from actors.evaluator import EvalActor
 
     num_gpus = spec.actors.num_gpus if ray.cluster_resources().get("GPU", 0) > 0 else 0
@@ -112,15 +114,19 @@ def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink
     namespace = f"raysweep-{spec.name}"
 
     def spawn(n: int):
+        # max_concurrency = shards in flight per actor: a streaming engine admits the next one early
         return remote.options(name=f"raysweep:{spec.name}:{mp.model.name}:{n}", namespace=namespace,
-                              num_cpus=spec.actors.num_cpus, num_gpus=num_gpus, max_restarts=0).remote(
-            mp.model, mp.path, EngineProfile(), spec.actors.num_cpus)
+                              num_cpus=spec.actors.num_cpus, num_gpus=num_gpus, max_restarts=0,
+                              max_concurrency=SHARDS_IN_FLIGHT).remote(
+            mp.model, mp.path, spec.actors.num_cpus, num_gpus)
 
     task_plans = {tp.task.name: tp for tp in mp.tasks}
 
     def on_result(job: Job, table: pa.Table, telemetry: dict) -> None:
         scored = _score(spec, mp.model, job, table, task_plans[job.task.name])
         sink.commit(job.shard.shard_id, mp.model.name, job.task.name, job.shard.index, scored, job.attempt)
+        for start in telemetry.pop("engine_starts"):
+            sink.add_telemetry("actors", start)
         sink.add_telemetry("shards", telemetry)
         progress.add(job.shard.n_samples, job.shard.shard_id)
 
@@ -133,8 +139,9 @@ def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink
         progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED after {job.attempt} attempts")
 
     events = SchedulerEvents(on_result=on_result, on_failed=on_failed, on_attempt_failed=on_attempt_failed,
-                             on_actor_started=lambda row: sink.add_telemetry("actors", row))
-    ShardScheduler(spawn, spec.actors.count, events, max_attempts=max_attempts).run(jobs)
+                             on_actor_started=lambda row: row and sink.add_telemetry("actors", row))
+    ShardScheduler(spawn, spec.actors.count, events, max_attempts=max_attempts, depth=SHARDS_IN_FLIGHT,
+                   start_one_by_one=0 < num_gpus < 1).run(jobs)
 
 
 def _score(spec: SweepSpec, model: ModelSpec, job: Job, table: pa.Table, plan: TaskPlan) -> pa.Table:

@@ -44,20 +44,25 @@ class SchedulerEvents:
 
 class ShardScheduler:
     def __init__(self, spawn: Callable[[int], Any], n_actors: int, events: SchedulerEvents,
-                 max_attempts: int = 3, depth: int = 2):
+                 max_attempts: int = 3, depth: int = 2, start_one_by_one: bool = False):
         if n_actors < 1 or max_attempts < 1 or depth < 1:
             raise ValueError("n_actors, max_attempts and depth must be >= 1")
         self.spawn, self.n_actors, self.events = spawn, n_actors, events
         self.max_attempts, self.depth = max_attempts, depth
+        self.start_one_by_one = start_one_by_one  # engines sharing a GPU must not size their memory at once
         self.actors_started = 0
         self.actor_deaths = 0
 
     def run(self, jobs: list[Job]) -> None:
         pending = deque(jobs)
-        slots = [self._start() for _ in range(min(self.n_actors, len(jobs)))]
+        slots: list[_Slot] = []
         inflight: dict[Any, tuple[str, Any, _Slot]] = {}
-        for slot in slots:
-            inflight[slot.handle.startup.remote()] = ("startup", None, slot)
+        for _ in range(min(self.n_actors, len(jobs))):
+            slots.append(slot := self._start())
+            if self.start_one_by_one:
+                self.events.on_actor_started(ray.get(slot.handle.startup.remote()))
+            else:
+                inflight[slot.handle.startup.remote()] = ("startup", None, slot)
         try:
             while pending or any(kind == "shard" for kind, _, _ in inflight.values()):
                 for slot in slots:

@@ -1,0 +1,248 @@
+"""VllmEngine: vLLM 0.26 on one GPU, behind the same interface as the CPU engine.
+
+- CUDA graphs: `enforce_eager=False`, capture sizes up to the profile's batch limit (`max_num_seqs`).
+  The graph mode actually captured (vLLM may downgrade FULL to PIECEWISE for an attention backend),
+  the torch.compile time and the capture time are read from vLLM's own start-up reports; if the engine
+  cannot start with graphs it starts eager and `fallback_reason` says why.
+- Profiles (DESIGN §3): `short` turns chunked prefill off (vLLM then sets max_num_batched_tokens =
+  max_model_len, so no prompt is ever split); `long` turns it on with the chunk size from the plan.
+- Structured outputs: vLLM's `StructuredOutputsParams`, xgrammar backend forced, compact JSON.
+- Streaming: one engine thread owns the `LLM` and steps it; `generate` calls from concurrent shards
+  enqueue their requests into the running batch, so the next shard is admitted before the last ends.
+  If stepping the engine raises, the actor process exits so the scheduler retries its shards elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import sys
+import threading
+import time
+import traceback
+from typing import Sequence
+
+from actors.engine import EngineProfile, GenRequest, GenResult
+from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
+
+LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
+DEFAULT_MAX_SEQS = 256
+
+_COMPILE = re.compile(r"torch\.compile (?:takes|took) ([\d.]+) s in total")
+_CAPTURE = re.compile(r"Graph capturing finished in ([\d.]+) secs")
+_MODE = re.compile(r"Capturing CUDA graphs \((?:[^()]*?, )?(FULL|PIECEWISE)\)")
+
+
+def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float) -> dict:
+    """vLLM `LLM(...)` arguments: the spec's `engine` mapping as is, the profile's scheduling on top."""
+    args = {"model": model_path, "tokenizer": model_path, "seed": 0,
+            "gpu_memory_utilization": round(0.9 * min(gpu_fraction, 1.0), 3),  # actors sharing a GPU split it
+            "disable_log_stats": False,  # per-request metrics (TTFT) exist only with stats on
+            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+            "max_num_seqs": DEFAULT_MAX_SEQS}
+    args.update(model.engine)
+    if profile.chunked_prefill:
+        args["enable_chunked_prefill"] = True
+        args["max_num_batched_tokens"] = profile.max_num_batched_tokens
+        args["max_num_seqs"] = min(args["max_num_seqs"], LONG_MAX_SEQS, profile.max_num_batched_tokens)
+    else:
+        args["enable_chunked_prefill"] = False  # batched tokens default to max_model_len: nothing is chunked
+        args.pop("max_num_batched_tokens", None)
+    compilation = dict(args.pop("compilation_config", None) or {})
+    compilation.setdefault("max_cudagraph_capture_size", args["max_num_seqs"])
+    args["compilation_config"] = compilation
+    return args
+
+
+class VllmEngine:
+    kind = "vllm"
+
+    def __init__(self, model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float = 1.0):
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:
+            raise RuntimeError(f"model {model.name}: vLLM is not installed: pip install 'raysweep[vllm]' ({e})") from e
+        self.profile = profile
+        self.args = engine_args(model, model_path, profile, gpu_fraction)
+        self._fallback_reason: str | None = None
+        self._tee = _Tee.install()
+        mark = self._tee.mark()
+        started = time.perf_counter()
+        self.llm = self._start()
+        self._load_s = time.perf_counter() - started
+        self._report = self._tee.text_since(mark)
+        self.tokenizer = self.llm.get_tokenizer()
+        self._inbox: queue.Queue = queue.Queue()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="vllm-engine", daemon=True)
+        self._thread.start()
+
+    def _start(self):
+        from vllm import LLM
+
+        try:
+            return LLM(**self.args, enforce_eager=False)
+        except Exception as e:  # capture or compile failed: run eager, and say so in telemetry
+            self._fallback_reason = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+            print(f"[raysweep] CUDA graph start failed ({self._fallback_reason}); starting eager", file=sys.stderr)
+            return LLM(**self.args, enforce_eager=True)
+
+    def startup(self) -> dict:
+        modes = sorted(set(_MODE.findall(self._report)))
+        compile_s = _last_float(_COMPILE, self._report)
+        sched = self.llm.llm_engine.vllm_config.scheduler_config
+        return {"load_s": self._load_s, "compile_s": compile_s,
+                "graph_capture_s": _last_float(_CAPTURE, self._report),
+                "cuda_graphs": bool(modes) and self._fallback_reason is None,
+                "graph_mode": "_AND_".join(reversed(modes)) if modes else "NONE",
+                "fallback_reason": self._fallback_reason,
+                "chunked_prefill": bool(sched.enable_chunked_prefill),
+                "max_num_batched_tokens": int(sched.max_num_batched_tokens),
+                "max_num_seqs": int(sched.max_num_seqs)}
+
+    def generate(self, requests: Sequence[GenRequest], sampling: SamplingSpec,
+                 structured: StructuredSpec | None) -> list[GenResult]:
+        batch = _Batch(requests, [self._params(r, sampling, structured) for r in requests])
+        self._inbox.put(batch)
+        batch.done.wait()
+        return batch.results
+
+    def close(self) -> None:
+        self._closing = True
+        self._inbox.put(None)
+        self._thread.join(timeout=60)
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()  # the engine-core process holds the GPU memory; a profile switch needs it back
+        self.llm = None
+
+    @staticmethod
+    def _params(req: GenRequest, sampling: SamplingSpec, structured: StructuredSpec | None):
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        guide = None
+        if structured is not None:
+            field = {"json_schema": "json", "choice": "choice", "regex": "regex", "grammar": "grammar"}[structured.kind]
+            value = list(structured.value) if structured.kind == "choice" else structured.value
+            guide = StructuredOutputsParams(**{field: value})
+        return SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+                              top_p=sampling.top_p, top_k=sampling.top_k, stop=list(sampling.stop) or None,
+                              seed=req.seed if sampling.temperature > 0 else None, structured_outputs=guide)
+
+    # -- the engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        pending: dict[str, tuple[_Batch, int]] = {}
+        engine = self.llm.llm_engine
+        try:
+            while not self._closing:
+                self._admit(pending, block=not engine.has_unfinished_requests())
+                if not engine.has_unfinished_requests():
+                    continue
+                for out in engine.step():
+                    if out.finished:
+                        batch, i = pending.pop(out.request_id)
+                        batch.finish(i, _result(batch.requests[i], out))
+        except BaseException:  # the engine is broken: exit so Ray reports the actor dead and shards are retried
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+
+    def _admit(self, pending: dict, block: bool) -> None:
+        while True:
+            try:
+                batch = self._inbox.get(block=block)
+            except queue.Empty:
+                return
+            if batch is None:
+                return
+            prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in batch.requests]
+            ids = self.llm.enqueue(prompts, batch.params, use_tqdm=False)
+            for i, request_id in enumerate(ids):
+                pending[request_id] = (batch, i)
+            if not batch.requests:
+                batch.done.set()
+            block = False
+
+
+class _Batch:
+    """One generate() call: its requests, and the results the engine thread fills in."""
+
+    def __init__(self, requests: Sequence[GenRequest], params: list):
+        self.requests, self.params = list(requests), params
+        self.results: list[GenResult | None] = [None] * len(self.requests)
+        self.remaining = len(self.requests)
+        self.done = threading.Event()
+
+    def finish(self, i: int, result: GenResult) -> None:
+        self.results[i] = result
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.done.set()
+
+
+def _result(req: GenRequest, out) -> GenResult:
+    completion = out.outputs[0]
+    m = out.metrics  # vLLM's RequestStateStats: TTFT from the frontend, decode span from the engine core
+    ttft = m.first_token_latency if m is not None and m.first_token_latency > 0 else None
+    latency = ttft + max(0.0, m.last_token_ts - m.first_token_ts) if ttft is not None else None
+    return GenResult(sample_id=req.sample_id, output_text=completion.text, output_tokens=len(completion.token_ids),
+                     finish_reason=completion.finish_reason or "length", latency_s=latency, ttft_s=ttft)
+
+
+def _last_float(pattern: re.Pattern, text: str) -> float | None:
+    found = pattern.findall(text)
+    return float(found[-1]) if found else None
+
+
+class _Tee:
+    """Routes this process's stdout and stderr (fds 1 and 2, inherited by vLLM's engine-core process)
+    through a pipe whose reader copies everything to the original stderr and keeps the last MiB, so
+    vLLM's start-up reports (graph capture, compile time) can be read back. Installed once per process."""
+
+    _installed: "_Tee | None" = None
+    KEEP = 1 << 20
+
+    @classmethod
+    def install(cls) -> "_Tee":
+        if cls._installed is None:
+            cls._installed = cls()
+        return cls._installed
+
+    def __init__(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._out = os.dup(2)
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, 1)
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+        self._buffer = bytearray()
+        self._dropped = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._pump, args=(read_fd,), name="raysweep-tee", daemon=True).start()
+
+    def _pump(self, fd: int) -> None:
+        while chunk := os.read(fd, 65536):
+            os.write(self._out, chunk)
+            with self._lock:
+                self._buffer += chunk
+                if len(self._buffer) > self.KEEP:
+                    cut = len(self._buffer) - self.KEEP
+                    del self._buffer[:cut]
+                    self._dropped += cut
+
+    def mark(self) -> int:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with self._lock:
+            return self._dropped + len(self._buffer)
+
+    def text_since(self, mark: int) -> str:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(0.2)  # let the pump drain what the engine core wrote last
+        with self._lock:
+            start = max(0, mark - self._dropped)
+            return bytes(self._buffer[start:]).decode("utf-8", errors="replace")

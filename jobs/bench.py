@@ -1,0 +1,252 @@
+"""GPU benchmark: ratios measured in one run, on one GPU, one model and one prompt set.
+
+    python -m jobs.bench --model builtin:small --parts a,b,c,d --out bench/out
+
+(a) raysweep sweep output tok/s ÷ one raw `vllm.LLM.generate` over the same prompts, seeds and sampling
+    (variable-length outputs: temperature 1 with stop strings). raysweep's rate is measured over the span
+    from its first shard's start to its last shard's end (engines warm, like the raw call); its whole
+    wall time, Ray and engine start included, is reported beside it.
+(b) CUDA graphs ÷ eager: single-stream decode, and a 256-prompt batch (fixed length: ignore_eos).
+(c) a long shard (prompts of 12-16k tokens) with chunked prefill vs without: throughput, peak GPU memory
+    (NVML) and the KV-cache blocks vLLM could allocate.
+(d) guided (JSON schema, xgrammar) ÷ free generation on the same prompts.
+Each part appends rows (part, metric, value, unit) to OUT/bench.parquet and the run prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+          "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{1,11} [A-Z][a-z]{1,11}$"},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "city": {"type": "string", "pattern": "^[A-Z][a-z]{1,15}$"}}}
+WORDS = ("the of and to in is was for on that with as by at from his her they this had are but not one "
+         "river market signal engine winter garden letter number paper stone").split()
+
+
+def prompts_of(n: int, lo: int, hi: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        target, words = rng.randint(lo, hi), []
+        while sum(len(w) + 1 for w in words) < target:
+            words.append(rng.choice(WORDS))
+        out.append(" ".join(words)[:target])
+    return out
+
+
+class Bench:
+    def __init__(self, model_path: str, out: Path, n_prompts: int):
+        self.model_path, self.out, self.n = model_path, out, n_prompts
+        self.rows: list[dict] = []
+        self.prompts = prompts_of(n_prompts, 32, 1024, seed=1)
+
+    def record(self, part: str, metric: str, value, unit: str = "") -> None:
+        self.rows.append({"part": part, "metric": metric, "value": None if value is None else float(value), "unit": unit})
+        print(f"[bench] {part} {metric} = {value} {unit}", flush=True)
+
+    # -- engines -----------------------------------------------------------------------------------
+    def llm(self, **overrides):
+        from vllm import LLM
+
+        from actors.engine import EngineProfile
+        from actors.vllm_engine import engine_args
+        from cluster.spec import ModelSpec
+
+        profile = overrides.pop("profile", EngineProfile())
+        args = engine_args(ModelSpec("bench", self.model_path, engine=overrides.pop("engine", {})),
+                           self.model_path, profile, 1.0)
+        args.update(overrides)
+        return LLM(**args)
+
+    @staticmethod
+    def free(llm) -> None:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+    @staticmethod
+    def timed_generate(llm, prompts, params) -> tuple[float, int, list]:
+        started = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - started
+        return wall, sum(len(o.outputs[0].token_ids) for o in outs), outs
+
+    def token_prompts(self, llm, texts):
+        tok = llm.get_tokenizer()
+        return [{"prompt_token_ids": tok(t)["input_ids"]} for t in texts]
+
+    # -- parts -------------------------------------------------------------------------------------
+    def part_a(self) -> None:
+        """raysweep vs raw vLLM on the same prompts, seeds and sampling."""
+        import pyarrow.parquet as pq
+        import ray
+        from vllm import SamplingParams
+
+        from cluster.planner import sample_seed
+        from cluster.run import run_sweep
+        from cluster.spec import load_spec
+
+        data = self.out / "a_prompts.jsonl"
+        with open(data, "w") as f:
+            for i, p in enumerate(self.prompts):
+                f.write(json.dumps({"id": f"p{i:05d}", "text": p}) + "\n")
+        spec_path = self.out / "a_sweep.yaml"
+        spec_path.write_text(json.dumps({
+            "name": "bench-a", "output": str(self.out / "a_results"),
+            "models": [{"name": "m", "path": self.model_path, "engine": {"backend": "vllm"}}],
+            "tasks": [{"name": "t", "data": str(data), "id_column": "id", "prompt": "{text}",
+                       "sampling": {"max_tokens": 256, "temperature": 1.0, "seed": 5, "stop": [".", "\n"]}}],
+            "shards": {"max_samples": max(1, self.n // 4)}, "actors": {"count": 1, "num_gpus": 1}}))
+        spec = load_spec(spec_path)
+        started = time.perf_counter()
+        ray.init(num_cpus=4, include_dashboard=False)
+        try:
+            report = run_sweep(spec, log=lambda line: None)
+        finally:
+            ray.shutdown()
+        whole = time.perf_counter() - started
+        shards = pq.read_table(self.out / "a_results" / "telemetry" / "shards.parquet").to_pandas()
+        span = (shards["finished_at"].max() - shards["started_at"].min()).total_seconds()
+        rs_tokens = int(shards["output_tokens"].sum())
+        assert not report.failed, report.failed
+
+        llm = self.llm()
+        prompts = self.token_prompts(llm, self.prompts)
+        params = [SamplingParams(max_tokens=256, temperature=1.0, stop=[".", "\n"],
+                                 seed=sample_seed(5, "t", f"p{i:05d}")) for i in range(self.n)]
+        self.timed_generate(llm, prompts[:32], params[:32])  # warm-up, as raysweep's engine is warm too
+        wall, raw_tokens, outs = self.timed_generate(llm, prompts, params)
+        lengths = sorted(len(o.outputs[0].token_ids) for o in outs)
+        self.free(llm)
+        self.record("a", "raw_output_tokens", raw_tokens, "tok")
+        self.record("a", "raysweep_output_tokens", rs_tokens, "tok")
+        self.record("a", "output_len_p10_p50_p90", None, f"{lengths[len(lengths)//10]}/{lengths[len(lengths)//2]}/{lengths[9*len(lengths)//10]}")
+        self.record("a", "raw_tok_per_s", raw_tokens / wall, "tok/s")
+        self.record("a", "raysweep_tok_per_s_span", rs_tokens / span, "tok/s")
+        self.record("a", "raysweep_tok_per_s_whole_run", rs_tokens / whole, "tok/s (Ray + engine start included)")
+        self.record("a", "RATIO raysweep/raw", (rs_tokens / span) / (raw_tokens / wall), "x")
+
+    def part_b(self) -> None:
+        """CUDA graphs vs eager: one request decoding, and 256 prompts at once (fixed lengths)."""
+        from vllm import SamplingParams
+
+        single = SamplingParams(max_tokens=512, temperature=0.0, ignore_eos=True)
+        batch = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
+        rates = {}
+        for mode, eager in (("graphs", False), ("eager", True)):
+            llm = self.llm(enforce_eager=eager)
+            prompts = self.token_prompts(llm, prompts_of(256, 32, 256, seed=2))
+            self.timed_generate(llm, prompts[:8], batch)  # warm-up
+            wall, tokens, _ = self.timed_generate(llm, prompts[:1], single)
+            rates[(mode, "single")] = tokens / wall
+            wall, tokens, _ = self.timed_generate(llm, prompts, batch)
+            rates[(mode, "batch256")] = tokens / wall
+            self.free(llm)
+            for kind in ("single", "batch256"):
+                self.record("b", f"{mode}_{kind}_tok_per_s", rates[(mode, kind)], "tok/s")
+        for kind in ("single", "batch256"):
+            self.record("b", f"RATIO graphs/eager {kind}", rates[("graphs", kind)] / rates[("eager", kind)], "x")
+
+    def part_c(self) -> None:
+        """A long shard with chunked prefill (chunk 2,048) vs without (one prompt per step budget)."""
+        from vllm import SamplingParams
+
+        from actors.engine import EngineProfile
+        from actors.telemetry import GpuSampler
+
+        texts = prompts_of(32, 12_000, 16_000, seed=3)
+        params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+        results = {}
+        for mode, profile in (("chunked", EngineProfile("long", True, 2048)), ("unchunked", EngineProfile())):
+            llm = self.llm(profile=profile, engine={"max_model_len": 16_384})
+            prompts = self.token_prompts(llm, texts)
+            blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+            self.timed_generate(llm, prompts[:2], params)  # warm-up
+            with GpuSampler(interval_s=0.1) as gpu:
+                wall, out_tokens, outs = self.timed_generate(llm, prompts, params)
+            in_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
+            results[mode] = (in_tokens + out_tokens) / wall
+            self.free(llm)
+            self.record("c", f"{mode}_total_tok_per_s", results[mode], "tok/s (prompt + output)")
+            self.record("c", f"{mode}_peak_gpu_mem_mib", gpu.aggregates()["gpu_mem_used_max_mib"], "MiB (NVML)")
+            self.record("c", f"{mode}_kv_cache_blocks", blocks, "blocks")
+        self.record("c", "RATIO chunked/unchunked throughput", results["chunked"] / results["unchunked"], "x")
+
+    def part_d(self) -> None:
+        """Guided (JSON schema through xgrammar) vs free generation, same engine and prompts."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        from cluster.spec import StructuredSpec
+        from cluster.structured import is_valid
+
+        llm = self.llm()
+        prompts = self.token_prompts(llm, self.prompts)
+        free = [SamplingParams(max_tokens=96, temperature=1.0, seed=i, stop=["\n"]) for i in range(self.n)]
+        guided = [SamplingParams(max_tokens=96, temperature=1.0, seed=i,
+                                 structured_outputs=StructuredOutputsParams(json=SCHEMA)) for i in range(self.n)]
+        self.timed_generate(llm, prompts[:32], guided[:32])  # warm-up, grammar compiled
+        wall_f, tok_f, _ = self.timed_generate(llm, prompts, free)
+        wall_g, tok_g, outs = self.timed_generate(llm, prompts, guided)
+        valid = sum(is_valid(StructuredSpec("json_schema", SCHEMA), o.outputs[0].text) for o in outs)
+        self.free(llm)
+        self.record("d", "free_tok_per_s", tok_f / wall_f, "tok/s")
+        self.record("d", "guided_tok_per_s", tok_g / wall_g, "tok/s")
+        self.record("d", "guided_valid", valid / self.n, "fraction")
+        self.record("d", "RATIO guided/free", (tok_g / wall_g) / (tok_f / wall_f), "x")
+
+    def save(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = self.out / "bench.parquet"
+        table = pa.Table.from_pylist(self.rows)
+        if path.exists():
+            table = pa.concat_tables([pq.read_table(path), table])
+        pq.write_table(table, path)
+        print("\n| part | metric | value | unit |\n|---|---|---:|---|")
+        for r in self.rows:
+            value = "" if r["value"] is None else f"{r['value']:.3f}" if abs(r["value"]) < 100 else f"{r['value']:.0f}"
+            print(f"| {r['part']} | {r['metric']} | {value} | {r['unit']} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="builtin:small", help="model path or builtin:NAME")
+    parser.add_argument("--parts", default="a,b,c,d", help="which parts to run, comma-separated")
+    parser.add_argument("--prompts", type=int, default=512, help="prompts in parts a and d")
+    parser.add_argument("--out", default="bench/out", help="folder for bench.parquet and scratch files")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from cluster.builtin_model import resolve_model_path
+
+    if not torch.cuda.is_available():
+        print("jobs.bench needs a CUDA GPU and vLLM", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bench = Bench(resolve_model_path(args.model), out, args.prompts)
+    bench.record("-", "device", None, torch.cuda.get_device_name())
+    bench.record("-", "model", None, args.model)
+    try:
+        for part in args.parts.split(","):
+            getattr(bench, f"part_{part.strip()}")()
+    finally:
+        bench.save()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the engine's INFO lines would drown the table
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""GPU tests (run on the lent H100; skipped without CUDA and vLLM): builtin:tiny under vLLM with CUDA
+graphs captured, structured outputs always valid, and a sweep whose two actors share one GPU and whose
+long shard runs with chunked prefill while its short shards run without."""
+
+import importlib.util
+import json
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def _cuda_and_vllm() -> bool:
+    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda_and_vllm(), reason="needs CUDA and vLLM")]
+
+
+def test_sweep_two_actors_one_gpu_long_and_short_shards(ray_local, tmp_path):
+    """48 samples, 8 of them 12-14k-token prompts: short shards without chunked prefill, the long one
+    with it; two actors of 0.5 GPU each; every sample exactly once."""
+    import random
+
+    import pyarrow.parquet as pq
+
+    from cluster.run import run_sweep
+    from cluster.spec import load_spec
+
+    rng = random.Random(0)
+    with open(tmp_path / "mixed.jsonl", "w") as f:
+        for i in range(48):
+            n = rng.randint(12_000, 14_000) if i % 6 == 0 else rng.randint(20, 200)
+            f.write(json.dumps({"id": f"s{i}", "text": "".join(rng.choice("abcdefgh ") for _ in range(n))}) + "\n")
+    (tmp_path / "gpu.yaml").write_text(f"""
+name: gpu-mixed
+output: {tmp_path / 'out'}
+models:
+  - {{name: tiny, path: 'builtin:tiny', engine: {{backend: vllm, max_model_len: 16384}}}}
+tasks:
+  - {{name: mixed, data: mixed.jsonl, id_column: id, prompt: "{{text}}\\nSummary:",
+      sampling: {{max_tokens: 32, temperature: 1.0, stop: ["."]}}}}
+  - name: choice
+    data: {ROOT / 'sweeps' / 'data' / 'choice.jsonl'}
+    id_column: id
+    prompt: "{{question}} A. {{A}} B. {{B}} C. {{C}} D. {{D}} Answer:"
+    target: answer
+    structured: {{choice: [A, B, C, D]}}
+    scorer: choice
+shards: {{max_samples: 8}}
+actors: {{count: 2, num_gpus: 0.5, num_cpus: 1}}
+""")
+    report = run_sweep(load_spec(tmp_path / "gpu.yaml"), log=print)
+    assert not report.failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas()
+    assert len(results) == 148 and results[["task", "sample_id"]].astype(str).drop_duplicates().shape[0] == 148
+    assert results[results["task"] == "choice"]["structured_valid"].all()
+    assert results["ttft_s"].notna().all()
+    shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
+    print(shards[["shard_id", "profile", "chunked_prefill", "max_num_batched_tokens", "cuda_graphs", "graph_mode",
+                  "prompt_tokens", "output_tok_per_s", "gpu_mem_used_max_mib", "gpu_util_mean_pct"]].to_string())
+    long = shards[shards["profile"] == "long"]
+    short = shards[shards["profile"] == "short"]
+    assert len(long) >= 1 and long["chunked_prefill"].all() and (long["max_num_batched_tokens"] < 12_000).all()
+    assert len(short) >= 1 and not short["chunked_prefill"].any()
+    assert shards["cuda_graphs"].all() and shards["gpu_mem_used_max_mib"].notna().all()
+    actors = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
+    print(actors.to_string())
+    assert (actors["graph_mode"] != "NONE").all() and actors["fallback_reason"].isna().all()
+    assert set(actors["profile"]) == {"short", "long"}
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_path):
+    from actors.engine import EngineProfile
+    from actors.vllm_engine import VllmEngine
+    from cluster.spec import ModelSpec
+
+    engine = VllmEngine(ModelSpec("tiny", "builtin:tiny", engine={"gpu_memory_utilization": 0.3}),
+                        tiny_path, EngineProfile())
+    yield engine
+    engine.close()
+
+
+def test_cuda_graphs_captured(vllm_engine):
+    info = vllm_engine.startup()
+    print("engine start:", json.dumps(info))
+    assert info["cuda_graphs"] and info["graph_mode"] in ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
+    assert info["fallback_reason"] is None and info["graph_capture_s"] is not None
+    assert info["chunked_prefill"] is False  # short profile: off, vLLM took it
+
+
+def test_greedy_generation_and_request_metrics(vllm_engine):
+    from actors.engine import GenRequest
+    from cluster.spec import SamplingSpec
+
+    reqs = [GenRequest(str(i), list(f"Question {i}: what?".encode()), i) for i in range(8)]
+    a = vllm_engine.generate(reqs, SamplingSpec(max_tokens=16), None)
+    b = vllm_engine.generate(reqs, SamplingSpec(max_tokens=16), None)
+    assert [r.output_text for r in a] == [r.output_text for r in b]
+    assert all(r.output_tokens == 16 and r.finish_reason == "length" for r in a)
+    assert all(r.ttft_s is not None and 0 < r.ttft_s <= r.latency_s for r in a)
+
+
+@pytest.mark.parametrize("kind, value", [
+    ("json_schema", {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+                     "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{1,9}$"},
+                                    "age": {"type": "integer", "minimum": 0, "maximum": 120}}}),
+    ("choice", ["yes", "no", "maybe"]),
+    ("regex", r"[0-9]{3}-[A-Z]{2}"),
+    ("grammar", 'root ::= "(" num ("+" num)* ")"\nnum ::= [1-9] [0-9]?'),
+])
+def test_structured_outputs_all_valid(vllm_engine, kind, value):
+    from actors.engine import GenRequest
+    from cluster.spec import SamplingSpec, StructuredSpec
+    from cluster.structured import is_valid
+
+    spec = StructuredSpec(kind, value)
+    reqs = [GenRequest(str(i), list(b"Answer:"), 100 + i) for i in range(64)]
+    out = vllm_engine.generate(reqs, SamplingSpec(max_tokens=64, temperature=1.0), spec)
+    texts = [r.output_text for r in out]
+    valid = sum(is_valid(spec, t) for t in texts)
+    print(f"{kind}: {valid}/64 valid, e.g. {texts[:3]}")
+    assert valid == 64, [t for t in texts if not is_valid(spec, t)]
+    assert len(set(texts)) > 1
