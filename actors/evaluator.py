@@ -61,6 +61,10 @@ class EvalActor:
                 self._inflight -= 1
                 self._cv.notify_all()
 
+    def close(self) -> None:
+        """Shut the engine down (vLLM's engine-core process with it) before the actor is killed."""
+        self.engine.close()
+
     def exit(self) -> None:
         """Test hook: die as a crashed engine would."""
         os._exit(1)

@@ -66,6 +66,10 @@ class VllmEngine:
         self.profile = profile
         self.args = engine_args(model, model_path, profile, gpu_fraction)
         self._fallback_reason: str | None = None
+        # vLLM forks its engine-core process by default; a process that has touched CUDA (a test, the
+        # benchmark, NVML-then-torch in an actor) cannot fork one that works. vLLM forces spawn in Ray
+        # actors itself; this makes every caller the same.
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         self._tee = _Tee.install()
         mark = self._tee.mark()
         started = time.perf_counter()
@@ -95,7 +99,7 @@ class VllmEngine:
         return {"load_s": self._load_s, "compile_s": compile_s,
                 "graph_capture_s": _last_float(_CAPTURE, self._report),
                 "cuda_graphs": bool(modes) and self._fallback_reason is None,
-                "graph_mode": "_AND_".join(reversed(modes)) if modes else "NONE",
+                "graph_mode": "_AND_".join(modes) if modes else "NONE",  # FULL_AND_PIECEWISE, as vLLM names it
                 "fallback_reason": self._fallback_reason,
                 "chunked_prefill": bool(sched.enable_chunked_prefill),
                 "max_num_batched_tokens": int(sched.max_num_batched_tokens),
@@ -160,7 +164,9 @@ class VllmEngine:
             prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in batch.requests]
             ids = self.llm.enqueue(prompts, batch.params, use_tqdm=False)
             for i, request_id in enumerate(ids):
-                pending[request_id] = (batch, i)
+                # enqueue returns vLLM's internal id ("<id>-<8 random chars>"); outputs carry the external
+                # "<id>" (the same when VLLM_DISABLE_REQUEST_ID_RANDOMIZATION is set)
+                pending[request_id.rsplit("-", 1)[0]] = (batch, i)
             if not batch.requests:
                 batch.done.set()
             block = False

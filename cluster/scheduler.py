@@ -74,8 +74,16 @@ class ShardScheduler:
                 kind, job, slot = inflight.pop(ref)
                 self._collect(ref, kind, job, slot, slots, pending, inflight)
         finally:
-            for slot in slots:
-                ray.kill(slot.handle)
+            self._shutdown(slots)
+
+    @staticmethod
+    def _shutdown(slots: list[_Slot], timeout_s: float = 120) -> None:
+        """Close engines first (a killed actor would orphan vLLM's engine-core process and its GPU
+        memory), then kill the actors; an actor already dead or stuck is just killed."""
+        refs = [slot.handle.close.remote() for slot in slots]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for slot in slots:
+            ray.kill(slot.handle)
 
     def _collect(self, ref, kind: str, job: Job | None, slot: _Slot, slots: list[_Slot],
                  pending: deque, inflight: dict) -> None:

@@ -42,6 +42,7 @@ def hf_engine(tiny_path):
 def ray_local(model_cache):
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # actors' output is noise in CPU runs; RAYSWEEP_TEST_RAY_LOGS=1 shows it (device runs)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=bool(os.environ.get("RAYSWEEP_TEST_RAY_LOGS")))
     yield ray
     ray.shutdown()
