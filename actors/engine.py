@@ -4,6 +4,7 @@ An engine holds one model and turns requests (token ids + a per-sample seed) int
 sampling and structured-output settings are per call (one task's shard). Backends:
 - `hf`   (actors/hf_engine.py): transformers on CPU (or any torch device), xgrammar token masks.
 - `vllm` (actors/vllm_engine.py): vLLM on a GPU, CUDA graphs, chunked prefill by profile, xgrammar.
+- `fake` (actors/fake_engine.py): a fake that answers at once, for measuring orchestration alone.
 """
 
 from __future__ import annotations
@@ -56,9 +57,16 @@ class Engine(Protocol):
 
 
 def runs_profile(engine: Engine, profile: EngineProfile) -> bool:
-    """Whether `engine` can run a shard of `profile` without a restart. The CPU engine has no
-    chunked prefill, so any profile runs on it as it is."""
-    return engine.kind == "hf" or engine.profile == profile
+    """Whether `engine` can run a shard of `profile` without a restart. Only vLLM has chunked
+    prefill; any profile runs on the other engines as they are."""
+    return engine.kind != "vllm" or engine.profile == profile
+
+
+def check_requests(requests: Sequence[GenRequest]) -> None:
+    """Reject what no engine can run, with the sample named (vLLM refuses empty prompts too)."""
+    for r in requests:
+        if not r.prompt_token_ids:
+            raise ValueError(f"sample {r.sample_id}: the prompt is empty (0 tokens)")
 
 
 def cuda_and_vllm_available() -> bool:
@@ -85,6 +93,10 @@ def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_t
         from actors.vllm_engine import VllmEngine
 
         return VllmEngine(model, model_path, profile, gpu_fraction=gpu_fraction)
+    if backend == "fake":
+        from actors.fake_engine import FakeEngine
+
+        return FakeEngine(model, model_path, profile)
     from actors.hf_engine import HFEngine
 
     return HFEngine(model, model_path, profile, num_threads=num_threads)

@@ -94,12 +94,13 @@ class EvalActor:
         runnable = [r for r in rows if r["status"] != "skipped"]
         requests = [GenRequest(r["sample_id"], r["prompt_token_ids"], r["seed"]) for r in runnable]
         with GpuSampler() as gpu:
-            generated = {g.sample_id: g for g in engine.generate(requests, task.sampling, task.structured)}
+            generated, errors = _generate(engine, requests, task)
         wall = time.perf_counter() - started
         out = []
         for r in rows:
             g = generated.get(r["sample_id"])
-            out.append({"sample_id": r["sample_id"], "status": r["status"], "error": None,
+            error = errors.get(r["sample_id"])
+            out.append({"sample_id": r["sample_id"], "status": "error" if error else r["status"], "error": error,
                         "output_text": g.output_text if g else None, "output_tokens": g.output_tokens if g else None,
                         "finish_reason": g.finish_reason if g else None, "latency_s": g.latency_s if g else None,
                         "ttft_s": g.ttft_s if g else None})
@@ -122,6 +123,29 @@ class EvalActor:
             "engine_starts": engine_starts,  # restarts since the last report, for telemetry/actors
         }
         return pa.Table.from_pylist(out, schema=RESULT_SCHEMA), telemetry
+
+
+def _generate(engine, requests: list[GenRequest], task: TaskSpec) -> tuple[dict, dict]:
+    """Results and per-row errors by sample id. If the batch raises and the task tolerates row errors
+    (`fail_on_error` not True), the rows are run one by one so that only the rows that break are
+    marked; more broken rows than the task allows fail the shard."""
+    try:
+        return {g.sample_id: g for g in engine.generate(requests, task.sampling, task.structured)}, {}
+    except Exception:
+        if task.fail_on_error is True:
+            raise
+    generated, errors = {}, {}
+    for request in requests:
+        try:
+            generated[request.sample_id] = engine.generate([request], task.sampling, task.structured)[0]
+        except Exception as e:  # recorded in the row's `error` column; the limit below decides the shard
+            errors[request.sample_id] = f"{type(e).__name__}: {e}"
+    allowed = len(requests) if task.fail_on_error is False else task.fail_on_error * len(requests)
+    if len(errors) > allowed:
+        first = next(iter(errors.items()))
+        raise RuntimeError(f"{len(errors)} of {len(requests)} rows failed, more than fail_on_error="
+                           f"{task.fail_on_error} allows; first: sample {first[0]}: {first[1]}")
+    return generated, errors
 
 
 def _identity() -> tuple[str, str | None]:

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Sequence
 
-from actors.engine import EngineProfile, GenRequest, GenResult
+from actors.engine import EngineProfile, GenRequest, GenResult, check_requests
 from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 DEFAULT_BATCH = 32
@@ -55,6 +55,7 @@ class HFEngine:
 
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingSpec,
                  structured: StructuredSpec | None) -> list[GenResult]:
+        check_requests(requests)
         submitted = time.perf_counter()
         results: list[GenResult] = []
         with self._lock:

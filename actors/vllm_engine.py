@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Sequence
 
-from actors.engine import EngineProfile, GenRequest, GenResult
+from actors.engine import EngineProfile, GenRequest, GenResult, check_requests
 from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
@@ -107,6 +107,7 @@ class VllmEngine:
 
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingSpec,
                  structured: StructuredSpec | None) -> list[GenResult]:
+        check_requests(requests)
         batch = _Batch(requests, [self._params(r, sampling, structured) for r in requests])
         self._inbox.put(batch)
         batch.done.wait()

@@ -81,28 +81,50 @@ def _load_model_meta(model: ModelSpec):
     return path, tokenizer, max_len
 
 
-def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], None] = print,
-              max_attempts: int = 3) -> SweepReport:
-    started = time.perf_counter()
+@dataclass
+class Prepared:
+    """A sweep that passed preflight, with its output opened and locked; no Ray needed to get here."""
+    spec: SweepSpec
+    plans: list[ModelPlan]
+    sink: ResultSink
+    output: str
+
+
+def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False) -> Prepared:
     plans = preflight(spec)
-    sink = ResultSink(output or spec.output, spec)
-    done = sink.committed()
-    all_ids = [s.shard_id for mp in plans for tp in mp.tasks for s in tp.shards]
-    sink.plan(all_ids)
-    report = SweepReport(output=output or spec.output, summary=pa.table({}), shards_skipped=len(done & set(all_ids)))
-    if report.shards_skipped:
-        log(f"[raysweep] resuming: {report.shards_skipped} of {len(all_ids)} shards already committed")
-    progress = _Progress(sum(s.n_samples for mp in plans for tp in mp.tasks for s in tp.shards
-                             if s.shard_id not in done), log)
-    for mp in plans:
-        jobs = [Job(s, tp.task) for tp in mp.tasks for s in tp.shards if s.shard_id not in done]
-        if jobs:
-            _run_model(spec, mp, jobs, sink, progress, max_attempts)
-            report.shards_run += len(jobs)
-    report.summary = sink.finish()
-    report.failed = sink.failed()
+    out = output or spec.output
+    return Prepared(spec, plans, ResultSink(out, spec, new_run=new_run), out)
+
+
+def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts: int = 3) -> SweepReport:
+    """Run what is not committed yet on the connected Ray cluster; releases the output's lock."""
+    started = time.perf_counter()
+    spec, plans, sink = prepared.spec, prepared.plans, prepared.sink
+    with sink:
+        done = sink.committed()
+        all_ids = [s.shard_id for mp in plans for tp in mp.tasks for s in tp.shards]
+        sink.plan(all_ids)
+        report = SweepReport(output=prepared.output, summary=pa.table({}), shards_skipped=len(done & set(all_ids)))
+        if report.shards_skipped:
+            log(f"[raysweep] resuming: {report.shards_skipped} of {len(all_ids)} shards already committed")
+        progress = _Progress(sum(s.n_samples for mp in plans for tp in mp.tasks for s in tp.shards
+                                 if s.shard_id not in done), log)
+        try:
+            for mp in plans:
+                jobs = [Job(s, tp.task) for tp in mp.tasks for s in tp.shards if s.shard_id not in done]
+                if jobs:
+                    _run_model(spec, mp, jobs, sink, progress, max_attempts)
+                    report.shards_run += len(jobs)
+        finally:  # what was measured before a failure is kept
+            report.summary = sink.finish()
+        report.failed = sink.failed()
     report.samples, report.wall_s = progress.done, time.perf_counter() - started
     return report
+
+
+def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], None] = print,
+              max_attempts: int = 3, new_run: bool = False) -> SweepReport:
+    return execute(prepare(spec, output, new_run), log=log, max_attempts=max_attempts)
 
 
 def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink, progress: "_Progress",

@@ -18,6 +18,10 @@ from cluster.planner import Shard
 from cluster.spec import TaskSpec
 
 
+class ActorStartError(RuntimeError):
+    """An actor died while starting its engine; the message carries the engine's own error."""
+
+
 @dataclass
 class Job:
     shard: Shard
@@ -60,7 +64,10 @@ class ShardScheduler:
         for _ in range(min(self.n_actors, len(jobs))):
             slots.append(slot := self._start())
             if self.start_one_by_one:
-                self.events.on_actor_started(ray.get(slot.handle.startup.remote()))
+                try:
+                    self.events.on_actor_started(ray.get(slot.handle.startup.remote()))
+                except RayActorError as e:
+                    raise ActorStartError(_first_line(e)) from e
             else:
                 inflight[slot.handle.startup.remote()] = ("startup", None, slot)
         try:
@@ -92,6 +99,8 @@ class ShardScheduler:
         try:
             value = ray.get(ref)
         except RayActorError as e:
+            if kind == "startup":  # the engine cannot start (model will not load, no memory): stop here
+                raise ActorStartError(_first_line(e)) from e
             if slot in slots:  # the first failure seen from this actor: replace it
                 self.actor_deaths += 1
                 if self.actor_deaths > self.n_actors * self.max_attempts:

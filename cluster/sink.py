@@ -34,7 +34,9 @@ class SinkError(RuntimeError):
 
 
 class ResultSink:
-    def __init__(self, output: str, spec: SweepSpec):
+    """Open with `with ResultSink(...) as sink:`; the output stays locked against other sweeps until exit."""
+
+    def __init__(self, output: str, spec: SweepSpec, new_run: bool = False):
         self.output, self.spec = output, spec
         self.fs, self.root = _filesystem(output)
         try:
@@ -43,8 +45,34 @@ class ResultSink:
             self.fs.delete_file(self._path(".write-test"))
         except OSError as e:
             raise SinkError(f"output {output}: not writable: {e}") from None
-        self.manifest = self._load_manifest()
+        self._lock = _lock(self.fs, self.root, output)
+        try:
+            if new_run:
+                self._discard_earlier_run()
+            self.manifest = self._load_manifest()
+        except BaseException:
+            self.close()
+            raise
         self._telemetry: dict[str, list[dict]] = {"shards": [], "actors": []}
+
+    def __enter__(self) -> "ResultSink":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases the flock
+            self._lock = None
+
+    def _discard_earlier_run(self) -> None:
+        for rel in ("results", "telemetry"):
+            if self.fs.get_file_info(self._path(rel)).type == pafs.FileType.Directory:
+                self.fs.delete_dir(self._path(rel))
+        for rel in ("manifest.json", "summary.parquet"):
+            if self.fs.get_file_info(self._path(rel)).type == pafs.FileType.File:
+                self.fs.delete_file(self._path(rel))
 
     # -- state -------------------------------------------------------------------------------------
     def committed(self) -> set[str]:
@@ -115,7 +143,7 @@ class ResultSink:
             manifest = json.loads(f.read())
         if manifest.get("spec_hash") != digest:
             raise SinkError(f"output {self.output} holds results of another spec (hash {manifest.get('spec_hash')}, "
-                            f"this one is {digest}); use a new output directory")
+                            f"this one is {digest}); use a new output, or --new-run to discard them")
         return manifest
 
     def _save_manifest(self) -> None:
@@ -158,6 +186,29 @@ def summarize(results: pa.Table | None) -> pa.Table:
                      "structured_valid_rate": sum(valid) / len(valid) if valid else None,
                      "output_tokens": int(pc.sum(part["output_tokens"]).as_py() or 0)})
     return pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
+
+
+def _lock(fs: pafs.FileSystem, root: str, output: str):
+    """An exclusive lock on a local output (flock: the OS drops it when the holder dies, even by
+    kill -9). Object stores have no such lock; there two sweeps into one output are not prevented."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        return None
+    import fcntl
+    import socket
+
+    handle = open(os.path.join(root, ".lock"), "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise SinkError(f"output {output} is in use by another sweep ({holder}); wait for it or use another output") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
+    handle.flush()
+    return handle
 
 
 def _filesystem(output: str) -> tuple[pafs.FileSystem, str]:

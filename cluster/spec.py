@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-BACKENDS = ("auto", "vllm", "hf")
+BACKENDS = ("auto", "vllm", "hf", "fake")  # fake: returns at once, for orchestration benchmarks
 STRUCTURED_KINDS = ("json_schema", "choice", "regex", "grammar")
 SCORERS = ("exact_match", "numeric_match", "choice", "json_match", "regex_match")
 LENGTH_POLICIES = ("error", "truncate_left", "skip")
@@ -120,6 +120,9 @@ class TaskSpec:
     structured: StructuredSpec | None = None
     scorer: ScorerSpec | None = None
     length_policy: str = "error"  # prompt + max_tokens over max_model_len: error | truncate_left | skip
+    # a row whose generation raises: True fails its shard (default); False keeps every such row as
+    # status=error; a fraction in (0, 1) fails the shard only if more than that share of its rows fail
+    fail_on_error: bool | float = True
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -133,6 +136,10 @@ class TaskSpec:
             raise ValueError("chat: `messages` tasks always use the chat template; drop `chat`")
         if self.scorer is not None and self.target is None:
             raise ValueError(f"target: scorer {self.scorer.name} needs a target column")
+        if isinstance(self.fail_on_error, bool):
+            pass
+        elif not isinstance(self.fail_on_error, (int, float)) or not 0 < self.fail_on_error < 1:
+            raise ValueError(f"fail_on_error: must be true, false or a fraction in (0, 1), got {self.fail_on_error!r}")
         if self.length_policy not in LENGTH_POLICIES:
             raise ValueError(f"length_policy: must be one of {', '.join(LENGTH_POLICIES)}, got {self.length_policy!r}")
 
@@ -281,7 +288,7 @@ def _task(raw: Any, path: str) -> TaskSpec:
         sampling=_sampling(f.pop("sampling"), f.at("sampling")),
         structured=_structured(f.pop("structured"), f.at("structured")),
         scorer=_scorer(f.pop("scorer"), f.at("scorer")),
-        length_policy=f.pop("length_policy"),
+        length_policy=f.pop("length_policy"), fail_on_error=f.pop("fail_on_error"),
     )
     f.done()
     return task

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-EXPECTED_ERRORS = ("SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError")
+EXPECTED_ERRORS = ("SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError", "ActorStartError")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,18 +17,22 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="output directory or URI (default: the spec's `output`)")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local cluster)")
     parser.add_argument("--max-attempts", type=int, default=3, help="attempts per shard before it is failed")
+    parser.add_argument("--new-run", action="store_true",
+                        help="discard the output's earlier results (also another spec's) and start again")
 
 
 def run(args: argparse.Namespace) -> int:
     import ray
 
-    from cluster.run import run_sweep
+    from cluster.run import execute, prepare
     from cluster.spec import load_spec
 
-    spec = load_spec(args.spec)  # before ray.init: a bad spec fails in a second
+    # spec, data, models, structured specs, length limits and the output are all checked before
+    # ray.init: a bad input fails in seconds and claims no GPU
+    prepared = prepare(load_spec(args.spec), output=args.output, new_run=args.new_run)
     ray.init(address=args.address, log_to_driver=True)
     try:
-        report = run_sweep(spec, output=args.output, max_attempts=args.max_attempts)
+        report = execute(prepared, max_attempts=args.max_attempts)
     finally:
         ray.shutdown()
     print(format_summary(report.summary))

@@ -1,0 +1,33 @@
+"""FakeEngine: a fake behind the real Engine interface that answers every request at once.
+
+It exists to measure what raysweep itself costs — planning, scheduling, Ray transfers, scoring, Parquet
+commits — with no model in the way (`engine: fake` in a spec; `python -m jobs.bench --parts o`).
+Its output is the constant "fake" and one token per sample; nothing it returns is a measurement of a model.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from actors.engine import EngineProfile, GenRequest, GenResult, check_requests
+from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
+
+
+class FakeEngine:
+    kind = "fake"
+
+    def __init__(self, model: ModelSpec, model_path: str, profile: EngineProfile):
+        self.profile = profile
+
+    def startup(self) -> dict:
+        return {"load_s": None, "compile_s": None, "graph_capture_s": None, "cuda_graphs": False,
+                "graph_mode": None, "fallback_reason": None, "chunked_prefill": False,
+                "max_num_batched_tokens": None, "max_num_seqs": None}
+
+    def generate(self, requests: Sequence[GenRequest], sampling: SamplingSpec,
+                 structured: StructuredSpec | None) -> list[GenResult]:
+        check_requests(requests)
+        return [GenResult(r.sample_id, "fake", 1, "stop", None, None) for r in requests]
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,191 @@
+"""Nothing lost, nothing duplicated: kill -9 of the driver then resume, actors dying mid-shard, a poison
+shard, rows that break generation, a lock on the output, and one-line errors for bad inputs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from cluster.run import PreflightFailure, prepare, run_sweep
+from cluster.sink import ResultSink, SinkError
+from cluster.spec import load_spec
+from tests.conftest import QUICKSTART, ROOT
+
+N_SHARDS = 35  # the quickstart's 350 samples in shards of 10: time to interrupt it mid-way
+
+
+def small_shard_spec(tmp_path, name="reliable", **task_changes):
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw["name"] = name
+    raw["shards"] = {"max_samples": 10}
+    for task in raw["tasks"]:
+        task["data"] = str(QUICKSTART.parent / task["data"])
+        task.update(task_changes)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def committed(out) -> int:
+    try:
+        manifest = json.loads((out / "manifest.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
+    return sum(s["state"] == "committed" for s in manifest["shards"].values())
+
+
+def wait_for(condition, timeout_s=120):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def outputs(out) -> dict:
+    table = pq.read_table(out / "results").to_pandas()
+    keys = list(zip(table["task"].astype(str), table["sample_id"]))
+    assert len(keys) == len(set(keys)), "a sample appears twice"
+    return dict(zip(keys, table["output_text"]))
+
+
+@pytest.fixture(scope="module")
+def reference(ray_local, tmp_path_factory):
+    """The uninterrupted run of the small-shard spec."""
+    tmp = tmp_path_factory.mktemp("reference")
+    spec = load_spec(small_shard_spec(tmp))
+    run_sweep(spec, output=str(tmp / "out"), log=lambda line: None)
+    return outputs(tmp / "out")
+
+
+def test_driver_kill9_then_rerun_completes_identically(reference, tmp_path):
+    spec, out = small_shard_spec(tmp_path), tmp_path / "out"
+    cmd = [sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(out)]
+    env = os.environ | {"RAY_ADDRESS": "local"}
+    driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        assert wait_for(lambda: committed(out) >= 3), "the sweep never committed a shard"
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
+    finally:
+        driver.wait(timeout=60)
+    interrupted_at = committed(out)
+    assert 3 <= interrupted_at < N_SHARDS
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming: {interrupted_at} of {N_SHARDS} shards already committed" in again.stdout
+    assert outputs(out) == reference  # every sample once, greedy and seeded outputs identical
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "os._exit"])
+def test_actor_death_mid_shard_is_retried(ray_local, reference, tmp_path, how):
+    import ray
+
+    spec, out = load_spec(small_shard_spec(tmp_path, name=f"death-{how.replace('.', '')}")), tmp_path / "out"
+    report = {}
+    sweep = threading.Thread(target=lambda: report.update(r=run_sweep(spec, output=str(out), log=lambda line: None)))
+    sweep.start()
+    assert wait_for(lambda: committed(out) >= 2)
+    actor = ray.get_actor(f"raysweep:{spec.name}:tiny:0", namespace=f"raysweep-{spec.name}")
+    if how == "ray.kill":
+        ray.kill(actor)
+    else:
+        actor.exit.remote()
+    sweep.join(timeout=300)
+    assert not report["r"].failed
+    assert outputs(out) == reference
+    shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pandas()
+    died = shards[shards["error"].fillna("").str.contains("actor died")]
+    assert len(died) >= 1, shards[["shard_id", "attempt", "error"]]
+    retried = shards[shards["shard_id"].isin(died["shard_id"]) & shards["error"].isna()]
+    assert (retried["attempt"] >= 2).all() and len(retried) == died["shard_id"].nunique()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert all(manifest["shards"][sid]["attempts"] >= 2 for sid in died["shard_id"])
+
+
+def poison_spec(tmp_path, fail_on_error):
+    rows = [{"id": f"r{i}", "text": "" if i == 13 else f"Say {i}", "answer": str(i)} for i in range(40)]
+    (tmp_path / "poison.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "poison.yaml").write_text(yaml.safe_dump({
+        "name": f"poison-{str(fail_on_error).lower()}", "output": str(tmp_path / "out"),
+        "models": [{"name": "tiny", "path": "builtin:tiny"}],
+        "tasks": [{"name": "p", "data": "poison.jsonl", "id_column": "id", "prompt": "{text}", "target": "answer",
+                   "scorer": "numeric_match", "sampling": {"max_tokens": 4}, "fail_on_error": fail_on_error}],
+        "shards": {"max_samples": 10}, "actors": {"count": 2, "num_cpus": 1}}))
+    return tmp_path / "poison.yaml"
+
+
+def test_poison_shard_is_failed_others_complete_and_exit_is_nonzero(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "jobs.sweep", str(poison_spec(tmp_path, True))], cwd=ROOT,
+                          env=os.environ | {"RAY_ADDRESS": "local"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("[raysweep] FAILED shard")]
+    assert len(failed) == 1 and "tiny/p/" in failed[0] and "sample r13: the prompt is empty" in failed[0]
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas()
+    assert len(results) == 30 and "r13" not in set(results["sample_id"])
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    failed_entry = [s for s in manifest["shards"].values() if s["state"] == "failed"]
+    assert len(failed_entry) == 1 and failed_entry[0]["attempts"] == 3
+    assert "| tiny | p | 30 |" in proc.stdout  # the summary counts what completed
+
+
+@pytest.mark.parametrize("fail_on_error", [False, 0.2])
+def test_rows_that_break_become_error_rows_when_allowed(ray_local, tmp_path, fail_on_error):
+    report = run_sweep(load_spec(poison_spec(tmp_path, fail_on_error)), log=lambda line: None)
+    assert not report.failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas().set_index("sample_id")
+    assert len(results) == 40
+    assert results.loc["r13", "status"] == "error" and "prompt is empty" in results.loc["r13", "error"]
+    assert results.loc["r13", "score"] != results.loc["r13", "score"]  # NaN: not scored
+    assert (results.drop(index="r13")["status"] == "ok").all()
+    summary = report.summary.to_pylist()[0]
+    assert summary["n_error"] == 1 and summary["n_scored"] == 39
+
+
+def test_two_sweeps_into_one_output_are_refused(tmp_path):
+    spec = load_spec(QUICKSTART)
+    with ResultSink(str(tmp_path / "out"), spec):
+        with pytest.raises(SinkError, match=r"is in use by another sweep \(pid \d+ on "):
+            ResultSink(str(tmp_path / "out"), spec)
+    ResultSink(str(tmp_path / "out"), spec).close()  # released: usable again
+
+
+def test_new_run_discards_another_specs_results(tmp_path):
+    spec = load_spec(QUICKSTART)
+    with ResultSink(str(tmp_path / "out"), spec) as sink:
+        sink.plan(["tiny/arithmetic/00000"])
+    (tmp_path / "out" / "results").mkdir()
+    other = load_spec(small_shard_spec(tmp_path))
+    with pytest.raises(SinkError, match="--new-run"):
+        ResultSink(str(tmp_path / "out"), other)
+    with ResultSink(str(tmp_path / "out"), other, new_run=True) as sink:
+        assert sink.manifest["spec_hash"] == other.digest() and not (tmp_path / "out" / "results").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r["tasks"][2]["structured"].update(json_schema={"type": "objekt"}),
+     "tasks.extract.structured.json_schema: not a valid JSON schema"),
+    (lambda r: r["tasks"][1].update(structured={"regex": "([A-D]"}),
+     "tasks.choice.structured.regex: does not compile"),
+    (lambda r: r["models"][0].update(path="/nonexistent/model"), "model tiny: cannot load '/nonexistent/model'"),
+    (lambda r: r.update(output="/proc/raysweep-out"), "output /proc/raysweep-out: not writable"),
+    (lambda r: r["tasks"][0].update(data="missing.jsonl"), "missing.jsonl: no such data file"),
+])
+def test_bad_inputs_fail_before_ray_with_one_line(tmp_path, change, message):
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    for task in raw["tasks"]:
+        task["data"] = str(QUICKSTART.parent / task["data"]) if task["data"] != "missing.jsonl" else task["data"]
+    change(raw)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises((PreflightFailure, SinkError, ValueError)) as err:
+        prepare(load_spec(path)).sink.close()
+    assert message in str(err.value) and "\n" not in str(err.value).strip()
