@@ -10,6 +10,8 @@
 (c) a long shard (prompts of 12-16k tokens) with chunked prefill vs without: throughput, peak GPU memory
     (NVML) and the KV-cache blocks vLLM could allocate.
 (d) guided (JSON schema, xgrammar) ÷ free generation on the same prompts.
+(o) orchestration alone, on CPU: N synthetic samples through planning, the scheduler, Ray, scoring and
+    Parquet commits with the fake engine (answers at once); samples/s and the driver's peak memory.
 Each part appends rows (part, metric, value, unit) to OUT/bench.parquet and the run prints a markdown table.
 """
 
@@ -204,6 +206,41 @@ class Bench:
         self.record("d", "guided_valid", valid / self.n, "fraction")
         self.record("d", "RATIO guided/free", (tok_g / wall_g) / (tok_f / wall_f), "x")
 
+    def part_o(self) -> None:
+        """Orchestration alone: the fake engine behind the real actors, scheduler and sink."""
+        import ray
+
+        from cluster.run import execute, prepare
+        from cluster.spec import load_spec
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            for n in self.orchestration_sizes:
+                data = self.out / f"o_{n}.jsonl"
+                with open(data, "w") as f:
+                    f.writelines(json.dumps({"q": f"item {i} of the synthetic set", "a": "fake"}) + "\n"
+                                 for i in range(n))
+                spec_path = self.out / f"o_{n}.yaml"
+                spec_path.write_text(json.dumps({
+                    "name": f"bench-o-{n}", "output": str(self.out / f"o_{n}_results"),
+                    "models": [{"name": "m", "path": "builtin:tiny", "engine": "fake"}],
+                    "tasks": [{"name": "t", "data": str(data), "prompt": "{q}", "target": "a",
+                               "scorer": "exact_match", "sampling": {"max_tokens": 1}}],
+                    "actors": {"count": 2, "num_cpus": 1}}))
+                started = time.perf_counter()
+                prepared = prepare(load_spec(spec_path), new_run=True)
+                planned = time.perf_counter()
+                report = execute(prepared, log=lambda line: None)
+                finished = time.perf_counter()
+                assert report.samples == n and not report.failed
+                self.record("o", f"{n}_plan_s", planned - started, "s (read, render, tokenize, shard)")
+                self.record("o", f"{n}_orchestration_samples_per_s", n / (finished - planned),
+                            "samples/s (scheduler + Ray + scoring + Parquet commits)")
+                self.record("o", f"{n}_end_to_end_samples_per_s", n / (finished - started), "samples/s")
+                self.record("o", f"{n}_driver_peak_rss_mib", _peak_rss_mib(), "MiB (peak so far)")
+        finally:
+            ray.shutdown()
+
     def save(self) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -219,29 +256,39 @@ class Bench:
             print(f"| {r['part']} | {r['metric']} | {value} | {r['unit']} |")
 
 
+def _peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:small", help="model path or builtin:NAME")
     parser.add_argument("--parts", default="a,b,c,d", help="which parts to run, comma-separated")
     parser.add_argument("--prompts", type=int, default=512, help="prompts in parts a and d")
     parser.add_argument("--out", default="bench/out", help="folder for bench.parquet and scratch files")
+    parser.add_argument("--samples", default="50000,200000", help="part o: sample counts, comma-separated")
     args = parser.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",")]
 
     import torch
 
     from cluster.builtin_model import resolve_model_path
 
-    if not torch.cuda.is_available():
-        print("jobs.bench needs a CUDA GPU and vLLM", file=sys.stderr)
+    if set(parts) - {"o"} and not torch.cuda.is_available():
+        print("jobs.bench parts a-d need a CUDA GPU and vLLM (part o runs anywhere)", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(resolve_model_path(args.model), out, args.prompts)
-    bench.record("-", "device", None, torch.cuda.get_device_name())
-    bench.record("-", "model", None, args.model)
+    bench = Bench(resolve_model_path(args.model) if set(parts) - {"o"} else args.model, out, args.prompts)
+    bench.orchestration_sizes = [int(n) for n in args.samples.split(",")]
+    bench.record("-", "device", None, torch.cuda.get_device_name() if torch.cuda.is_available()
+                 else f"CPU only, {os.cpu_count()} cores")
+    bench.record("-", "model", None, "builtin:tiny, fake engine" if parts == ["o"] else args.model)
     try:
-        for part in args.parts.split(","):
-            getattr(bench, f"part_{part.strip()}")()
+        for part in parts:
+            getattr(bench, f"part_{part}")()
     finally:
         bench.save()
     return 0

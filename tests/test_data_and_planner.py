@@ -93,3 +93,14 @@ def test_plan_sorts_cuts_and_applies_length_policy(tmp_path, tiny_path):
         assert over["status"] == status
         if policy == "truncate_left":
             assert over["prompt_tokens"] == 44 and over["prompt_token_ids"] == tok("Q: " + "x" * 50)["input_ids"][-44:]
+
+
+def test_fast_tokenize_equals_the_tokenizers_own_call(tiny_path):
+    from transformers import AutoTokenizer
+
+    from cluster.planner import tokenize
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    texts = ["plain", "naïve ünïcode ✓", "<|user|>hi<|end|><|assistant|>", ""]
+    for special in (True, False):
+        assert tokenize(texts, tok, special) == tok(texts, add_special_tokens=special)["input_ids"]
