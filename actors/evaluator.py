@@ -39,7 +39,7 @@ class EvalActor:
                  profile: EngineProfile = EngineProfile()):
         self.model, self.model_path = model, model_path
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
-        self.actor_id, self.node_ip = _identity()
+        self.actor_id, self.node_ip, self.node_id = _identity()
         self.gpu_name = _gpu_name()
         self.restarts = 0
         self._cv = threading.Condition()
@@ -84,7 +84,8 @@ class EvalActor:
         gpu_fraction = self.num_gpus if self.num_gpus else 1.0
         self.engine = make_engine(self.model, self.model_path, profile, num_threads=max(1, int(self.num_cpus)),
                                   gpu_fraction=gpu_fraction)
-        self._starts.append({"actor_id": self.actor_id, "node_ip": self.node_ip, "gpu_name": self.gpu_name,
+        self._starts.append({"actor_id": self.actor_id, "node_ip": self.node_ip, "node_id": self.node_id,
+                             "gpu_name": self.gpu_name,
                              "model": self.model.name, "engine": self.engine.kind, "profile": profile.name,
                              "restart": self.restarts, **self.engine.startup()})
 
@@ -110,6 +111,7 @@ class EvalActor:
             engine_starts, self._starts = self._starts, []
         telemetry = {
             "shard_id": shard.shard_id, "attempt": attempt, "actor_id": self.actor_id, "node_ip": self.node_ip,
+            "node_id": self.node_id,
             "gpu_name": self.gpu_name, "engine": engine.kind, "cuda_graphs": info["cuda_graphs"],
             "graph_mode": info["graph_mode"], "profile": shard.profile,
             "chunked_prefill": info.get("chunked_prefill", False),
@@ -148,16 +150,18 @@ def _generate(engine, requests: list[GenRequest], task: TaskSpec) -> tuple[dict,
     return generated, errors
 
 
-def _identity() -> tuple[str, str | None]:
+def _identity() -> tuple[str, str | None, str | None]:
+    """Actor id, node IP and node id (fake multi-node clusters share one IP; ids tell nodes apart)."""
     try:
         import ray
 
         if ray.is_initialized():
             ctx = ray.get_runtime_context()
-            return ctx.get_actor_id() or f"driver-{os.getpid()}", ray.util.get_node_ip_address()
+            return (ctx.get_actor_id() or f"driver-{os.getpid()}", ray.util.get_node_ip_address(),
+                    ctx.get_node_id())
     except ImportError:
         pass
-    return f"local-{os.getpid()}", None
+    return f"local-{os.getpid()}", None, None
 
 
 def _gpu_name() -> str | None:

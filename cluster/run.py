@@ -18,6 +18,7 @@ import ray
 
 from cluster.builtin_model import resolve_model_path
 from cluster.data import TaskData, load_task
+from cluster.placement import actor_resources, requested_capacity
 from cluster.planner import TaskPlan, plan_task
 from cluster.scheduler import Job, SchedulerEvents, ShardScheduler
 from cluster.scoring import scorer_for
@@ -131,16 +132,15 @@ def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink
                max_attempts: int) -> None:
     from actors.evaluator import EvalActor
 
-    num_gpus = spec.actors.num_gpus if ray.cluster_resources().get("GPU", 0) > 0 else 0
+    resources = actor_resources(spec.actors, ray.cluster_resources())
     remote = ray.remote(EvalActor)
     namespace = f"raysweep-{spec.name}"
 
     def spawn(n: int):
         # max_concurrency = shards in flight per actor: a streaming engine admits the next one early
         return remote.options(name=f"raysweep:{spec.name}:{mp.model.name}:{n}", namespace=namespace,
-                              num_cpus=spec.actors.num_cpus, num_gpus=num_gpus, max_restarts=0,
-                              max_concurrency=SHARDS_IN_FLIGHT).remote(
-            mp.model, mp.path, spec.actors.num_cpus, num_gpus)
+                              max_restarts=0, max_concurrency=SHARDS_IN_FLIGHT, **resources.options()).remote(
+            mp.model, mp.path, resources.num_cpus, resources.num_gpus)
 
     task_plans = {tp.task.name: tp for tp in mp.tasks}
 
@@ -162,8 +162,10 @@ def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink
 
     events = SchedulerEvents(on_result=on_result, on_failed=on_failed, on_attempt_failed=on_attempt_failed,
                              on_actor_started=lambda row: row and sink.add_telemetry("actors", row))
-    ShardScheduler(spawn, spec.actors.count, events, max_attempts=max_attempts, depth=SHARDS_IN_FLIGHT,
-                   start_one_by_one=0 < num_gpus < 1).run(jobs)
+    n_actors = min(spec.actors.count, len(jobs))
+    with requested_capacity(resources, n_actors):
+        ShardScheduler(spawn, n_actors, events, max_attempts=max_attempts, depth=SHARDS_IN_FLIGHT,
+                       start_one_by_one=0 < resources.num_gpus < 1).run(jobs)
 
 
 def _score(spec: SweepSpec, model: ModelSpec, job: Job, table: pa.Table, plan: TaskPlan) -> pa.Table:

@@ -179,8 +179,14 @@ class ActorSpec:
     count: int = 1  # actors per model
     num_gpus: float = 1.0  # GPUs per actor (fractions share a GPU); ignored where the cluster has none
     num_cpus: float = 1.0  # CPUs per actor; the CPU engine uses this many threads
+    # e.g. "L4": actors go to nodes with this accelerator (Ray's accelerator_type:<name> resource), and
+    # their GPUs are asked of the autoscaler even while the cluster has none (GPU groups at min 0)
+    accelerator_type: str | None = None
 
     def __post_init__(self) -> None:
+        if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str)
+                                                  or not NAME_RE.match(self.accelerator_type)):
+            raise ValueError(f"accelerator_type: must be a name such as L4 or H100, got {self.accelerator_type!r}")
         if not isinstance(self.count, int) or self.count < 1:
             raise ValueError(f"count: must be an integer >= 1, got {self.count!r}")
         if not isinstance(self.num_gpus, (int, float)) or self.num_gpus < 0:
@@ -325,7 +331,8 @@ def parse_spec(raw: Any, source: str = "<spec>", base_dir: str = ".") -> SweepSp
             models=_listed(f.pop("models"), "models", _model),
             tasks=_listed(f.pop("tasks"), "tasks", _task),
             shards=_build(ShardLimits, "shards", **{k: shards.pop(k) for k in ("max_samples", "max_tokens")}),
-            actors=_build(ActorSpec, "actors", **{k: actors.pop(k) for k in ("count", "num_gpus", "num_cpus")}),
+            actors=_build(ActorSpec, "actors", **{k: actors.pop(k) for k in
+                                                  ("count", "num_gpus", "num_cpus", "accelerator_type")}),
             source=source, base_dir=base_dir,
         )
         for part in (f, shards, actors):

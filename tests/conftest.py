@@ -43,6 +43,8 @@ def ray_local(model_cache):
     import ray
 
     # actors' output is noise in CPU runs; RAYSWEEP_TEST_RAY_LOGS=1 shows it (device runs)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=bool(os.environ.get("RAYSWEEP_TEST_RAY_LOGS")))
+    # address="local": always a fresh cluster, never one a `ray start` in another test left behind
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             log_to_driver=bool(os.environ.get("RAYSWEEP_TEST_RAY_LOGS")))
     yield ray
     ray.shutdown()
