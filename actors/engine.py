@@ -57,9 +57,9 @@ class Engine(Protocol):
 
 
 def runs_profile(engine: Engine, profile: EngineProfile) -> bool:
-    """Whether `engine` can run a shard of `profile` without a restart. Only vLLM has chunked
-    prefill; any profile runs on the other engines as they are."""
-    return engine.kind != "vllm" or engine.profile == profile
+    """Whether `engine` can run a shard of `profile` without a restart. The CPU engine has no chunked
+    prefill, so any profile runs on it; vLLM (and the fake, which stands in for it) restart."""
+    return engine.kind == "hf" or engine.profile == profile
 
 
 def check_requests(requests: Sequence[GenRequest]) -> None:

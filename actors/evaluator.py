@@ -41,6 +41,9 @@ class EvalActor:
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self.actor_id, self.node_ip, self.node_id = _identity()
         self.gpu_name = _gpu_name()
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)  # shards arrive as text
         self.restarts = 0
         self._cv = threading.Condition()
         self._inflight = 0
@@ -69,6 +72,19 @@ class EvalActor:
         """Test hook: die as a crashed engine would."""
         os._exit(1)
 
+    def _requests(self, rows: list[dict], add_special_tokens: bool) -> list[GenRequest]:
+        """Token ids for each row: carried for truncated rows, else tokenized here and checked
+        against the length the driver measured (a different tokenizer on this node would show)."""
+        from cluster.planner import tokenize
+
+        todo = [r for r in rows if r["prompt_token_ids"] is None]
+        for r, ids in zip(todo, tokenize([r["prompt"] for r in todo], self.tokenizer, add_special_tokens)):
+            if len(ids) != r["prompt_tokens"]:
+                raise ValueError(f"sample {r['sample_id']}: the driver measured {r['prompt_tokens']} prompt tokens, "
+                                 f"this actor {len(ids)}; the tokenizers differ between nodes")
+            r["prompt_token_ids"] = ids
+        return [GenRequest(r["sample_id"], r["prompt_token_ids"], r["seed"]) for r in rows]
+
     def _acquire(self, profile: EngineProfile):
         with self._cv:
             while not runs_profile(self.engine, profile) and self._inflight > 0:
@@ -93,7 +109,7 @@ class EvalActor:
         started_at, started = datetime.now(timezone.utc), time.perf_counter()
         rows = shard.rows.to_pylist()
         runnable = [r for r in rows if r["status"] != "skipped"]
-        requests = [GenRequest(r["sample_id"], r["prompt_token_ids"], r["seed"]) for r in runnable]
+        requests = self._requests(runnable, shard.add_special_tokens)
         with GpuSampler() as gpu:
             generated, errors = _generate(engine, requests, task)
         wall = time.perf_counter() - started

@@ -3,6 +3,7 @@
 It exists to measure what raysweep itself costs — planning, scheduling, Ray transfers, scoring, Parquet
 commits — with no model in the way (`engine: fake` in a spec; `python -m jobs.bench --parts o`).
 Its output is the constant "fake" and one token per sample; nothing it returns is a measurement of a model.
+Like vLLM it holds one profile and is restarted for another, so profile routing can be tested on CPU.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from cluster.sink import ResultSink
 from cluster.spec import ModelSpec, SweepSpec
 from cluster.structured import check as check_structured
 from cluster.structured import is_valid
+from cluster.token_cache import TokenCache
 
 
 SHARDS_IN_FLIGHT = 2  # per actor: one running, one admitted behind it
@@ -53,7 +54,9 @@ class SweepReport:
     shards_skipped: int = 0  # committed by an earlier run
 
 
-def preflight(spec: SweepSpec) -> list[ModelPlan]:
+def preflight(spec: SweepSpec, strict: bool = True) -> list[ModelPlan]:
+    """Everything that can be checked before an actor starts. `strict=False` (for `raysweep plan`)
+    counts prompts over the length limit instead of refusing them."""
     data: list[TaskData] = []
     for task in spec.tasks:
         if task.structured is not None:
@@ -65,8 +68,29 @@ def preflight(spec: SweepSpec) -> list[ModelPlan]:
     plans = []
     for model in spec.models:
         path, tokenizer, max_len = _load_model_meta(model)
-        plans.append(ModelPlan(model, path, [plan_task(model, d, tokenizer, max_len, spec.shards) for d in data]))
+        _compile_for(model, tokenizer, spec)
+        cache = TokenCache(tokenizer)
+        plans.append(ModelPlan(model, path, [plan_task(model, d, tokenizer, max_len, spec.shards, cache, strict)
+                                             for d in data]))
     return plans
+
+
+def _compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
+    """Compile each structured spec once against this model's tokenizer, as the engines will."""
+    structured = [t for t in spec.tasks if t.structured is not None]
+    if not structured:
+        return
+    import xgrammar as xgr
+
+    from cluster.structured import to_grammar
+
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer), max_threads=1)
+    for task in structured:
+        try:
+            compiler.compile_grammar(to_grammar(task.structured))
+        except Exception as e:  # xgrammar's own error types; the message is what matters
+            raise PreflightFailure(f"task {task.name}: structured output does not compile for model "
+                                   f"{model.name}: {str(e).strip().splitlines()[-1]}") from None
 
 
 def _load_model_meta(model: ModelSpec):

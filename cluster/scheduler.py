@@ -1,8 +1,10 @@
 """Fans shards out over a pool of Ray actors and collects them as they finish (`ray.wait`).
 
 Each actor is kept `depth` shards deep, so it starts the next shard the moment it finishes one and a
-slow shard never idles the others. A shard whose actor dies is retried on a fresh actor; a shard that
-raises is retried; after `max_attempts` it is reported as failed and the sweep goes on.
+slow shard never idles the others. Shards are routed by engine profile: an actor keeps taking shards of
+the profile its engine runs, and changes profile (an engine restart) only when none of those are left
+and it has nothing in flight. A shard whose actor dies is retried on a fresh actor; a shard that raises
+is retried; after `max_attempts` it is reported as failed and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -35,6 +37,36 @@ class _Slot:
     handle: Any
     number: int  # the n in the actor's name
     inflight: int = 0
+    profile: str | None = None  # the profile of the last shard sent: what its engine runs now
+
+
+class _Pending:
+    """Shards waiting, one queue per profile, each in the order given (retries go first)."""
+
+    def __init__(self, jobs: list[Job]):
+        self.queues: dict[str, deque] = {}
+        for job in jobs:
+            self.queues.setdefault(job.shard.profile, deque()).append(job)
+
+    def __bool__(self) -> bool:
+        return any(self.queues.values())
+
+    def retry(self, job: Job) -> None:
+        self.queues.setdefault(job.shard.profile, deque()).appendleft(job)
+
+    def take(self, slot: _Slot, slots: list[_Slot]) -> Job | None:
+        same = self.queues.get(slot.profile)
+        if same:
+            return same.popleft()
+        if slot.inflight:  # wait for the shards in flight rather than restart under them
+            return None
+        left = [p for p, q in self.queues.items() if q]
+        if not left:
+            return None
+        served = {s.profile for s in slots if s is not slot}
+        # a profile no other actor runs, else the longest queue
+        profile = min(left, key=lambda p: (p in served, -len(self.queues[p])))
+        return self.queues[profile].popleft()
 
 
 @dataclass
@@ -58,7 +90,7 @@ class ShardScheduler:
         self.actor_deaths = 0
 
     def run(self, jobs: list[Job]) -> None:
-        pending = deque(jobs)
+        pending = _Pending(jobs)
         slots: list[_Slot] = []
         inflight: dict[Any, tuple[str, Any, _Slot]] = {}
         for _ in range(min(self.n_actors, len(jobs))):
@@ -73,10 +105,10 @@ class ShardScheduler:
         try:
             while pending or any(kind == "shard" for kind, _, _ in inflight.values()):
                 for slot in slots:
-                    while pending and slot.inflight < self.depth:
-                        job = pending.popleft()
+                    while slot.inflight < self.depth and (job := pending.take(slot, slots)) is not None:
                         inflight[slot.handle.run_shard.remote(job.shard, job.task, job.attempt)] = ("shard", job, slot)
                         slot.inflight += 1
+                        slot.profile = job.shard.profile
                 [ref], _ = ray.wait(list(inflight), num_returns=1)
                 kind, job, slot = inflight.pop(ref)
                 self._collect(ref, kind, job, slot, slots, pending, inflight)
@@ -93,7 +125,7 @@ class ShardScheduler:
             ray.kill(slot.handle)
 
     def _collect(self, ref, kind: str, job: Job | None, slot: _Slot, slots: list[_Slot],
-                 pending: deque, inflight: dict) -> None:
+                 pending: _Pending, inflight: dict) -> None:
         if kind == "shard":
             slot.inflight -= 1
         try:
@@ -120,14 +152,14 @@ class ShardScheduler:
         else:
             self.events.on_result(job, *value)
 
-    def _retry(self, job: Job, error: str, pending: deque) -> None:
+    def _retry(self, job: Job, error: str, pending: _Pending) -> None:
         job.errors.append(error)
         self.events.on_attempt_failed(job, error)
         if job.attempt >= self.max_attempts:
             self.events.on_failed(job)
         else:
             job.attempt += 1
-            pending.appendleft(job)
+            pending.retry(job)
 
     def _start(self) -> _Slot:
         number = self.actors_started

@@ -22,6 +22,7 @@ BACKENDS = ("auto", "vllm", "hf", "fake")  # fake: returns at once, for orchestr
 STRUCTURED_KINDS = ("json_schema", "choice", "regex", "grammar")
 SCORERS = ("exact_match", "numeric_match", "choice", "json_match", "regex_match")
 LENGTH_POLICIES = ("error", "truncate_left", "skip")
+CHUNKED_PREFILL = ("auto", "on", "off")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # names become directory names and actor names
 
 
@@ -123,6 +124,7 @@ class TaskSpec:
     # a row whose generation raises: True fails its shard (default); False keeps every such row as
     # status=error; a fraction in (0, 1) fails the shard only if more than that share of its rows fail
     fail_on_error: bool | float = True
+    chunked_prefill: str = "auto"  # auto: the long/short profile from the data (DESIGN §3); on | off: every shard
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -140,6 +142,8 @@ class TaskSpec:
             pass
         elif not isinstance(self.fail_on_error, (int, float)) or not 0 < self.fail_on_error < 1:
             raise ValueError(f"fail_on_error: must be true, false or a fraction in (0, 1), got {self.fail_on_error!r}")
+        if self.chunked_prefill not in CHUNKED_PREFILL:
+            raise ValueError(f"chunked_prefill: must be one of {', '.join(CHUNKED_PREFILL)}, got {self.chunked_prefill!r}")
         if self.length_policy not in LENGTH_POLICIES:
             raise ValueError(f"length_policy: must be one of {', '.join(LENGTH_POLICIES)}, got {self.length_policy!r}")
 
@@ -295,9 +299,15 @@ def _task(raw: Any, path: str) -> TaskSpec:
         structured=_structured(f.pop("structured"), f.at("structured")),
         scorer=_scorer(f.pop("scorer"), f.at("scorer")),
         length_policy=f.pop("length_policy"), fail_on_error=f.pop("fail_on_error"),
+        chunked_prefill=_on_off(f.pop("chunked_prefill")),
     )
     f.done()
     return task
+
+
+def _on_off(value: Any) -> Any:
+    """YAML 1.1 reads a bare on/off as a boolean; `chunked_prefill: off` means the string."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 def _model(raw: Any, path: str) -> ModelSpec:

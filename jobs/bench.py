@@ -10,6 +10,8 @@
 (c) a long shard (prompts of 12-16k tokens) with chunked prefill vs without: throughput, peak GPU memory
     (NVML) and the KV-cache blocks vLLM could allocate.
 (d) guided (JSON schema, xgrammar) ÷ free generation on the same prompts.
+(p) planning alone, on CPU: N synthetic prompts of mixed lengths (90% 20-120 characters, 10% 1-2k)
+    read, rendered, measured in tokens and cut into shards; cold, then again with the token cache warm.
 (o) orchestration alone, on CPU: N synthetic samples through planning, the scheduler, Ray, scoring and
     Parquet commits with the fake engine (answers at once); samples/s and the driver's peak memory.
 Each part appends rows (part, metric, value, unit) to OUT/bench.parquet and the run prints a markdown table.
@@ -110,7 +112,7 @@ class Bench:
             "shards": {"max_samples": max(1, self.n // 4)}, "actors": {"count": 1, "num_gpus": 1}}))
         spec = load_spec(spec_path)
         started = time.perf_counter()
-        ray.init(num_cpus=4, include_dashboard=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False)
         try:
             report = run_sweep(spec, log=lambda line: None)
         finally:
@@ -206,6 +208,38 @@ class Bench:
         self.record("d", "guided_valid", valid / self.n, "fraction")
         self.record("d", "RATIO guided/free", (tok_g / wall_g) / (tok_f / wall_f), "x")
 
+    def part_p(self) -> None:
+        """Planning N prompts: the driver's preflight, with a cold and then a warm token cache."""
+        import tempfile
+
+        from cluster.run import preflight
+        from cluster.spec import load_spec
+
+        n = self.planning_size
+        rng = random.Random(4)
+        data = self.out / f"p_{n}.jsonl"
+        with open(data, "w") as f:
+            for i in range(n):
+                size = rng.randint(1000, 2000) if rng.random() < 0.1 else rng.randint(20, 120)
+                f.write(json.dumps({"id": i, "q": "".join(rng.choices("abcdefghij klmnop", k=size))}) + "\n")
+        spec_path = self.out / f"p_{n}.yaml"
+        spec_path.write_text(json.dumps({
+            "name": "bench-p", "output": str(self.out / "p_results"),
+            "models": [{"name": "m", "path": "builtin:tiny"}],
+            "tasks": [{"name": "t", "data": str(data), "id_column": "id", "prompt": "Q: {q}\nA:",
+                       "sampling": {"max_tokens": 64}}]}))
+        spec = load_spec(spec_path)
+        os.environ["RAYSWEEP_CACHE"] = tempfile.mkdtemp(prefix="bench-p-cache-")  # a cold token cache
+        for run in ("cold", "warm"):
+            started = time.perf_counter()
+            plans = preflight(spec)
+            wall = time.perf_counter() - started
+            shards = plans[0].tasks[0].shards
+            self.record("p", f"{n}_{run}_plan_s", wall, f"s ({len(shards)} shards, "
+                        f"{sum(s.profile == 'long' for s in shards)} long)")
+            self.record("p", f"{n}_{run}_driver_peak_rss_mib", _peak_rss_mib(), "MiB (peak so far)")
+            del plans, shards
+
     def part_o(self) -> None:
         """Orchestration alone: the fake engine behind the real actors, scheduler and sink."""
         import ray
@@ -213,7 +247,7 @@ class Bench:
         from cluster.run import execute, prepare
         from cluster.spec import load_spec
 
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         try:
             for n in self.orchestration_sizes:
                 data = self.out / f"o_{n}.jsonl"
@@ -269,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=512, help="prompts in parts a and d")
     parser.add_argument("--out", default="bench/out", help="folder for bench.parquet and scratch files")
     parser.add_argument("--samples", default="50000,200000", help="part o: sample counts, comma-separated")
+    parser.add_argument("--plan-prompts", type=int, default=1_000_000, help="part p: prompts to plan")
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",")]
 
@@ -276,16 +311,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from cluster.builtin_model import resolve_model_path
 
-    if set(parts) - {"o"} and not torch.cuda.is_available():
-        print("jobs.bench parts a-d need a CUDA GPU and vLLM (part o runs anywhere)", file=sys.stderr)
+    if set(parts) - {"o", "p"} and not torch.cuda.is_available():
+        print("jobs.bench parts a-d need a CUDA GPU and vLLM (parts o and p run anywhere)", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(resolve_model_path(args.model) if set(parts) - {"o"} else args.model, out, args.prompts)
+    bench = Bench(resolve_model_path(args.model) if set(parts) - {"o", "p"} else args.model, out, args.prompts)
     bench.orchestration_sizes = [int(n) for n in args.samples.split(",")]
+    bench.planning_size = args.plan_prompts
     bench.record("-", "device", None, torch.cuda.get_device_name() if torch.cuda.is_available()
                  else f"CPU only, {os.cpu_count()} cores")
-    bench.record("-", "model", None, "builtin:tiny, fake engine" if parts == ["o"] else args.model)
+    bench.record("-", "model", None, "builtin:tiny (fake engine in part o)" if set(parts) <= {"o", "p"} else args.model)
     try:
         for part in parts:
             getattr(bench, f"part_{part}")()

@@ -16,7 +16,7 @@ def plan(args: argparse.Namespace) -> int:
     from cluster.spec import load_spec
 
     rows = []
-    for mp in preflight(load_spec(args.spec)):
+    for mp in preflight(load_spec(args.spec), strict=False):
         for tp in mp.tasks:
             lengths = tp.lengths
             rows.append({
@@ -25,7 +25,7 @@ def plan(args: argparse.Namespace) -> int:
                 "tokens_max": int(lengths.max()), "threshold": tp.threshold,
                 "short_shards": sum(s.profile == "short" for s in tp.shards),
                 "long_shards": sum(s.profile == "long" for s in tp.shards),
-                "truncated": tp.n_truncated, "skipped": tp.n_skipped, "limit": tp.limit,
+                "truncated": tp.n_truncated, "skipped": tp.n_skipped, "refused": tp.n_refused, "limit": tp.limit,
             })
     if args.json:
         print(json.dumps(rows, indent=2))

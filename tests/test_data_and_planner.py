@@ -104,3 +104,59 @@ def test_fast_tokenize_equals_the_tokenizers_own_call(tiny_path):
     texts = ["plain", "naïve ünïcode ✓", "<|user|>hi<|end|><|assistant|>", ""]
     for special in (True, False):
         assert tokenize(texts, tok, special) == tok(texts, add_special_tokens=special)["input_ids"]
+
+
+def test_token_counts_are_cached_per_tokenizer_and_prompt(tmp_path, tiny_path):
+    from transformers import AutoTokenizer
+
+    from cluster.planner import count_tokens
+    from cluster.token_cache import TokenCache
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    calls = []
+
+    def count(prompts):
+        calls.append(len(prompts))
+        return count_tokens(prompts, tok, True)
+
+    prompts = [f"prompt number {i}" * (i % 5 + 1) for i in range(100)]
+    first = TokenCache(tok, root=tmp_path).lengths(prompts, True, count)
+    again = TokenCache(tok, root=tmp_path)  # a new planner process: reads the cache from disk
+    second = again.lengths(prompts + ["a new one"], True, count)
+    assert list(second[:100]) == list(first) == count_tokens(prompts, tok, True)
+    assert calls == [100, 1] and again.hits == 100 and again.misses == 1
+    assert list(TokenCache(tok, root=tmp_path).lengths(prompts[:3], False, count)) == count_tokens(prompts[:3], tok, False)
+    assert calls[-1] == 3  # the add-special-tokens flag is part of the key
+
+
+def test_chunked_prefill_override_and_same_plan_twice(tmp_path, tiny_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    rows = [json.dumps({"q": "x" * (3000 if i % 4 == 0 else 30), "a": "1"}) for i in range(40)]
+    profiles = {}
+    for mode in ("auto", "on", "off"):
+        spec, task = make(tmp_path, rows, chunked_prefill=mode)
+        plan = plan_task(spec.models[0], load_task(spec, task), tok, None, ShardLimits(max_samples=10))
+        profiles[mode] = [(s.profile, s.max_num_batched_tokens) for s in plan.shards]
+        again = plan_task(spec.models[0], load_task(spec, task), tok, None, ShardLimits(max_samples=10))
+        assert len(plan.shards) == len(again.shards)
+        assert all(s.rows.equals(t.rows) and s.shard_id == t.shard_id for s, t in zip(plan.shards, again.shards))
+    assert profiles["auto"] == [("short", None)] * 3 + [("long", 2402)]  # p95 3003 >= 2048: 0.8 x 3003
+    assert profiles["on"] == [("long", 2402)] * 4
+    assert profiles["off"] == [("short", None)] * 4
+
+
+def test_plan_cli_json(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import QUICKSTART, ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "plan", str(QUICKSTART), "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["task"]: r for r in json.loads(proc.stdout)}
+    assert rows["arithmetic"]["samples"] == 150 and rows["arithmetic"]["shards"] == 3
+    assert rows["extract"]["tokens_max"] >= rows["extract"]["tokens_p95"] >= rows["extract"]["tokens_p50"]
+    assert all(r["long_shards"] == 0 and r["refused"] == 0 for r in rows.values())

@@ -1,0 +1,36 @@
+"""Profile routing: long shards go to actors running the long profile, short ones to short, so a mixed
+sweep restarts each actor's engine at most once per profile change (the fake engine, like vLLM,
+restarts for another profile; the CPU engine never needs to)."""
+
+import json
+
+import pyarrow.parquet as pq
+import yaml
+
+from cluster.run import run_sweep
+from cluster.spec import load_spec
+
+
+def test_mixed_profiles_route_with_few_restarts(ray_local, tmp_path):
+    rows = [{"id": f"s{i}", "text": f"sample {i}"} for i in range(60)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # submission order alternates short, long, short, long: first-come-first-served would restart often
+    tasks = [{"name": f"t{k}", "data": "d.jsonl", "id_column": "id", "prompt": "{text}",
+              "chunked_prefill": "on" if k % 2 else "off", "sampling": {"max_tokens": 2}} for k in range(4)]
+    (tmp_path / "mixed.yaml").write_text(yaml.safe_dump({
+        "name": "routing", "output": str(tmp_path / "out"), "models": [{"name": "m", "path": "builtin:tiny",
+                                                                       "engine": "fake"}],
+        "tasks": tasks, "shards": {"max_samples": 10}, "actors": {"count": 2, "num_cpus": 1}}))
+    spec = load_spec(tmp_path / "mixed.yaml")
+    report = run_sweep(spec, log=lambda line: None)
+    assert not report.failed and report.samples == 240
+    shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
+    assert set(shards["profile"]) == {"short", "long"} and len(shards) == 24
+    starts = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
+    restarts = starts[starts["restart"] > 0]
+    # two profiles, two actors: each actor takes one profile and keeps it; a restart is only allowed
+    # when an actor runs out of its own profile's shards (at most one change per actor)
+    assert len(restarts) <= 2, starts[["actor_id", "profile", "restart"]]
+    per_actor = shards.groupby("actor_id")["profile"].apply(
+        lambda p: int((p.reset_index(drop=True) != p.reset_index(drop=True).shift()).sum() - 1))
+    assert (per_actor <= 1).all(), per_actor
