@@ -41,6 +41,7 @@ class EvalActor:
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self.actor_id, self.node_ip, self.node_id = _identity()
         self.gpu_name = _gpu_name()
+        self.gpu = GpuSampler().start()  # one sampler for the actor's life; shards read their own windows
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)  # shards arrive as text
@@ -66,6 +67,7 @@ class EvalActor:
 
     def close(self) -> None:
         """Shut the engine down (vLLM's engine-core process with it) before the actor is killed."""
+        self.gpu.stop()
         self.engine.close()
 
     def exit(self) -> None:
@@ -106,13 +108,13 @@ class EvalActor:
                              "restart": self.restarts, **self.engine.startup()})
 
     def _run(self, engine, shard: Shard, task: TaskSpec, attempt: int) -> tuple[pa.Table, dict]:
-        started_at, started = datetime.now(timezone.utc), time.perf_counter()
+        started_at, started, t0 = datetime.now(timezone.utc), time.perf_counter(), time.time()
         rows = shard.rows.to_pylist()
         runnable = [r for r in rows if r["status"] != "skipped"]
         requests = self._requests(runnable, shard.add_special_tokens)
-        with GpuSampler() as gpu:
-            generated, errors = _generate(engine, requests, task)
+        generated, errors = _generate(engine, requests, task)
         wall = time.perf_counter() - started
+        self.gpu.sample_now()  # a reading at the shard's end, so a short shard has one too
         out = []
         for r in rows:
             g = generated.get(r["sample_id"])
@@ -135,10 +137,12 @@ class EvalActor:
             "n_samples": len(rows), "prompt_tokens": int(sum(r["prompt_tokens"] for r in runnable)),
             "output_tokens": output_tokens, "wall_s": wall,
             "output_tok_per_s": output_tokens / wall if wall > 0 else None,
-            **gpu.aggregates(),  # NVML over this shard's run; None where there is no GPU
+            **self.gpu.aggregates(since=t0),  # NVML over this shard's run; None where there is no GPU
             "engine_restarts": self.restarts,
             "started_at": started_at, "finished_at": datetime.now(timezone.utc), "error": None,
             "engine_starts": engine_starts,  # restarts since the last report, for telemetry/actors
+            "gpu_samples": [dict(sample, actor_id=self.actor_id, node_id=self.node_id, gpu_name=self.gpu_name)
+                            for sample in self.gpu.drain()],  # for telemetry/gpu.parquet
         }
         return pa.Table.from_pylist(out, schema=RESULT_SCHEMA), telemetry
 

@@ -30,10 +30,14 @@ def _nvml_handle():
 
 
 class GpuSampler:
+    """Samples the GPU on a thread: `start()`/`stop()` for an actor's lifetime, or `with` for one span."""
+
     def __init__(self, interval_s: float = 0.5):
         self.interval_s = interval_s
         self.handle = _nvml_handle()
         self.samples: list[dict] = []  # time, mem_used_mib, util_pct, power_w, sm_clock_mhz, temp_c
+        self._drained = 0
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -53,30 +57,50 @@ class GpuSampler:
                 "sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
                 "temp_c": float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))}
 
-    def __enter__(self) -> "GpuSampler":
-        if self.handle is not None:
+    def start(self) -> "GpuSampler":
+        if self.handle is not None and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
             self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        reading = self.read()  # one last reading, so even a short interval has one
+        self.sample_now()  # one last reading, so even a short span has one
+
+    def __enter__(self) -> "GpuSampler":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def sample_now(self) -> None:
+        reading = self.read()
         if reading:
-            self.samples.append(reading)
+            with self._lock:
+                self.samples.append(reading)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append(self.read())
+            self.sample_now()
             self._stop.wait(self.interval_s)
 
-    def aggregates(self) -> dict:
-        """Max memory, mean utilisation and mean power over the samples; None where nothing was read."""
-        if not self.samples:
+    def drain(self) -> list[dict]:
+        """The samples taken since the last drain (for telemetry/gpu.parquet)."""
+        with self._lock:
+            new, self._drained = self.samples[self._drained:], len(self.samples)
+        return new
+
+    def aggregates(self, since: float | None = None, until: float | None = None) -> dict:
+        """Max memory, mean utilisation and mean power over the samples in [since, until]; None where
+        nothing was read."""
+        with self._lock:
+            window = [s for s in self.samples if (since is None or s["time"] >= since)
+                      and (until is None or s["time"] <= until)]
+        if not window:
             return {"gpu_mem_used_max_mib": None, "gpu_util_mean_pct": None, "power_mean_w": None}
-        n = len(self.samples)
-        return {"gpu_mem_used_max_mib": max(s["mem_used_mib"] for s in self.samples),
-                "gpu_util_mean_pct": sum(s["util_pct"] for s in self.samples) / n,
-                "power_mean_w": sum(s["power_w"] for s in self.samples) / n}
+        n = len(window)
+        return {"gpu_mem_used_max_mib": max(s["mem_used_mib"] for s in window),
+                "gpu_util_mean_pct": sum(s["util_pct"] for s in window) / n,
+                "power_mean_w": sum(s["power_w"] for s in window) / n}

@@ -50,6 +50,7 @@ class SweepReport:
     failed: dict = field(default_factory=dict)  # shard_id -> manifest entry with errors
     wall_s: float = 0.0
     samples: int = 0
+    gpu_samples: int = 0  # NVML readings in telemetry/gpu.parquet from this run
     shards_run: int = 0
     shards_skipped: int = 0  # committed by an earlier run
 
@@ -143,6 +144,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
         finally:  # what was measured before a failure is kept
             report.summary = sink.finish()
         report.failed = sink.failed()
+        report.gpu_samples = sink.gpu_samples
     report.samples, report.wall_s = progress.done, time.perf_counter() - started
     return report
 
@@ -173,6 +175,8 @@ def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink
         sink.commit(job.shard.shard_id, mp.model.name, job.task.name, job.shard.index, scored, job.attempt)
         for start in telemetry.pop("engine_starts"):
             sink.add_telemetry("actors", start)
+        for sample in telemetry.pop("gpu_samples"):
+            sink.add_telemetry("gpu", sample)
         sink.add_telemetry("shards", telemetry)
         progress.add(job.shard.n_samples, job.shard.shard_id)
 

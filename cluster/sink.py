@@ -53,7 +53,8 @@ class ResultSink:
         except BaseException:
             self.close()
             raise
-        self._telemetry: dict[str, list[dict]] = {"shards": [], "actors": []}
+        self._telemetry: dict[str, list[dict]] = {"shards": [], "actors": [], "gpu": []}
+        self.gpu_samples = 0  # NVML readings written by this run
 
     def __enter__(self) -> "ResultSink":
         return self
@@ -107,6 +108,8 @@ class ResultSink:
 
     def add_telemetry(self, table: str, row: dict) -> None:
         self._telemetry[table].append(row)
+        if table == "gpu":
+            self.gpu_samples += 1
 
     def finish(self) -> pa.Table:
         """Write telemetry (appended to earlier runs') and the summary over every committed shard."""

@@ -38,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
     print(format_summary(report.summary))
     print(f"\n[raysweep] {report.samples} samples in {report.wall_s:.1f}s "
           f"({report.shards_run} shards run, {report.shards_skipped} already committed)")
+    if report.gpu_samples:
+        print(f"[raysweep] GPU telemetry: {report.gpu_samples} NVML samples in telemetry/gpu.parquet")
+    elif report.shards_run:
+        print("[raysweep] GPU telemetry: NVML absent on every actor; GPU columns are null, not zero")
     print(f"[raysweep] results: {report.output}")
     if report.failed:
         for shard_id, entry in sorted(report.failed.items()):

@@ -4,6 +4,7 @@ long shard runs with chunked prefill while its short shards run without."""
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ def _cuda_and_vllm() -> bool:
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda_and_vllm(), reason="needs CUDA and vLLM")]
 
 
-def test_sweep_two_actors_one_gpu_long_and_short_shards(ray_local, tmp_path):
+def test_sweep_two_actors_one_gpu_long_and_short_shards(ray_local, tiny_path, tmp_path):
     """48 samples, 8 of them 12-14k-token prompts: short shards without chunked prefill, the long one
     with it; two actors of 0.5 GPU each; every sample exactly once."""
     import random
@@ -68,6 +69,12 @@ actors: {{count: 2, num_gpus: 0.5, num_cpus: 1}}
     assert len(long) >= 1 and long["chunked_prefill"].all() and (long["max_num_batched_tokens"] < 12_000).all()
     assert len(short) >= 1 and not short["chunked_prefill"].any()
     assert shards["cuda_graphs"].all() and shards["gpu_mem_used_max_mib"].notna().all()
+    gpu = pq.read_table(tmp_path / "out" / "telemetry" / "gpu.parquet").to_pandas()
+    print(f"gpu.parquet: {len(gpu)} samples, mem_used_mib {gpu['mem_used_mib'].min():.0f}-"
+          f"{gpu['mem_used_mib'].max():.0f}, util max {gpu['util_pct'].max():.0f}%, power max {gpu['power_w'].max():.0f} W")
+    weights_mib = sum(p.stat().st_size for p in Path(tiny_path).glob("*.safetensors")) / 2**20
+    assert len(gpu) > 0 and (gpu["mem_used_mib"] > weights_mib).all() and gpu["gpu_name"].notna().all()
+    assert shards["gpu_util_mean_pct"].notna().all() and shards["power_mean_w"].notna().all()
     actors = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
     print(actors.to_string())
     assert (actors["graph_mode"] != "NONE").all() and actors["fallback_reason"].isna().all()

@@ -103,4 +103,5 @@ def test_cli_runs_the_quickstart(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"[raysweep] results: {tmp_path / 'qs'}" in proc.stdout
     assert "| tiny | extract | 100 |" in proc.stdout and "100.0%" in proc.stdout
+    assert "GPU telemetry: NVML absent on every actor; GPU columns are null, not zero" in proc.stdout
     assert pq.read_table(tmp_path / "qs" / "results").num_rows == 350
