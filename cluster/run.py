@@ -29,7 +29,17 @@ from cluster.structured import is_valid
 from cluster.token_cache import TokenCache
 
 
-SHARDS_IN_FLIGHT = 2  # per actor: one running, one admitted behind it
+MIN_SHARDS_IN_FLIGHT, MAX_SHARDS_IN_FLIGHT = 2, 8
+
+
+def shards_in_flight(spec: SweepSpec, model: ModelSpec) -> int:
+    """Shards each actor holds at once: enough that twice the engine's batch (max_num_seqs) is queued,
+    so a streaming engine stays full while a shard waits on its slowest request; at least two."""
+    from actors.vllm_engine import DEFAULT_MAX_SEQS
+
+    batch = model.engine.get("max_num_seqs", DEFAULT_MAX_SEQS)
+    wanted = -(-2 * batch // spec.shards.max_samples)
+    return max(MIN_SHARDS_IN_FLIGHT, min(MAX_SHARDS_IN_FLIGHT, wanted))
 
 
 class PreflightFailure(ValueError):
@@ -162,10 +172,12 @@ def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink
     remote = ray.remote(EvalActor)
     namespace = f"raysweep-{spec.name}"
 
+    depth = shards_in_flight(spec, mp.model)
+
     def spawn(n: int):
         # max_concurrency = shards in flight per actor: a streaming engine admits the next one early
         return remote.options(name=f"raysweep:{spec.name}:{mp.model.name}:{n}", namespace=namespace,
-                              max_restarts=0, max_concurrency=SHARDS_IN_FLIGHT, **resources.options()).remote(
+                              max_restarts=0, max_concurrency=depth, **resources.options()).remote(
             mp.model, mp.path, resources.num_cpus, resources.num_gpus)
 
     task_plans = {tp.task.name: tp for tp in mp.tasks}
@@ -192,7 +204,7 @@ def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink
                              on_actor_started=lambda row: row and sink.add_telemetry("actors", row))
     n_actors = min(spec.actors.count, len(jobs))
     with requested_capacity(resources, n_actors):
-        ShardScheduler(spawn, n_actors, events, max_attempts=max_attempts, depth=SHARDS_IN_FLIGHT,
+        ShardScheduler(spawn, n_actors, events, max_attempts=max_attempts, depth=depth,
                        start_one_by_one=0 < resources.num_gpus < 1).run(jobs)
 
 

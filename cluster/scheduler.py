@@ -38,6 +38,8 @@ class _Slot:
     number: int  # the n in the actor's name
     inflight: int = 0
     profile: str | None = None  # the profile of the last shard sent: what its engine runs now
+    ready: bool = False  # its engine has started; shards go only to ready actors (one Ray cannot place
+    # yet, e.g. no free GPU, must not hold shards hostage)
 
 
 class _Pending:
@@ -100,12 +102,13 @@ class ShardScheduler:
                     self.events.on_actor_started(ray.get(slot.handle.startup.remote()))
                 except RayActorError as e:
                     raise ActorStartError(_first_line(e)) from e
+                slot.ready = True
             else:
                 inflight[slot.handle.startup.remote()] = ("startup", None, slot)
         try:
             while pending or any(kind == "shard" for kind, _, _ in inflight.values()):
                 for slot in slots:
-                    while slot.inflight < self.depth and (job := pending.take(slot, slots)) is not None:
+                    while slot.ready and slot.inflight < self.depth and (job := pending.take(slot, slots)) is not None:
                         inflight[slot.handle.run_shard.remote(job.shard, job.task, job.attempt)] = ("shard", job, slot)
                         slot.inflight += 1
                         slot.profile = job.shard.profile
@@ -119,7 +122,7 @@ class ShardScheduler:
     def _shutdown(slots: list[_Slot], timeout_s: float = 120) -> None:
         """Close engines first (a killed actor would orphan vLLM's engine-core process and its GPU
         memory), then kill the actors; an actor already dead or stuck is just killed."""
-        refs = [slot.handle.close.remote() for slot in slots]
+        refs = [slot.handle.close.remote() for slot in slots if slot.ready]  # one never placed has no engine
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         for slot in slots:
             ray.kill(slot.handle)
@@ -148,6 +151,7 @@ class ShardScheduler:
             self._retry(job, _first_line(e.cause if e.cause is not None else e), pending)
             return
         if kind == "startup":
+            slot.ready = True
             self.events.on_actor_started(value)
         else:
             self.events.on_result(job, *value)

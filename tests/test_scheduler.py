@@ -34,3 +34,18 @@ def test_mixed_profiles_route_with_few_restarts(ray_local, tmp_path):
     per_actor = shards.groupby("actor_id")["profile"].apply(
         lambda p: int((p.reset_index(drop=True) != p.reset_index(drop=True).shift()).sum() - 1))
     assert (per_actor <= 1).all(), per_actor
+
+
+def test_an_actor_ray_cannot_place_holds_no_shards(ray_local, tmp_path):
+    """Three actors of 1 CPU on a 2-CPU Ray: the third never starts, and the sweep must not wait on it."""
+    rows = [{"id": f"s{i}", "text": f"sample {i}"} for i in range(50)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({
+        "name": "unplaceable", "output": str(tmp_path / "out"),
+        "models": [{"name": "m", "path": "builtin:tiny", "engine": "fake"}],
+        "tasks": [{"name": "t", "data": "d.jsonl", "id_column": "id", "prompt": "{text}", "sampling": {"max_tokens": 2}}],
+        "shards": {"max_samples": 5}, "actors": {"count": 3, "num_cpus": 1}}))
+    report = run_sweep(load_spec(tmp_path / "s.yaml"), log=lambda line: None)
+    assert not report.failed and report.samples == 50
+    shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
+    assert shards["actor_id"].nunique() == 2
