@@ -266,14 +266,19 @@ class Bench:
                 started = time.perf_counter()
                 prepared = prepare(load_spec(spec_path), new_run=True)
                 planned = time.perf_counter()
+                before = _status_mib("VmRSS")
+                _reset_peak_rss()
                 report = execute(prepared, log=lambda line: None)
                 finished = time.perf_counter()
+                during = _status_mib("VmHWM")
                 assert report.samples == n and not report.failed
                 self.record("o", f"{n}_plan_s", planned - started, "s (read, render, tokenize, shard)")
                 self.record("o", f"{n}_orchestration_samples_per_s", n / (finished - planned),
                             "samples/s (scheduler + Ray + scoring + Parquet commits)")
                 self.record("o", f"{n}_end_to_end_samples_per_s", n / (finished - started), "samples/s")
-                self.record("o", f"{n}_driver_peak_rss_mib", _peak_rss_mib(), "MiB (peak so far)")
+                self.record("o", f"{n}_driver_peak_rss_mib", _peak_rss_mib(), "MiB (peak so far, planning included)")
+                self.record("o", f"{n}_orchestration_rss_growth_mib", during - before,
+                            "MiB (driver peak during orchestration minus RSS before it)")
         finally:
             ray.shutdown()
 
@@ -290,6 +295,18 @@ class Bench:
         for r in self.rows:
             value = "" if r["value"] is None else f"{r['value']:.3f}" if abs(r["value"]) < 100 else f"{r['value']:.0f}"
             print(f"| {r['part']} | {r['metric']} | {value} | {r['unit']} |")
+
+
+def _status_mib(field: str) -> float:
+    """VmRSS (now) or VmHWM (peak since the last reset) of this process, from /proc (Linux)."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def _reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # Linux: reset VmHWM to the current RSS
 
 
 def _peak_rss_mib() -> float:

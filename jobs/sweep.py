@@ -7,6 +7,7 @@ load, an unusable output) is printed as one line and exits 2; a sweep with faile
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 EXPECTED_ERRORS = ("SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError", "ActorStartError")
@@ -15,7 +16,8 @@ EXPECTED_ERRORS = ("SpecError", "DataError", "PreflightError", "PreflightFailure
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="sweep spec (YAML)")
     parser.add_argument("--output", help="output directory or URI (default: the spec's `output`)")
-    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local cluster)")
+    parser.add_argument("--address", help="Ray cluster address, or `auto` for the one `ray start` runs here "
+                                          "(default: RAY_ADDRESS, set by `ray job submit`; else a new local Ray)")
     parser.add_argument("--max-attempts", type=int, default=3, help="attempts per shard before it is failed")
     parser.add_argument("--new-run", action="store_true",
                         help="discard the output's earlier results (also another spec's) and start again")
@@ -30,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
     # spec, data, models, structured specs, length limits and the output are all checked before
     # ray.init: a bad input fails in seconds and claims no GPU
     prepared = prepare(load_spec(args.spec), output=args.output, new_run=args.new_run)
-    ray.init(address=args.address, log_to_driver=True)
+    # without --address or RAY_ADDRESS, start a new local Ray rather than ray.init()'s default of joining
+    # whatever /tmp/ray records as this machine's cluster, which may be long dead
+    ray.init(address=args.address or os.environ.get("RAY_ADDRESS") or "local", log_to_driver=True)
     try:
         report = execute(prepared, max_attempts=args.max_attempts)
     finally:

@@ -75,6 +75,19 @@ def ray_head(*extra: str, env: dict | None = None, port: int | None = None):
             os.killpg(head.pid, signal.SIGKILL)  # anything of the group still alive
         except ProcessLookupError:
             pass
+        _forget_cluster(port)
+
+
+def _forget_cluster(port: int) -> None:
+    """`ray start` records its address in /tmp/ray; a killed head leaves that record behind, and a
+    later plain ray.init() on this machine would try to join the dead cluster."""
+    record = "/tmp/ray/ray_current_cluster"
+    try:
+        with open(record) as f:
+            if f.read().strip().endswith(f":{port}"):
+                os.remove(record)
+    except FileNotFoundError:
+        pass
 
 
 def test_ray_job_submit_runs_a_sweep(tmp_path):

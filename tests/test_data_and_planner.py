@@ -160,3 +160,27 @@ def test_plan_cli_json(tmp_path):
     assert rows["arithmetic"]["samples"] == 150 and rows["arithmetic"]["shards"] == 3
     assert rows["extract"]["tokens_max"] >= rows["extract"]["tokens_p95"] >= rows["extract"]["tokens_p50"]
     assert all(r["long_shards"] == 0 and r["refused"] == 0 for r in rows.values())
+
+
+def test_a_shard_never_mixes_models_or_tasks(tmp_path):
+    import yaml
+
+    from cluster.run import preflight
+    from cluster.spec import load_spec
+    from tests.conftest import QUICKSTART
+
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw["models"].append({"name": "tiny2", "path": "builtin:tiny"})
+    for task in raw["tasks"]:
+        task["data"] = str(QUICKSTART.parent / task["data"])
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(raw))
+    seen = set()
+    for mp in preflight(load_spec(tmp_path / "two.yaml")):
+        for tp in mp.tasks:
+            ids = set(tp.targets)
+            for shard in tp.shards:
+                assert shard.model == mp.model.name and shard.task == tp.task.name
+                assert shard.shard_id.startswith(f"{mp.model.name}/{tp.task.name}/")
+                assert set(shard.rows["sample_id"].to_pylist()) <= ids
+                seen.add(shard.shard_id)
+    assert len(seen) == 2 * 7  # every shard id unique across models and tasks
