@@ -48,4 +48,6 @@ def test_an_actor_ray_cannot_place_holds_no_shards(ray_local, tmp_path):
     report = run_sweep(load_spec(tmp_path / "s.yaml"), log=lambda line: None)
     assert not report.failed and report.samples == 50
     shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
-    assert shards["actor_id"].nunique() == 2
+    assert 1 <= shards["actor_id"].nunique() <= 2  # the fake engine is instant: one actor may do it all
+    starts = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
+    assert len(starts) <= 2  # the third actor never started
