@@ -2,24 +2,17 @@
 graphs captured, structured outputs always valid, and a sweep whose two actors share one GPU and whose
 long shard runs with chunked prefill while its short shards run without."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from actors.engine import cuda_and_vllm_available
+
 from tests.conftest import ROOT
 
 
-def _cuda_and_vllm() -> bool:
-    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch") is None:
-        return False
-    import torch
-
-    return torch.cuda.is_available()
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda_and_vllm(), reason="needs CUDA and vLLM")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_and_vllm_available(), reason="needs CUDA and vLLM")]
 
 
 def test_sweep_two_actors_one_gpu_long_and_short_shards(ray_local, tiny_path, tmp_path):
