@@ -18,8 +18,10 @@ import ray
 
 from cluster.builtin_model import resolve_model_path
 from cluster.data import TaskData, load_task
+from cluster.metrics import SweepMetrics
 from cluster.placement import actor_resources, requested_capacity
 from cluster.planner import TaskPlan, plan_task
+from cluster.progress import make_progress
 from cluster.scheduler import Job, SchedulerEvents, ShardScheduler
 from cluster.scoring import scorer_for
 from cluster.sink import ResultSink
@@ -132,8 +134,10 @@ def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False) -
     return Prepared(spec, plans, ResultSink(out, spec, new_run=new_run), out)
 
 
-def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts: int = 3) -> SweepReport:
-    """Run what is not committed yet on the connected Ray cluster; releases the output's lock."""
+def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts: int = 3,
+            progress_bar: bool | None = None) -> SweepReport:
+    """Run what is not committed yet on the connected Ray cluster; releases the output's lock.
+    `progress_bar`: a bar (True), log lines (False), or a bar only when stdout is a terminal (None)."""
     started = time.perf_counter()
     spec, plans, sink = prepared.spec, prepared.plans, prepared.sink
     with sink:
@@ -143,15 +147,18 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
         report = SweepReport(output=prepared.output, summary=pa.table({}), shards_skipped=len(done & set(all_ids)))
         if report.shards_skipped:
             log(f"[raysweep] resuming: {report.shards_skipped} of {len(all_ids)} shards already committed")
-        progress = _Progress(sum(s.n_samples for mp in plans for tp in mp.tasks for s in tp.shards
-                                 if s.shard_id not in done), log)
+        progress = make_progress(sum(s.n_samples for mp in plans for tp in mp.tasks for s in tp.shards
+                                     if s.shard_id not in done), log, progress_bar)
+        metrics = SweepMetrics(spec.name)
         try:
             for mp in plans:
                 jobs = [Job(s, tp.task) for tp in mp.tasks for s in tp.shards if s.shard_id not in done]
                 if jobs:
-                    _run_model(spec, mp, jobs, sink, progress, max_attempts)
+                    _run_model(spec, mp, jobs, sink, progress, metrics, max_attempts)
                     report.shards_run += len(jobs)
         finally:  # what was measured before a failure is kept
+            progress.close()
+            metrics.close()
             report.summary = sink.finish()
         report.failed = sink.failed()
         report.gpu_samples = sink.gpu_samples
@@ -164,8 +171,8 @@ def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], N
     return execute(prepare(spec, output, new_run), log=log, max_attempts=max_attempts)
 
 
-def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink, progress: "_Progress",
-               max_attempts: int) -> None:
+def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink, progress,
+               metrics: SweepMetrics, max_attempts: int) -> None:
     from actors.evaluator import EvalActor
 
     resources = actor_resources(spec.actors, ray.cluster_resources())
@@ -181,27 +188,35 @@ def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink
             mp.model, mp.path, resources.num_cpus, resources.num_gpus)
 
     task_plans = {tp.task.name: tp for tp in mp.tasks}
+    model = mp.model.name
 
     def on_result(job: Job, table: pa.Table, telemetry: dict) -> None:
+        metrics.returned(model, job.task.name)
         scored = _score(spec, mp.model, job, table, task_plans[job.task.name])
-        sink.commit(job.shard.shard_id, mp.model.name, job.task.name, job.shard.index, scored, job.attempt)
+        sink.commit(job.shard.shard_id, model, job.task.name, job.shard.index, scored, job.attempt)
         for start in telemetry.pop("engine_starts"):
             sink.add_telemetry("actors", start)
         for sample in telemetry.pop("gpu_samples"):
             sink.add_telemetry("gpu", sample)
+            metrics.gpu_reading(model, sample)
         sink.add_telemetry("shards", telemetry)
+        metrics.committed(model, job.task.name, telemetry)
         progress.add(job.shard.n_samples, job.shard.shard_id)
 
     def on_attempt_failed(job: Job, error: str) -> None:
+        metrics.returned(model, job.task.name)
+        metrics.attempt_failed(model, job.task.name)
         sink.add_telemetry("shards", {"shard_id": job.shard.shard_id, "attempt": job.attempt, "error": error})
         progress.log(f"[raysweep] shard {job.shard.shard_id} attempt {job.attempt} failed: {error}")
 
     def on_failed(job: Job) -> None:
+        metrics.shard_failed(model, job.task.name)
         sink.fail(job.shard.shard_id, job.errors)
         progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED after {job.attempt} attempts")
 
     events = SchedulerEvents(on_result=on_result, on_failed=on_failed, on_attempt_failed=on_attempt_failed,
-                             on_actor_started=lambda row: row and sink.add_telemetry("actors", row))
+                             on_actor_started=lambda row: row and sink.add_telemetry("actors", row),
+                             on_dispatched=lambda job: metrics.dispatched(model, job.task.name))
     n_actors = min(spec.actors.count, len(jobs))
     with requested_capacity(resources, n_actors):
         ShardScheduler(spawn, n_actors, events, max_attempts=max_attempts, depth=depth,
@@ -236,21 +251,3 @@ def _json(value) -> str:
     import json
 
     return json.dumps(value, sort_keys=True)
-
-
-class _Progress:
-    """Samples done, rate and ETA, as log lines (readable under `ray job logs`)."""
-
-    def __init__(self, total: int, log: Callable[[str], None], every_s: float = 2.0):
-        self.total, self.log, self.every_s = total, log, every_s
-        self.done, self.started, self.last = 0, time.perf_counter(), 0.0
-
-    def add(self, n: int, shard_id: str) -> None:
-        self.done += n
-        now = time.perf_counter()
-        if now - self.last >= self.every_s or self.done >= self.total:
-            self.last = now
-            rate = self.done / max(now - self.started, 1e-9)
-            eta = (self.total - self.done) / rate if rate > 0 else float("nan")
-            self.log(f"[raysweep] {self.done}/{self.total} samples ({100 * self.done / max(self.total, 1):.0f}%) "
-                     f"{rate:.1f} samples/s, ETA {eta:.0f}s — last: {shard_id}")

@@ -78,6 +78,7 @@ class SchedulerEvents:
     on_failed: Callable[[Job], None]  # every attempt failed; job.errors says why
     on_attempt_failed: Callable[[Job, str], None] = lambda job, error: None
     on_actor_started: Callable[[dict], None] = lambda row: None
+    on_dispatched: Callable[[Job], None] = lambda job: None  # sent to an actor; comes back as one of the above
 
 
 class ShardScheduler:
@@ -112,6 +113,7 @@ class ShardScheduler:
                         inflight[slot.handle.run_shard.remote(job.shard, job.task, job.attempt)] = ("shard", job, slot)
                         slot.inflight += 1
                         slot.profile = job.shard.profile
+                        self.events.on_dispatched(job)
                 [ref], _ = ray.wait(list(inflight), num_returns=1)
                 kind, job, slot = inflight.pop(ref)
                 self._collect(ref, kind, job, slot, slots, pending, inflight)

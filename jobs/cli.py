@@ -1,4 +1,5 @@
-"""The `raysweep` command: `raysweep run SPEC` runs a sweep, `raysweep plan SPEC` prints its plan."""
+"""The `raysweep` command: `raysweep run SPEC` runs a sweep, `raysweep plan SPEC` prints its plan,
+`raysweep report OUTPUT` writes one self-contained HTML report of a sweep's output."""
 
 from __future__ import annotations
 
@@ -38,6 +39,13 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def report(args: argparse.Namespace) -> int:
+    from jobs.report import write_report  # matplotlib loads only for this command
+
+    print(write_report(args.output, args.out))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raysweep", description="Ray-distributed LLM evaluation sweeps.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -45,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     plan_parser = sub.add_parser("plan", help="print the shard plan of a sweep (no GPUs claimed)")
     plan_parser.add_argument("spec", help="sweep spec (YAML)")
     plan_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    report_parser = sub.add_parser("report", help="write one self-contained HTML report of a sweep's output")
+    report_parser.add_argument("output", help="the sweep's output directory")
+    report_parser.add_argument("-o", "--out", help="where to write the HTML (default: OUTPUT/report.html)")
     args = parser.parse_args(argv)
-    return guarded(run if args.command == "run" else plan, args)
+    return guarded({"run": run, "plan": plan, "report": report}[args.command], args)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import argparse
 import os
 import sys
 
-EXPECTED_ERRORS = ("SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError", "ActorStartError")
+EXPECTED_ERRORS = ("SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError", "ActorStartError",
+                   "ReportError")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

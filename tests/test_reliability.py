@@ -17,6 +17,7 @@ from cluster.run import PreflightFailure, prepare, run_sweep
 from cluster.sink import ResultSink, SinkError
 from cluster.spec import load_spec
 from tests.conftest import QUICKSTART, ROOT
+from tests.test_metrics import metrics_url, scrape
 
 N_SHARDS = 35  # the quickstart's 350 samples in shards of 10: time to interrupt it mid-way
 
@@ -109,6 +110,9 @@ def test_actor_death_mid_shard_is_retried(ray_local, reference, tmp_path, how):
     assert (retried["attempt"] >= 2).all() and len(retried) == died["shard_id"].nunique()
     manifest = json.loads((out / "manifest.json").read_text())
     assert all(manifest["shards"][sid]["attempts"] >= 2 for sid in died["shard_id"])
+    # and the Ray metric the dashboard shows
+    assert wait_for(lambda: sum(v for (name, _), v in scrape(metrics_url(), spec.name).items()
+                                if name == "ray_raysweep_shard_attempts_failed_total") >= len(died), timeout_s=30)
 
 
 def poison_spec(tmp_path, fail_on_error):

@@ -3,6 +3,7 @@
 
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -96,12 +97,37 @@ def test_cli_run_exits_on_bad_spec_with_one_line(tmp_path):
 
 
 def test_cli_runs_the_quickstart(tmp_path):
-    """The README's command, as a user runs it: a fresh local Ray, results where --output says."""
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(QUICKSTART), "--output", str(tmp_path / "qs")],
-                          cwd=ROOT, capture_output=True, text=True, env=os.environ | {"RAY_ADDRESS": "local"},
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"[raysweep] results: {tmp_path / 'qs'}" in proc.stdout
-    assert "| tiny | extract | 100 |" in proc.stdout and "100.0%" in proc.stdout
-    assert "GPU telemetry: NVML absent on every actor; GPU columns are null, not zero" in proc.stdout
+    """The README's command, as a user runs it in a terminal (a pty): a progress bar with samples/s and
+    ETA, a fresh local Ray, results where --output says."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120x40 terminal
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", "run", str(QUICKSTART), "--output", str(tmp_path / "qs")],
+                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"RAY_ADDRESS": "local"})
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, stderr[-3000:]
+    screen = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    bars = [part for line in screen.split("\n") for part in line.split("\r") if part.startswith("[raysweep] ")
+            and "|" in part and "samples [" in part]
+    assert bars and "350/350 samples" in bars[-1] and "100%" in bars[-1], screen[-3000:]
+    assert re.search(r"\d+:\d+<\d+:\d+, +[\d.]+ samples/s\]", bars[-1]), bars[-1]  # elapsed<ETA, rate
+    assert f"[raysweep] results: {tmp_path / 'qs'}" in screen
+    assert "| tiny | extract | 100 |" in screen and "100.0%" in screen
+    assert "GPU telemetry: NVML absent on every actor; GPU columns are null, not zero" in screen
     assert pq.read_table(tmp_path / "qs" / "results").num_rows == 350

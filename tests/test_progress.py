@@ -1,0 +1,35 @@
+"""Driver progress: a bar on a terminal, periodic log lines elsewhere (as under `ray job logs`)."""
+
+import io
+
+from cluster.progress import BarProgress, LogProgress, make_progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_not_a_terminal_gives_log_lines_with_rate_and_eta():
+    lines = []
+    progress = make_progress(100, lines.append, stream=io.StringIO())
+    assert isinstance(progress, LogProgress)
+    for i in range(4):
+        progress.add(25, f"m/t/{i:05d}")
+    progress.close()
+    assert lines[0].startswith("[raysweep] 25/100 samples (25%)") and "samples/s, ETA" in lines[0]
+    assert lines[-1].startswith("[raysweep] 100/100 samples (100%)") and lines[-1].endswith("last: m/t/00003")
+
+
+def test_a_terminal_gets_a_bar_and_messages_above_it():
+    screen, lines = Terminal(), []
+    progress = make_progress(100, lines.append, stream=screen)
+    assert isinstance(progress, BarProgress)
+    progress.add(40, "m/t/00000")
+    progress.log("[raysweep] shard m/t/00001 attempt 1 failed: boom")
+    progress.add(60, "m/t/00001")
+    progress.close()
+    text = screen.getvalue()
+    assert not lines  # messages go through the bar, not around it
+    assert "[raysweep] shard m/t/00001 attempt 1 failed: boom\n" in text
+    assert "100/100 samples [" in text and "samples/s" in text and "last: m/t/00001" in text

@@ -1,0 +1,227 @@
+"""`raysweep report`: the HTML page of a sweep output built here with pyarrow (no Ray), checked as text and
+as Chromium renders it (headless, screenshot and DOM)."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from datetime import datetime, timedelta, timezone
+from html import unescape
+from pathlib import Path
+
+import matplotlib.image
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cluster.sink import summarize
+from jobs.cli import main
+from jobs.report import write_report
+
+T0 = datetime(2026, 11, 20, 9, 0, tzinfo=timezone.utc)
+ACTOR_A, ACTOR_B = "a1" * 16, "b2" * 16
+FAILED_SHARD = "tiny-a/arith/00002"
+GPU_ALT = "GPU memory and utilisation per actor (NVML)"
+
+
+def _row(model, task, shard, i, status="ok", score=1.0, error=None, text="42"):
+    return {"sweep": "nightly", "model": model, "task": task, "sample_id": f"{task}-{shard}-{i}",
+            "shard_id": f"{model}/{task}/{shard:05d}", "prompt_tokens": 30 + i, "output_text": text,
+            "output_tokens": 0 if status in ("skipped", "error") else 8,
+            "finish_reason": {"ok": "stop", "truncated": "length"}.get(status),
+            "status": status, "structured": None, "structured_valid": True if task == "choice" else None,
+            "target": "42", "score": score, "latency_s": 0.5, "ttft_s": 0.05, "error": error}
+
+
+# shard file -> rows: 3 ok + 1 error + 1 truncated in tiny-a/arith; tiny-b/choice scores 1, 1, 0 + 1 skipped
+RESULTS = {
+    ("tiny-a", "arith", 0): [_row("tiny-a", "arith", 0, 0), _row("tiny-a", "arith", 0, 1, score=0.0),
+                             _row("tiny-a", "arith", 0, 2, "error", None, "CUDA error: <boom> & co", None),
+                             _row("tiny-a", "arith", 0, 3, "truncated", 0.0, text="x" * 500)],
+    ("tiny-a", "arith", 1): [_row("tiny-a", "arith", 1, i) for i in range(3)],
+    ("tiny-b", "choice", 0): [_row("tiny-b", "choice", 0, 0), _row("tiny-b", "choice", 0, 1),
+                              _row("tiny-b", "choice", 0, 2, score=0.0),
+                              _row("tiny-b", "choice", 0, 3, "skipped", None, "prompt over max_model_len", None)],
+}
+
+
+def _shard_attempt(shard_id, attempt, actor, minutes, tok_per_s):
+    return {"shard_id": shard_id, "attempt": attempt, "actor_id": actor, "node_ip": "10.0.0.7",
+            "gpu_name": "NVIDIA L4", "engine": "vllm", "cuda_graphs": actor == ACTOR_A, "profile": "short",
+            "chunked_prefill": False, "max_num_batched_tokens": None, "n_samples": 4, "prompt_tokens": 130,
+            "output_tokens": 32, "wall_s": 32 / tok_per_s, "output_tok_per_s": tok_per_s,
+            "gpu_mem_used_max_mib": 20500.0, "gpu_util_mean_pct": 80.0, "power_mean_w": 60.0,
+            "started_at": T0 + timedelta(minutes=minutes - 1), "finished_at": T0 + timedelta(minutes=minutes),
+            "error": None}
+
+
+def _write_output(root: Path, gpu: str) -> Path:
+    """A sweep output as cluster.sink writes it; `gpu` is "readings", "nulls" (NVML columns all null)
+    or "absent" (no gpu.parquet, as on CPU machines)."""
+    shards = {}
+    for (model, task, index), rows in RESULTS.items():
+        rel = f"results/model={model}/task={task}/shard-{index:05d}.parquet"
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows), root / rel)
+        shards[f"{model}/{task}/{index:05d}"] = {"state": "committed", "file": rel, "rows": len(rows), "attempts": 1}
+    shards[FAILED_SHARD] = {"state": "failed", "attempts": 2,
+                            "errors": ["ActorDiedError: actor a1a1 died", "ActorDiedError: actor b2b2 died"]}
+    shards["tiny-b/choice/00001"] = {"state": "pending"}
+    (root / "manifest.json").write_text(json.dumps({
+        "sweep": "nightly", "spec_hash": "5a8e3bdbf6d1c990", "created_at": T0.isoformat(),
+        "finished_at": (T0 + timedelta(minutes=9)).isoformat(),
+        "versions": {"python": "3.11.7", "ray": "2.60.0", "vllm": "0.26.0", "torch": "2.9.0"}, "shards": shards}))
+    all_rows = [r for rows in RESULTS.values() for r in rows]
+    pq.write_table(summarize(pa.Table.from_pylist(all_rows)), root / "summary.parquet")
+
+    (root / "telemetry").mkdir()
+    attempts = [_shard_attempt("tiny-a/arith/00000", 1, ACTOR_A, 2, 410.0),
+                _shard_attempt("tiny-a/arith/00001", 1, ACTOR_A, 4, 530.0),
+                {"shard_id": FAILED_SHARD, "attempt": 1, "error": "ActorDiedError: actor a1a1 died"},
+                {"shard_id": FAILED_SHARD, "attempt": 2, "error": "ActorDiedError: actor b2b2 died"},
+                _shard_attempt("tiny-b/choice/00000", 1, ACTOR_B, 3, 250.0)]
+    pq.write_table(pa.Table.from_pylist(attempts), root / "telemetry/shards.parquet")
+    actors = [{"actor_id": ACTOR_A, "node_ip": "10.0.0.7", "gpu_name": "NVIDIA L4", "model": "tiny-a",
+               "engine": "vllm", "profile": "short", "load_s": 12.5, "compile_s": 30.1, "graph_capture_s": 8.2,
+               "cuda_graphs": True, "graph_mode": "FULL_AND_PIECEWISE", "fallback_reason": None},
+              {"actor_id": ACTOR_B, "node_ip": "10.0.0.8", "gpu_name": "NVIDIA L4", "model": "tiny-b",
+               "engine": "vllm", "profile": "short", "load_s": 11.0, "compile_s": 28.0, "graph_capture_s": None,
+               "cuda_graphs": False, "graph_mode": None,
+               "fallback_reason": "graph capture failed: CUDA out of memory; restarted eager"}]
+    pq.write_table(pa.Table.from_pylist(actors), root / "telemetry/actors.parquet")
+    if gpu != "absent":
+        pq.write_table(_gpu_readings(gpu == "nulls"), root / "telemetry/gpu.parquet")
+    return root
+
+
+def _gpu_readings(nulls: bool) -> pa.Table:
+    """GpuSampler's columns (actors/telemetry.py) plus the actor's ids, five readings per actor."""
+    rows = []
+    for k, actor in enumerate((ACTOR_A, ACTOR_B)):
+        for i in range(5):
+            reading = {"time": T0.timestamp() + 60 * (1 + i), "mem_used_mib": 18000.0 + 500 * i + 2000 * k,
+                       "util_pct": 40.0 + 10 * i - 5 * k, "power_w": 55.0 + i, "sm_clock_mhz": 1800.0,
+                       "temp_c": 60.0 + i}
+            if nulls:
+                reading = {c: None for c in reading} | {"time": reading["time"]}
+            rows.append(reading | {"actor_id": actor, "node_id": f"node{k}", "gpu_name": "NVIDIA L4"})
+    return pa.Table.from_pylist(rows, schema=pa.schema(
+        [(c, pa.float64()) for c in ("time", "mem_used_mib", "util_pct", "power_w", "sm_clock_mhz", "temp_c")]
+        + [(c, pa.string()) for c in ("actor_id", "node_id", "gpu_name")]))
+
+
+def _table_rows(page: str, table_id: str) -> list[list[str]]:
+    table = re.search(rf'<table id="{table_id}">(.*?)</table>', page, re.DOTALL)
+    assert table, f"no table id={table_id}"
+    body = table.group(1).split("<tbody>")[1]
+    return [[unescape(c) for c in re.findall(r"<td>(.*?)</td>", tr, re.DOTALL)]
+            for tr in re.findall(r"<tr>(.*?)</tr>", body, re.DOTALL)]
+
+
+@pytest.fixture
+def sweep_output(tmp_path) -> Path:
+    return _write_output(tmp_path / "out", gpu="readings")
+
+
+def test_report_holds_scores_plots_failures_and_rows(sweep_output):
+    page = write_report(str(sweep_output)).read_text()
+    assert "<h1>raysweep report: nightly</h1>" in page and "5a8e3bdbf6d1c990" in page and "vllm 0.26.0" in page
+    assert "2026-11-20T09:09:00+00:00" in page and "3 committed, 1 failed, 1 pending" in page
+
+    scores = {(r[0], r[1]): r for r in _table_rows(page, "scores")}
+    # tiny-b/choice scores 1, 1, 0: mean 2/3, stderr sqrt(var / n) = sqrt((1/3) / 3) = 1/3
+    assert scores[("tiny-b", "choice")] == ["tiny-b", "choice", "0.667 ± 0.333", "4", "3", "3", "0", "1", "0",
+                                            "100.0%", "24"]
+    assert scores[("tiny-a", "arith")][2:9] == ["0.667 ± 0.211", "7", "6", "5", "1", "0", "1"]
+
+    failed = _table_rows(page, "failed-shards")
+    assert failed == [[FAILED_SHARD, "2", "1: ActorDiedError: actor a1a1 died\n2: ActorDiedError: actor b2b2 died"]]
+    assert "graph capture failed: CUDA out of memory; restarted eager" in page
+
+    assert "3 rows did not come out ok (error: 1, skipped: 1, truncated: 1); all are listed." in page
+    rows = {r[3]: r for r in _table_rows(page, "problem-rows")}
+    assert rows["arith-0-2"][4] == "error" and rows["arith-0-2"][8] == "CUDA error: <boom> & co"
+    assert rows["arith-0-3"][9] == "x" * 200 + "…"  # output text of a listed row, cut
+    assert "CUDA error: &lt;boom&gt; &amp; co" in page and "<boom>" not in page
+
+    assert page.count('src="data:image/png;base64,') == 3  # throughput, GPU, start-up
+    assert f'alt="{GPU_ALT}"' in page and "No NVML readings" not in page
+    assert not re.search(r'(?:src|href)="(?!data:)', page), "the page must not load anything from outside"
+
+
+@pytest.mark.parametrize("gpu", ["absent", "nulls"])
+def test_report_without_nvml_says_so_and_plots_no_zeros(tmp_path, gpu):
+    page = write_report(str(_write_output(tmp_path / "out", gpu))).read_text()
+    assert "No NVML readings: telemetry/gpu.parquet " + ("is absent" if gpu == "absent" else "holds no") in page
+    assert GPU_ALT not in page
+    assert page.count('src="data:image/png;base64,') == 2  # throughput and start-up only
+
+
+def test_problem_rows_are_capped_and_counted(sweep_output):
+    page = write_report(str(sweep_output), max_rows=2).read_text()
+    assert "3 rows did not come out ok (error: 1, skipped: 1, truncated: 1); the first 2 are listed." in page
+    assert len(_table_rows(page, "problem-rows")) == 2
+
+
+def test_cli_writes_report_to_default_and_given_path(sweep_output, tmp_path, capsys):
+    assert main(["report", str(sweep_output)]) == 0
+    assert capsys.readouterr().out.strip() == str(sweep_output / "report.html")
+    assert (sweep_output / "report.html").read_text().startswith("<!DOCTYPE html>")
+    other = tmp_path / "elsewhere.html"
+    assert main(["report", str(sweep_output), "-o", str(other)]) == 0
+    assert capsys.readouterr().out.strip() == str(other) and other.is_file()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "no such directory"), ("empty", "no manifest.json"), ("bad-json", "manifest.json: unreadable"),
+    ("no-shards", "no `shards` mapping"),
+])
+def test_cli_refuses_what_is_not_a_sweep_output(tmp_path, capsys, case, message):
+    root = tmp_path / case
+    if case != "missing":
+        root.mkdir()
+    if case == "bad-json":
+        (root / "manifest.json").write_text("{not json")
+    if case == "no-shards":
+        (root / "manifest.json").write_text('{"sweep": "x"}')
+    assert main(["report", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"raysweep: error: output {root}") and message in err
+
+
+# -- as a browser shows it ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Debian's chromium, installed here once if absent (we run as root); a failed install fails the test."""
+    if shutil.which("chromium") is None:
+        env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}  # apt must not wait on a prompt
+        proc = subprocess.run("apt-get update -qq && apt-get install -y -qq chromium", shell=True, env=env,
+                              capture_output=True, text=True, timeout=1200, check=False)
+        if proc.returncode != 0 or shutil.which("chromium") is None:
+            pytest.fail(f"installing chromium failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n"
+                        f"{proc.stderr[-4000:]}")
+    return shutil.which("chromium")
+
+
+def _chromium(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    # --no-sandbox: Chromium refuses to sandbox as root; a fresh profile dir keeps runs independent
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+           f"--user-data-dir={profile}", "--window-size=1280,2000", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def test_report_renders_in_headless_chromium(chromium, sweep_output, tmp_path):
+    page = write_report(str(sweep_output))
+    shot = tmp_path / "report.png"
+    _chromium(chromium, tmp_path / "profile", f"--screenshot={shot}", page.as_uri())
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = matplotlib.image.imread(shot)[..., :3]
+    assert pixels.shape[:2] == (2000, 1280)
+    assert pixels.std() > 0.05 and (pixels.mean(axis=2) < 0.9).mean() > 0.02, "the screenshot is blank"
+
+    dom = _chromium(chromium, tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
+    assert _table_rows(dom, "scores")[1][:3] == ["tiny-b", "choice", "0.667 ± 0.333"]
+    assert dom.count("<img") == 3
