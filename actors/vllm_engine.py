@@ -7,6 +7,7 @@
 - Profiles (DESIGN §3): `short` turns chunked prefill off (vLLM then sets max_num_batched_tokens =
   max_model_len, so no prompt is ever split); `long` turns it on with the chunk size from the plan.
 - Structured outputs: vLLM's `StructuredOutputsParams`, xgrammar backend forced, compact JSON.
+- Warm-up: a few short requests run before the engine is reported started (included in load_s).
 - Streaming: one engine thread owns the `LLM` and steps it; `generate` calls from concurrent shards
   enqueue their requests into the running batch, so the next shard is admitted before the last ends.
   If stepping the engine raises, the actor process exits so the scheduler retries its shards elsewhere.
@@ -74,6 +75,7 @@ class VllmEngine:
         mark = self._tee.mark()
         started = time.perf_counter()
         self.llm = self._start()
+        self._warm_up()
         self._load_s = time.perf_counter() - started
         self._report = self._tee.text_since(mark)
         self.tokenizer = self.llm.get_tokenizer()
@@ -91,6 +93,14 @@ class VllmEngine:
             self._fallback_reason = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
             print(f"[raysweep] CUDA graph start failed ({self._fallback_reason}); starting eager", file=sys.stderr)
             return LLM(**self.args, enforce_eager=True)
+
+    def _warm_up(self) -> None:
+        """A few short requests through the started engine (part of load_s), so the first shard's TTFT
+        and throughput are the engine's, not its first-request costs."""
+        from vllm import SamplingParams
+
+        self.llm.generate([{"prompt_token_ids": list(range(1, 17))}] * 8, SamplingParams(max_tokens=8, temperature=1.0),
+                          use_tqdm=False)
 
     def startup(self) -> dict:
         modes = sorted(set(_MODE.findall(self._report)))

@@ -34,6 +34,9 @@ CONFIGS = {
     # ~135M parameters: big enough that a GPU benchmark measures the GPU, not Python overhead
     "small": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
                   num_key_value_heads=4, max_position_embeddings=32768, seed=20261122),
+    # ~1B parameters (TinyLlama's shape): a GPU step as long as a real small model's, for benchmarks
+    "medium": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                   num_key_value_heads=4, max_position_embeddings=32768, seed=20261123),
 }
 
 

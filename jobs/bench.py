@@ -109,7 +109,7 @@ class Bench:
             "models": [{"name": "m", "path": self.model_path, "engine": {"backend": "vllm"}}],
             "tasks": [{"name": "t", "data": str(data), "id_column": "id", "prompt": "{text}",
                        "sampling": {"max_tokens": 256, "temperature": 1.0, "seed": 5, "stop": [".", "\n"]}}],
-            "shards": {"max_samples": max(1, self.n // 4)}, "actors": {"count": 1, "num_gpus": 1}}))
+            "shards": {"max_samples": self.shard_size}, "actors": {"count": 1, "num_gpus": 1}}))
         spec = load_spec(spec_path)
         started = time.perf_counter()
         ray.init(address="local", num_cpus=4, include_dashboard=False)
@@ -319,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:small", help="model path or builtin:NAME")
     parser.add_argument("--parts", default="a,b,c,d", help="which parts to run, comma-separated")
-    parser.add_argument("--prompts", type=int, default=512, help="prompts in parts a and d")
+    parser.add_argument("--prompts", type=int, default=2048, help="prompts in parts a and d")
+    parser.add_argument("--shard-size", type=int, default=256, help="part a: samples per shard")
     parser.add_argument("--out", default="bench/out", help="folder for bench.parquet and scratch files")
     parser.add_argument("--samples", default="50000,200000", help="part o: sample counts, comma-separated")
     parser.add_argument("--plan-prompts", type=int, default=1_000_000, help="part p: prompts to plan")
@@ -338,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(resolve_model_path(args.model) if set(parts) - {"o", "p"} else args.model, out, args.prompts)
     bench.orchestration_sizes = [int(n) for n in args.samples.split(",")]
     bench.planning_size = args.plan_prompts
+    bench.shard_size = args.shard_size
     bench.record("-", "device", None, torch.cuda.get_device_name() if torch.cuda.is_available()
                  else f"CPU only, {os.cpu_count()} cores")
     bench.record("-", "model", None, "builtin:tiny (fake engine in part o)" if set(parts) <= {"o", "p"} else args.model)

@@ -48,8 +48,15 @@ tasks:
 shards: {{max_samples: 8}}
 actors: {{count: 2, num_gpus: 0.5, num_cpus: 1}}
 """)
-    report = run_sweep(load_spec(tmp_path / "gpu.yaml"), log=print)
+    from tests.test_metrics import MetricsWatcher
+
+    with MetricsWatcher("gpu-mixed") as watcher:
+        report = run_sweep(load_spec(tmp_path / "gpu.yaml"), log=print)
+        watcher.wait_for_total("ray_raysweep_samples_done_total", 148)
     assert not report.failed
+    gpu_metric = watcher.series("ray_raysweep_gpu_memory_used_mib")
+    print("Prometheus raysweep_gpu_memory_used_mib:", gpu_metric)
+    assert len(gpu_metric) == 2 and min(gpu_metric.values()) > 0  # one series per actor
     results = pq.read_table(tmp_path / "out" / "results").to_pandas()
     assert len(results) == 148 and results[["task", "sample_id"]].astype(str).drop_duplicates().shape[0] == 148
     assert results[results["task"] == "choice"]["structured_valid"].all()

@@ -34,47 +34,63 @@ def scrape(url: str, sweep: str) -> dict[tuple[str, str], float]:
     return found
 
 
-def test_sweep_metrics_on_the_prometheus_endpoint(ray_local, tmp_path):
-    url = metrics_url()
-    spec = load_spec(QUICKSTART)
-    peak: dict[tuple[str, str], float] = {}  # the largest value each series showed
-    running = threading.Event()
-    running.set()
+class MetricsWatcher:
+    """Scrapes this node's endpoint every 0.3 s on a thread while in `with`, keeping the largest value
+    each of the sweep's series showed (gauges age out of Ray's endpoint soon after a sweep ends)."""
 
-    def watch():
-        while running.is_set():
-            for key, value in scrape(url, spec.name).items():
-                peak[key] = max(value, peak.get(key, value))
+    def __init__(self, sweep: str):
+        self.url, self.sweep = metrics_url(), sweep
+        self.peak: dict[tuple[str, str], float] = {}
+        self._running = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "MetricsWatcher":
+        self._running.set()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._running.clear()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while self._running.is_set():
+            for key, value in scrape(self.url, self.sweep).items():
+                self.peak[key] = max(value, self.peak.get(key, value))
             time.sleep(0.3)
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        report = run_sweep(spec, output=str(tmp_path / "out"), log=lambda line: None)
-        deadline = time.monotonic() + 30  # counters are exported every second; let the last ones land
-        while time.monotonic() < deadline and sum(v for (name, _), v in peak.items()
-                                                  if name == "ray_raysweep_samples_done_total") < 350:
+    def series(self, name: str) -> dict[str, float]:
+        return {tags: v for (n, tags), v in self.peak.items() if n == name}
+
+    def total(self, name: str) -> float:
+        return sum(self.series(name).values())
+
+    def wait_for_total(self, name: str, value: float, timeout_s: float = 30) -> None:
+        """Counters are exported every second; let the last increments land."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.total(name) < value:
             time.sleep(0.5)
-    finally:
-        running.clear()
-        watcher.join()
+
+
+def test_sweep_metrics_on_the_prometheus_endpoint(ray_local, tmp_path):
+    spec = load_spec(QUICKSTART)
+    with MetricsWatcher(spec.name) as watcher:
+        report = run_sweep(spec, output=str(tmp_path / "out"), log=lambda line: None)
+        watcher.wait_for_total("ray_raysweep_samples_done_total", 350)
     assert report.samples == 350 and not report.failed
 
-    def series(name):
-        return {tags: v for (n, tags), v in peak.items() if n == name}
-
-    done = series("ray_raysweep_samples_done_total")
+    done = watcher.series("ray_raysweep_samples_done_total")
     assert sum(done.values()) == 350, done  # every sample counted once, over tasks and actors
     assert {re.search(r'task="(\w+)"', t).group(1) for t in done} == {"arithmetic", "choice", "extract"}
     assert all('model="tiny"' in t for t in done)
     assert len({re.search(r'actor="(\w+)"', t).group(1) for t in done}) == 2
-    assert sum(series("ray_raysweep_shards_done_total").values()) == 7
-    assert min(series("ray_raysweep_output_tokens_total").values()) > 0
-    assert min(series("ray_raysweep_output_tokens_per_s").values()) > 0
-    assert max(series("ray_raysweep_shards_in_flight").values()) >= 1  # seen while shards were out
+    assert watcher.total("ray_raysweep_shards_done_total") == 7
+    assert min(watcher.series("ray_raysweep_output_tokens_total").values()) > 0
+    assert min(watcher.series("ray_raysweep_output_tokens_per_s").values()) > 0
+    assert max(watcher.series("ray_raysweep_shards_in_flight").values()) >= 1  # seen while shards were out
     # the rest are exported once there is something to count: no NVML here, no failure in this run
-    shown = {n for n, _ in peak}
-    assert shown == {f"ray_{n}" + ("_total" if n not in ("raysweep_output_tokens_per_s", "raysweep_shards_in_flight",
-                                                         "raysweep_gpu_memory_used_mib") else "")
-                     for n in NAMES} - {"ray_raysweep_shards_failed_total", "ray_raysweep_shard_attempts_failed_total",
-                                        "ray_raysweep_gpu_memory_used_mib"}
+    gauges = ("raysweep_output_tokens_per_s", "raysweep_shards_in_flight", "raysweep_gpu_memory_used_mib")
+    shown = {n for n, _ in watcher.peak}
+    assert shown == {f"ray_{n}" + ("" if n in gauges else "_total") for n in NAMES} - {
+        "ray_raysweep_shards_failed_total", "ray_raysweep_shard_attempts_failed_total",
+        "ray_raysweep_gpu_memory_used_mib"}
