@@ -74,7 +74,14 @@ class VllmEngine:
         self._tee = _Tee.install()
         mark = self._tee.mark()
         started = time.perf_counter()
-        self.llm = self._start()
+        # the start-up report read below (compile and capture times) is logged at INFO by the engine-core
+        # process: keep that level for the process vLLM spawns, whatever VLLM_LOGGING_LEVEL says here
+        level = os.environ.get("VLLM_LOGGING_LEVEL")
+        os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
+        try:
+            self.llm = self._start()
+        finally:
+            _restore_env("VLLM_LOGGING_LEVEL", level)
         self._warm_up()
         self._load_s = time.perf_counter() - started
         self._report = self._tee.text_since(mark)
@@ -206,6 +213,13 @@ def _result(req: GenRequest, out) -> GenResult:
     latency = ttft + max(0.0, m.last_token_ts - m.first_token_ts) if ttft is not None else None
     return GenResult(sample_id=req.sample_id, output_text=completion.text, output_tokens=len(completion.token_ids),
                      finish_reason=completion.finish_reason or "length", latency_s=latency, ttft_s=ttft)
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _last_float(pattern: re.Pattern, text: str) -> float | None:
