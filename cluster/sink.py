@@ -1,8 +1,16 @@
 """The sweep's output (DESIGN §5, §6): result shards committed atomically, the manifest, telemetry, summary.
 
 A shard is committed by writing its Parquet file under a temporary name, renaming it into place, then
-recording it in manifest.json (itself replaced atomically). Re-running the same spec into the same output
-skips committed shards; a different spec into it is refused. Works on any pyarrow filesystem URI.
+recording it in the manifest. On a local disk the record is one line appended to manifest.journal
+(flushed; a torn last line from a crash is ignored), and manifest.json, replaced atomically, takes the
+journal in when the plan is recorded and when the sweep finishes: a commit costs the same at the
+4,000th shard as at the first. Object stores cannot append, so there manifest.json is replaced on every
+commit. `read_manifest` merges both. Re-running the same spec into the same output skips committed
+shards; a different spec into it is refused. Works on any pyarrow filesystem URI.
+
+The summary is accumulated as shards are committed (a few numbers per model x task), and shards that
+an earlier run committed are read back one at a time, only the columns it needs: the driver's memory
+does not grow with the number of results.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ SUMMARY_SCHEMA = pa.schema([
 ])
 
 
+JOURNAL = "manifest.journal"
+
+
 class SinkError(RuntimeError):
     """The output location cannot be used; the message names it."""
 
@@ -38,6 +49,7 @@ class ResultSink:
 
     def __init__(self, output: str, spec: SweepSpec, new_run: bool = False):
         self.output, self.spec = output, spec
+        self._journal = None  # append handle of manifest.journal (local outputs)
         self.fs, self.root = _filesystem(output)
         try:
             self.fs.create_dir(self.root, recursive=True)
@@ -55,6 +67,8 @@ class ResultSink:
             raise
         self._telemetry: dict[str, list[dict]] = {"shards": [], "actors": [], "gpu": []}
         self.gpu_samples = 0  # NVML readings written by this run
+        self._summary = SummaryAccumulator()
+        self._summarized: set[str] = set()  # shards whose rows are in self._summary
 
     def __enter__(self) -> "ResultSink":
         return self
@@ -63,6 +77,9 @@ class ResultSink:
         self.close()
 
     def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
         if self._lock is not None:
             self._lock.close()  # closing the file releases the flock
             self._lock = None
@@ -71,7 +88,7 @@ class ResultSink:
         for rel in ("results", "telemetry"):
             if self.fs.get_file_info(self._path(rel)).type == pafs.FileType.Directory:
                 self.fs.delete_dir(self._path(rel))
-        for rel in ("manifest.json", "summary.parquet"):
+        for rel in ("manifest.json", JOURNAL, "summary.parquet"):
             if self.fs.get_file_info(self._path(rel)).type == pafs.FileType.File:
                 self.fs.delete_file(self._path(rel))
 
@@ -98,13 +115,23 @@ class ResultSink:
         with self.fs.open_output_stream(tmp) as f:
             pq.write_table(table, f)
         self.fs.move(tmp, final)
-        self.manifest["shards"][shard_id] = {"state": "committed", "file": rel, "rows": table.num_rows,
-                                             "attempts": attempts}
-        self._save_manifest()
+        self._record(shard_id, {"state": "committed", "file": rel, "rows": table.num_rows, "attempts": attempts})
+        self._summary.add(table)
+        self._summarized.add(shard_id)
 
     def fail(self, shard_id: str, errors: list[str]) -> None:
-        self.manifest["shards"][shard_id] = {"state": "failed", "attempts": len(errors), "errors": errors}
-        self._save_manifest()
+        self._record(shard_id, {"state": "failed", "attempts": len(errors), "errors": errors})
+
+    def _record(self, shard_id: str, entry: dict) -> None:
+        self.manifest["shards"][shard_id] = entry
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            self._save_manifest()
+            return
+        if self._journal is None:
+            self._journal = open(self._path(JOURNAL), "a", encoding="utf-8")
+            self._journal.write("\n")  # ends a line a killed writer may have torn; empty lines are skipped
+        self._journal.write(json.dumps({"shard_id": shard_id, **entry}, sort_keys=True) + "\n")
+        self._journal.flush()  # in the OS once written: a killed driver loses nothing it recorded
 
     def add_telemetry(self, table: str, row: dict) -> None:
         self._telemetry[table].append(row)
@@ -117,19 +144,16 @@ class ResultSink:
             if rows:
                 self._append_table(f"telemetry/{name}.parquet", pa.Table.from_pylist(rows))
             rows.clear()
-        summary = summarize(self.read_results())
+        for sid in sorted(self.committed() - self._summarized):  # committed by an earlier run
+            with self.fs.open_input_file(self._path(self.manifest["shards"][sid]["file"])) as f:
+                self._summary.add(pq.read_table(f, columns=list(SummaryAccumulator.COLUMNS)))
+            self._summarized.add(sid)
+        summary = self._summary.table()
         with self.fs.open_output_stream(self._path("summary.parquet")) as f:
             pq.write_table(summary, f)
         self.manifest["finished_at"] = _now()
         self._save_manifest()
         return summary
-
-    def read_results(self) -> pa.Table | None:
-        tables = []
-        for sid in sorted(self.committed()):
-            with self.fs.open_input_file(self._path(self.manifest["shards"][sid]["file"])) as f:
-                tables.append(pq.read_table(f))
-        return pa.concat_tables(tables, promote_options="default") if tables else None
 
     # -- internals ---------------------------------------------------------------------------------
     def _path(self, rel: str) -> str:
@@ -142,17 +166,24 @@ class ResultSink:
             manifest = {"sweep": self.spec.name, "spec_hash": digest, "created_at": _now(), "versions": _versions(),
                         "shards": {}}
             return manifest
-        with self.fs.open_input_stream(self._path("manifest.json")) as f:
-            manifest = json.loads(f.read())
+        manifest = read_manifest(self.output)
         if manifest.get("spec_hash") != digest:
             raise SinkError(f"output {self.output} holds results of another spec (hash {manifest.get('spec_hash')}, "
                             f"this one is {digest}); use a new output, or --new-run to discard them")
         return manifest
 
     def _save_manifest(self) -> None:
+        """Replace manifest.json with the whole state; the journal's lines are in it now, so it is emptied
+        (a crash between the two leaves lines that repeat what manifest.json says: harmless)."""
         tmp = self._path(f".manifest.{uuid.uuid4().hex[:8]}.tmp")
         self._write_bytes(tmp, json.dumps(self.manifest, indent=1, sort_keys=True).encode())
         self.fs.move(tmp, self._path("manifest.json"))
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            if self._journal is not None:
+                self._journal.close()
+                self._journal = None
+            if os.path.exists(self._path(JOURNAL)):
+                os.remove(self._path(JOURNAL))
 
     def _write_bytes(self, path: str, data: bytes) -> None:
         with self.fs.open_output_stream(path) as f:
@@ -170,25 +201,83 @@ class ResultSink:
         self.fs.move(tmp, path)
 
 
+class SummaryAccumulator:
+    """Per model x task: sample counts by status, mean score and its standard error (sample std / sqrt n),
+    structured-valid rate and output tokens, merged shard by shard (Chan et al.'s pairwise update for
+    the mean and the sum of squared deviations, so no row is kept)."""
+
+    COLUMNS = ("model", "task", "status", "score", "structured_valid", "output_tokens")
+    STATUSES = ("ok", "truncated", "skipped", "error")
+
+    def __init__(self):
+        self.groups: dict[tuple[str, str], dict] = {}
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        columns = {c: table[c].to_pylist() for c in self.COLUMNS}
+        for model, task in set(zip(columns["model"], columns["task"])):
+            idx = [i for i, (m, t) in enumerate(zip(columns["model"], columns["task"])) if m == model and t == task]
+            g = self.groups.setdefault((model, task), {"n": 0, "n_scored": 0, "mean": 0.0, "m2": 0.0, "valid": 0,
+                                                       "n_valid": 0, "output_tokens": 0,
+                                                       **{s: 0 for s in self.STATUSES}})
+            scores = [columns["score"][i] for i in idx if columns["score"][i] is not None]
+            if scores:
+                n_b = len(scores)
+                mean_b = sum(scores) / n_b
+                m2_b = sum((x - mean_b) ** 2 for x in scores)
+                n_a, n = g["n_scored"], g["n_scored"] + n_b
+                delta = mean_b - g["mean"]
+                g["mean"] += delta * n_b / n
+                g["m2"] += m2_b + delta * delta * n_a * n_b / n
+                g["n_scored"] = n
+            g["n"] += len(idx)
+            for i in idx:
+                if columns["status"][i] in self.STATUSES:
+                    g[columns["status"][i]] += 1
+                if columns["structured_valid"][i] is not None:
+                    g["n_valid"] += 1
+                    g["valid"] += bool(columns["structured_valid"][i])
+                g["output_tokens"] += columns["output_tokens"][i] or 0
+
+    def table(self) -> pa.Table:
+        rows = []
+        for (model, task), g in sorted(self.groups.items()):
+            n = g["n_scored"]
+            rows.append({"model": model, "task": task, "n": g["n"], "n_scored": n,
+                         "score": g["mean"] if n else None,
+                         "stderr": math.sqrt(max(g["m2"], 0.0) / (n - 1) / n) if n > 1 else None,
+                         **{f"n_{s}": g[s] for s in self.STATUSES},
+                         "structured_valid_rate": g["valid"] / g["n_valid"] if g["n_valid"] else None,
+                         "output_tokens": g["output_tokens"]})
+        return pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
+
+
 def summarize(results: pa.Table | None) -> pa.Table:
-    """Per model x task: sample counts by status, mean score and its standard error (sample std / sqrt n)."""
-    if results is None or results.num_rows == 0:
-        return SUMMARY_SCHEMA.empty_table()
-    rows = []
-    keys = sorted(set(zip(results["model"].to_pylist(), results["task"].to_pylist())))
-    for model, task in keys:
-        part = results.filter(pc.and_(pc.equal(results["model"], model), pc.equal(results["task"], task)))
-        scores = [s for s in part["score"].to_pylist() if s is not None]
-        status = part["status"].to_pylist()
-        valid = [v for v in part["structured_valid"].to_pylist() if v is not None]
-        mean = sum(scores) / len(scores) if scores else None
-        stderr = (math.sqrt(sum((s - mean) ** 2 for s in scores) / (len(scores) - 1) / len(scores))
-                  if len(scores) > 1 else None)
-        rows.append({"model": model, "task": task, "n": part.num_rows, "n_scored": len(scores), "score": mean,
-                     "stderr": stderr, **{f"n_{s}": status.count(s) for s in ("ok", "truncated", "skipped", "error")},
-                     "structured_valid_rate": sum(valid) / len(valid) if valid else None,
-                     "output_tokens": int(pc.sum(part["output_tokens"]).as_py() or 0)})
-    return pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
+    """The summary of a results table (all rows at once; the sink accumulates shard by shard instead)."""
+    acc = SummaryAccumulator()
+    if results is not None:
+        acc.add(results)
+    return acc.table()
+
+
+def read_manifest(output: str) -> dict:
+    """The manifest of an output: manifest.json with the commits journaled after it applied in order
+    (a torn last line, from a driver killed mid-write, is skipped). Raises FileNotFoundError if absent."""
+    fs, root = _filesystem(output)
+    base = f"{root.rstrip('/')}"
+    with fs.open_input_stream(f"{base}/manifest.json") as f:
+        manifest = json.loads(f.read())
+    shards = manifest.get("shards") if isinstance(manifest, dict) else None
+    if isinstance(shards, dict) and fs.get_file_info(f"{base}/{JOURNAL}").type == pafs.FileType.File:
+        with fs.open_input_stream(f"{base}/{JOURNAL}") as f:
+            for line in f.read().decode("utf-8").splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                shards[entry.pop("shard_id")] = entry
+    return manifest
 
 
 def _lock(fs: pafs.FileSystem, root: str, output: str):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +23,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
+
+from cluster.sink import read_manifest
 
 
 MAX_ROWS = 200  # problem rows listed on the page; the total is always stated
@@ -62,7 +63,7 @@ def load_manifest(root: Path) -> dict:
     if not root.is_dir():
         raise ReportError(f"output {root}: no such directory (expected a sweep's output, holding manifest.json)")
     try:
-        manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+        manifest = read_manifest(str(root))  # with the commits journaled since, if the sweep is running or died
     except FileNotFoundError:
         raise ReportError(f"output {root}: no manifest.json, so not a raysweep sweep output") from None
     except (OSError, ValueError) as e:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from cluster.run import PreflightFailure, prepare, run_sweep
-from cluster.sink import ResultSink, SinkError
+from cluster.sink import ResultSink, SinkError, read_manifest
 from cluster.spec import load_spec
 from tests.conftest import QUICKSTART, ROOT
 from tests.test_metrics import metrics_url, scrape
@@ -36,7 +36,7 @@ def small_shard_spec(tmp_path, name="reliable", **task_changes):
 
 def committed(out) -> int:
     try:
-        manifest = json.loads((out / "manifest.json").read_text())
+        manifest = read_manifest(str(out))
     except (FileNotFoundError, ValueError):
         return 0
     return sum(s["state"] == "committed" for s in manifest["shards"].values())

@@ -77,9 +77,11 @@ def test_telemetry_is_measured(quickstart):
 
 
 def test_rerun_skips_committed_shards_and_changed_spec_is_refused(quickstart, tmp_path):
-    spec, out, _ = quickstart
+    spec, out, first = quickstart
     again = run_sweep(spec, output=str(out), log=lambda line: None)
     assert again.shards_run == 0 and again.shards_skipped == 7
+    for a, b in zip(again.summary.to_pylist(), first.summary.to_pylist(), strict=True):  # read back from disk
+        assert a == {k: pytest.approx(v) if isinstance(v, float) else v for k, v in b.items()}
     assert pq.read_table(out / "results").num_rows == 350
     changed = load_spec(QUICKSTART)
     object.__setattr__(changed, "name", "other")
