@@ -136,8 +136,9 @@ class ShardScheduler:
         try:
             value = ray.get(ref)
         except RayActorError as e:
-            if kind == "startup":  # the engine cannot start (model will not load, no memory): stop here
-                raise ActorStartError(_first_line(e)) from e
+            if kind == "startup" and e.actor_init_failed:  # the engine raised while starting (the model will
+                raise ActorStartError(_first_line(e)) from e  # not load, no memory): it would again; stop here
+            # the process died (killed, OOM, node lost), while starting or running: replace it
             if slot in slots:  # the first failure seen from this actor: replace it
                 self.actor_deaths += 1
                 if self.actor_deaths > self.n_actors * self.max_attempts:

@@ -51,3 +51,60 @@ def test_an_actor_ray_cannot_place_holds_no_shards(ray_local, tmp_path):
     assert 1 <= shards["actor_id"].nunique() <= 2  # the fake engine is instant: one actor may do it all
     starts = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
     assert len(starts) <= 2  # the third actor never started
+
+
+def _scheduler(ray_local, broken_init: bool, results: list):
+    from types import SimpleNamespace
+
+    from cluster.scheduler import Job, SchedulerEvents, ShardScheduler
+
+    # defined here so Ray ships the class by value (workers cannot import this test module)
+    class _StartsThenServes:
+        """A stand-in actor with the scheduler's interface: number 0 dies while starting (as a process
+        killed or out of memory would), number 1 can raise in its constructor (as an engine that cannot
+        load its model does)."""
+
+        def __init__(self, number: int, broken_init: bool):
+            if broken_init:
+                raise RuntimeError("model weights not found")
+            self.number = number
+
+        def startup(self) -> dict:
+            if self.number == 0:
+                import os
+
+                os._exit(1)
+            return {"actor": self.number}
+
+        def run_shard(self, shard, task, attempt):
+            import time
+
+            time.sleep(0.5)  # long enough that the sweep is still running when actor 0's death is seen
+            return shard.name, {"actor": self.number}
+
+        def close(self) -> None:
+            pass
+
+    remote = ray_local.remote(_StartsThenServes).options(num_cpus=0.1, max_restarts=0)
+    events = SchedulerEvents(on_result=lambda job, value, telemetry: results.append(value),
+                             on_failed=lambda job: results.append(("failed", job.errors)))
+    jobs = [Job(SimpleNamespace(name=f"s{i}", profile="short", n_samples=1), None) for i in range(6)]
+    return ShardScheduler(lambda n: remote.remote(n, broken_init and n == 1), 2, events), jobs
+
+
+def test_an_actor_that_dies_while_starting_is_replaced(ray_local):
+    results = []
+    scheduler, jobs = _scheduler(ray_local, broken_init=False, results=results)
+    scheduler.run(jobs)
+    assert sorted(results) == [f"s{i}" for i in range(6)]  # every shard once, none failed
+    assert scheduler.actors_started == 3 and scheduler.actor_deaths == 1
+
+
+def test_an_engine_that_cannot_start_stops_the_sweep(ray_local):
+    import pytest
+
+    from cluster.scheduler import ActorStartError
+
+    scheduler, jobs = _scheduler(ray_local, broken_init=True, results=[])
+    with pytest.raises(ActorStartError, match="model weights not found"):
+        scheduler.run(jobs)
