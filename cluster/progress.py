@@ -45,7 +45,7 @@ class BarProgress:
         self.bar = tqdm(total=total, unit=" samples", file=stream, dynamic_ncols=sized, ncols=None if sized else 100,
                         nrows=None if sized else 24, smoothing=0.1,
                         desc="[raysweep]", bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
-                                                      "samples [{elapsed}<{remaining}, {rate_fmt}] {postfix}")
+                                                      "samples [{elapsed}<{remaining}, {rate_fmt}{postfix}]")
 
     def log(self, line: str) -> None:
         self.bar.write(line, file=self.stream)

@@ -128,7 +128,7 @@ def test_cli_runs_the_quickstart(tmp_path):
     bars = [part for line in screen.split("\n") for part in line.split("\r") if part.startswith("[raysweep] ")
             and "|" in part and "samples [" in part]
     assert bars and "350/350 samples" in bars[-1] and "100%" in bars[-1], screen[-3000:]
-    assert re.search(r"\d+:\d+<\d+:\d+, +[\d.]+ samples/s\]", bars[-1]), bars[-1]  # elapsed<ETA, rate
+    assert re.search(r"\d+:\d+<\d+:\d+, +[\d.]+ samples/s, last: tiny/\w+/\d+\]", bars[-1]), bars[-1]  # elapsed<ETA, rate
     assert f"[raysweep] results: {tmp_path / 'qs'}" in screen
     assert "| tiny | extract | 100 |" in screen and "100.0%" in screen
     assert "GPU telemetry: NVML absent on every actor; GPU columns are null, not zero" in screen
