@@ -51,6 +51,7 @@ class Bench:
     def __init__(self, model_path: str, out: Path, n_prompts: int):
         self.model_path, self.out, self.n = model_path, out, n_prompts
         self.rows: list[dict] = []
+        self.engine_overrides: dict = {}
         self.prompts = prompts_of(n_prompts, 32, 1024, seed=1)
 
     def record(self, part: str, metric: str, value, unit: str = "") -> None:
@@ -66,7 +67,8 @@ class Bench:
         from cluster.spec import ModelSpec
 
         profile = overrides.pop("profile", EngineProfile())
-        args = engine_args(ModelSpec("bench", self.model_path, engine=overrides.pop("engine", {})),
+        engine = {**self.engine_overrides, **overrides.pop("engine", {})}
+        args = engine_args(ModelSpec("bench", self.model_path, engine=engine),
                            self.model_path, profile, 1.0)
         args.update(overrides)
         return LLM(**args)
@@ -330,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="a,b,c,d", help="which parts to run, comma-separated")
     parser.add_argument("--prompts", type=int, default=2048, help="prompts in parts a and d")
     parser.add_argument("--shard-size", type=int, default=256, help="part a: samples per shard")
+    parser.add_argument("--engine", default="{}", help="parts b-d: vLLM arguments (JSON) on top of raysweep's, "
+                                                       "e.g. '{\"async_scheduling\": false}'")
     parser.add_argument("--out", default="bench/out", help="folder for bench.parquet and scratch files")
     parser.add_argument("--samples", default="50000,200000", help="part o: sample counts, comma-separated")
     parser.add_argument("--plan-prompts", type=int, default=1_000_000, help="part p: prompts to plan")
@@ -349,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.orchestration_sizes = [int(n) for n in args.samples.split(",")]
     bench.planning_size = args.plan_prompts
     bench.shard_size = args.shard_size
+    bench.engine_overrides = json.loads(args.engine)
     bench.record("-", "device", None, torch.cuda.get_device_name() if torch.cuda.is_available()
                  else f"CPU only, {os.cpu_count()} cores")
     bench.record("-", "model", None, "builtin:tiny (fake engine in part o)" if set(parts) <= {"o", "p"} else args.model)
