@@ -203,44 +203,50 @@ class ResultSink:
 
 class SummaryAccumulator:
     """Per model x task: sample counts by status, mean score and its standard error (sample std / sqrt n),
-    structured-valid rate and output tokens, from running sums added shard by shard (Arrow group-by, no
-    row kept and no per-row Python)."""
+    structured-valid rate and output tokens, merged shard by shard (Chan et al.'s pairwise update for
+    the mean and the sum of squared deviations, so no row is kept)."""
 
     COLUMNS = ("model", "task", "status", "score", "structured_valid", "output_tokens")
     STATUSES = ("ok", "truncated", "skipped", "error")
-    SUMS = ("n", "n_scored", "score", "score_sq", "n_valid", "valid", "output_tokens") + STATUSES
 
     def __init__(self):
-        self.groups: dict[tuple[str, str], dict[str, float]] = {}
+        self.groups: dict[tuple[str, str], dict] = {}
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
-        score = table["score"].cast(pa.float64())
-        valid = table["structured_valid"].cast(pa.int64())
-        parts = pa.table({
-            "model": table["model"].cast(pa.string()), "task": table["task"].cast(pa.string()),
-            "one": pa.repeat(1, table.num_rows), "score": score, "score_sq": pc.multiply(score, score),
-            "valid": valid, "output_tokens": table["output_tokens"].cast(pa.int64()),
-            **{s: pc.equal(table["status"].cast(pa.string()), s).cast(pa.int64()) for s in self.STATUSES}})
-        sums = parts.group_by(["model", "task"]).aggregate(
-            [("one", "sum"), ("score", "count"), ("score", "sum"), ("score_sq", "sum"), ("valid", "count"),
-             ("valid", "sum"), ("output_tokens", "sum")] + [(s, "sum") for s in self.STATUSES])
-        names = dict(zip(("one_sum", "score_count", "score_sum", "score_sq_sum", "valid_count", "valid_sum",
-                          "output_tokens_sum") + tuple(f"{s}_sum" for s in self.STATUSES), self.SUMS))
-        for row in sums.to_pylist():
-            g = self.groups.setdefault((row["model"], row["task"]), dict.fromkeys(self.SUMS, 0))
-            for column, key in names.items():
-                g[key] += row[column] or 0  # a sum over nulls only is null
+        columns = {c: table[c].to_pylist() for c in self.COLUMNS}
+        for model, task in set(zip(columns["model"], columns["task"])):
+            idx = [i for i, (m, t) in enumerate(zip(columns["model"], columns["task"])) if m == model and t == task]
+            g = self.groups.setdefault((model, task), {"n": 0, "n_scored": 0, "mean": 0.0, "m2": 0.0, "valid": 0,
+                                                       "n_valid": 0, "output_tokens": 0,
+                                                       **{s: 0 for s in self.STATUSES}})
+            scores = [columns["score"][i] for i in idx if columns["score"][i] is not None]
+            if scores:
+                n_b = len(scores)
+                mean_b = sum(scores) / n_b
+                m2_b = sum((x - mean_b) ** 2 for x in scores)
+                n_a, n = g["n_scored"], g["n_scored"] + n_b
+                delta = mean_b - g["mean"]
+                g["mean"] += delta * n_b / n
+                g["m2"] += m2_b + delta * delta * n_a * n_b / n
+                g["n_scored"] = n
+            g["n"] += len(idx)
+            for i in idx:
+                if columns["status"][i] in self.STATUSES:
+                    g[columns["status"][i]] += 1
+                if columns["structured_valid"][i] is not None:
+                    g["n_valid"] += 1
+                    g["valid"] += bool(columns["structured_valid"][i])
+                g["output_tokens"] += columns["output_tokens"][i] or 0
 
     def table(self) -> pa.Table:
         rows = []
         for (model, task), g in sorted(self.groups.items()):
             n = g["n_scored"]
-            mean = g["score"] / n if n else None
-            variance = max(g["score_sq"] - n * mean * mean, 0.0) / (n - 1) if n > 1 else None
-            rows.append({"model": model, "task": task, "n": g["n"], "n_scored": n, "score": mean,
-                         "stderr": math.sqrt(variance / n) if variance is not None else None,
+            rows.append({"model": model, "task": task, "n": g["n"], "n_scored": n,
+                         "score": g["mean"] if n else None,
+                         "stderr": math.sqrt(max(g["m2"], 0.0) / (n - 1) / n) if n > 1 else None,
                          **{f"n_{s}": g[s] for s in self.STATUSES},
                          "structured_valid_rate": g["valid"] / g["n_valid"] if g["n_valid"] else None,
                          "output_tokens": g["output_tokens"]})
