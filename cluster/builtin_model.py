@@ -1,4 +1,4 @@
-"""`builtin:tiny`: a small Llama-architecture causal LM that raysweep builds locally, with no downloads.
+"""`builtin:tiny` (and larger shapes for benchmarks): a Llama-architecture causal LM built locally, no downloads.
 
 The weights are random (seeded numpy PCG64), so its answers are noise: it exists so that a whole sweep,
 structured decoding included, runs on a laptop, in CI and on a GPU under vLLM. Everything is written in
@@ -37,6 +37,11 @@ CONFIGS = {
     # ~1B parameters (TinyLlama's shape): a GPU step as long as a real small model's, for benchmarks
     "medium": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                    num_key_value_heads=4, max_position_embeddings=32768, seed=20261123),
+    # ~7B parameters (Llama-3-8B's shape, byte vocabulary): the step time of a model teams evaluate.
+    # GPU benchmarks only: uniform weights (normal draws for 7B values take minutes), stored as float16
+    "large": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                  num_key_value_heads=8, max_position_embeddings=32768, seed=20261124,
+                  init="uniform", storage="float16"),
 }
 
 
@@ -94,11 +99,12 @@ def _write_model(cfg: dict, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": bos_id, "eos_token_id": end_id, "pad_token_id": pad_id}, indent=2, sort_keys=True) + "\n")
-    _write_weights(config, cfg["seed"], out / "model.safetensors")
+    _write_weights(config, cfg["seed"], out / "model.safetensors", cfg.get("init", "normal"),
+                   np.dtype(cfg.get("storage", "float32")))
     _write_tokenizer(out)
 
 
-def _write_weights(config: dict, seed: int, path: Path) -> None:
+def _write_weights(config: dict, seed: int, path: Path, init: str, storage: np.dtype) -> None:
     from safetensors.numpy import save_file
 
     rng = np.random.Generator(np.random.PCG64(seed))
@@ -107,7 +113,12 @@ def _write_weights(config: dict, seed: int, path: Path) -> None:
     std = config["initializer_range"]
 
     def normal(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float32)
+        if init == "uniform":  # same standard deviation: U(-a, a) has std a / sqrt(3)
+            w = rng.random(shape, dtype=np.float32)
+            w -= 0.5
+            w *= 2 * std * np.sqrt(3.0, dtype=np.float32)
+            return w.astype(storage)
+        return (rng.standard_normal(shape, dtype=np.float32) * std).astype(storage)
 
     tensors = {"model.embed_tokens.weight": normal(config["vocab_size"], h)}
     for i in range(config["num_hidden_layers"]):
@@ -119,9 +130,9 @@ def _write_weights(config: dict, seed: int, path: Path) -> None:
         tensors[p + "mlp.gate_proj.weight"] = normal(inter, h)
         tensors[p + "mlp.up_proj.weight"] = normal(inter, h)
         tensors[p + "mlp.down_proj.weight"] = normal(h, inter)
-        tensors[p + "input_layernorm.weight"] = np.ones(h, dtype=np.float32)
-        tensors[p + "post_attention_layernorm.weight"] = np.ones(h, dtype=np.float32)
-    tensors["model.norm.weight"] = np.ones(h, dtype=np.float32)
+        tensors[p + "input_layernorm.weight"] = np.ones(h, dtype=storage)
+        tensors[p + "post_attention_layernorm.weight"] = np.ones(h, dtype=storage)
+    tensors["model.norm.weight"] = np.ones(h, dtype=storage)
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
