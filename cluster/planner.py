@@ -6,6 +6,9 @@
 3. Sort samples by length and cut shards by `max_samples` and the token budget (prompt + max_tokens).
 4. Give each shard an engine profile: `long` (chunked prefill, chunk = the threshold) or `short`.
 
+The data is streamed in batches and each batch's rendered prompts are staged on local disk
+(cluster/staging.py); a shard holds positions into that file and reads its rows when it is dispatched.
+The driver keeps about 20 bytes per sample (length, status, position), whatever the prompts weigh.
 Shards carry prompt text and its measured length; actors tokenize their own shards (and check the
 count), so the driver never holds every token id of a sweep. Only truncated rows carry their ids.
 """
@@ -13,16 +16,18 @@ count), so the driver never holds every token id of a sweep. Only truncated rows
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from cluster.data import TaskData, render_prompts
 from cluster.spec import ModelSpec, ShardLimits, TaskSpec
+from cluster.staging import StagedRows, StagingFolder
 from cluster.token_cache import TokenCache
 
 SHORT, LONG = "short", "long"
+STATUSES = ("ok", "truncated", "skipped")  # a row's status after the length policy, coded 0-2
 TOKENIZE_BATCH = 8192
 DEFAULT_CHUNK = 2048  # chunk size when a task forces chunked prefill on and the data gives no threshold
 
@@ -31,7 +36,7 @@ class PreflightError(ValueError):
     """Rows that cannot run under the task's length policy; the message lists them."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Shard:
     shard_id: str  # "<model>/<task>/<index:05d>", stable for the same spec and data
     index: int
@@ -40,11 +45,40 @@ class Shard:
     profile: str  # short | long
     max_num_batched_tokens: int | None  # the chunk size for `long` shards
     add_special_tokens: bool  # how the prompts are tokenized (False for chat-rendered text)
-    rows: pa.Table  # sample_id, prompt, prompt_token_ids (truncated rows only), prompt_tokens, seed, status
+    seed_base: int  # the task's sampling seed: per-sample seeds derive from it
+    source: StagedRows | pa.Table  # the driver's staged rows, or the rows themselves once shipped
+    positions: np.ndarray | None = None  # record positions in `source` (staged rows only)
+    prompt_tokens: np.ndarray | None = None  # measured lengths, in shard order (staged rows only)
+    status: np.ndarray | None = None  # STATUSES codes, in shard order (staged rows only)
 
     @property
     def n_samples(self) -> int:
-        return self.rows.num_rows
+        return self.source.num_rows if isinstance(self.source, pa.Table) else len(self.positions)
+
+    @property
+    def rows(self) -> pa.Table:
+        """sample_id, prompt, prompt_token_ids (truncated rows only), prompt_tokens, seed, status."""
+        if isinstance(self.source, pa.Table):
+            return self.source
+        records = self.source.read(self.positions)
+        ids = [r[0] for r in records]
+        return pa.table({
+            "sample_id": pa.array(ids, pa.string()),
+            "prompt": pa.array([r[1] for r in records], pa.string()),
+            "prompt_token_ids": pa.array([r[3] for r in records], pa.list_(pa.int32())),
+            "prompt_tokens": pa.array(self.prompt_tokens, pa.int32()),
+            "seed": pa.array([sample_seed(self.seed_base, self.task, sid) for sid in ids], pa.int64()),
+            "status": pa.array([STATUSES[c] for c in self.status], pa.string()),
+        })
+
+    def targets(self) -> list:
+        """Targets in shard order, for scoring on the driver (where the rows are staged)."""
+        return [r[2] for r in self.source.read(self.positions)]
+
+    def __reduce__(self):
+        """Shipped to an actor (pickled) with its rows: the staged file is on the driver's disk only."""
+        return (Shard, (self.shard_id, self.index, self.model, self.task, self.profile,
+                        self.max_num_batched_tokens, self.add_special_tokens, self.seed_base, self.rows))
 
 
 @dataclass
@@ -58,7 +92,6 @@ class TaskPlan:
     n_skipped: int = 0
     n_refused: int = 0  # over the limit under length_policy error (only a non-strict plan gets this far)
     limit: int | None = None  # max prompt tokens allowed (max_model_len - max_tokens)
-    targets: dict = field(default_factory=dict)  # sample_id -> target, for scoring on the driver
 
 
 def chunk_threshold(lengths: np.ndarray) -> int | None:
@@ -103,40 +136,50 @@ def count_tokens(prompts: list[str], tokenizer, add_special_tokens: bool) -> lis
 
 
 def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | None, limits: ShardLimits,
-              cache: TokenCache | None = None, strict: bool = True) -> TaskPlan:
+              cache: TokenCache | None = None, strict: bool = True, staging: StagingFolder | None = None) -> TaskPlan:
     task = data.task
-    prompts, add_special = render_prompts(data, tokenizer)
-    if cache is not None:
-        lengths = cache.lengths(prompts, add_special, lambda ps: count_tokens(ps, tokenizer, add_special))
-    else:
-        lengths = np.asarray(count_tokens(prompts, tokenizer, add_special), dtype=np.int64)
-    status = np.full(len(prompts), "ok", dtype=object)
-    truncated: dict[int, list[int]] = {}
     limit = None if max_model_len is None else max_model_len - task.sampling.max_tokens
-    n_refused = 0
-    if limit is not None:
-        over = np.flatnonzero(lengths > limit)
+    staged = StagedRows(staging or StagingFolder(), f"{model.name}.{task.name}".replace("/", "_"))
+    lengths, status, over_list = [], [], []
+    add_special = True
+    for batch in data.batches():
+        prompts, add_special = render_prompts(task, batch, tokenizer, data.path)
+        if cache is not None:
+            counts = cache.lengths(prompts, add_special, lambda ps: count_tokens(ps, tokenizer, add_special))
+        else:
+            counts = np.asarray(count_tokens(prompts, tokenizer, add_special), dtype=np.int64)
+        codes = np.zeros(len(prompts), dtype=np.uint8)
+        truncated: dict[int, list[int]] = {}
+        over = np.flatnonzero(counts > limit) if limit is not None else np.empty(0, np.int64)
         if len(over) and task.length_policy == "error":
-            if strict:
-                raise PreflightError(_refusal(model, task, data, over, lengths, limit, max_model_len))
-            n_refused = len(over)
-        elif task.length_policy == "truncate_left" and len(over):
-            for i, ids in zip(over, tokenize([prompts[i] for i in over], tokenizer, add_special)):
-                truncated[int(i)] = ids[len(ids) - limit:] if limit > 0 else []
-                lengths[i], status[i] = len(truncated[int(i)]), "truncated"
-        elif task.length_policy == "skip":
-            status[over] = "skipped"
-    threshold = _threshold(task, lengths[status != "skipped"])
-    order = np.argsort(lengths, kind="stable")
-    shards = [_make_shard(model, task, n, part, data, prompts, truncated, lengths, status, threshold, add_special)
-              for n, part in enumerate(_cut(order, lengths, task.sampling.max_tokens, limits))]
-    return TaskPlan(model=model, task=task, shards=shards, lengths=lengths, threshold=threshold,
-                    n_truncated=int((status == "truncated").sum()), n_skipped=int((status == "skipped").sum()),
-                    n_refused=n_refused, limit=limit, targets=dict(zip(data.sample_ids, data.targets())))
+            over_list.extend((batch.ids[k], int(counts[k])) for k in over)
+        elif len(over) and task.length_policy == "truncate_left":
+            for k, ids in zip(over, tokenize([prompts[k] for k in over], tokenizer, add_special)):
+                truncated[int(k)] = ids[len(ids) - limit:] if limit > 0 else []
+                counts[k], codes[k] = len(truncated[int(k)]), 1
+        elif len(over) and task.length_policy == "skip":
+            codes[over] = 2
+        staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], truncated)
+        lengths.append(counts.astype(np.int32))
+        status.append(codes)
+    staged.close()
+    if cache is not None:
+        cache.flush()
+    if over_list and strict:
+        raise PreflightError(_refusal(model, task, over_list, limit, max_model_len))
+    lengths_all = np.concatenate(lengths) if lengths else np.empty(0, np.int32)
+    status_all = np.concatenate(status) if status else np.empty(0, np.uint8)
+    threshold = _threshold(task, lengths_all[status_all != 2])
+    order = np.argsort(lengths_all, kind="stable")
+    shards = [_make_shard(model, task, k, part, staged, lengths_all, status_all, threshold, add_special)
+              for k, part in enumerate(_cut(order, lengths_all, task.sampling.max_tokens, limits))]
+    return TaskPlan(model=model, task=task, shards=shards, lengths=lengths_all, threshold=threshold,
+                    n_truncated=int((status_all == 1).sum()), n_skipped=int((status_all == 2).sum()),
+                    n_refused=len(over_list), limit=limit)
 
 
-def _refusal(model, task, data, over, lengths, limit, max_model_len) -> str:
-    listed = "; ".join(f"sample_id={data.sample_ids[i]} tokens={lengths[i]}" for i in over[:10])
+def _refusal(model, task, over: list[tuple[str, int]], limit, max_model_len) -> str:
+    listed = "; ".join(f"sample_id={sid} tokens={tokens}" for sid, tokens in over[:10])
     more = f" (and {len(over) - 10} more)" if len(over) > 10 else ""
     return (f"task {task.name} on model {model.name}: {len(over)} prompt(s) over the limit of {limit} tokens "
             f"(max_model_len {max_model_len} - max_tokens {task.sampling.max_tokens}): {listed}{more}. "
@@ -168,20 +211,11 @@ def _cut(order: np.ndarray, lengths: np.ndarray, max_tokens: int, limits: ShardL
     return parts
 
 
-def _make_shard(model: ModelSpec, task: TaskSpec, n: int, part: np.ndarray, data: TaskData, prompts: list[str],
-                truncated: dict, lengths: np.ndarray, status: np.ndarray, threshold: int | None,
-                add_special: bool) -> Shard:
-    sample_ids = [data.sample_ids[i] for i in part]
-    rows = pa.table({
-        "sample_id": pa.array(sample_ids, pa.string()),
-        "prompt": pa.array([prompts[i] for i in part], pa.string()),
-        "prompt_token_ids": pa.array([truncated.get(int(i)) for i in part], pa.list_(pa.int32())),
-        "prompt_tokens": pa.array(lengths[part], pa.int32()),
-        "seed": pa.array([sample_seed(task.sampling.seed, task.name, s) for s in sample_ids], pa.int64()),
-        "status": pa.array(status[part].tolist(), pa.string()),
-    })
+def _make_shard(model: ModelSpec, task: TaskSpec, n: int, part: np.ndarray, staged: StagedRows,
+                lengths: np.ndarray, status: np.ndarray, threshold: int | None, add_special: bool) -> Shard:
     longest = int(lengths[part].max()) if len(part) else 0
     is_long = threshold is not None and (task.chunked_prefill == "on" or longest > threshold)
     return Shard(shard_id=f"{model.name}/{task.name}/{n:05d}", index=n, model=model.name, task=task.name,
                  profile=LONG if is_long else SHORT, max_num_batched_tokens=threshold if is_long else None,
-                 add_special_tokens=add_special, rows=rows)
+                 add_special_tokens=add_special, seed_base=task.sampling.seed, source=staged,
+                 positions=part, prompt_tokens=lengths[part], status=status[part])

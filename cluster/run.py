@@ -28,6 +28,7 @@ from cluster.sink import ResultSink
 from cluster.spec import ModelSpec, SweepSpec
 from cluster.structured import check as check_structured
 from cluster.structured import is_valid
+from cluster.staging import StagingFolder
 from cluster.token_cache import TokenCache
 
 
@@ -81,12 +82,13 @@ def preflight(spec: SweepSpec, strict: bool = True) -> list[ModelPlan]:
                 raise PreflightFailure(f"{spec.source}: tasks.{task.name}.structured.{e}") from None
         data.append(load_task(spec, task))
     plans = []
+    staging = StagingFolder()  # rendered prompts on local disk until their shards are dispatched
     for model in spec.models:
         path, tokenizer, max_len = _load_model_meta(model)
         _compile_for(model, tokenizer, spec)
         cache = TokenCache(tokenizer)
-        plans.append(ModelPlan(model, path, [plan_task(model, d, tokenizer, max_len, spec.shards, cache, strict)
-                                             for d in data]))
+        plans.append(ModelPlan(model, path, [plan_task(model, d, tokenizer, max_len, spec.shards, cache, strict,
+                                                       staging) for d in data]))
     return plans
 
 
@@ -189,12 +191,11 @@ def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink
                               max_restarts=0, max_concurrency=depth, **resources.options()).remote(
             mp.model, mp.path, resources.num_cpus, resources.num_gpus)
 
-    task_plans = {tp.task.name: tp for tp in mp.tasks}
     model = mp.model.name
 
     def on_result(job: Job, table: pa.Table, telemetry: dict) -> None:
         metrics.returned(model, job.task.name)
-        scored = _score(spec, mp.model, job, table, task_plans[job.task.name])
+        scored = _score(spec, mp.model, job, table)
         sink.commit(job.shard.shard_id, model, job.task.name, job.shard.index, scored, job.attempt)
         for start in telemetry.pop("engine_starts"):
             sink.add_telemetry("actors", start)
@@ -225,12 +226,12 @@ def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink
                        start_one_by_one=0 < resources.num_gpus < 1).run(jobs)
 
 
-def _score(spec: SweepSpec, model: ModelSpec, job: Job, table: pa.Table, plan: TaskPlan) -> pa.Table:
+def _score(spec: SweepSpec, model: ModelSpec, job: Job, table: pa.Table) -> pa.Table:
     """Add the driver-side columns: identity, prompt tokens, target, structured validity, score."""
     task, shard = job.task, job.shard
     scorer = scorer_for(task)
     outputs, statuses = table["output_text"].to_pylist(), table["status"].to_pylist()
-    targets = [plan.targets[sid] for sid in table["sample_id"].to_pylist()]
+    targets = shard.targets()
     generated = [s in ("ok", "truncated") and o is not None for o, s in zip(outputs, statuses)]
     valid = [is_valid(task.structured, o) if g and task.structured else None for o, g in zip(outputs, generated)]
     scores = [scorer(o, t) if g and scorer else None for o, t, g in zip(outputs, targets, generated)]
@@ -241,7 +242,7 @@ def _score(spec: SweepSpec, model: ModelSpec, job: Job, table: pa.Table, plan: T
         .add_column(1, "model", pa.array([model.name] * n).dictionary_encode()) \
         .add_column(2, "task", pa.array([task.name] * n).dictionary_encode()) \
         .add_column(4, "shard_id", pa.array([shard.shard_id] * n)) \
-        .append_column("prompt_tokens", shard.rows["prompt_tokens"]) \
+        .append_column("prompt_tokens", pa.array(shard.prompt_tokens, pa.int32())) \
         .append_column("structured", pa.array([task.structured.kind if task.structured else None] * n, pa.string())) \
         .append_column("structured_valid", pa.array(valid, pa.bool_())) \
         .append_column("target", pa.array([None if t is None else t if isinstance(t, str) else _json(t)

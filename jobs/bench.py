@@ -252,36 +252,33 @@ class Bench:
             ray.shutdown()
 
     def part_p(self) -> None:
-        """Planning N prompts: the driver's preflight, with a cold and then a warm token cache."""
+        """Planning N prompts: the driver's preflight, with a cold and then a warm token cache. Each size
+        is planned in a fresh process, so its peak memory is its own (flat memory: the same peak for
+        every size)."""
         import tempfile
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
 
-        from cluster.run import preflight
-        from cluster.spec import load_spec
-
-        n = self.planning_size
-        rng = random.Random(4)
-        data = self.out / f"p_{n}.jsonl"
-        with open(data, "w") as f:
-            for i in range(n):
-                size = rng.randint(1000, 2000) if rng.random() < 0.1 else rng.randint(20, 120)
-                f.write(json.dumps({"id": i, "q": "".join(rng.choices("abcdefghij klmnop", k=size))}) + "\n")
-        spec_path = self.out / f"p_{n}.yaml"
-        spec_path.write_text(json.dumps({
-            "name": "bench-p", "output": str(self.out / "p_results"),
-            "models": [{"name": "m", "path": "builtin:tiny"}],
-            "tasks": [{"name": "t", "data": str(data), "id_column": "id", "prompt": "Q: {q}\nA:",
-                       "sampling": {"max_tokens": 64}}]}))
-        spec = load_spec(spec_path)
-        os.environ["RAYSWEEP_CACHE"] = tempfile.mkdtemp(prefix="bench-p-cache-")  # a cold token cache
-        for run in ("cold", "warm"):
-            started = time.perf_counter()
-            plans = preflight(spec)
-            wall = time.perf_counter() - started
-            shards = plans[0].tasks[0].shards
-            self.record("p", f"{n}_{run}_plan_s", wall, f"s ({len(shards)} shards, "
-                        f"{sum(s.profile == 'long' for s in shards)} long)")
-            self.record("p", f"{n}_{run}_driver_peak_rss_mib", _peak_rss_mib(), "MiB (peak so far)")
-            del plans, shards
+        for n in self.planning_sizes:
+            rng = random.Random(4)
+            data = self.out / f"p_{n}.jsonl"
+            with open(data, "w") as f:
+                for i in range(n):
+                    size = rng.randint(1000, 2000) if rng.random() < 0.1 else rng.randint(20, 120)
+                    f.write(json.dumps({"id": i, "q": "".join(rng.choices("abcdefghij klmnop", k=size))}) + "\n")
+            spec_path = self.out / f"p_{n}.yaml"
+            spec_path.write_text(json.dumps({
+                "name": "bench-p", "output": str(self.out / "p_results"),
+                "models": [{"name": "m", "path": "builtin:tiny"}],
+                "tasks": [{"name": "t", "data": str(data), "id_column": "id", "prompt": "Q: {q}\nA:",
+                           "sampling": {"max_tokens": 64}}]}))
+            cache = tempfile.mkdtemp(prefix="bench-p-cache-")  # a cold token cache
+            with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+                runs = pool.submit(_plan_twice, str(spec_path), cache).result()
+            for run, (wall, shards, long, peak) in runs.items():
+                self.record("p", f"{n}_{run}_plan_s", wall, f"s ({shards} shards, {long} long)")
+                self.record("p", f"{n}_{run}_driver_peak_rss_mib", peak, "MiB (peak so far, in a fresh process)")
+            data.unlink()
 
     def part_o(self) -> None:
         """Orchestration alone: the fake engine behind the real actors, scheduler and sink."""
@@ -336,6 +333,26 @@ class Bench:
         for r in self.rows:
             value = "" if r["value"] is None else f"{r['value']:.3f}" if abs(r["value"]) < 100 else f"{r['value']:.0f}"
             print(f"| {r['part']} | {r['metric']} | {value} | {r['unit']} |")
+
+
+def _plan_twice(spec_path: str, cache: str) -> dict:
+    """Part p's measurement, in a fresh process: preflight cold, then warm; wall s, shards, long shards
+    and the process's peak RSS after each."""
+    os.environ["RAYSWEEP_CACHE"] = cache
+    from cluster.builtin_model import resolve_model_path
+    from cluster.run import preflight
+    from cluster.spec import load_spec
+
+    resolve_model_path("builtin:tiny")  # built before timing, as a sweep's model would be there already
+    spec, out = load_spec(spec_path), {}
+    for run in ("cold", "warm"):
+        started = time.perf_counter()
+        plans = preflight(spec)
+        wall = time.perf_counter() - started
+        shards = plans[0].tasks[0].shards
+        out[run] = (wall, len(shards), sum(s.profile == "long" for s in shards), _peak_rss_mib())
+        del plans, shards
+    return out
 
 
 class EngineProbe:
@@ -421,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        "e.g. '{\"async_scheduling\": false}'")
     parser.add_argument("--out", default="bench/out", help="folder for bench.parquet and scratch files")
     parser.add_argument("--samples", default="50000,200000", help="part o: sample counts, comma-separated")
-    parser.add_argument("--plan-prompts", type=int, default=1_000_000, help="part p: prompts to plan")
+    parser.add_argument("--plan-prompts", default="1000000", help="part p: prompts to plan, comma-separated sizes")
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",")]
 
@@ -436,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     bench = Bench(resolve_model_path(args.model) if set(parts) - {"o", "p"} else args.model, out, args.prompts)
     bench.orchestration_sizes = [int(n) for n in args.samples.split(",")]
-    bench.planning_size = args.plan_prompts
+    bench.planning_sizes = [int(n) for n in args.plan_prompts.split(",")]
     bench.shard_size = args.shard_size
     bench.engine_overrides = json.loads(args.engine)
     bench.record("-", "device", None, torch.cuda.get_device_name() if torch.cuda.is_available()

@@ -44,7 +44,8 @@ def test_missing_file_and_parquet(tmp_path):
     pq.write_table(pa.table({"q": ["x", "y"], "a": ["1", "2"]}), tmp_path / "d.parquet")
     spec, task = make(tmp_path, [], data="d.parquet")
     data = load_task(spec, task)
-    assert data.sample_ids == ["0", "1"] and data.targets() == ["1", "2"]
+    batch = next(data.batches())
+    assert data.n_rows == 2 and batch.ids == ["0", "1"] and [data.target_of(r) for r in batch.rows] == ["1", "2"]
 
 
 def test_chat_rendering_uses_the_models_template(tmp_path, tiny_path):
@@ -53,10 +54,10 @@ def test_chat_rendering_uses_the_models_template(tmp_path, tiny_path):
     tok = AutoTokenizer.from_pretrained(tiny_path)
     msgs = json.dumps({"msgs": [{"role": "user", "content": "hello"}], "a": "x"})
     spec, task = make(tmp_path, [msgs], prompt=None, messages="msgs", system="be brief")
-    prompts, add_special = render_prompts(load_task(spec, task), tok)
+    prompts, add_special = render_prompts(task, next(load_task(spec, task).batches()), tok)
     assert prompts == ["<|system|>be brief<|end|><|user|>hello<|end|><|assistant|>"] and add_special is False
     spec, task = make(tmp_path, ['{"q": "2+2", "a": "4"}'], chat=True)
-    assert render_prompts(load_task(spec, task), tok)[0] == ["<|user|>Q: 2+2<|end|><|assistant|>"]
+    assert render_prompts(task, next(load_task(spec, task).batches()), tok)[0] == ["<|user|>Q: 2+2<|end|><|assistant|>"]
 
 
 @pytest.mark.parametrize("lengths, expected", [
@@ -120,7 +121,9 @@ def test_token_counts_are_cached_per_tokenizer_and_prompt(tmp_path, tiny_path):
         return count_tokens(prompts, tok, True)
 
     prompts = [f"prompt number {i}" * (i % 5 + 1) for i in range(100)]
-    first = TokenCache(tok, root=tmp_path).lengths(prompts, True, count)
+    cache = TokenCache(tok, root=tmp_path)
+    first = cache.lengths(prompts, True, count)
+    cache.flush()  # what a planner does when a task is planned
     again = TokenCache(tok, root=tmp_path)  # a new planner process: reads the cache from disk
     second = again.lengths(prompts + ["a new one"], True, count)
     assert list(second[:100]) == list(first) == count_tokens(prompts, tok, True)
@@ -175,9 +178,10 @@ def test_a_shard_never_mixes_models_or_tasks(tmp_path):
         task["data"] = str(QUICKSTART.parent / task["data"])
     (tmp_path / "two.yaml").write_text(yaml.safe_dump(raw))
     seen = set()
-    for mp in preflight(load_spec(tmp_path / "two.yaml")):
+    spec = load_spec(tmp_path / "two.yaml")
+    for mp in preflight(spec):
         for tp in mp.tasks:
-            ids = set(tp.targets)
+            ids = {sid for batch in load_task(spec, tp.task).batches() for sid in batch.ids}
             for shard in tp.shards:
                 assert shard.model == mp.model.name and shard.task == tp.task.name
                 assert shard.shard_id.startswith(f"{mp.model.name}/{tp.task.name}/")

@@ -1,0 +1,66 @@
+"""Staged rows: what planning rendered for one model x task, on the driver's local disk, read back by
+position when a shard is dispatched, so planning memory stays flat however many samples a sweep has.
+
+One JSON record per sample, `[sample_id, prompt, target, truncated_token_ids | null]`, appended in the
+data file's order; a numpy array of byte offsets finds a record. The folder is a temporary one, removed
+when the last object that can read it is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import weakref
+from array import array
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+
+class StagingFolder:
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="raysweep-plan-"))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.path), True)
+
+
+class StagedRows:
+    def __init__(self, folder: StagingFolder, name: str):
+        self.folder = folder  # kept alive as long as these rows can be read
+        self.path = folder.path / f"{name}.jsonl"
+        self._out = open(self.path, "wb")
+        self._ends = array("q")
+        self._offsets: np.ndarray | None = None
+
+    def append(self, sample_ids: Sequence[str], prompts: Sequence[str], targets: Sequence[Any],
+               truncated: dict[int, list[int]]) -> None:
+        """One batch; `truncated` maps a position in this batch to its truncated token ids."""
+        end = self._ends[-1] if self._ends else 0
+        lines = []
+        for k, (sid, prompt, target) in enumerate(zip(sample_ids, prompts, targets)):
+            line = json.dumps([sid, prompt, target, truncated.get(k)], ensure_ascii=False, default=str).encode() + b"\n"
+            end += len(line)
+            self._ends.append(end)
+            lines.append(line)
+        self._out.write(b"".join(lines))
+
+    def close(self) -> None:
+        """Done writing: from here on, records can be read."""
+        self._out.close()
+        self._offsets = np.concatenate([[0], np.frombuffer(self._ends, dtype=np.int64)])
+        self._ends = array("q")
+
+    def __len__(self) -> int:
+        return 0 if self._offsets is None else len(self._offsets) - 1
+
+    def read(self, positions: np.ndarray) -> list[list]:
+        """The records at `positions`, in that order."""
+        assert self._offsets is not None, "read before close()"
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            return [json.loads(os.pread(fd, int(self._offsets[i + 1] - self._offsets[i]), int(self._offsets[i])))
+                    for i in positions]
+        finally:
+            os.close(fd)
