@@ -58,9 +58,10 @@ class StagedRows:
     def read(self, positions: np.ndarray) -> list[list]:
         """The records at `positions`, in that order."""
         assert self._offsets is not None, "read before close()"
+        starts, ends = self._offsets[positions], self._offsets[np.asarray(positions) + 1]
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            return [json.loads(os.pread(fd, int(self._offsets[i + 1] - self._offsets[i]), int(self._offsets[i])))
-                    for i in positions]
+            lines = [os.pread(fd, int(e - b), int(b)) for b, e in zip(starts, ends)]
         finally:
             os.close(fd)
+        return json.loads(b"[" + b",".join(lines) + b"]")  # one parse for the shard, not one per record
