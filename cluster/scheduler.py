@@ -96,17 +96,13 @@ class ShardScheduler:
         pending = _Pending(jobs)
         slots: list[_Slot] = []
         inflight: dict[Any, tuple[str, Any, _Slot]] = {}
-        for _ in range(min(self.n_actors, len(jobs))):
-            slots.append(slot := self._start())
-            if self.start_one_by_one:
-                try:
-                    self.events.on_actor_started(ray.get(slot.handle.startup.remote()))
-                except RayActorError as e:
-                    raise ActorStartError(_first_line(e)) from e
-                slot.ready = True
-            else:
-                inflight[slot.handle.startup.remote()] = ("startup", None, slot)
         try:
+            for _ in range(min(self.n_actors, len(jobs))):
+                if self.start_one_by_one:
+                    slots.append(self._start_and_wait(slots))
+                else:
+                    slots.append(slot := self._start())
+                    inflight[slot.handle.startup.remote()] = ("startup", None, slot)
             while pending or any(kind == "shard" for kind, _, _ in inflight.values()):
                 for slot in slots:
                     while slot.ready and slot.inflight < self.depth and (job := pending.take(slot, slots)) is not None:
@@ -140,11 +136,13 @@ class ShardScheduler:
                 raise ActorStartError(_first_line(e)) from e  # not load, no memory): it would again; stop here
             # the process died (killed, OOM, node lost), while starting or running: replace it
             if slot in slots:  # the first failure seen from this actor: replace it
-                self.actor_deaths += 1
-                if self.actor_deaths > self.n_actors * self.max_attempts:
-                    raise RuntimeError(f"{self.actor_deaths} actors died; the last: {_first_line(e)}") from e
-                slots[slots.index(slot)] = replacement = self._start()
-                inflight[replacement.handle.startup.remote()] = ("startup", None, replacement)
+                self._count_death(e)
+                at = slots.index(slot)
+                if self.start_one_by_one:
+                    slots[at] = self._start_and_wait(slots)
+                else:
+                    slots[at] = replacement = self._start()
+                    inflight[replacement.handle.startup.remote()] = ("startup", None, replacement)
             if job is not None:
                 self._retry(job, f"actor died: {_first_line(e)}", pending)
             return
@@ -167,6 +165,28 @@ class ShardScheduler:
         else:
             job.attempt += 1
             pending.retry(job)
+
+    def _count_death(self, error: RayActorError) -> None:
+        self.actor_deaths += 1
+        if self.actor_deaths > self.n_actors * self.max_attempts:
+            raise RuntimeError(f"{self.actor_deaths} actors died; the last: {_first_line(error)}") from error
+
+    def _start_and_wait(self, slots: list[_Slot]) -> _Slot:
+        """Start an actor and wait for its engine (engines sharing a GPU size their memory one at a
+        time). As in the main loop, an engine that raises stops the sweep and a process that dies while
+        starting is replaced; `slots` is where the dead ones go, so that they are killed at the end."""
+        while True:
+            slot = self._start()
+            try:
+                self.events.on_actor_started(ray.get(slot.handle.startup.remote()))
+            except RayActorError as e:
+                if e.actor_init_failed:
+                    raise ActorStartError(_first_line(e)) from e
+                self._count_death(e)
+                ray.kill(slot.handle)
+                continue
+            slot.ready = True
+            return slot
 
     def _start(self) -> _Slot:
         number = self.actors_started

@@ -5,6 +5,7 @@ restarts for another profile; the CPU engine never needs to)."""
 import json
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from cluster.run import run_sweep
@@ -53,7 +54,7 @@ def test_an_actor_ray_cannot_place_holds_no_shards(ray_local, tmp_path):
     assert len(starts) <= 2  # the third actor never started
 
 
-def _scheduler(ray_local, broken_init: bool, results: list):
+def _scheduler(ray_local, broken_init: bool, results: list, one_by_one: bool = False):
     from types import SimpleNamespace
 
     from cluster.scheduler import Job, SchedulerEvents, ShardScheduler
@@ -89,22 +90,23 @@ def _scheduler(ray_local, broken_init: bool, results: list):
     events = SchedulerEvents(on_result=lambda job, value, telemetry: results.append(value),
                              on_failed=lambda job: results.append(("failed", job.errors)))
     jobs = [Job(SimpleNamespace(name=f"s{i}", profile="short", n_samples=1), None) for i in range(6)]
-    return ShardScheduler(lambda n: remote.remote(n, broken_init and n == 1), 2, events), jobs
+    return ShardScheduler(lambda n: remote.remote(n, broken_init and n == 1), 2, events,
+                          start_one_by_one=one_by_one), jobs
 
 
-def test_an_actor_that_dies_while_starting_is_replaced(ray_local):
+@pytest.mark.parametrize("one_by_one", [False, True])  # True: actors sharing a GPU start one at a time
+def test_an_actor_that_dies_while_starting_is_replaced(ray_local, one_by_one):
     results = []
-    scheduler, jobs = _scheduler(ray_local, broken_init=False, results=results)
+    scheduler, jobs = _scheduler(ray_local, broken_init=False, results=results, one_by_one=one_by_one)
     scheduler.run(jobs)
     assert sorted(results) == [f"s{i}" for i in range(6)]  # every shard once, none failed
     assert scheduler.actors_started == 3 and scheduler.actor_deaths == 1
 
 
-def test_an_engine_that_cannot_start_stops_the_sweep(ray_local):
-    import pytest
-
+@pytest.mark.parametrize("one_by_one", [False, True])
+def test_an_engine_that_cannot_start_stops_the_sweep(ray_local, one_by_one):
     from cluster.scheduler import ActorStartError
 
-    scheduler, jobs = _scheduler(ray_local, broken_init=True, results=[])
+    scheduler, jobs = _scheduler(ray_local, broken_init=True, results=[], one_by_one=one_by_one)
     with pytest.raises(ActorStartError, match="model weights not found"):
         scheduler.run(jobs)
