@@ -20,10 +20,31 @@ from typing import Any, Sequence
 import numpy as np
 
 
+PREFIX = "raysweep-plan-"
+
+
 class StagingFolder:
+    """A temporary folder named after this process. A planner that was killed (SIGKILL, OOM) cannot
+    remove its own, so each new one removes those whose process is gone."""
+
     def __init__(self) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="raysweep-plan-"))
+        _remove_orphans(Path(tempfile.gettempdir()))
+        self.path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.path), True)
+
+
+def _remove_orphans(root: Path) -> None:
+    for folder in root.glob(f"{PREFIX}*"):
+        pid = folder.name[len(PREFIX):].split("-")[0]
+        if not pid.isdigit():
+            shutil.rmtree(folder, ignore_errors=True)  # an older layout, no owner to ask
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
 
 
 class StagedRows:

@@ -188,3 +188,29 @@ def test_a_shard_never_mixes_models_or_tasks(tmp_path):
                 assert set(shard.rows["sample_id"].to_pylist()) <= ids
                 seen.add(shard.shard_id)
     assert len(seen) == 2 * 7  # every shard id unique across models and tasks
+
+
+def test_a_killed_planners_staging_is_removed_by_the_next(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from cluster.staging import StagingFolder
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    code = ("from cluster.staging import StagingFolder; import os; f = StagingFolder(); print(f.path, flush=True); "
+            "os.kill(os.getpid(), 9)")
+    left = Path(subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True).stdout.strip())
+    assert left.parent == tmp_path and left.exists()  # SIGKILL: no chance to clean up
+    tempfile.tempdir = str(tmp_path)
+    try:
+        mine = StagingFolder()
+    finally:
+        tempfile.tempdir = None
+    assert not left.exists() and mine.path.exists()
+    path = mine.path
+    del mine  # the last reference: its folder goes with it
+    assert not path.exists()
