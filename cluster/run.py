@@ -26,11 +26,10 @@ from cluster.scheduler import Job, SchedulerEvents, ShardScheduler
 from cluster.scoring import scorer_for
 from cluster.sink import ResultSink
 from cluster.spec import ModelSpec, SweepSpec
+from cluster.staging import StagingFolder
 from cluster.structured import check as check_structured
 from cluster.structured import is_valid
-from cluster.staging import StagingFolder
 from cluster.token_cache import TokenCache
-
 
 MIN_SHARDS_IN_FLIGHT, MAX_SHARDS_IN_FLIGHT = 2, 8
 
@@ -231,7 +230,7 @@ def _score(spec: SweepSpec, model: ModelSpec, job: Job, table: pa.Table) -> pa.T
     task, shard = job.task, job.shard
     scorer = scorer_for(task)
     outputs, statuses = table["output_text"].to_pylist(), table["status"].to_pylist()
-    targets = shard.targets()
+    targets = shard.targets() if task.target else [None] * table.num_rows  # read from the staged rows
     generated = [s in ("ok", "truncated") and o is not None for o, s in zip(outputs, statuses)]
     valid = [is_valid(task.structured, o) if g and task.structured else None for o, g in zip(outputs, generated)]
     scores = [scorer(o, t) if g and scorer else None for o, t, g in zip(outputs, targets, generated)]

@@ -99,7 +99,7 @@ class ShardScheduler:
         try:
             for _ in range(min(self.n_actors, len(jobs))):
                 if self.start_one_by_one:
-                    slots.append(self._start_and_wait(slots))
+                    slots.append(self._start_and_wait())
                 else:
                     slots.append(slot := self._start())
                     inflight[slot.handle.startup.remote()] = ("startup", None, slot)
@@ -139,7 +139,7 @@ class ShardScheduler:
                 self._count_death(e)
                 at = slots.index(slot)
                 if self.start_one_by_one:
-                    slots[at] = self._start_and_wait(slots)
+                    slots[at] = self._start_and_wait()
                 else:
                     slots[at] = replacement = self._start()
                     inflight[replacement.handle.startup.remote()] = ("startup", None, replacement)
@@ -171,10 +171,10 @@ class ShardScheduler:
         if self.actor_deaths > self.n_actors * self.max_attempts:
             raise RuntimeError(f"{self.actor_deaths} actors died; the last: {_first_line(error)}") from error
 
-    def _start_and_wait(self, slots: list[_Slot]) -> _Slot:
+    def _start_and_wait(self) -> _Slot:
         """Start an actor and wait for its engine (engines sharing a GPU size their memory one at a
         time). As in the main loop, an engine that raises stops the sweep and a process that dies while
-        starting is replaced; `slots` is where the dead ones go, so that they are killed at the end."""
+        starting is replaced."""
         while True:
             slot = self._start()
             try:

@@ -23,7 +23,6 @@ import uuid
 from datetime import datetime, timezone
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 

@@ -1,5 +1,5 @@
 """Staged rows: what planning rendered for one model x task, on the driver's local disk, read back by
-position when a shard is dispatched, so planning memory stays flat however many samples a sweep has.
+position when a shard is dispatched, so the driver does not hold a sweep's prompts in memory.
 
 One JSON record per sample, `[sample_id, prompt, target, truncated_token_ids | null]`, appended in the
 data file's order; a numpy array of byte offsets finds a record. The folder is a temporary one, removed
@@ -19,7 +19,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-
 PREFIX = "raysweep-plan-"
 
 
@@ -37,7 +36,6 @@ def _remove_orphans(root: Path) -> None:
     for folder in root.glob(f"{PREFIX}*"):
         pid = folder.name[len(PREFIX):].split("-")[0]
         if not pid.isdigit():
-            shutil.rmtree(folder, ignore_errors=True)  # an older layout, no owner to ask
             continue
         try:
             os.kill(int(pid), 0)
@@ -72,9 +70,6 @@ class StagedRows:
         self._out.close()
         self._offsets = np.concatenate([[0], np.frombuffer(self._ends, dtype=np.int64)])
         self._ends = array("q")
-
-    def __len__(self) -> int:
-        return 0 if self._offsets is None else len(self._offsets) - 1
 
     def read(self, positions: np.ndarray) -> list[list]:
         """The records at `positions`, in that order."""
