@@ -112,7 +112,11 @@ class EvalActor:
         rows = shard.rows.to_pylist()
         runnable = [r for r in rows if r["status"] != "skipped"]
         requests = self._requests(runnable, shard.add_special_tokens)
+        counters = getattr(engine, "batch_counters", None)  # vLLM only: how full the engine's batch was
+        before = counters() if counters else None
         generated, errors = _generate(engine, requests, task)
+        after = counters() if counters else None
+        steps = after[0] - before[0] if counters else 0
         wall = time.perf_counter() - started
         self.gpu.sample_now()  # a reading at the shard's end, so a short shard has one too
         out = []
@@ -137,6 +141,8 @@ class EvalActor:
             "n_samples": len(rows), "prompt_tokens": int(sum(r["prompt_tokens"] for r in runnable)),
             "output_tokens": output_tokens, "wall_s": wall,
             "output_tok_per_s": output_tokens / wall if wall > 0 else None,
+            # mean requests in the engine per step while this shard ran (all shards in flight counted)
+            "engine_batch_mean": (after[1] - before[1]) / steps if steps else None,
             **self.gpu.aggregates(since=t0),  # NVML over this shard's run; None where there is no GPU
             "engine_restarts": self.restarts,
             "started_at": started_at, "finished_at": datetime.now(timezone.utc), "error": None,

@@ -88,6 +88,7 @@ class VllmEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self._inbox: queue.Queue = queue.Queue()
         self._closing = False
+        self.steps, self.batch_sum = 0, 0  # engine steps, and requests the engine held at each (capped at max_num_seqs)
         self._thread = threading.Thread(target=self._run, name="vllm-engine", daemon=True)
         self._thread.start()
 
@@ -154,14 +155,22 @@ class VllmEngine:
                               seed=req.seed if sampling.temperature > 0 else None, structured_outputs=guide)
 
     # -- the engine thread ------------------------------------------------------------------------
+    def batch_counters(self) -> tuple[int, int]:
+        """(steps, sum over steps of the requests held, capped at max_num_seqs): the mean batch over a
+        window is the difference of two readings' sums over the difference of their steps."""
+        return self.steps, self.batch_sum
+
     def _run(self) -> None:
         pending: dict[str, tuple[_Batch, int]] = {}
         engine = self.llm.llm_engine
+        cap = int(engine.vllm_config.scheduler_config.max_num_seqs)
         try:
             while not self._closing:
                 self._admit(pending, block=not engine.has_unfinished_requests())
                 if not engine.has_unfinished_requests():
                     continue
+                self.steps += 1
+                self.batch_sum += min(engine.get_num_unfinished_requests(), cap)
                 for out in engine.step():
                     if out.finished:
                         batch, i = pending.pop(out.request_id)

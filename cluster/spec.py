@@ -186,8 +186,13 @@ class ActorSpec:
     # e.g. "L4": actors go to nodes with this accelerator (Ray's accelerator_type:<name> resource), and
     # their GPUs are asked of the autoscaler even while the cluster has none (GPU groups at min 0)
     accelerator_type: str | None = None
+    # shards each actor holds at once; None: enough that 4x the engine's batch is queued (cluster/run.py)
+    shards_in_flight: int | None = None
 
     def __post_init__(self) -> None:
+        if self.shards_in_flight is not None and (not isinstance(self.shards_in_flight, int)
+                                                  or not 1 <= self.shards_in_flight <= 64):
+            raise ValueError(f"shards_in_flight: must be an integer from 1 to 64, got {self.shards_in_flight!r}")
         if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str)
                                                   or not NAME_RE.match(self.accelerator_type)):
             raise ValueError(f"accelerator_type: must be a name such as L4 or H100, got {self.accelerator_type!r}")
@@ -342,7 +347,8 @@ def parse_spec(raw: Any, source: str = "<spec>", base_dir: str = ".") -> SweepSp
             tasks=_listed(f.pop("tasks"), "tasks", _task),
             shards=_build(ShardLimits, "shards", **{k: shards.pop(k) for k in ("max_samples", "max_tokens")}),
             actors=_build(ActorSpec, "actors", **{k: actors.pop(k) for k in
-                                                  ("count", "num_gpus", "num_cpus", "accelerator_type")}),
+                                                  ("count", "num_gpus", "num_cpus", "accelerator_type",
+                                                   "shards_in_flight")}),
             source=source, base_dir=base_dir,
         )
         for part in (f, shards, actors):

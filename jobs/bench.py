@@ -5,7 +5,8 @@
 (a) raysweep sweep output tok/s ÷ one raw `vllm.LLM.generate` over the same prompts, seeds and sampling
     (variable-length outputs: temperature 1 with stop strings). raysweep's rate is measured over the span
     from its first shard's start to its last shard's end (engines warm, like the raw call); its whole
-    wall time, Ray and engine start included, is reported beside it.
+    wall time, Ray and engine start included, is reported beside it. `--repeats N` runs it all N times
+    (raw runs alone vary by a few percent); `--in-flight auto,8` compares shards-in-flight settings.
 (b) CUDA graphs ÷ eager: single-stream decode, and a 256-prompt batch (fixed length: ignore_eos).
 (c) a long shard (prompts of 12-16k tokens) with chunked prefill vs without: throughput, peak GPU memory
     (NVML) and the KV-cache blocks vLLM could allocate.
@@ -95,26 +96,51 @@ class Bench:
 
     # -- parts -------------------------------------------------------------------------------------
     def part_a(self) -> None:
-        """raysweep vs raw vLLM on the same prompts, seeds and sampling."""
-        import pyarrow.parquet as pq
-        import ray
-        from vllm import SamplingParams
-
-        from cluster.planner import sample_seed
-        from cluster.run import run_sweep
-        from cluster.spec import load_spec
-
+        """raysweep vs raw vLLM on the same prompts, seeds and sampling: for each repeat, one sweep per
+        shards-in-flight setting, then one raw call on a fresh engine. The mean batch (requests the engine
+        held per step, capped at max_num_seqs) is read the same way for both: raysweep's from its shard
+        telemetry (engine_batch_mean), the raw call's by counting around `LLMEngine.step`."""
         data = self.out / "a_prompts.jsonl"
         with open(data, "w") as f:
             for i, p in enumerate(self.prompts):
                 f.write(json.dumps({"id": f"p{i:05d}", "text": p}) + "\n")
-        spec_path = self.out / "a_sweep.yaml"
+        ratios: dict[str, list[float]] = {}
+        for r in range(self.repeats):
+            sweeps = {depth: self._sweep_rate(data, depth, f"a_results_r{r}_{depth}") for depth in self.in_flight}
+            raw_rate, raw_batch, lengths = self._raw_rate()
+            self.record("a", f"r{r} raw_tok_per_s", raw_rate, "tok/s")
+            self.record("a", f"r{r} raw_batch_mean", raw_batch, "requests per step")
+            self.record("a", f"r{r} output_len_p10_p50_p90", None,
+                        f"{lengths[len(lengths)//10]}/{lengths[len(lengths)//2]}/{lengths[9*len(lengths)//10]}")
+            for depth, (rate, whole, batch, tokens) in sweeps.items():
+                self.record("a", f"r{r} in_flight={depth} raysweep_tok_per_s_span", rate, f"tok/s ({tokens} tok)")
+                self.record("a", f"r{r} in_flight={depth} raysweep_tok_per_s_whole_run", whole,
+                            "tok/s (Ray + engine start included)")
+                self.record("a", f"r{r} in_flight={depth} raysweep_batch_mean", batch,
+                            "requests per step (median over shards)")
+                self.record("a", f"r{r} in_flight={depth} ratio raysweep/raw", rate / raw_rate, "x")
+                ratios.setdefault(depth, []).append(rate / raw_rate)
+        for depth, values in ratios.items():
+            self.record("a", f"in_flight={depth} RATIO raysweep/raw, mean of {len(values)}",
+                        sum(values) / len(values), f"x (min {min(values):.3f}, max {max(values):.3f})")
+
+    def _sweep_rate(self, data: Path, depth: str, name: str) -> tuple[float, float, float | None, int]:
+        """One raysweep run over (a)'s prompts: tok/s over the shards' span, over the whole run, the
+        median engine batch, and the output tokens."""
+        import pyarrow.parquet as pq
+        import ray
+
+        from cluster.run import run_sweep
+        from cluster.spec import load_spec
+
+        spec_path = self.out / f"{name}.yaml"
+        actors = {"count": 1, "num_gpus": 1, **({} if depth == "auto" else {"shards_in_flight": int(depth)})}
         spec_path.write_text(json.dumps({
-            "name": "bench-a", "output": str(self.out / "a_results"),
-            "models": [{"name": "m", "path": self.model_path, "engine": {"backend": "vllm"}}],
+            "name": "bench-a", "output": str(self.out / name),
+            "models": [{"name": "m", "path": self.model_path, "engine": {"backend": "vllm", **self.engine_overrides}}],
             "tasks": [{"name": "t", "data": str(data), "id_column": "id", "prompt": "{text}",
                        "sampling": {"max_tokens": 256, "temperature": 1.0, "seed": 5, "stop": [".", "\n"]}}],
-            "shards": {"max_samples": self.shard_size}, "actors": {"count": 1, "num_gpus": 1}}))
+            "shards": {"max_samples": self.shard_size}, "actors": actors}))
         spec = load_spec(spec_path)
         started = time.perf_counter()
         ray.init(address="local", num_cpus=4, include_dashboard=False)
@@ -123,28 +149,35 @@ class Bench:
         finally:
             ray.shutdown()
         whole = time.perf_counter() - started
-        shards = pq.read_table(self.out / "a_results" / "telemetry" / "shards.parquet").to_pandas()
-        span = (shards["finished_at"].max() - shards["started_at"].min()).total_seconds()
-        rs_tokens = int(shards["output_tokens"].sum())
         assert not report.failed, report.failed
+        shards = pq.read_table(self.out / name / "telemetry" / "shards.parquet").to_pandas()
+        span = (shards["finished_at"].max() - shards["started_at"].min()).total_seconds()
+        tokens = int(shards["output_tokens"].sum())
+        return tokens / span, tokens / whole, shards["engine_batch_mean"].median(), tokens
+
+    def _raw_rate(self) -> tuple[float, float, list[int]]:
+        """One raw `LLM.generate` over (a)'s prompts on a fresh, warmed engine: tok/s, the mean batch
+        per step, and the sorted output lengths."""
+        from vllm import SamplingParams
+
+        from cluster.planner import sample_seed
 
         llm = self.llm()
         prompts = self.token_prompts(llm, self.prompts)
         params = [SamplingParams(max_tokens=256, temperature=1.0, stop=[".", "\n"],
                                  seed=sample_seed(5, "t", f"p{i:05d}")) for i in range(self.n)]
         self.timed_generate(llm, prompts[:32], params[:32])  # warm-up, as raysweep's engine is warm too
-        wall, raw_tokens, outs = self.timed_generate(llm, prompts, params)
-        wall2, raw_tokens2, _ = self.timed_generate(llm, prompts, params)  # is the first full call still warming up?
-        lengths = sorted(len(o.outputs[0].token_ids) for o in outs)
+        engine, held = llm.llm_engine, []
+        cap, step = int(engine.vllm_config.scheduler_config.max_num_seqs), engine.step
+
+        def counting_step():
+            held.append(min(engine.get_num_unfinished_requests(), cap))
+            return step()
+
+        engine.step = counting_step  # LLM.generate steps through this attribute
+        wall, tokens, outs = self.timed_generate(llm, prompts, params)
         self.free(llm)
-        self.record("a", "raw_output_tokens", raw_tokens, "tok")
-        self.record("a", "raysweep_output_tokens", rs_tokens, "tok")
-        self.record("a", "output_len_p10_p50_p90", None, f"{lengths[len(lengths)//10]}/{lengths[len(lengths)//2]}/{lengths[9*len(lengths)//10]}")
-        self.record("a", "raw_tok_per_s", raw_tokens / wall, "tok/s")
-        self.record("a", "raw_tok_per_s_second_call", raw_tokens2 / wall2, "tok/s (same prompts again)")
-        self.record("a", "raysweep_tok_per_s_span", rs_tokens / span, "tok/s")
-        self.record("a", "raysweep_tok_per_s_whole_run", rs_tokens / whole, "tok/s (Ray + engine start included)")
-        self.record("a", "RATIO raysweep/raw", (rs_tokens / span) / (raw_tokens / wall), "x")
+        return tokens / wall, sum(held) / len(held), sorted(len(o.outputs[0].token_ids) for o in outs)
 
     def part_b(self) -> None:
         """CUDA graphs vs eager: one request decoding, and 256 prompts at once (fixed lengths)."""
@@ -434,7 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="a,b,c,d", help="which parts to run, comma-separated")
     parser.add_argument("--prompts", type=int, default=2048, help="prompts in parts a and d")
     parser.add_argument("--shard-size", type=int, default=256, help="part a: samples per shard")
-    parser.add_argument("--engine", default="{}", help="parts b-d: vLLM arguments (JSON) on top of raysweep's, "
+    parser.add_argument("--in-flight", default="auto", help="part a: shards in flight per actor, comma-separated "
+                                                             "settings (auto: raysweep's rule), one sweep each")
+    parser.add_argument("--repeats", type=int, default=1, help="part a: runs of every sweep and the raw call")
+    parser.add_argument("--engine", default="{}", help="parts a-d: vLLM arguments (JSON) on top of raysweep's, "
                                                        "e.g. '{\"async_scheduling\": false}'")
     parser.add_argument("--out", default="bench/out", help="folder for bench.parquet and scratch files")
     parser.add_argument("--samples", default="50000,200000", help="part o: sample counts, comma-separated")
@@ -455,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.orchestration_sizes = [int(n) for n in args.samples.split(",")]
     bench.planning_sizes = [int(n) for n in args.plan_prompts.split(",")]
     bench.shard_size = args.shard_size
+    bench.in_flight = [d.strip() for d in args.in_flight.split(",")]
+    bench.repeats = args.repeats
     bench.engine_overrides = json.loads(args.engine)
     bench.record("-", "device", None, torch.cuda.get_device_name() if torch.cuda.is_available()
                  else f"CPU only, {os.cpu_count()} cores")

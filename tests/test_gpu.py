@@ -63,7 +63,9 @@ actors: {{count: 2, num_gpus: 0.5, num_cpus: 1}}
     assert results["ttft_s"].notna().all()
     shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
     print(shards[["shard_id", "profile", "chunked_prefill", "max_num_batched_tokens", "cuda_graphs", "graph_mode",
-                  "prompt_tokens", "output_tok_per_s", "gpu_mem_used_max_mib", "gpu_util_mean_pct"]].to_string())
+                  "prompt_tokens", "output_tok_per_s", "engine_batch_mean", "gpu_mem_used_max_mib",
+                  "gpu_util_mean_pct"]].to_string())
+    assert (shards["engine_batch_mean"] >= 1).all()  # the engine thread counted its steps for every shard
     long = shards[shards["profile"] == "long"]
     short = shards[shards["profile"] == "short"]
     assert len(long) >= 1 and long["chunked_prefill"].all() and (long["max_num_batched_tokens"] < 12_000).all()

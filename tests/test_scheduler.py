@@ -110,3 +110,20 @@ def test_an_engine_that_cannot_start_stops_the_sweep(ray_local, one_by_one):
     scheduler, jobs = _scheduler(ray_local, broken_init=True, results=[], one_by_one=one_by_one)
     with pytest.raises(ActorStartError, match="model weights not found"):
         scheduler.run(jobs)
+
+
+@pytest.mark.parametrize("max_samples, engine, actors, depth", [
+    (256, {}, {}, 4),                          # 4 x 256 queued for a batch of 256
+    (512, {}, {}, 2),                          # never fewer than two
+    (32, {}, {}, 8),                           # never more than eight by default
+    (64, {"max_num_seqs": 64}, {}, 4),
+    (256, {}, {"shards_in_flight": 12}, 12),   # the spec decides where it says
+])
+def test_shards_in_flight_fill_four_engine_batches(max_samples, engine, actors, depth):
+    from cluster.run import shards_in_flight
+    from cluster.spec import parse_spec
+
+    spec = parse_spec({"name": "d", "models": [{"name": "m", "path": "builtin:tiny", "engine": engine}],
+                       "tasks": [{"name": "t", "data": "x.jsonl", "prompt": "{q}"}],
+                       "shards": {"max_samples": max_samples}, "actors": actors})
+    assert shards_in_flight(spec, spec.models[0]) == depth

@@ -44,6 +44,7 @@ def test_engine_backend_shorthand(tmp_path):
     (lambda r: r["models"][0].update(engine={"max_model_len": -1}), "models[0].engine.max_model_len"),
     (lambda r: r.update(shards={"max_samples": "many"}), "shards.max_samples"),
     (lambda r: r.update(actors={"count": 0}), "actors.count"),
+    (lambda r: r.update(actors={"shards_in_flight": 0}), "actors.shards_in_flight"),
     (lambda r: r.update(name="night ly"), "name: 'night ly'"),
     (lambda r: r["tasks"][2].update(length_policy="drop"), "tasks[2].length_policy"),
 ])
