@@ -358,9 +358,11 @@ class Bench:
         import pyarrow.parquet as pq
 
         path = self.out / "bench.parquet"
-        table = pa.Table.from_pylist(self.rows)
-        if path.exists():
-            table = pa.concat_tables([pq.read_table(path), table])
+        schema = pa.schema([("part", pa.string()), ("metric", pa.string()), ("value", pa.float64()),
+                            ("unit", pa.string())])
+        table = pa.Table.from_pylist(self.rows, schema=schema)
+        if path.exists():  # an earlier run's rows (one whose values were all null typed them null)
+            table = pa.concat_tables([pq.read_table(path).cast(schema), table])
         pq.write_table(table, path)
         print("\n| part | metric | value | unit |\n|---|---|---:|---|")
         for r in self.rows:
