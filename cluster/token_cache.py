@@ -33,8 +33,8 @@ def prompt_keys(prompts: list[str], add_special_tokens: bool) -> list[bytes]:
 
 
 class TokenCache:
-    """Lookups are vectorised over sorted numpy arrays (20 bytes per cached prompt, not a dict entry);
-    new counts are written as one part by `flush()`."""
+    """Lookups are vectorised over sorted numpy arrays (a 16-byte key and an int64 count per cached
+    prompt, not a dict entry); new counts are written as one part by `flush()`."""
 
     def __init__(self, tokenizer, root: Path | None = None):
         self.folder = (root or cache_root() / "tokens") / fingerprint(tokenizer)
