@@ -50,8 +50,9 @@ class Engine(Protocol):
         """Completions in the order of `requests`."""
 
     def startup(self) -> dict:
-        """Measured start-up figures: load_s, compile_s, graph_capture_s, cuda_graphs, graph_mode,
-        fallback_reason (None where not measured or not applicable)."""
+        """Measured start-up figures: engine_init_s (construction), warmup_s, load_s (both), compile_s,
+        graph_capture_s, cuda_graphs, graph_mode, fallback_reason (None where not measured or not
+        applicable)."""
 
     def close(self) -> None: ...
 
@@ -81,6 +82,22 @@ def choose_backend(model: ModelSpec) -> str:
     if model.backend != "auto":
         return model.backend
     return "vllm" if cuda_and_vllm_available() else "hf"
+
+
+def preload(backends) -> None:
+    """Import what the engines of `backends` need, once per process, before any model is known: an actor
+    does this while the driver plans, so an engine start later pays for construction only."""
+    import importlib
+
+    for backend in {choose_backend(ModelSpec("preload", "-", backend=b)) for b in backends}:
+        if backend == "vllm":
+            from actors.vllm_engine import configure_process
+
+            configure_process()  # vLLM reads some settings at import: set them first
+        modules = {"vllm": ("vllm", "transformers"), "hf": ("torch", "transformers"),
+                   "fake": ("transformers",)}[backend]
+        for module in modules:
+            importlib.import_module(module)
 
 
 def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_threads: int | None,

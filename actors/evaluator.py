@@ -1,8 +1,11 @@
-"""EvalActor: one engine (one model, one profile at a time) that turns shards into result tables.
+"""EvalActor: a GPU share that runs one engine at a time (one model, one profile) and turns shards into
+result tables.
 
 The class is plain Python; the scheduler wraps it with `ray.remote`, the resources from the spec and
-`max_concurrency` = the number of shards it keeps in flight, so a streaming engine admits the next shard
-while the last one finishes. A shard whose profile the engine does not run waits for the shards in
+`max_concurrency` above the number of shards it keeps in flight, so a streaming engine admits the next
+shard while the last one finishes. The actor is started before its model is chosen (its process and
+imports overlap the driver's planning); `start_engine` gives it a model, and a later call another one
+(a counted model change). A shard whose profile the engine does not run waits for the shards in
 flight, then the engine restarts with that profile (counted, and reported as a new engine start).
 Each shard returns its results as an Arrow table and one telemetry row (DESIGN §5); figures that are
 not measured here are None.
@@ -17,10 +20,11 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from actors.engine import EngineProfile, GenRequest, make_engine, runs_profile
+from actors.engine import EngineProfile, GenRequest, make_engine, preload, runs_profile
 from actors.telemetry import GpuSampler
 from cluster.planner import Shard
 from cluster.spec import ModelSpec, TaskSpec
+from cluster.timing import process_started_at, since, utc
 
 RESULT_SCHEMA = pa.schema([
     ("sample_id", pa.string()), ("output_text", pa.string()), ("output_tokens", pa.int32()),
@@ -35,26 +39,46 @@ def shard_profile(shard: Shard) -> EngineProfile:
 
 
 class EvalActor:
-    def __init__(self, model: ModelSpec, model_path: str, num_cpus: float = 1, num_gpus: float = 0,
-                 profile: EngineProfile = EngineProfile()):
-        self.model, self.model_path = model, model_path
+    """A share of a GPU (or CPUs) that runs one engine at a time. Created before its model is chosen: the
+    process starts and imports the engine's libraries (vLLM, torch) while the driver still plans; the
+    scheduler then gives it a model with `start_engine`, and may give it another when that model's work
+    is done (a counted model change)."""
+
+    def __init__(self, requested_at: float, num_cpus: float = 1, num_gpus: float = 0, backends: tuple = ("auto",)):
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self.actor_id, self.node_ip, self.node_id = _identity()
+        # Ray may hand over a worker process it started before this actor was asked for: the clock then
+        # starts at the request, not at the process's birth
+        process_at = max(process_started_at() or requested_at, requested_at)
+        preload(backends)  # the imports every engine start would otherwise pay: once per process
         self.gpu_name = _gpu_name()
         self.gpu = GpuSampler().start()  # one sampler for the actor's life; shards read their own windows
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)  # shards arrive as text
-        self.restarts = 0
+        self._imported_at = time.time()
+        self._first = {"requested_at": requested_at, "process_started_at": utc(process_at),
+                       "process_s": since(requested_at, process_at), "imports_s": since(process_at, self._imported_at)}
+        self.model = self.model_path = self.engine = self.tokenizer = None
+        self.restarts = self.model_changes = self.engine_starts = 0
         self._cv = threading.Condition()
         self._inflight = 0
-        self._starts: list[dict] = []  # engine starts not yet reported to the driver
-        self._start_engine(profile)
+        self._starts: list[dict] = []  # profile restarts not yet reported to the driver
 
-    def startup(self) -> dict:
-        """The telemetry/actors row of the first engine start."""
+    def ready(self) -> dict:
+        """Returns once the process is up and its imports are done."""
+        return {"actor_id": self.actor_id, "node_id": self.node_id, **self._first}
+
+    def start_engine(self, model: ModelSpec, model_path: str, requested_at: float,
+                     profile: EngineProfile = EngineProfile()) -> dict:
+        """Run `model` from now on (closing the engine of another model); returns its telemetry/actors row.
+        The scheduler calls this only while no shard is in flight here."""
         with self._cv:
-            return self._starts.pop(0) if self._starts else {}
+            reason = "first" if self.engine is None and self.model is None else "model"
+            if self.engine is not None:
+                self.engine.close()
+                self.engine = None
+            if reason == "model":
+                self.model_changes += 1
+            self.model, self.model_path = model, model_path
+            return self._start_engine(profile, requested_at, reason)
 
     def run_shard(self, shard: Shard, task: TaskSpec, attempt: int) -> tuple[pa.Table, dict]:
         engine = self._acquire(shard_profile(shard))
@@ -68,7 +92,8 @@ class EvalActor:
     def close(self) -> None:
         """Shut the engine down (vLLM's engine-core process with it) before the actor is killed."""
         self.gpu.stop()
-        self.engine.close()
+        if self.engine is not None:
+            self.engine.close()
 
     def exit(self) -> None:
         """Test hook: die as a crashed engine would."""
@@ -92,20 +117,34 @@ class EvalActor:
             while not runs_profile(self.engine, profile) and self._inflight > 0:
                 self._cv.wait()
             if not runs_profile(self.engine, profile):
+                requested_at = time.time()
                 self.engine.close()
                 self.restarts += 1
-                self._start_engine(profile)
+                self._starts.append(self._start_engine(profile, requested_at, "profile"))
             self._inflight += 1
             return self.engine
 
-    def _start_engine(self, profile: EngineProfile) -> None:
+    def _start_engine(self, profile: EngineProfile, engine_requested_at: float, reason: str) -> dict:
+        requested_at = engine_requested_at
         gpu_fraction = self.num_gpus if self.num_gpus else 1.0
         self.engine = make_engine(self.model, self.model_path, profile, num_threads=max(1, int(self.num_cpus)),
                                   gpu_fraction=gpu_fraction)
-        self._starts.append({"actor_id": self.actor_id, "node_ip": self.node_ip, "node_id": self.node_id,
-                             "gpu_name": self.gpu_name,
-                             "model": self.model.name, "engine": self.engine.kind, "profile": profile.name,
-                             "restart": self.restarts, **self.engine.startup()})
+        ready_at = time.time()
+        # one tokenizer per engine: the engine's own where it has one (vLLM's, the CPU engine's)
+        self.tokenizer = getattr(self.engine, "tokenizer", None) or _load_tokenizer(self.model_path)
+        first, self._first = self._first, {}  # the process and its imports belong to the first start only
+        if first:  # its clock runs from the actor's request; the wait for a model sits between
+            requested_at = first.pop("requested_at")
+            first["waiting_s"] = since(self._imported_at, engine_requested_at)
+        self.engine_starts += 1
+        return {"actor_id": self.actor_id, "node_ip": self.node_ip, "node_id": self.node_id,
+                "gpu_name": self.gpu_name, "model": self.model.name, "engine": self.engine.kind,
+                "profile": profile.name, "start_index": self.engine_starts - 1, "reason": reason,
+                "restart": self.restarts, "model_change": self.model_changes,
+                "requested_at": utc(requested_at), "ready_at": utc(ready_at),
+                "process_started_at": None, "process_s": None, "imports_s": None, "waiting_s": None, **first,
+                "startup_s": since(requested_at, ready_at), "first_token_s": None,  # filled by the driver
+                **self.engine.startup()}
 
     def _run(self, engine, shard: Shard, task: TaskSpec, attempt: int) -> tuple[pa.Table, dict]:
         started_at, started, t0 = datetime.now(timezone.utc), time.perf_counter(), time.time()
@@ -128,11 +167,13 @@ class EvalActor:
                         "finish_reason": g.finish_reason if g else None, "latency_s": g.latency_s if g else None,
                         "ttft_s": g.ttft_s if g else None})
         output_tokens = sum(g.output_tokens for g in generated.values())
+        ttfts = [g.ttft_s for g in generated.values() if g.ttft_s is not None]
         info = engine.startup()
         with self._cv:
             engine_starts, self._starts = self._starts, []
         telemetry = {
-            "shard_id": shard.shard_id, "attempt": attempt, "actor_id": self.actor_id, "node_ip": self.node_ip,
+            "shard_id": shard.shard_id, "model": shard.model, "task": shard.task, "attempt": attempt,
+            "actor_id": self.actor_id, "node_ip": self.node_ip,
             "node_id": self.node_id,
             "gpu_name": self.gpu_name, "engine": engine.kind, "cuda_graphs": info["cuda_graphs"],
             "graph_mode": info["graph_mode"], "profile": shard.profile,
@@ -145,6 +186,10 @@ class EvalActor:
             "engine_batch_mean": (after[1] - before[1]) / steps if steps else None,
             **self.gpu.aggregates(since=t0),  # NVML over this shard's run; None where there is no GPU
             "engine_restarts": self.restarts,
+            # the engine this shard ran on (telemetry/actors start_index) and its first token here: the
+            # driver keeps the earliest as that engine start's first_token_s
+            "engine_start_index": self.engine_starts - 1,
+            "first_token_at": utc(t0 + min(ttfts)) if ttfts else None,
             "started_at": started_at, "finished_at": datetime.now(timezone.utc), "error": None,
             "engine_starts": engine_starts,  # restarts since the last report, for telemetry/actors
             "gpu_samples": [dict(sample, actor_id=self.actor_id, node_id=self.node_id, gpu_name=self.gpu_name)
@@ -188,6 +233,12 @@ def _identity() -> tuple[str, str | None, str | None]:
     except ImportError:
         pass
     return f"local-{os.getpid()}", None, None
+
+
+def _load_tokenizer(model_path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
 
 
 def _gpu_name() -> str | None:

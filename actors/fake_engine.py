@@ -18,10 +18,17 @@ class FakeEngine:
     kind = "fake"
 
     def __init__(self, model: ModelSpec, model_path: str, profile: EngineProfile):
+        import time
+
+        from transformers import AutoTokenizer
+
+        started = time.perf_counter()
         self.profile = profile
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)  # the actor tokenizes shards with it
+        self._init_s = time.perf_counter() - started
 
     def startup(self) -> dict:
-        return {"load_s": None, "compile_s": None, "graph_capture_s": None, "cuda_graphs": False,
+        return {"engine_init_s": self._init_s, "warmup_s": None, "load_s": None, "compile_s": None, "graph_capture_s": None, "cuda_graphs": False,
                 "graph_mode": None, "fallback_reason": None, "chunked_prefill": False,
                 "max_num_batched_tokens": None, "max_num_seqs": None}
 

@@ -34,7 +34,7 @@ class HFEngine:
         started = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-        self._load_s = time.perf_counter() - started
+        self._init_s = time.perf_counter() - started
         self.profile = profile
         self.batch_size = int(model.engine.get("max_num_seqs", DEFAULT_BATCH))  # vLLM's name for the same limit
         self.vocab_size = self.model.config.vocab_size
@@ -44,9 +44,14 @@ class HFEngine:
         self._compiler = None
         self._grammars: dict[str, object] = {}
         self._lock = threading.Lock()  # the actor may call generate from two threads; torch runs one batch at a time
+        started = time.perf_counter()
+        # one short request first: torch's first forward allocates and picks kernels; measured as warmup_s
+        self._generate_batch([GenRequest("warm-up", [1, 2, 3, 4], 0)], SamplingSpec(max_tokens=1), None, started)
+        self._warmup_s = time.perf_counter() - started
 
     def startup(self) -> dict:
-        return {"load_s": self._load_s, "compile_s": None, "graph_capture_s": None, "cuda_graphs": False,
+        return {"engine_init_s": self._init_s, "warmup_s": self._warmup_s,
+                "load_s": self._init_s + self._warmup_s, "compile_s": None, "graph_capture_s": None, "cuda_graphs": False,
                 "graph_mode": None, "fallback_reason": None, "chunked_prefill": False,
                 "max_num_batched_tokens": None, "max_num_seqs": self.batch_size}
 

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import re
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from typing import Sequence
 
 from actors.engine import EngineProfile, GenRequest, GenResult, check_requests
@@ -33,6 +35,23 @@ DEFAULT_MAX_SEQS = 256
 _COMPILE = re.compile(r"torch\.compile (?:takes|took) ([\d.]+) s in total")
 _CAPTURE = re.compile(r"Graph capturing finished in ([\d.]+) secs")
 _MODE = re.compile(r"Capturing CUDA graphs \((?:[^()]*?, )?(FULL|PIECEWISE)\)")
+
+
+def in_process() -> bool:
+    """Whether vLLM's engine core runs in the actor's own process. Spawned (vLLM's default), it is a second
+    process that imports vLLM and torch again before the engine can start. RAYSWEEP_VLLM_INPROC=0 keeps
+    vLLM's default."""
+    return os.environ.get("RAYSWEEP_VLLM_INPROC", "1") != "0"
+
+
+def configure_process() -> None:
+    """Process-wide vLLM settings, set before vLLM is imported (it reads some of them at import)."""
+    # vLLM forks its engine-core process by default; a process that has touched CUDA (a test, the
+    # benchmark, NVML-then-torch in an actor) cannot fork one that works. vLLM forces spawn in Ray
+    # actors itself; this makes every caller the same.
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    # the engine core in this process: no second process, no second import of vLLM (see in_process)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process() else "1"
 
 
 def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float) -> dict:
@@ -60,6 +79,7 @@ class VllmEngine:
     kind = "vllm"
 
     def __init__(self, model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float = 1.0):
+        configure_process()
         try:
             import vllm  # noqa: F401
         except ImportError as e:
@@ -67,23 +87,22 @@ class VllmEngine:
         self.profile = profile
         self.args = engine_args(model, model_path, profile, gpu_fraction)
         self._fallback_reason: str | None = None
-        # vLLM forks its engine-core process by default; a process that has touched CUDA (a test, the
-        # benchmark, NVML-then-torch in an actor) cannot fork one that works. vLLM forces spawn in Ray
-        # actors itself; this makes every caller the same.
-        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         self._tee = _Tee.install()
         mark = self._tee.mark()
         started = time.perf_counter()
-        # the start-up report read below (compile and capture times) is logged at INFO by the engine-core
-        # process: keep that level for the process vLLM spawns, whatever VLLM_LOGGING_LEVEL says here
+        # the start-up report read below (compile and capture times) is logged at INFO by the engine core
+        # (a spawned process, or this one): keep that level for it, whatever VLLM_LOGGING_LEVEL says here
         level = os.environ.get("VLLM_LOGGING_LEVEL")
-        os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
+        os.environ["VLLM_LOGGING_LEVEL"] = "INFO"  # read by a spawned engine core as it starts
         try:
-            self.llm = self._start()
+            with _info_logs():  # an in-process engine core logs through this process's vllm logger
+                self.llm = self._start()
         finally:
             _restore_env("VLLM_LOGGING_LEVEL", level)
+        self._init_s = time.perf_counter() - started
         self._warm_up()
         self._load_s = time.perf_counter() - started
+        self._warmup_s = self._load_s - self._init_s
         self._report = self._tee.text_since(mark)
         self.tokenizer = self.llm.get_tokenizer()
         self._inbox: queue.Queue = queue.Queue()
@@ -114,7 +133,8 @@ class VllmEngine:
         modes = sorted(set(_MODE.findall(self._report)))
         compile_s = _last_float(_COMPILE, self._report)
         sched = self.llm.llm_engine.vllm_config.scheduler_config
-        return {"load_s": self._load_s, "compile_s": compile_s,
+        return {"engine_init_s": self._init_s, "warmup_s": self._warmup_s, "load_s": self._load_s,
+                "compile_s": compile_s, "engine_core": "in-process" if in_process() else "spawned",
                 "graph_capture_s": _last_float(_CAPTURE, self._report),
                 "cuda_graphs": bool(modes) and self._fallback_reason is None,
                 "graph_mode": "_AND_".join(modes) if modes else "NONE",  # FULL_AND_PIECEWISE, as vLLM names it
@@ -137,8 +157,10 @@ class VllmEngine:
         self._thread.join(timeout=60)
         core = getattr(self.llm.llm_engine, "engine_core", None)
         if core is not None:
-            core.shutdown()  # the engine-core process holds the GPU memory; a profile switch needs it back
+            core.shutdown()  # the engine core holds the GPU memory; a profile or model switch needs it back
         self.llm = None
+        if in_process():
+            _release_in_process_memory()
 
     @staticmethod
     def _params(req: GenRequest, sampling: SamplingSpec, structured: StructuredSpec | None):
@@ -286,3 +308,35 @@ class _Tee:
         with self._lock:
             start = max(0, mark - self._dropped)
             return bytes(self._buffer[start:]).decode("utf-8", errors="replace")
+
+
+@contextmanager
+def _info_logs():
+    """The `vllm` logger and its handlers at INFO for a while (they were set up at import, from
+    VLLM_LOGGING_LEVEL), so the start-up report is written whatever level the user chose."""
+    logger = logging.getLogger("vllm")
+    saved = [(obj, obj.level) for obj in (logger, *logger.handlers)]
+    for obj, _ in saved:
+        obj.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for obj, level in saved:
+            obj.setLevel(level)
+
+
+def _release_in_process_memory() -> None:
+    """With the engine core in this process, its model and KV cache are this process's CUDA memory and
+    vLLM's distributed state is this process's: both must go before the next engine starts here."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    try:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+    except ImportError:  # a vLLM without it: freeing the cached blocks is what is left to do
+        cleanup_dist_env_and_memory = None
+    if cleanup_dist_env_and_memory is not None:
+        cleanup_dist_env_and_memory()
+    torch.cuda.empty_cache()

@@ -1,5 +1,6 @@
-"""Where actors go: the Ray resources each actor asks for, and the capacity the driver asks the
-autoscaler for up front (`ray.autoscaler.sdk.request_resources`), released when the model is done.
+"""Where actors go: the Ray resources each actor asks for, whether any node can hold one, how many the
+cluster can hold, and the capacity the driver asks the autoscaler for up front
+(`ray.autoscaler.sdk.request_resources`), released when the sweep is done.
 
 - GPUs: `actors.num_gpus` per actor where the cluster has GPUs now, or where the spec names an
   `accelerator_type` (an autoscaled GPU group may be at zero nodes); otherwise the actors run on CPUs.
@@ -8,10 +9,16 @@ autoscaler for up front (`ray.autoscaler.sdk.request_resources`), released when 
 
 from __future__ import annotations
 
+import math
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from cluster.spec import ActorSpec
+
+class PlacementError(ValueError):
+    """No node of the cluster (present, or one the autoscaler may start) can hold one actor."""
+
 
 ACCELERATOR_SHARE = 0.001  # how Ray itself asks for an accelerator type: a sliver of the node's marker resource
 
@@ -43,6 +50,89 @@ def actor_resources(actors: ActorSpec, cluster_resources: dict) -> ActorResource
     wants_gpus = actors.accelerator_type is not None or cluster_resources.get("GPU", 0) > 0
     return ActorResources(num_cpus=actors.num_cpus, num_gpus=actors.num_gpus if wants_gpus else 0.0,
                           accelerator_type=actors.accelerator_type)
+
+
+def node_shapes(bundle: dict) -> tuple[list[dict], bool]:
+    """The total resources of every alive node; where none of them can hold `bundle`, also one entry per
+    node type the autoscaler may start (read only then: it costs a task on the head node). And whether
+    an autoscaler config was found."""
+    import ray
+
+    alive = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+    if any(fits(bundle, node) for node in alive):
+        return alive, False
+    types = ray.get(_autoscaler_node_types().options(num_cpus=0, resources={"node:__internal_head__": 0.001}).remote())
+    return alive + types, bool(types)
+
+
+def fits(bundle: dict, node: dict) -> int:
+    """How many actors of `bundle` one node of these total resources holds."""
+    counts = [math.floor(node.get(key, 0.0) / need + 1e-9) for key, need in bundle.items() if need > 0]
+    return min(counts) if counts else 0
+
+
+def check_placeable(resources: ActorResources, models: list[str]) -> None:
+    bundle = resources.bundle()
+    shapes, _ = node_shapes(bundle)
+    if not any(fits(bundle, node) for node in shapes):
+        largest = max(shapes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
+        shown = {k: v for k, v in largest.items() if k in ("CPU", "GPU") or k.startswith("accelerator_type")}
+        raise PlacementError(f"models {', '.join(models)}: an actor needs {_show(bundle)} (actors: in the spec), "
+                             f"and no node of the cluster{' or its autoscaler' if len(shapes) else ''} "
+                             f"has that; the largest has {_show(shown)}")
+
+
+def slot_capacity(resources: ActorResources) -> int | None:
+    """Actors the cluster can hold at once: None (no bound) where an autoscaler can add nodes, else what
+    the alive nodes hold. The scheduler starts no more actors than this."""
+    shapes, autoscaled = node_shapes(resources.bundle())
+    if autoscaled:
+        return None
+    return max(1, sum(fits(resources.bundle(), node) for node in shapes))
+
+
+def _show(resources: dict) -> str:
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
+
+
+def _read_node_types() -> list[dict]:
+    """Runs on the head node: the `available_node_types` of the config its autoscaler was started with
+    (Ray 2.60 has no API that returns them): the `--autoscaling-config` of the monitor process, or the
+    cluster launcher's ~/ray_bootstrap_config.yaml. [] where there is no autoscaler."""
+    import glob
+
+    import yaml
+
+    paths = []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(cmdline, "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(a.endswith("monitor.py") for a in args):
+            paths += [a.split("=", 1)[1] for a in args if a.startswith("--autoscaling-config=")]
+    paths.append(os.path.expanduser("~/ray_bootstrap_config.yaml"))
+    for path in paths:
+        try:
+            with open(path) as f:
+                types = (yaml.safe_load(f) or {}).get("available_node_types") or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        return [dict(t.get("resources") or {}) for t in types.values() if t.get("max_workers", 1) != 0]
+    return []
+
+
+def _autoscaler_node_types():
+    import ray
+
+    global _autoscaler_node_types_remote
+    if _autoscaler_node_types_remote is None:
+        _autoscaler_node_types_remote = ray.remote(_read_node_types)
+    return _autoscaler_node_types_remote
+
+
+_autoscaler_node_types_remote = None
 
 
 @contextmanager

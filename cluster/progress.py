@@ -18,6 +18,10 @@ class LogProgress:
         self.total, self.log, self.every_s = total, log, every_s
         self.done, self.started, self.last = 0, time.perf_counter(), 0.0
 
+    def grow(self, n: int) -> None:
+        """More samples planned (planning runs while the first shards do)."""
+        self.total += n
+
     def add(self, n: int, shard_id: str) -> None:
         self.done += n
         now = time.perf_counter()
@@ -49,6 +53,10 @@ class BarProgress:
 
     def log(self, line: str) -> None:
         self.bar.write(line, file=self.stream)
+
+    def grow(self, n: int) -> None:
+        self.bar.total += n
+        self.bar.refresh()
 
     def add(self, n: int, shard_id: str) -> None:
         self.done += n

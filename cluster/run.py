@@ -1,10 +1,11 @@
-"""One sweep, end to end, on a Ray cluster that is already connected (jobs/ calls ray.init):
+"""One sweep, end to end, on a Ray cluster that is connected (jobs/ calls ray.init), or still starting:
 
-1. preflight: resolve every model, load its tokenizer, load and check every task's data and
-   structured spec, plan shards (prompts measured in tokens) — all before any actor is started;
-2. open the output: committed shards of an earlier run of the same spec are skipped;
-3. per model: start its actors, fan its shards out, score and commit each result as it arrives;
-4. write telemetry and the summary; report failed shards.
+1. preflight and planning (cluster/preflight.py): checks first, then each task's plan as it is made;
+2. the output is opened: committed shards of an earlier run of the same spec are skipped;
+3. one scheduler over every model (cluster/scheduler.py) starts actors once the models are checked,
+   gives them models, and fans each task's shards out as soon as it is planned; each result is
+   scored and committed as it arrives;
+4. telemetry, the run's timeline (manifest `runs`) and the summary are written; failures reported.
 """
 
 from __future__ import annotations
@@ -16,20 +17,17 @@ from typing import Callable
 import pyarrow as pa
 import ray
 
-from cluster.builtin_model import resolve_model_path
-from cluster.data import TaskData, load_task
 from cluster.metrics import SweepMetrics
-from cluster.placement import actor_resources, requested_capacity
-from cluster.planner import TaskPlan, plan_task
+from cluster.placement import actor_resources, check_placeable, requested_capacity, slot_capacity
+from cluster.planner import TaskPlan
+from cluster.preflight import ModelPlan, ModelReady, PlanSource, PreflightFailure, preflight  # noqa: F401
 from cluster.progress import make_progress
-from cluster.scheduler import Job, SchedulerEvents, ShardScheduler
+from cluster.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
 from cluster.scoring import scorer_for
 from cluster.sink import ResultSink
 from cluster.spec import ModelSpec, SweepSpec
-from cluster.staging import StagingFolder
-from cluster.structured import check as check_structured
 from cluster.structured import is_valid
-from cluster.token_cache import TokenCache
+from cluster.timing import RunClock
 
 MIN_SHARDS_IN_FLIGHT, MAX_SHARDS_IN_FLIGHT = 2, 8
 
@@ -49,17 +47,6 @@ def shards_in_flight(spec: SweepSpec, model: ModelSpec) -> int:
     return max(MIN_SHARDS_IN_FLIGHT, min(MAX_SHARDS_IN_FLIGHT, wanted))
 
 
-class PreflightFailure(ValueError):
-    """Raised before any actor starts; the message names the model, task, file or field."""
-
-
-@dataclass
-class ModelPlan:
-    model: ModelSpec
-    path: str  # resolved local path (builtin models built)
-    tasks: list[TaskPlan]
-
-
 @dataclass
 class SweepReport:
     output: str
@@ -70,106 +57,50 @@ class SweepReport:
     gpu_samples: int = 0  # NVML readings in telemetry/gpu.parquet from this run
     shards_run: int = 0
     shards_skipped: int = 0  # committed by an earlier run
-
-
-def preflight(spec: SweepSpec, strict: bool = True) -> list[ModelPlan]:
-    """Everything that can be checked before an actor starts. `strict=False` (for `raysweep plan`)
-    counts prompts over the length limit instead of refusing them."""
-    data: list[TaskData] = []
-    for task in spec.tasks:
-        if task.structured is not None:
-            try:
-                check_structured(task.structured)
-            except ValueError as e:
-                raise PreflightFailure(f"{spec.source}: tasks.{task.name}.structured.{e}") from None
-        data.append(load_task(spec, task))
-    plans = []
-    staging = StagingFolder()  # rendered prompts on local disk until their shards are dispatched
-    for model in spec.models:
-        path, tokenizer, max_len = _load_model_meta(model)
-        _compile_for(model, tokenizer, spec)
-        cache = TokenCache(tokenizer)
-        plans.append(ModelPlan(model, path, [plan_task(model, d, tokenizer, max_len, spec.shards, cache, strict,
-                                                       staging) for d in data]))
-    return plans
-
-
-def _compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
-    """Compile each structured spec once against this model's tokenizer, as the engines will."""
-    structured = [t for t in spec.tasks if t.structured is not None]
-    if not structured:
-        return
-    import xgrammar as xgr
-
-    from cluster.structured import to_grammar
-
-    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer), max_threads=1)
-    for task in structured:
-        try:
-            compiler.compile_grammar(to_grammar(task.structured))
-        except Exception as e:  # xgrammar's own error types; the message is what matters
-            raise PreflightFailure(f"task {task.name}: structured output does not compile for model "
-                                   f"{model.name}: {str(e).strip().splitlines()[-1]}") from None
-
-
-def _load_model_meta(model: ModelSpec):
-    from transformers import AutoConfig, AutoTokenizer
-
-    try:
-        path = resolve_model_path(model.path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        config = AutoConfig.from_pretrained(path)
-    except Exception as e:  # OSError, ValueError, hub errors: all mean "this model cannot be loaded"
-        raise PreflightFailure(f"model {model.name}: cannot load {model.path!r}: {str(e).splitlines()[0]}") from None
-    max_len = model.engine.get("max_model_len") or getattr(config, "max_position_embeddings", None)
-    return path, tokenizer, max_len
+    model_changes: int = 0  # actors that went from one model to another
 
 
 @dataclass
 class Prepared:
-    """A sweep that passed preflight, with its output opened and locked; no Ray needed to get here."""
+    """A sweep with its output opened and locked, and its plans coming (or made); no Ray needed here."""
     spec: SweepSpec
-    plans: list[ModelPlan]
+    plans: PlanSource
     sink: ResultSink
     output: str
 
 
-def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False) -> Prepared:
-    plans = preflight(spec)
+def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, background: bool = False) -> Prepared:
+    """`background=False`: every check and plan made now, so any bad input raises here. `True`: the
+    output is opened now and planning runs on a thread while Ray and the actors start."""
     out = output or spec.output
-    return Prepared(spec, plans, ResultSink(out, spec, new_run=new_run), out)
+    sink = ResultSink(out, spec, new_run=new_run)
+    try:
+        plans = PlanSource(spec, background=background)
+    except BaseException:
+        sink.close()
+        raise
+    return Prepared(spec, plans, sink, out)
 
 
 def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts: int = 3,
-            progress_bar: bool | None = None) -> SweepReport:
+            progress_bar: bool | None = None, clock: RunClock | None = None) -> SweepReport:
     """Run what is not committed yet on the connected Ray cluster; releases the output's lock.
     `progress_bar`: a bar (True), log lines (False), or a bar only when stdout is a terminal (None)."""
     started = time.perf_counter()
-    spec, plans, sink = prepared.spec, prepared.plans, prepared.sink
-    with sink:
-        done = sink.committed()
-        all_ids = [s.shard_id for mp in plans for tp in mp.tasks for s in tp.shards]
-        sink.plan(all_ids)
-        report = SweepReport(output=prepared.output, summary=pa.table({}), shards_skipped=len(done & set(all_ids)))
-        if report.shards_skipped:
-            log(f"[raysweep] resuming: {report.shards_skipped} of {len(all_ids)} shards already committed")
-        progress = make_progress(sum(s.n_samples for mp in plans for tp in mp.tasks for s in tp.shards
-                                     if s.shard_id not in done), log, progress_bar)
-        metrics = SweepMetrics(spec.name)
+    clock = clock or RunClock(time.time())
+    with prepared.sink as sink:
+        run = _Run(prepared, sink, log, progress_bar, clock)
         try:
-            for mp in plans:
-                jobs = [Job(s, tp.task) for tp in mp.tasks for s in tp.shards if s.shard_id not in done]
-                if jobs:
-                    _run_model(spec, mp, jobs, sink, progress, metrics, max_attempts)
-                    report.shards_run += len(jobs)
+            run.schedule(max_attempts)
         finally:  # what was measured before a failure is kept
-            progress.close()
-            metrics.close()
-            report.summary = sink.finish()
-        report.failed = sink.failed()
-        report.gpu_samples = sink.gpu_samples
-    report.samples, report.wall_s = progress.done, time.perf_counter() - started
-    return report
+            run.progress.close()
+            run.metrics.close()
+            sink.add_run(clock.record())
+            run.report.summary = sink.finish()
+        run.report.failed = sink.failed()
+        run.report.gpu_samples = sink.gpu_samples
+    run.report.samples, run.report.wall_s = run.progress.done, time.perf_counter() - started
+    return run.report
 
 
 def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], None] = print,
@@ -177,55 +108,117 @@ def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], N
     return execute(prepare(spec, output, new_run), log=log, max_attempts=max_attempts)
 
 
-def _run_model(spec: SweepSpec, mp: ModelPlan, jobs: list[Job], sink: ResultSink, progress,
-               metrics: SweepMetrics, max_attempts: int) -> None:
-    from actors.evaluator import EvalActor
+class _Run:
+    """One execution: the plans fed to the scheduler, its events into the sink, metrics and progress."""
 
-    resources = actor_resources(spec.actors, ray.cluster_resources())
-    remote = ray.remote(EvalActor)
-    namespace = f"raysweep-{spec.name}"
+    def __init__(self, prepared: Prepared, sink: ResultSink, log, progress_bar, clock: RunClock):
+        self.spec, self.plans, self.sink, self.log, self.clock = prepared.spec, prepared.plans, sink, log, clock
+        self.done = sink.committed()
+        self.report = SweepReport(output=prepared.output, summary=pa.table({}))
+        self.progress = make_progress(0, log, progress_bar)  # the total grows as tasks are planned
+        self.metrics = SweepMetrics(self.spec.name)
+        self.models = {m.name: m for m in self.spec.models}
+        self.engine_rows: dict[tuple, dict] = {}  # (actor_id, start_index) -> its telemetry/actors row
+        self.n_shards = 0
 
-    depth = shards_in_flight(spec, mp.model)
+    def schedule(self, max_attempts: int) -> None:
+        from actors.evaluator import EvalActor
 
-    def spawn(n: int):
-        # max_concurrency = shards in flight per actor: a streaming engine admits the next one early
-        return remote.options(name=f"raysweep:{spec.name}:{mp.model.name}:{n}", namespace=namespace,
-                              max_restarts=0, max_concurrency=depth, **resources.options()).remote(
-            mp.model, mp.path, resources.num_cpus, resources.num_gpus)
+        spec = self.spec
+        resources = actor_resources(spec.actors, ray.cluster_resources())
+        check_placeable(resources, [m.name for m in spec.models])
+        depth = max(shards_in_flight(spec, m) for m in spec.models)
+        remote = ray.remote(EvalActor)
+        backends = tuple(sorted({m.backend for m in spec.models}))
 
-    model = mp.model.name
+        def spawn(n: int, requested_at: float):
+            # max_concurrency above the shards in flight: the next shard is admitted early, and
+            # start_engine / close calls are never queued behind shards
+            return remote.options(name=f"raysweep:{spec.name}:{n}", namespace=f"raysweep-{spec.name}",
+                                  max_restarts=0, max_concurrency=depth + 2, **resources.options()).remote(
+                requested_at, resources.num_cpus, resources.num_gpus, backends)
 
-    def on_result(job: Job, table: pa.Table, telemetry: dict) -> None:
-        metrics.returned(model, job.task.name)
-        scored = _score(spec, mp.model, job, table)
-        sink.commit(job.shard.shard_id, model, job.task.name, job.shard.index, scored, job.attempt)
+        events = SchedulerEvents(on_result=self.on_result, on_failed=self.on_failed,
+                                 on_attempt_failed=self.on_attempt_failed, on_actor_started=self.add_engine_row,
+                                 on_dispatched=lambda job: self.metrics.dispatched(job.shard.model, job.task.name))
+        capacity = slot_capacity(resources)
+        self.scheduler = SweepScheduler(spawn, events, capacity=capacity, max_attempts=max_attempts,
+                                        start_one_by_one=0 < resources.num_gpus < 1)
+        wanted = sum(spec.actors.count for _ in spec.models)
+        with requested_capacity(resources, wanted if capacity is None else min(wanted, capacity)):
+            self.scheduler.run(self.feed)
+        self.report.model_changes = self.scheduler.model_changes
+
+    def feed(self, timeout_s: float) -> bool:
+        """Hand what planning produced to the scheduler; True once planning is over."""
+        for event in self.plans.take(timeout_s):
+            if isinstance(event, ModelReady):
+                model, path = event.model, event.path
+                self.scheduler.add_model(ModelWork(
+                    model.name, self.spec.actors.count, shards_in_flight(self.spec, model),
+                    start=lambda handle, at, model=model, path=path: handle.start_engine.remote(model, path, at)))
+            else:
+                self.add_plan(event)
+        if self.plans.done:
+            self.clock.marks.setdefault("planning", self.plans.finished_at)
+            if self.report.shards_skipped:
+                self.log(f"[raysweep] resuming: {self.report.shards_skipped} of {self.n_shards} shards "
+                         "already committed")
+        return self.plans.done
+
+    def add_plan(self, plan: TaskPlan) -> None:
+        ids = [s.shard_id for s in plan.shards]
+        self.sink.plan(ids)
+        self.n_shards += len(ids)
+        jobs = [Job(s, plan.task) for s in plan.shards if s.shard_id not in self.done]
+        self.report.shards_skipped += len(ids) - len(jobs)
+        self.report.shards_run += len(jobs)
+        self.progress.grow(sum(job.shard.n_samples for job in jobs))
+        self.scheduler.add_jobs(jobs)
+
+    def add_engine_row(self, row: dict) -> None:
+        if row:
+            self.engine_rows[(row["actor_id"], row["start_index"])] = row
+            self.sink.add_telemetry("actors", row)
+
+    def on_result(self, job: Job, table: pa.Table, telemetry: dict) -> None:
+        model, task = job.shard.model, job.task.name
+        self.clock.mark("first_result", once=True)
+        self.metrics.returned(model, task)
+        scored = _score(self.spec, self.models[model], job, table)
+        self.sink.commit(job.shard.shard_id, model, task, job.shard.index, scored, job.attempt)
+        self.clock.mark("last_result")
         for start in telemetry.pop("engine_starts"):
-            sink.add_telemetry("actors", start)
+            self.add_engine_row(start)
+        self._first_token(telemetry)
         for sample in telemetry.pop("gpu_samples"):
-            sink.add_telemetry("gpu", sample)
-            metrics.gpu_reading(model, sample)
-        sink.add_telemetry("shards", telemetry)
-        metrics.committed(model, job.task.name, telemetry)
-        progress.add(job.shard.n_samples, job.shard.shard_id)
+            self.sink.add_telemetry("gpu", sample)
+            self.metrics.gpu_reading(model, sample)
+        self.sink.add_telemetry("shards", telemetry)
+        self.metrics.committed(model, task, telemetry)
+        self.progress.add(job.shard.n_samples, job.shard.shard_id)
 
-    def on_attempt_failed(job: Job, error: str) -> None:
-        metrics.returned(model, job.task.name)
-        metrics.attempt_failed(model, job.task.name)
-        sink.add_telemetry("shards", {"shard_id": job.shard.shard_id, "attempt": job.attempt, "error": error})
-        progress.log(f"[raysweep] shard {job.shard.shard_id} attempt {job.attempt} failed: {error}")
+    def _first_token(self, telemetry: dict) -> None:
+        """The earliest first token seen on an engine is its start's first_token_s."""
+        first = telemetry.pop("first_token_at")
+        row = self.engine_rows.get((telemetry["actor_id"], telemetry.pop("engine_start_index")))
+        if first is not None and row is not None and row.get("ready_at") is not None:
+            seconds = max(0.0, (first - row["ready_at"]).total_seconds())
+            if row["first_token_s"] is None or seconds < row["first_token_s"]:
+                row["first_token_s"] = seconds
 
-    def on_failed(job: Job) -> None:
-        metrics.shard_failed(model, job.task.name)
-        sink.fail(job.shard.shard_id, job.errors)
-        progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED after {job.attempt} attempts")
+    def on_attempt_failed(self, job: Job, error: str) -> None:
+        self.metrics.returned(job.shard.model, job.task.name)
+        self.metrics.attempt_failed(job.shard.model, job.task.name)
+        self.sink.add_telemetry("shards", {"shard_id": job.shard.shard_id, "model": job.shard.model,
+                                           "task": job.task.name, "attempt": job.attempt, "error": error})
+        self.progress.log(f"[raysweep] shard {job.shard.shard_id} attempt {job.attempt} failed: {error}")
 
-    events = SchedulerEvents(on_result=on_result, on_failed=on_failed, on_attempt_failed=on_attempt_failed,
-                             on_actor_started=lambda row: row and sink.add_telemetry("actors", row),
-                             on_dispatched=lambda job: metrics.dispatched(model, job.task.name))
-    n_actors = min(spec.actors.count, len(jobs))
-    with requested_capacity(resources, n_actors):
-        ShardScheduler(spawn, n_actors, events, max_attempts=max_attempts, depth=depth,
-                       start_one_by_one=0 < resources.num_gpus < 1).run(jobs)
+    def on_failed(self, job: Job) -> None:
+        self.metrics.shard_failed(job.shard.model, job.task.name)
+        self.sink.fail(job.shard.shard_id, job.errors)
+        self.progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED after {job.attempt} attempt(s): "
+                          f"{job.errors[-1]}")
 
 
 def _score(spec: SweepSpec, model: ModelSpec, job: Job, table: pa.Table) -> pa.Table:

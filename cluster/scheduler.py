@@ -1,14 +1,23 @@
-"""Fans shards out over a pool of Ray actors and collects them as they finish (`ray.wait`).
+"""One scheduler over the whole sweep (DESIGN §4): every model's shards on one set of actors.
 
-Each actor is kept `depth` shards deep, so it starts the next shard the moment it finishes one and a
-slow shard never idles the others. Shards are routed by engine profile: an actor keeps taking shards of
-the profile its engine runs, and changes profile (an engine restart) only when none of those are left
-and it has nothing in flight. A shard whose actor dies is retried on a fresh actor; a shard that raises
-is retried; after `max_attempts` it is reported as failed and the sweep goes on.
+1. Actors are GPU shares, started before their model is chosen: their processes start and import vLLM
+   while the driver still plans. There are as many as the models with work left allow (each model's
+   `actors.count` is a per-model maximum; they add up), bounded by what the cluster can hold.
+2. An actor whose imports are done is given the model with the most samples left per actor among those
+   below their maximum. When its model has no shards left and none in flight, it is given another model
+   with work (a model change: a new engine, counted in telemetry), or released once planning is over.
+3. Within a model, shards are routed by engine profile: an actor keeps taking shards of the profile its
+   engine runs, and changes profile (an engine restart) only when none are left and nothing is in flight.
+   Each actor is kept `depth` shards deep, so a streaming engine never waits for its slowest shard.
+4. Shards arrive while planning goes on (`feed`): a task's shards go out as soon as it is planned.
+5. Failures: a shard that raises is retried, up to `max_attempts`; an actor that dies is replaced and its
+   shards retried; an engine that cannot start fails its model's shards with the engine's own error, and
+   the other models go on. Engines sharing a GPU start one at a time (each sizes its memory at start).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -21,7 +30,7 @@ from cluster.spec import TaskSpec
 
 
 class ActorStartError(RuntimeError):
-    """An actor died while starting its engine; the message carries the engine's own error."""
+    """An actor could not start at all (its imports failed); the message carries the error."""
 
 
 @dataclass
@@ -33,30 +42,27 @@ class Job:
 
 
 @dataclass
-class _Slot:
-    handle: Any
-    number: int  # the n in the actor's name
-    inflight: int = 0
-    profile: str | None = None  # the profile of the last shard sent: what its engine runs now
-    ready: bool = False  # its engine has started; shards go only to ready actors (one Ray cannot place
-    # yet, e.g. no free GPU, must not hold shards hostage)
+class ModelWork:
+    """One model as the scheduler sees it."""
+    name: str
+    max_actors: int  # actors that may run it at once
+    depth: int  # shards in flight per actor
+    start: Callable[[Any, float], Any]  # (actor handle, requested_at) -> ref of its engine start row
+    queues: dict[str, deque] = field(default_factory=dict)  # shards waiting, one queue per profile
+    assigned: int = 0  # actors running or starting it
+    failed: str | None = None  # the engine's error, if it could not start
 
+    def add(self, job: Job, first: bool = False) -> None:
+        queue = self.queues.setdefault(job.shard.profile, deque())
+        queue.appendleft(job) if first else queue.append(job)  # retries go first
 
-class _Pending:
-    """Shards waiting, one queue per profile, each in the order given (retries go first)."""
-
-    def __init__(self, jobs: list[Job]):
-        self.queues: dict[str, deque] = {}
-        for job in jobs:
-            self.queues.setdefault(job.shard.profile, deque()).append(job)
+    def samples_left(self) -> int:
+        return sum(job.shard.n_samples for q in self.queues.values() for job in q)
 
     def __bool__(self) -> bool:
         return any(self.queues.values())
 
-    def retry(self, job: Job) -> None:
-        self.queues.setdefault(job.shard.profile, deque()).appendleft(job)
-
-    def take(self, slot: _Slot, slots: list[_Slot]) -> Job | None:
+    def take(self, slot: "_Slot", others: list["_Slot"]) -> Job | None:
         same = self.queues.get(slot.profile)
         if same:
             return same.popleft()
@@ -65,133 +71,225 @@ class _Pending:
         left = [p for p, q in self.queues.items() if q]
         if not left:
             return None
-        served = {s.profile for s in slots if s is not slot}
-        # a profile no other actor runs, else the longest queue
-        profile = min(left, key=lambda p: (p in served, -len(self.queues[p])))
+        served = {s.profile for s in others if s is not slot and s.model == self.name}
+        profile = min(left, key=lambda p: (p in served, -len(self.queues[p])))  # unserved, else the longest
         return self.queues[profile].popleft()
+
+
+@dataclass
+class _Slot:
+    handle: Any
+    number: int  # the n in the actor's name
+    state: str = "importing"  # importing | idle | starting | running
+    model: str | None = None  # the model its engine runs (or is starting)
+    inflight: int = 0
+    profile: str | None = None  # the profile of the last shard sent: what its engine runs now
 
 
 @dataclass
 class SchedulerEvents:
     """What the scheduler reports; the sink and progress reporting subscribe."""
     on_result: Callable[[Job, Any, dict], None]  # (job, results table, telemetry row)
-    on_failed: Callable[[Job], None]  # every attempt failed; job.errors says why
+    on_failed: Callable[[Job], None]  # every attempt failed, or its model's engine could not start
     on_attempt_failed: Callable[[Job, str], None] = lambda job, error: None
-    on_actor_started: Callable[[dict], None] = lambda row: None
+    on_actor_started: Callable[[dict], None] = lambda row: None  # an engine started: its telemetry row
     on_dispatched: Callable[[Job], None] = lambda job: None  # sent to an actor; comes back as one of the above
 
 
-class ShardScheduler:
-    def __init__(self, spawn: Callable[[int], Any], n_actors: int, events: SchedulerEvents,
-                 max_attempts: int = 3, depth: int = 2, start_one_by_one: bool = False):
-        if n_actors < 1 or max_attempts < 1 or depth < 1:
-            raise ValueError("n_actors, max_attempts and depth must be >= 1")
-        self.spawn, self.n_actors, self.events = spawn, n_actors, events
-        self.max_attempts, self.depth = max_attempts, depth
+class SweepScheduler:
+    def __init__(self, spawn: Callable[[int, float], Any], events: SchedulerEvents, capacity: int | None = None,
+                 max_attempts: int = 3, start_one_by_one: bool = False):
+        if max_attempts < 1 or (capacity is not None and capacity < 1):
+            raise ValueError("max_attempts and capacity must be >= 1")
+        self.spawn, self.events, self.capacity, self.max_attempts = spawn, events, capacity, max_attempts
         self.start_one_by_one = start_one_by_one  # engines sharing a GPU must not size their memory at once
-        self.actors_started = 0
-        self.actor_deaths = 0
+        self.models: dict[str, ModelWork] = {}
+        self.slots: list[_Slot] = []
+        self.inflight: dict[Any, tuple[str, Job | None, _Slot]] = {}
+        self.actors_started = self.actor_deaths = self.model_changes = 0
+        self._most_slots = 1
 
-    def run(self, jobs: list[Job]) -> None:
-        pending = _Pending(jobs)
-        slots: list[_Slot] = []
-        inflight: dict[Any, tuple[str, Any, _Slot]] = {}
+    # -- what planning hands in ------------------------------------------------------------------------
+    def add_model(self, model: ModelWork) -> None:
+        self.models[model.name] = model
+
+    def add_jobs(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            model = self.models[job.shard.model]
+            if model.failed:
+                self._fail(job, model.failed)
+            else:
+                model.add(job)
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def run(self, feed: Callable[[float], bool]) -> None:
+        """`feed(timeout_s)` adds what planning produced (waiting up to timeout_s for it) and returns
+        True once planning is over."""
+        planning = True
         try:
-            for _ in range(min(self.n_actors, len(jobs))):
-                if self.start_one_by_one:
-                    slots.append(self._start_and_wait())
-                else:
-                    slots.append(slot := self._start())
-                    inflight[slot.handle.startup.remote()] = ("startup", None, slot)
-            while pending or any(kind == "shard" for kind, _, _ in inflight.values()):
-                for slot in slots:
-                    while slot.ready and slot.inflight < self.depth and (job := pending.take(slot, slots)) is not None:
-                        inflight[slot.handle.run_shard.remote(job.shard, job.task, job.attempt)] = ("shard", job, slot)
-                        slot.inflight += 1
-                        slot.profile = job.shard.profile
-                        self.events.on_dispatched(job)
-                [ref], _ = ray.wait(list(inflight), num_returns=1)
-                kind, job, slot = inflight.pop(ref)
-                self._collect(ref, kind, job, slot, slots, pending, inflight)
+            while True:
+                if planning:
+                    planning = not feed(0.0 if self.inflight else 0.05)
+                self._grow(planning)
+                self._assign(planning)
+                self._dispatch()
+                if not planning and not self._work_left():
+                    return
+                if not self.inflight:
+                    if not planning and not self.slots:
+                        raise RuntimeError("shards are left but no actor can be started for them")
+                    continue
+                ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=0.05 if planning else None)
+                for ref in ready:
+                    kind, job, slot = self.inflight.pop(ref)
+                    self._collect(ref, kind, job, slot)
         finally:
-            self._shutdown(slots)
+            self._shutdown()
 
-    @staticmethod
-    def _shutdown(slots: list[_Slot], timeout_s: float = 120) -> None:
-        """Close engines first (a killed actor would orphan vLLM's engine-core process and its GPU
-        memory), then kill the actors; an actor already dead or stuck is just killed."""
-        refs = [slot.handle.close.remote() for slot in slots if slot.ready]  # one never placed has no engine
-        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        for slot in slots:
-            ray.kill(slot.handle)
+    def _work_left(self) -> bool:
+        return any(m and not m.failed for m in self.models.values()) or any(
+            kind == "shard" for kind, _, _ in self.inflight.values())
 
-    def _collect(self, ref, kind: str, job: Job | None, slot: _Slot, slots: list[_Slot],
-                 pending: _Pending, inflight: dict) -> None:
+    def _wanted(self, planning: bool) -> int:
+        """Actors the work left can use: per model up to its maximum (while it plans, its maximum)."""
+        wanted = 0
+        for m in self.models.values():
+            if m.failed:
+                continue
+            shards = sum(len(q) for q in m.queues.values()) + sum(
+                1 for kind, job, _ in self.inflight.values() if kind == "shard" and job.shard.model == m.name)
+            wanted += m.max_actors if planning else min(m.max_actors, shards)
+        return wanted if self.capacity is None else min(wanted, self.capacity)
+
+    def _grow(self, planning: bool) -> None:
+        wanted = self._wanted(planning)
+        self._most_slots = max(self._most_slots, wanted)
+        while len(self.slots) < wanted:
+            number = self.actors_started
+            self.actors_started += 1
+            slot = _Slot(handle=self.spawn(number, time.time()), number=number)
+            self.slots.append(slot)
+            self.inflight[slot.handle.ready.remote()] = ("ready", None, slot)
+
+    def _assign(self, planning: bool) -> None:
+        for slot in list(self.slots):
+            if slot.state not in ("idle", "running") or slot.inflight:
+                continue
+            current = self.models.get(slot.model)
+            if current is not None and current and not current.failed:
+                continue  # its model still has work
+            model = self._next_model(slot)
+            if model is None:
+                if not planning and slot.state != "starting":
+                    self._release(slot)
+                continue
+            if self.start_one_by_one and any(s.state == "starting" for s in self.slots):
+                continue  # another engine on a shared GPU is sizing its memory
+            if current is not None:
+                current.assigned -= 1
+                self.model_changes += 1
+            model.assigned += 1
+            slot.state, slot.model, slot.profile = "starting", model.name, None
+            self.inflight[model.start(slot.handle, time.time())] = ("start", None, slot)
+
+    def _next_model(self, slot: _Slot) -> ModelWork | None:
+        """The model with the most samples left per actor, among those with work below their maximum."""
+        candidates = [m for m in self.models.values() if m and not m.failed
+                      and m.assigned - (m.name == slot.model) < m.max_actors and m.name != slot.model]
+        return max(candidates, key=lambda m: m.samples_left() / (m.assigned + 1), default=None)
+
+    def _dispatch(self) -> None:
+        for slot in self.slots:
+            if slot.state != "running":
+                continue
+            model = self.models[slot.model]
+            while slot.inflight < model.depth and (job := model.take(slot, self.slots)) is not None:
+                self.inflight[slot.handle.run_shard.remote(job.shard, job.task, job.attempt)] = ("shard", job, slot)
+                slot.inflight += 1
+                slot.profile = job.shard.profile
+                self.events.on_dispatched(job)
+
+    # -- what comes back --------------------------------------------------------------------------------
+    def _collect(self, ref, kind: str, job: Job | None, slot: _Slot) -> None:
         if kind == "shard":
             slot.inflight -= 1
         try:
             value = ray.get(ref)
         except RayActorError as e:
-            if kind == "startup" and e.actor_init_failed:  # the engine raised while starting (the model will
-                raise ActorStartError(_first_line(e)) from e  # not load, no memory): it would again; stop here
-            # the process died (killed, OOM, node lost), while starting or running: replace it
-            if slot in slots:  # the first failure seen from this actor: replace it
-                self._count_death(e)
-                at = slots.index(slot)
-                if self.start_one_by_one:
-                    slots[at] = self._start_and_wait()
-                else:
-                    slots[at] = replacement = self._start()
-                    inflight[replacement.handle.startup.remote()] = ("startup", None, replacement)
+            if kind == "ready" and e.actor_init_failed:  # its imports raised: every actor's would
+                raise ActorStartError(_first_line(e)) from e
+            self._lost(slot, e)  # the process died (killed, OOM, node lost): replaced by _grow
             if job is not None:
-                self._retry(job, f"actor died: {_first_line(e)}", pending)
+                self._retry(job, f"actor died: {_first_line(e)}")
             return
         except RayTaskError as e:
-            if job is None:
-                raise  # engine start-up raised: the model cannot run, stop the sweep
-            self._retry(job, _first_line(e.cause if e.cause is not None else e), pending)
+            if kind == "start":  # the engine raised while starting: this model cannot run
+                self._model_failed(slot, f"engine did not start: {_first_line(e.cause or e)}")
+            elif kind == "shard":
+                self._retry(job, _first_line(e.cause if e.cause is not None else e))
+            else:
+                raise
             return
-        if kind == "startup":
-            slot.ready = True
+        if kind == "ready":
+            slot.state = "idle"
+        elif kind == "start":
+            slot.state = "running"
             self.events.on_actor_started(value)
         else:
             self.events.on_result(job, *value)
 
-    def _retry(self, job: Job, error: str, pending: _Pending) -> None:
+    def _model_failed(self, slot: _Slot, error: str) -> None:
+        model = self.models[slot.model]
+        model.failed, model.assigned = error, model.assigned - 1
+        slot.state, slot.model = "idle", None
+        for queue in model.queues.values():
+            while queue:
+                self._fail(queue.popleft(), error)
+
+    def _fail(self, job: Job, error: str) -> None:
+        job.errors.append(error)
+        self.events.on_failed(job)
+
+    def _retry(self, job: Job, error: str) -> None:
         job.errors.append(error)
         self.events.on_attempt_failed(job, error)
         if job.attempt >= self.max_attempts:
             self.events.on_failed(job)
         else:
             job.attempt += 1
-            pending.retry(job)
+            self.models[job.shard.model].add(job, first=True)
 
-    def _count_death(self, error: RayActorError) -> None:
+    def _lost(self, slot: _Slot, error: RayActorError) -> None:
+        if slot not in self.slots:
+            return  # its death was already seen through another of its calls
+        self.slots.remove(slot)
+        if slot.model is not None and slot.state in ("starting", "running", "idle"):
+            self.models[slot.model].assigned -= 1
         self.actor_deaths += 1
-        if self.actor_deaths > self.n_actors * self.max_attempts:
+        if self.actor_deaths > self._most_slots * self.max_attempts:
             raise RuntimeError(f"{self.actor_deaths} actors died; the last: {_first_line(error)}") from error
+        ray.kill(slot.handle)
 
-    def _start_and_wait(self) -> _Slot:
-        """Start an actor and wait for its engine (engines sharing a GPU size their memory one at a
-        time). As in the main loop, an engine that raises stops the sweep and a process that dies while
-        starting is replaced."""
-        while True:
-            slot = self._start()
-            try:
-                self.events.on_actor_started(ray.get(slot.handle.startup.remote()))
-            except RayActorError as e:
-                if e.actor_init_failed:
-                    raise ActorStartError(_first_line(e)) from e
-                self._count_death(e)
-                ray.kill(slot.handle)
-                continue
-            slot.ready = True
-            return slot
+    def _release(self, slot: _Slot) -> None:
+        """No model needs this actor any more: close its engine and give its resources back."""
+        self.slots.remove(slot)
+        if slot.model is not None:
+            self.models[slot.model].assigned -= 1
+        self._shutdown_slots([slot])
 
-    def _start(self) -> _Slot:
-        number = self.actors_started
-        self.actors_started += 1
-        return _Slot(handle=self.spawn(number), number=number)
+    def _shutdown(self) -> None:
+        slots, self.slots = self.slots, []
+        self._shutdown_slots(slots)
+
+    @staticmethod
+    def _shutdown_slots(slots: list[_Slot], timeout_s: float = 120) -> None:
+        """Close engines first (a killed actor would orphan vLLM's engine-core process and its GPU
+        memory), then kill the actors; an actor already dead or stuck is just killed."""
+        refs = [slot.handle.close.remote() for slot in slots if slot.state in ("idle", "running")]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for slot in slots:
+            ray.kill(slot.handle)
 
 
 def _first_line(error: BaseException) -> str:

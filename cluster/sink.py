@@ -132,6 +132,11 @@ class ResultSink:
         self._journal.write(json.dumps({"shard_id": shard_id, **entry}, sort_keys=True) + "\n")
         self._journal.flush()  # in the OS once written: a killed driver loses nothing it recorded
 
+    def add_run(self, record: dict) -> None:
+        """One run of the sweep command: when its driver started, and Ray start, planning, first and last
+        result in seconds from then (cluster/timing.py); saved with the manifest."""
+        self.manifest.setdefault("runs", []).append(record)
+
     def add_telemetry(self, table: str, row: dict) -> None:
         self._telemetry[table].append(row)
         if table == "gpu":

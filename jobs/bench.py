@@ -11,6 +11,8 @@
 (c) a long shard (prompts of 12-16k tokens) with chunked prefill vs without: throughput, peak GPU memory
     (NVML) and the KV-cache blocks vLLM could allocate.
 (d) guided (JSON schema, xgrammar) ÷ free generation on the same prompts.
+(e) whole processes, start to exit: raysweep ÷ a plain vLLM script ÷ Ray Data LLM, and several models in
+    one sweep ÷ the plain script once per model (jobs/bench_e2e.py; flags --e-*).
 (x) diagnostic for (a), one engine: raw `generate` in the bench's order and in raysweep's (sorted by
     prompt length), then raysweep's VllmEngine (its engine thread, no Ray) in one batch and in shards.
 (y) diagnostic for (a), continued: that engine thread inside a Ray actor (1 CPU, 1 GPU, as raysweep's).
@@ -257,6 +259,12 @@ class Bench:
         self.record("d", "ratio guided/free-to-newline", (tok_g / wall_g) / (tok_n / wall_n), "x (unequal work)")
         self.record("d", "RATIO guided/free", (tok_g / wall_g) / (tok_f / wall_f), "x (same prompts, same output lengths)")
 
+    def part_e(self) -> None:
+        """Whole-process timing against a plain vLLM script and Ray Data LLM (jobs/bench_e2e.py)."""
+        from jobs.bench_e2e import EndToEnd
+
+        EndToEnd(self, self.e2e).run()
+
     def part_x(self) -> None:
         """Where (a)'s gap comes from, on one warm engine in this process: the raw `LLM.generate` and
         raysweep's engine thread share the same `LLM` (the thread is idle while the raw calls run)."""
@@ -464,6 +472,8 @@ def _peak_rss_mib() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jobs.bench_e2e import add_arguments as add_e2e_arguments, config_from_args as e2e_config
+
     parser = argparse.ArgumentParser(prog="python -m jobs.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:small", help="model path or builtin:NAME")
     parser.add_argument("--parts", default="a,b,c,d", help="which parts to run, comma-separated")
@@ -477,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench/out", help="folder for bench.parquet and scratch files")
     parser.add_argument("--samples", default="50000,200000", help="part o: sample counts, comma-separated")
     parser.add_argument("--plan-prompts", default="1000000", help="part p: prompts to plan, comma-separated sizes")
+    add_e2e_arguments(parser)
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",")]
 
@@ -496,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.in_flight = [d.strip() for d in args.in_flight.split(",")]
     bench.repeats = args.repeats
     bench.engine_overrides = json.loads(args.engine)
+    bench.e2e = e2e_config(args)
     bench.record("-", "device", None, torch.cuda.get_device_name() if torch.cuda.is_available()
                  else f"CPU only, {os.cpu_count()} cores")
     bench.record("-", "model", None, "builtin:tiny (fake engine in part o)" if set(parts) <= {"o", "p"} else args.model)

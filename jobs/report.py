@@ -1,7 +1,8 @@
 """`raysweep report OUTPUT`: one self-contained HTML page on a sweep's output (DESIGN §5).
 
-The page shows, in order: what ran (sweep, spec hash, dates, versions), the score table, output
-throughput per actor over time, NVML memory and utilisation per actor, engine start-up times, failed
+The page shows, in order: what ran (sweep, spec hash, dates, versions), the score table, a timeline of
+each actor starting, running and idle (jobs/report_timeline.py) with the driver's figures per run, output
+throughput per actor over time, NVML memory and utilisation per actor, engine start-up by phase, failed
 shards and attempts, and the rows that did not come out ok. Plots are matplotlib PNGs inlined as `data:`
 URIs, so the file opens anywhere with no network and no JavaScript. Only the columns a section needs are
 read; output text only for the problem rows listed, so outputs of millions of rows stay cheap.
@@ -25,6 +26,7 @@ from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 
 from cluster.sink import read_manifest
+from jobs import report_timeline as timeline
 
 
 MAX_ROWS = 200  # problem rows listed on the page; the total is always stated
@@ -33,9 +35,14 @@ PROBLEM_COLUMNS = ["model", "task", "shard_id", "sample_id", "status", "finish_r
                    "output_tokens", "error", "output_text"]
 SUMMARY_COLUMNS = ["model", "task", "n", "n_scored", "score", "stderr", "n_ok", "n_truncated", "n_skipped",
                    "n_error", "structured_valid_rate", "output_tokens"]
-ACTOR_COLUMNS = ["actor_id", "node_ip", "gpu_name", "model", "engine", "profile", "load_s", "compile_s",
-                 "graph_capture_s", "cuda_graphs", "graph_mode", "fallback_reason"]
-STARTUP_PHASES = ("load_s", "compile_s", "graph_capture_s")
+ACTOR_COLUMNS = ["actor_id", "reason", "model", "profile", "engine", "node_ip", "gpu_name", "cuda_graphs",
+                 "graph_mode", "fallback_reason"]
+STARTUP_COLUMNS = ["startup_s", "process_s", "imports_s", "waiting_s", "engine_init_s", "load_s", "compile_s",
+                   "graph_capture_s", "warmup_s", "first_token_s"]
+# requested_at -> ready_at step by step; a later start of an actor has no process, imports or waiting step
+STARTUP_PHASES = ("process_s", "imports_s", "waiting_s", "engine_init_s", "warmup_s")
+OLD_STARTUP_PHASES = ("load_s", "compile_s", "graph_capture_s")  # outputs written before startup_s
+RUN_FIGURES = ["ray_start_s", "planning_s", "first_result_s", "last_result_s", "wall_s"]  # manifest `runs`
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222;max-width:1400px}
 table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #ccc;padding:3px 8px;
 text-align:left;vertical-align:top;white-space:pre-wrap}th{background:#eee}
@@ -75,8 +82,9 @@ def load_manifest(root: Path) -> dict:
 
 def render(root: Path, manifest: dict, max_rows: int = MAX_ROWS) -> str:
     labels = _actor_labels(root)
-    body = "\n".join([_header(root, manifest), _scores(root), _throughput(root, labels), _gpu(root, labels),
-                      _startup(root, labels), _failures(root, manifest), _problem_rows(root, manifest, max_rows)])
+    body = "\n".join([_header(root, manifest), _scores(root), _timeline(root, manifest, labels),
+                      _throughput(root, labels), _gpu(root, labels), _startup(root, labels),
+                      _failures(root, manifest), _problem_rows(root, manifest, max_rows)])
     title = html.escape(f"raysweep report: {manifest.get('sweep', root.name)}")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>"
             f"<style>{CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
@@ -104,6 +112,43 @@ def _scores(root: Path) -> str:
     headers = ["model", "task", "score ± stderr", "n", "scored", "ok", "truncated", "skipped", "error",
                "structured valid", "output tokens"]
     return _section("Scores", None, _table(headers, rows, "scores"))
+
+
+def _timeline(root: Path, manifest: dict, labels: dict) -> str:
+    runs = _runs(root, manifest)
+    starts = _rows(root / "telemetry/actors.parquet", ["actor_id", "model", "requested_at", "ready_at", "process_s",
+                                                       "imports_s", "waiting_s"])
+    shards = _rows(root / "telemetry/shards.parquet", ["actor_id", "model", "started_at", "finished_at"])
+    t0 = runs[-1]["started_at"] if runs else timeline.earliest(starts, shards)
+    lanes = [] if t0 is None else timeline.lanes(starts, shards, t0)
+    if runs:  # telemetry is appended run after run: the actors of the last run are drawn
+        lanes = [lane for lane in lanes if lane.first >= 0]
+    notes = "".join(_note(n) for n in timeline.notes(starts, runs))
+    if not lanes:
+        return _section("Timeline", "timeline", _note("Nothing to draw: no engine start or shard attempt in "
+                                                      "telemetry has its times.") + notes + _runs_table(runs))
+    origin = "the last run's driver start" if runs else "the first recorded event"
+    fig = timeline.draw(lanes, labels, timeline.run_markers(runs[-1]) if runs else {},
+                        f"seconds since {t0:%Y-%m-%d %H:%M:%S} UTC ({origin})")
+    n_starts, rows = Counter(r["actor_id"] for r in starts), []
+    for lane in lanes:
+        f = lane.seconds()
+        rows.append([labels.get(lane.actor_id, lane.actor_id), n_starts[lane.actor_id], f["starting"],
+                     f["waiting"], f["running"], f["idle"], _percent(f["idle_share"])])
+    table = _table(["actor", "engine starts", "starting (s)", "of which waiting for a model (s)", "running (s)",
+                    "idle (s)", "idle share"], rows, "timeline-actors")
+    return _section("Timeline", "timeline", notes + _png(fig, "when each actor was starting, running shards and "
+                                                             "idle") + table + _runs_table(runs))
+
+
+def _runs_table(runs: list[dict]) -> str:
+    if not runs:
+        return ""
+    rows = [[i, r["started_at"]] + [None if r.get(k) is None else float(r[k]) for k in RUN_FIGURES]
+            for i, r in enumerate(runs, 1)]
+    return ("<h3>Runs (manifest.json): seconds from the driver's start</h3>"
+            + _table(["run", "driver started (UTC)", "Ray up", "planning done", "first result", "last result",
+                      "wall"], rows, "runs"))
 
 
 def _throughput(root: Path, labels: dict) -> str:
@@ -153,27 +198,45 @@ def _gpu(root: Path, labels: dict) -> str:
 
 
 def _startup(root: Path, labels: dict) -> str:
-    t = _read(root / "telemetry/actors.parquet", ACTOR_COLUMNS)
+    t = _read(root / "telemetry/actors.parquet", ACTOR_COLUMNS + STARTUP_COLUMNS)
     if t is None:
         return _section("Engine start-up", "startup", _note("No telemetry/actors.parquet."))
     starts = t.to_pylist()
-    names = [f"{labels.get(r['actor_id'], r['actor_id'])} #{i}" for i, r in enumerate(starts)]
-    table = _table(["engine start"] + ACTOR_COLUMNS[1:], [[n] + [r[c] for c in ACTOR_COLUMNS[1:]]
-                                                          for n, r in zip(names, starts)])
-    if all(r[p] is None for r in starts for p in STARTUP_PHASES):
-        return _section("Engine start-up", "startup", table)
+    names = [f"{labels.get(r['actor_id'], r['actor_id'])} #{i}" + (f" ({r['reason']})" if r["reason"] else "")
+             for i, r in enumerate(starts)]
+    tables = (_table(["engine start"] + ACTOR_COLUMNS[1:], [[n] + [r[c] for c in ACTOR_COLUMNS[1:]]
+                                                            for n, r in zip(names, starts)], "engine-starts")
+              + _table(["engine start"] + STARTUP_COLUMNS, [[n] + [r[c] for c in STARTUP_COLUMNS]
+                                                           for n, r in zip(names, starts)], "startup-phases"))
+    phases = _phase_widths(starts)
+    if not phases:
+        return _section("Engine start-up", "startup", tables)
     fig = Figure(figsize=(11, 1.2 + 0.35 * len(starts)))
     ax = fig.add_subplot()
     left = np.zeros(len(starts))
-    for phase in STARTUP_PHASES:  # an unmeasured phase (null) adds no bar, not a zero-width "measurement"
-        width = np.array([np.nan if r[phase] is None else r[phase] for r in starts], dtype=float)
-        if not np.isnan(width).all():
-            ax.barh(names, np.nan_to_num(width), left=left, label=phase.removesuffix("_s"))
-            left += np.nan_to_num(width)
+    for phase, width in phases.items():  # an unmeasured phase (NaN) adds no bar, not a zero-width "measurement"
+        ax.barh(names, np.nan_to_num(width), left=left, label=phase)
+        left += np.nan_to_num(width)
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
-    ax.legend(fontsize=8)
-    return _section("Engine start-up", "startup", _png(fig, "engine start-up time by phase") + table)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return _section("Engine start-up", "startup", _png(fig, "engine start-up time by phase") + tables)
+
+
+def _phase_widths(starts: list[dict]) -> dict[str, np.ndarray]:
+    """Seconds per start-up phase, in order, NaN where not measured; a phase no start measured is left out.
+    Outputs written before startup_s have only load, compile and graph capture."""
+    def column(c):
+        return np.array([np.nan if r[c] is None else r[c] for r in starts], dtype=float)
+
+    if all(r["startup_s"] is None for r in starts):
+        widths = {c.removesuffix("_s"): column(c) for c in OLD_STARTUP_PHASES}
+    else:
+        widths = {c.removesuffix("_s"): column(c) for c in STARTUP_PHASES}
+        rest = column("startup_s") - np.nansum(np.vstack(list(widths.values())), axis=0)
+        widths["rest of startup_s (in no measured step)"] = np.where(rest > 0, rest, np.nan)
+        widths["first token (after ready)"] = column("first_token_s")
+    return {k: v for k, v in widths.items() if not np.isnan(v).all()}
 
 
 def _failures(root: Path, manifest: dict) -> str:
@@ -227,6 +290,18 @@ def _read(path: Path, columns: list[str]) -> pa.Table | None:
         if c not in have:
             table = table.append_column(c, pa.nulls(table.num_rows))
     return table.select(columns)
+
+
+def _rows(path: Path, columns: list[str]) -> list[dict]:
+    t = _read(path, columns)
+    return [] if t is None else t.to_pylist()
+
+
+def _runs(root: Path, manifest: dict) -> list[dict]:
+    try:
+        return timeline.parse_runs(manifest.get("runs"))
+    except ValueError as e:
+        raise ReportError(f"output {root}/manifest.json: {e}") from None
 
 
 def _actor_labels(root: Path) -> dict[str, str]:

@@ -11,7 +11,7 @@ import os
 import sys
 
 EXPECTED_ERRORS = ("SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError", "ActorStartError",
-                   "ReportError")
+                   "ReportError", "PlacementError")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,19 +25,27 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cluster.timing import RunClock
+
+    clock = RunClock()  # from this process's start: Python and imports count, as on a user's stopwatch
     import ray
 
     from cluster.run import execute, prepare
     from cluster.spec import load_spec
 
-    # spec, data, models, structured specs, length limits and the output are all checked before
-    # ray.init: a bad input fails in seconds and claims no GPU
-    prepared = prepare(load_spec(args.spec), output=args.output, new_run=args.new_run)
-    # without --address or RAY_ADDRESS, start a new local Ray rather than ray.init()'s default of joining
-    # whatever /tmp/ray records as this machine's cluster, which may be long dead
-    ray.init(address=args.address or os.environ.get("RAY_ADDRESS") or "local", log_to_driver=True)
+    # the spec and the output are checked here; data, models and structured specs are checked on the
+    # planner's thread while Ray starts, and before any actor is started (cluster/preflight.py)
+    prepared = prepare(load_spec(args.spec), output=args.output, new_run=args.new_run, background=True)
     try:
-        report = execute(prepared, max_attempts=args.max_attempts)
+        # without --address or RAY_ADDRESS, start a new local Ray rather than ray.init()'s default of
+        # joining whatever /tmp/ray records as this machine's cluster, which may be long dead
+        ray.init(address=args.address or os.environ.get("RAY_ADDRESS") or "local", log_to_driver=True)
+    except BaseException:
+        prepared.sink.close()
+        raise
+    clock.mark("ray_start")
+    try:
+        report = execute(prepared, max_attempts=args.max_attempts, clock=clock)
     finally:
         ray.shutdown()
     print(format_summary(report.summary))

@@ -130,6 +130,7 @@ def test_autoscaling_l4_group_from_zero_to_two(tmp_path):
     config.write_text(yaml.safe_dump(dict(FAKE_CLUSTER, provider=provider)))
     raw = yaml.safe_load(QUICKSTART.read_text())
     raw["actors"] = {"count": 2, "num_gpus": 1, "num_cpus": 1, "accelerator_type": "L4"}
+    raw["shards"] = {"max_samples": 10}  # 35 shards: work left for the second node's actor when it comes up
     for task in raw["tasks"]:
         task["data"] = str(QUICKSTART.parent / task["data"])
     spec = tmp_path / "l4.yaml"

@@ -56,12 +56,14 @@ actors: {{count: 2, num_gpus: 0.5, num_cpus: 1}}
     assert not report.failed
     gpu_metric = watcher.series("ray_raysweep_gpu_memory_used_mib")
     print("Prometheus raysweep_gpu_memory_used_mib:", gpu_metric)
-    assert len(gpu_metric) == 2 and min(gpu_metric.values()) > 0  # one series per actor
+    shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
+    # one series per actor that ran shards: the scheduler sends shards to the first engine that is up,
+    # so on a cold compile cache the second may still be starting when the first has done them all
+    assert len(gpu_metric) == shards["actor_id"].nunique() and min(gpu_metric.values()) > 0
     results = pq.read_table(tmp_path / "out" / "results").to_pandas()
     assert len(results) == 148 and results[["task", "sample_id"]].astype(str).drop_duplicates().shape[0] == 148
     assert results[results["task"] == "choice"]["structured_valid"].all()
     assert results["ttft_s"].notna().all()
-    shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
     print(shards[["shard_id", "profile", "chunked_prefill", "max_num_batched_tokens", "cuda_graphs", "graph_mode",
                   "prompt_tokens", "output_tok_per_s", "engine_batch_mean", "gpu_mem_used_max_mib",
                   "gpu_util_mean_pct"]].to_string())
@@ -136,3 +138,42 @@ def test_structured_outputs_all_valid(vllm_engine, kind, value):
     print(f"{kind}: {valid}/64 valid, e.g. {texts[:3]}")
     assert valid == 64, [t for t in texts if not is_valid(spec, t)]
     assert len(set(texts)) > 1
+
+
+def test_two_models_one_gpu_change_model_in_the_same_actor(ray_local, tmp_path):
+    """Two models on one whole GPU: one actor runs the first, then changes model (a new engine in the
+    same process, the engine core in-process by default); start-up figures measured for each start.
+    (0.4 of the GPU each: this module's engine fixture holds 0.3 of it while this runs.)"""
+    import pyarrow.parquet as pq
+
+    from cluster.run import run_sweep
+    from cluster.spec import load_spec
+
+    (tmp_path / "two.yaml").write_text(f"""
+name: gpu-two-models
+output: {tmp_path / 'out'}
+models:
+  - {{name: a, path: 'builtin:tiny', engine: {{backend: vllm, max_num_seqs: 32, gpu_memory_utilization: 0.4}}}}
+  - {{name: b, path: 'builtin:tiny', engine: {{backend: vllm, max_num_seqs: 64, gpu_memory_utilization: 0.4}}}}
+tasks:
+  - name: choice
+    data: {ROOT / 'sweeps' / 'data' / 'choice.jsonl'}
+    id_column: id
+    prompt: "{{question}} A. {{A}} B. {{B}} C. {{C}} D. {{D}} Answer:"
+    target: answer
+    structured: {{choice: [A, B, C, D]}}
+    scorer: choice
+shards: {{max_samples: 25}}
+actors: {{count: 1, num_gpus: 1, num_cpus: 1}}
+""")
+    report = run_sweep(load_spec(tmp_path / "two.yaml"), log=print)
+    assert not report.failed and report.samples == 200 and report.model_changes == 1
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas()
+    assert len(results) == 200 and results["structured_valid"].all()
+    starts = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
+    columns = ["model", "reason", "engine_core", "process_s", "imports_s", "waiting_s", "engine_init_s",
+               "warmup_s", "startup_s", "first_token_s", "compile_s", "graph_capture_s", "graph_mode"]
+    print(starts[columns].to_string())
+    assert list(starts["reason"]) == ["first", "model"] and starts["actor_id"].nunique() == 1
+    assert starts[["engine_init_s", "warmup_s", "startup_s", "first_token_s"]].notna().all().all()
+    assert (starts["graph_mode"] != "NONE").all() and starts["fallback_reason"].isna().all()

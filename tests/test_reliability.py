@@ -95,7 +95,7 @@ def test_actor_death_mid_shard_is_retried(ray_local, reference, tmp_path, how):
     sweep = threading.Thread(target=lambda: report.update(r=run_sweep(spec, output=str(out), log=lambda line: None)))
     sweep.start()
     assert wait_for(lambda: committed(out) >= 2)
-    actor = ray.get_actor(f"raysweep:{spec.name}:tiny:0", namespace=f"raysweep-{spec.name}")
+    actor = ray.get_actor(f"raysweep:{spec.name}:0", namespace=f"raysweep-{spec.name}")
     if how == "ray.kill":
         ray.kill(actor)
     else:

@@ -2,6 +2,7 @@
 as Chromium renders it (headless, screenshot and DOM)."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -16,11 +17,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from cluster.sink import summarize
+from jobs import report_timeline
 from jobs.cli import main
-from jobs.report import write_report
+from jobs.report import _phase_widths, write_report
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=timezone.utc)
-ACTOR_A, ACTOR_B = "a1" * 16, "b2" * 16
+ACTOR_A, ACTOR_B, ACTOR_C = "a1" * 16, "b2" * 16, "c3" * 16
 FAILED_SHARD = "tiny-a/arith/00002"
 GPU_ALT = "GPU memory and utilisation per actor (NVML)"
 
@@ -145,7 +147,7 @@ def test_report_holds_scores_plots_failures_and_rows(sweep_output):
     assert rows["arith-0-3"][9] == "x" * 200 + "…"  # output text of a listed row, cut
     assert "CUDA error: &lt;boom&gt; &amp; co" in page and "<boom>" not in page
 
-    assert page.count('src="data:image/png;base64,') == 3  # throughput, GPU, start-up
+    assert page.count('src="data:image/png;base64,') == 4  # timeline, throughput, GPU, start-up
     assert f'alt="{GPU_ALT}"' in page and "No NVML readings" not in page
     assert not re.search(r'(?:src|href)="(?!data:)', page), "the page must not load anything from outside"
 
@@ -155,7 +157,7 @@ def test_report_without_nvml_says_so_and_plots_no_zeros(tmp_path, gpu):
     page = write_report(str(_write_output(tmp_path / "out", gpu))).read_text()
     assert "No NVML readings: telemetry/gpu.parquet " + ("is absent" if gpu == "absent" else "holds no") in page
     assert GPU_ALT not in page
-    assert page.count('src="data:image/png;base64,') == 2  # throughput and start-up only
+    assert page.count('src="data:image/png;base64,') == 3  # timeline, throughput and start-up only
 
 
 def test_problem_rows_are_capped_and_counted(sweep_output):
@@ -175,7 +177,7 @@ def test_cli_writes_report_to_default_and_given_path(sweep_output, tmp_path, cap
 
 @pytest.mark.parametrize("case, message", [
     ("missing", "no such directory"), ("empty", "no manifest.json"), ("bad-json", "manifest.json: unreadable"),
-    ("no-shards", "no `shards` mapping"),
+    ("no-shards", "no `shards` mapping"), ("bad-runs", "manifest.json: `runs` is not a list of runs"),
 ])
 def test_cli_refuses_what_is_not_a_sweep_output(tmp_path, capsys, case, message):
     root = tmp_path / case
@@ -185,9 +187,144 @@ def test_cli_refuses_what_is_not_a_sweep_output(tmp_path, capsys, case, message)
         (root / "manifest.json").write_text("{not json")
     if case == "no-shards":
         (root / "manifest.json").write_text('{"sweep": "x"}')
+    if case == "bad-runs":
+        (root / "manifest.json").write_text('{"sweep": "x", "shards": {}, "runs": [{"started_at": "yesterday"}]}')
     assert main(["report", str(root)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"raysweep: error: output {root}") and message in err
+
+
+# -- timeline ----------------------------------------------------------------------------------------
+def _at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def _start(actor, model, reason, requested, ready, **phases):
+    """A telemetry/actors row with the start-up columns; times in seconds since T0, phases as given."""
+    row = {"actor_id": actor, "node_ip": "10.0.0.7", "gpu_name": "NVIDIA H100", "model": model, "engine": "vllm",
+           "profile": "short", "load_s": None, "compile_s": None, "graph_capture_s": None, "cuda_graphs": True,
+           "graph_mode": "FULL", "fallback_reason": None, "restart": int(reason != "first"), "reason": reason,
+           "requested_at": _at(requested), "process_started_at": None, "ready_at": _at(ready),
+           "startup_s": float(ready - requested)}
+    return row | {c: phases.get(c) for c in ("process_s", "imports_s", "waiting_s", "engine_init_s", "warmup_s",
+                                             "first_token_s")}
+
+
+def _shard(actor, model, index, started, finished):
+    return {"shard_id": f"{model}/arith/{index:05d}", "attempt": 1, "actor_id": actor, "model": model,
+            "task": "arith", "started_at": _at(started), "finished_at": _at(finished), "error": None}
+
+
+# Actor A (tiny-a): starts 10-40 (of which waiting for a model 25-31); shards 40-100 and 60-120 overlap
+# (running 40-120); idle 120-150; profile restart 150-170; shard 170-230; idle 230-240; shard 240-250:
+# starting 50, running 150, idle 40 (of 240).
+# Actor B: starts 10-70 (tiny-b; waiting 40-45); idle 70-80; shard 80-140; model change 140-160 (tiny-c);
+# shard 160-220: starting 80, running 120, idle 10 (of 210). Actor C ran in the first run, an hour earlier.
+TIMELINE_STARTS = [
+    _start(ACTOR_C, "tiny-a", "first", -3595, -3565),
+    _start(ACTOR_A, "tiny-a", "first", 10, 40, process_s=5.0, imports_s=10.0, waiting_s=6.0, engine_init_s=6.0,
+           warmup_s=2.0, first_token_s=0.5),
+    _start(ACTOR_A, "tiny-a", "profile", 150, 170, engine_init_s=15.0, warmup_s=5.0),
+    _start(ACTOR_B, "tiny-b", "first", 10, 70, process_s=20.0, imports_s=10.0, waiting_s=5.0, engine_init_s=21.0,
+           warmup_s=4.0, first_token_s=0.25),
+    _start(ACTOR_B, "tiny-c", "model", 140, 160, engine_init_s=18.0, warmup_s=2.0, first_token_s=0.25),
+]
+TIMELINE_SHARDS = [
+    _shard(ACTOR_C, "tiny-a", 9, -3560, -3500),
+    _shard(ACTOR_A, "tiny-a", 0, 40, 100), _shard(ACTOR_A, "tiny-a", 1, 60, 120),
+    _shard(ACTOR_A, "tiny-a", 2, 170, 230), _shard(ACTOR_A, "tiny-a", 3, 240, 250),
+    _shard(ACTOR_B, "tiny-b", 0, 80, 140), _shard(ACTOR_B, "tiny-c", 0, 160, 220),
+    {"shard_id": "tiny-b/arith/00001", "attempt": 1, "error": "ActorDiedError: actor b2b2 died"},
+]
+RUNS = [{"started_at": (T0 - timedelta(hours=1)).isoformat(), "ray_start_s": 3.0, "planning_s": 4.0,
+         "first_result_s": 50.0, "last_result_s": 100.0, "wall_s": 101.0},
+        {"started_at": T0.isoformat(), "ray_start_s": 4.5, "planning_s": 8, "first_result_s": 100.0,
+         "last_result_s": 250.0, "wall_s": None}]
+
+
+@pytest.fixture
+def timeline_output(tmp_path) -> Path:
+    """An output holding only what the timeline reads: telemetry with the start-up columns, two runs."""
+    root = tmp_path / "out"
+    (root / "telemetry").mkdir(parents=True)
+    (root / "manifest.json").write_text(json.dumps({"sweep": "timeline", "shards": {}, "runs": RUNS}))
+    pq.write_table(pa.Table.from_pylist(TIMELINE_STARTS), root / "telemetry/actors.parquet")
+    pq.write_table(pa.Table.from_pylist(TIMELINE_SHARDS), root / "telemetry/shards.parquet")
+    return root
+
+
+def _section_html(page: str, section_id: str) -> str:
+    found = re.search(rf'<section id="{section_id}">(.*?)</section>', page, re.DOTALL)
+    assert found, f"no section id={section_id}"
+    return found.group(1)
+
+
+def test_timeline_counts_starting_running_and_idle_per_actor(timeline_output):
+    page = write_report(str(timeline_output)).read_text()
+    assert page.index("<h2>Scores</h2>") < page.index('<section id="timeline">') < page.index('id="throughput"')
+    section = _section_html(page, "timeline")
+    assert section.count('<img alt="when each actor was starting, running shards and idle"') == 1
+    assert _table_rows(page, "timeline-actors") == [  # actor C, of the first run, is left out
+        ["tiny-a · a1a1a1a1", "2", "50.000", "6.000", "150.000", "40.000", "16.7%"],
+        ["tiny-c · b2b2b2b2", "2", "80.000", "5.000", "120.000", "10.000", "4.8%"]]
+    assert "Run 2 of 2 is drawn" in section and "no requested_at" not in section
+    assert _table_rows(page, "runs") == [["1", "2026-11-20 08:00:00", "3.000", "4.000", "50.000", "100.000", "101.000"],
+                                         ["2", "2026-11-20 09:00:00", "4.500", "8.000", "100.000", "250.000", "—"]]
+
+
+def test_timeline_figure_draws_the_measured_intervals():
+    starts, shards = TIMELINE_STARTS[1:], TIMELINE_SHARDS[1:-1]  # the last run's timed rows
+    lanes = report_timeline.lanes(starts, shards, T0)
+    assert lanes[0].running == {"tiny-a": [(40.0, 120.0), (170.0, 230.0), (240.0, 250.0)]}
+    assert lanes[1].running == {"tiny-b": [(80.0, 140.0)], "tiny-c": [(160.0, 220.0)]}
+    fig = report_timeline.draw(lanes, {}, report_timeline.run_markers(RUNS[1]), "s")
+    ax = fig.axes[0]
+    bars = {}
+    for c in ax.collections:
+        bars.setdefault(c.get_gid(), []).extend((p.vertices[:, 0].min(), p.vertices[:, 0].max())
+                                                for p in c.get_paths())
+    assert sorted(bars[f"running {ACTOR_A}"]) == [(40, 120), (170, 230), (240, 250)]
+    assert sorted(bars[f"starting {ACTOR_B}"]) == [(10, 70), (140, 160)]
+    assert sorted(bars[f"idle {ACTOR_A}"]) == [(120, 150), (230, 240)]
+    assert bars[f"waiting {ACTOR_A}"] == [(25, 31)] and bars[f"waiting {ACTOR_B}"] == [(40, 45)]
+    assert sorted(line.get_xdata()[0] for line in ax.lines) == [0, 8, 100, 250]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "starting (engine start-up)", "starting: waiting for a model", "idle", "running tiny-a", "running tiny-b",
+        "running tiny-c", "driver start", "planning done", "first result", "last result"]
+
+
+def test_startup_shows_the_phase_columns(timeline_output):
+    page = write_report(str(timeline_output)).read_text()
+    phases = {r[0]: r[1:] for r in _table_rows(page, "startup-phases")}
+    # startup_s, process_s, imports_s, waiting_s, engine_init_s, load_s, compile_s, graph_capture_s, warmup_s,
+    # first_token_s
+    assert phases["tiny-a · a1a1a1a1 #1 (first)"] == ["30.000", "5.000", "10.000", "6.000", "6.000", "—", "—", "—",
+                                                       "2.000", "0.500"]
+    assert phases["tiny-a · a1a1a1a1 #2 (profile)"] == ["20.000", "—", "—", "—", "15.000", "—", "—", "—", "5.000",
+                                                         "—"]
+    assert 'alt="engine start-up time by phase"' in _section_html(page, "startup")
+    widths = _phase_widths(TIMELINE_STARTS[1:3])  # A's first start and its profile restart
+    assert list(widths) == ["process", "imports", "waiting", "engine_init", "warmup",
+                            "rest of startup_s (in no measured step)", "first token (after ready)"]  # no load_s etc.
+    assert math.isnan(widths["process"][1]), "a later start has no process step: NaN (no bar), not 0"
+    assert widths["rest of startup_s (in no measured step)"][0] == pytest.approx(1.0)  # 30 - (5 + 10 + 6 + 6 + 2)
+
+
+def test_timeline_of_an_older_output_says_what_is_missing(sweep_output):
+    section = _section_html(write_report(str(sweep_output)).read_text(), "timeline")
+    assert "has no requested_at/ready_at" in section and "manifest.json has no `runs`" in unescape(section)
+    # running from shard times only: A ran 09:01-09:02 and 09:03-09:04, B 09:02-09:03; no start measured
+    assert _table_rows(section, "timeline-actors") == [
+        ["tiny-a · a1a1a1a1", "1", "—", "—", "120.000", "60.000", "33.3%"],
+        ["tiny-b · b2b2b2b2", "1", "—", "—", "60.000", "0.000", "0.0%"]]
+    assert "<img" in section
+
+
+def test_timeline_with_no_timed_telemetry_draws_nothing(sweep_output):
+    failed = [{"shard_id": FAILED_SHARD, "attempt": 1, "error": "ActorDiedError: actor a1a1 died"}]
+    pq.write_table(pa.Table.from_pylist(failed), sweep_output / "telemetry/shards.parquet")
+    section = _section_html(write_report(str(sweep_output)).read_text(), "timeline")
+    assert "Nothing to draw" in section and "<img" not in section
 
 
 # -- as a browser shows it ---------------------------------------------------------------------------
@@ -224,4 +361,4 @@ def test_report_renders_in_headless_chromium(chromium, sweep_output, tmp_path):
 
     dom = _chromium(chromium, tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
     assert _table_rows(dom, "scores")[1][:3] == ["tiny-b", "choice", "0.667 ± 0.333"]
-    assert dom.count("<img") == 3
+    assert dom.count("<img") == 4

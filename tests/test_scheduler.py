@@ -54,62 +54,80 @@ def test_an_actor_ray_cannot_place_holds_no_shards(ray_local, tmp_path):
     assert len(starts) <= 2  # the third actor never started
 
 
-def _scheduler(ray_local, broken_init: bool, results: list, one_by_one: bool = False):
+def _scheduler(ray_local, broken_engine: bool, results: list, one_by_one: bool = False):
     from types import SimpleNamespace
 
-    from cluster.scheduler import Job, SchedulerEvents, ShardScheduler
+    from cluster.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
 
     # defined here so Ray ships the class by value (workers cannot import this test module)
     class _StartsThenServes:
-        """A stand-in actor with the scheduler's interface: number 0 dies while starting (as a process
-        killed or out of memory would), number 1 can raise in its constructor (as an engine that cannot
-        load its model does)."""
+        """A stand-in actor with the scheduler's interface: number 0 dies while importing (as a process
+        killed or out of memory would); model "broken"'s engine raises as it starts (as an engine that
+        cannot load its weights does)."""
 
-        def __init__(self, number: int, broken_init: bool):
-            if broken_init:
-                raise RuntimeError("model weights not found")
+        def __init__(self, number: int):
             self.number = number
 
-        def startup(self) -> dict:
+        def ready(self) -> dict:
             if self.number == 0:
                 import os
 
                 os._exit(1)
-            return {"actor": self.number}
+            return {}
+
+        def start_engine(self, model: str, requested_at: float) -> dict:
+            if model == "broken":
+                raise RuntimeError("model weights not found")
+            self.model = model
+            return {"actor": self.number, "model": model}
 
         def run_shard(self, shard, task, attempt):
             import time
 
-            time.sleep(0.5)  # long enough that the sweep is still running when actor 0's death is seen
-            return shard.name, {"actor": self.number}
+            time.sleep(0.3)  # long enough that the sweep is still running when actor 0's death is seen
+            return (self.model, shard.name), {"actor": self.number}
 
         def close(self) -> None:
             pass
 
     remote = ray_local.remote(_StartsThenServes).options(num_cpus=0.1, max_restarts=0)
     events = SchedulerEvents(on_result=lambda job, value, telemetry: results.append(value),
-                             on_failed=lambda job: results.append(("failed", job.errors)))
-    jobs = [Job(SimpleNamespace(name=f"s{i}", profile="short", n_samples=1), None) for i in range(6)]
-    return ShardScheduler(lambda n: remote.remote(n, broken_init and n == 1), 2, events,
-                          start_one_by_one=one_by_one), jobs
+                             on_failed=lambda job: results.append(("failed", job.shard.name, job.errors[-1])))
+    scheduler = SweepScheduler(lambda n, at: remote.remote(n), events, capacity=2, start_one_by_one=one_by_one)
+    models = ["good", "broken"] if broken_engine else ["good"]
+    for name in models:
+        scheduler.add_model(ModelWork(name, max_actors=1 if broken_engine else 2, depth=2,
+                                      start=lambda handle, at, name=name: handle.start_engine.remote(name, at)))
+    jobs = [Job(SimpleNamespace(name=f"{m}{i}", model=m, profile="short", n_samples=1), None)
+            for m in models for i in range(6)]
+    return scheduler, jobs
 
 
-@pytest.mark.parametrize("one_by_one", [False, True])  # True: actors sharing a GPU start one at a time
+def _feed_all(scheduler, jobs):
+    def feed(timeout_s: float) -> bool:
+        scheduler.add_jobs(jobs)
+        return True
+    return feed
+
+
+@pytest.mark.parametrize("one_by_one", [False, True])  # True: engines sharing a GPU start one at a time
 def test_an_actor_that_dies_while_starting_is_replaced(ray_local, one_by_one):
     results = []
-    scheduler, jobs = _scheduler(ray_local, broken_init=False, results=results, one_by_one=one_by_one)
-    scheduler.run(jobs)
-    assert sorted(results) == [f"s{i}" for i in range(6)]  # every shard once, none failed
+    scheduler, jobs = _scheduler(ray_local, broken_engine=False, results=results, one_by_one=one_by_one)
+    scheduler.run(_feed_all(scheduler, jobs))
+    assert sorted(results) == [("good", f"good{i}") for i in range(6)]  # every shard once, none failed
     assert scheduler.actors_started == 3 and scheduler.actor_deaths == 1
 
 
 @pytest.mark.parametrize("one_by_one", [False, True])
-def test_an_engine_that_cannot_start_stops_the_sweep(ray_local, one_by_one):
-    from cluster.scheduler import ActorStartError
-
-    scheduler, jobs = _scheduler(ray_local, broken_init=True, results=[], one_by_one=one_by_one)
-    with pytest.raises(ActorStartError, match="model weights not found"):
-        scheduler.run(jobs)
+def test_an_engine_that_cannot_start_fails_its_model_only(ray_local, one_by_one):
+    results = []
+    scheduler, jobs = _scheduler(ray_local, broken_engine=True, results=results, one_by_one=one_by_one)
+    scheduler.run(_feed_all(scheduler, jobs))
+    failed = sorted(r for r in results if r[0] == "failed")
+    assert [r[1] for r in failed] == [f"broken{i}" for i in range(6)]
+    assert all("engine did not start" in r[2] and "model weights not found" in r[2] for r in failed)
+    assert sorted(r for r in results if r[0] != "failed") == [("good", f"good{i}") for i in range(6)]
 
 
 @pytest.mark.parametrize("max_samples, engine, actors, depth", [

@@ -1,0 +1,307 @@
+"""Bench part (e): whole-process timing of raysweep against the plain ways to run the same work.
+
+Every compared thing is a new Python process, timed with `perf_counter` from just before it is started
+to just after it exits (interpreter, imports, Ray, engine start-up, generation, output, shutdown), over
+the same prompts, vLLM arguments and sampling (greedy, `max_tokens`, no stop strings):
+
+1. `raysweep`: `python -m jobs.sweep SPEC --output DIR --new-run`, once per `--e-raysweep-env` entry
+   (extra environment variables for that run, e.g. RAYSWEEP_VLLM_INPROC=0 or 1).
+2. `plain`: `python -m jobs.plain_vllm`, one `vllm.LLM(**args).generate(...)`, where `args` are what
+   raysweep gives vLLM for a short shard on a whole GPU (`actors.vllm_engine.engine_args`).
+3. `ray_data`: `python -m jobs.ray_data_llm`, Ray Data LLM's vLLM processor with the same arguments.
+4. `multi`: several models x two tasks (short and long prompts, the first size split between them) on
+   one GPU as one raysweep process, against the plain script once per model over both tasks' prompts,
+   one after another (the sum of their times).
+
+Each variant (for `multi`'s plain runs: each model) first runs once untimed over WARM_PROMPTS prompts,
+so vLLM's torch.compile cache and the page cache are warm for the timed runs. Builtin models are built
+in the bench process before any timing. A run counts only if it exits 0 with one output per prompt.
+Logs and command lines of every run are kept in the bench's out folder (`e_*.stdout`, `.stderr`, `.cmd`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from jobs.bench import prompts_of
+
+VARIANTS = ("raysweep", "plain", "ray_data", "multi")
+WARM_PROMPTS = 256  # one shard: every code path runs once, the compile and page caches fill
+SHARD_SAMPLES = 256
+MANIFEST_FIELDS = ("ray_start_s", "planning_s", "first_result_s", "last_result_s")
+ACTOR_COLUMNS = ("process_s", "imports_s", "engine_init_s", "warmup_s", "first_token_s", "startup_s")
+REPO = Path(__file__).resolve().parent.parent
+LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+# (argv, extra environment, path stem for its logs) -> (wall seconds, stdout); raises if the child failed
+Runner = Callable[[list[str], dict[str, str], Path], tuple[float, str]]
+
+
+@dataclass(frozen=True)
+class E2EConfig:
+    sizes: tuple[int, ...] = (1312, 5248)  # prompts per single-model run; `multi` uses the first
+    variants: tuple[str, ...] = VARIANTS
+    models: tuple[str, ...] = ("builtin:tiny", "builtin:small", "builtin:medium")  # `multi`'s models
+    max_tokens: int = 256
+    actors: dict = field(default_factory=lambda: {"count": 1, "num_gpus": 1})  # raysweep's `actors`
+    multi_actors: dict = field(default_factory=lambda: {"count": 1, "num_gpus": 1})  # ... in `multi`
+    raysweep_env: dict = field(default_factory=lambda: {"raysweep": {}})  # label -> extra env of a run
+
+    def __post_init__(self) -> None:
+        if not self.sizes or not all(isinstance(n, int) and n >= 1 for n in self.sizes):
+            raise ValueError(f"e_prompts: prompt counts must be integers >= 1, got {self.sizes!r}")
+        if "multi" in self.variants and self.sizes[0] < 2:
+            raise ValueError(f"e_prompts: multi splits the first size between two tasks, got {self.sizes[0]}")
+        unknown = sorted(set(self.variants) - set(VARIANTS))
+        if unknown or not self.variants:
+            raise ValueError(f"e_variants: {unknown or 'none given'}; use some of {', '.join(VARIANTS)}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"e_max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
+        names = [model_name(m) for m in self.models]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"e_models: need distinct model names, got {names}")
+        for label, env in self.raysweep_env.items():
+            if not LABEL_RE.match(label) or not isinstance(env, dict) or \
+                    not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+                raise ValueError(f"e_raysweep_env: {label!r} must name a mapping of strings to strings, got {env!r}")
+        if not self.raysweep_env:
+            raise ValueError("e_raysweep_env: at least one raysweep variant is needed")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("part e (whole-process timing; vLLM arguments: --engine)")
+    group.add_argument("--e-prompts", default="1312,5248", help="prompt counts, comma-separated; multi uses the first")
+    group.add_argument("--e-variants", default=",".join(VARIANTS), help="which runs, comma-separated")
+    group.add_argument("--e-models", default="builtin:tiny,builtin:small,builtin:medium", help="multi's models")
+    group.add_argument("--e-max-tokens", type=int, default=256, help="generated tokens at most, per prompt")
+    group.add_argument("--e-actors", default='{"count": 1, "num_gpus": 1}', help="raysweep's `actors` (JSON)")
+    group.add_argument("--e-multi-actors", default='{"count": 1, "num_gpus": 1}', help="`actors` in multi (JSON)")
+    group.add_argument("--e-raysweep-env", default="{}", help="raysweep variants, each run once: JSON "
+                       "{label: {ENV: value}}, e.g. '{\"inproc\": {\"RAYSWEEP_VLLM_INPROC\": \"1\"}}'")
+
+
+def config_from_args(args: argparse.Namespace) -> E2EConfig:
+    envs = json.loads(args.e_raysweep_env)
+    if not isinstance(envs, dict):
+        raise ValueError(f"e_raysweep_env: must be a JSON object, got {args.e_raysweep_env!r}")
+    return E2EConfig(sizes=tuple(int(n) for n in args.e_prompts.split(",")),
+                     variants=tuple(v.strip() for v in args.e_variants.split(",") if v.strip()),
+                     models=tuple(m.strip() for m in args.e_models.split(",") if m.strip()),
+                     max_tokens=args.e_max_tokens, actors=json.loads(args.e_actors),
+                     multi_actors=json.loads(args.e_multi_actors),
+                     raysweep_env={f"raysweep_{k}": v for k, v in envs.items()} or {"raysweep": {}})
+
+
+def model_name(path: str) -> str:
+    """A spec-safe model name: `tiny` for builtin:tiny, the folder's name for a path."""
+    base = path.split(":", 1)[1] if path.startswith("builtin:") else Path(path.rstrip("/")).name
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-._") or "model"
+
+
+def sweep_spec(name: str, output: Path, models: list, tasks: list, overrides: dict, max_tokens: int,
+               actors: dict) -> dict:
+    """A raysweep spec: models [(name, path)] x tasks [(name, JSONL file of {"id", "text"})]."""
+    return {
+        "name": name, "output": str(output),
+        "models": [{"name": m, "path": p, "engine": {"backend": "vllm", **overrides}} for m, p in models],
+        # chunked prefill off: every shard runs the short profile, whose vLLM arguments the baselines get
+        "tasks": [{"name": t, "data": str(f), "id_column": "id", "prompt": "{text}", "chunked_prefill": "off",
+                   "sampling": {"max_tokens": max_tokens, "temperature": 0}} for t, f in tasks],
+        "shards": {"max_samples": SHARD_SAMPLES}, "actors": dict(actors)}
+
+
+def vllm_args(model_path: str, overrides: dict) -> dict:
+    """What raysweep gives `vllm.LLM` for a short shard with a whole GPU."""
+    from actors.engine import EngineProfile
+    from actors.vllm_engine import engine_args
+    from cluster.spec import ModelSpec
+
+    return engine_args(ModelSpec("bench", model_path, engine=dict(overrides)), model_path, EngineProfile(), 1.0)
+
+
+def write_prompts(path: Path, texts: list) -> Path:
+    with open(path, "w") as f:
+        f.writelines(json.dumps({"id": f"p{i:05d}", "text": t}) + "\n" for i, t in enumerate(texts))
+    return path
+
+
+def count_lines(path: Path) -> int:
+    with open(path) as f:
+        return sum(1 for line in f if line.strip())
+
+
+def run_process(argv: list[str], env: dict[str, str], stem: Path) -> tuple[float, str]:
+    """Run one child to its exit: wall seconds from just before its start to just after its exit, and its
+    stdout. Its stdout and stderr go to files beside `stem`; a non-zero exit raises with stderr's tail."""
+    stem.with_name(stem.name + ".cmd").write_text(
+        " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv) + "\n")
+    # unbuffered: a child's log lines reach its files in order and in full, even if it is killed
+    child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    out, err = stem.with_name(stem.name + ".stdout"), stem.with_name(stem.name + ".stderr")
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        started = time.perf_counter()
+        code = subprocess.run(argv, stdout=stdout, stderr=stderr, env=child_env, cwd=REPO).returncode
+        wall = time.perf_counter() - started
+    if code != 0:
+        tail = err.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{stem.name}: {shlex.join(argv[:3])} exited {code}; its stderr ends:\n{tail}")
+    return wall, out.read_text()
+
+
+def result_counts(output: Path) -> tuple[int, int]:
+    """Rows and output tokens in a sweep's committed result files."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    rows = tokens = 0
+    for path in (output / "results").rglob("*.parquet"):
+        if not path.name.startswith("."):  # a temporary file of an uncommitted shard
+            table = pq.read_table(path, columns=["output_tokens"])
+            rows, tokens = rows + table.num_rows, tokens + (pc.sum(table["output_tokens"]).as_py() or 0)
+    return rows, tokens
+
+
+def raysweep_figures(output: Path) -> dict:
+    """raysweep's own start-up and progress figures, where it wrote them: manifest `runs[-1]` and the
+    median over actors of telemetry/actors.parquet. Absent fields and columns are left out."""
+    import pyarrow.parquet as pq
+
+    from cluster.sink import read_manifest
+
+    runs = read_manifest(str(output)).get("runs") or [{}]
+    figures = {f: (runs[-1][f], "s (manifest runs[-1])") for f in MANIFEST_FIELDS if runs[-1].get(f) is not None}
+    actors = output / "telemetry" / "actors.parquet"
+    table = pq.read_table(actors) if actors.exists() else None
+    for column in ACTOR_COLUMNS:
+        values = [v for v in table[column].to_pylist() if v is not None] if table is not None and \
+            column in table.column_names else []
+        if values:
+            figures[f"actor_{column}_median"] = (statistics.median(values), f"s (median of {len(values)} actors)")
+    return figures
+
+
+@dataclass
+class Finished:
+    wall_s: float
+    output_tokens: int
+    figures: dict = field(default_factory=dict)  # name -> (value, unit)
+
+
+def _expect(stem: str, got: int, want: int) -> None:
+    if got != want:
+        raise RuntimeError(f"{stem}: {got} outputs for {want} prompts")
+
+
+class EndToEnd:
+    """Part (e) for one Bench: figures go to `bench.record`, files to `bench.out`. `runner` starts and times
+    a child (`run_process`; tests inject a stub), `resolve` turns builtin:NAME into a model directory."""
+
+    def __init__(self, bench, config: E2EConfig, runner: Runner | None = None, resolve=None):
+        from cluster.builtin_model import resolve_model_path
+
+        self.bench, self.config, self.out = bench, config, Path(bench.out)
+        self.runner, self.resolve = runner or run_process, resolve or resolve_model_path
+        self.overrides = dict(getattr(bench, "engine_overrides", {}))
+        self.warmed: set[str] = set()  # labels whose untimed warm-up has run
+
+    def run(self) -> None:
+        # 1. models built and prompt files written before anything is timed
+        multi = [(model_name(m), self.resolve(m)) for m in self.config.models if "multi" in self.config.variants]
+        warm = write_prompts(self.out / "e_warm.jsonl", prompts_of(WARM_PROMPTS, 64, 1024, seed=10))
+        # 2. one model, each size: raysweep (each env variant), the plain script, Ray Data LLM
+        if set(self.config.variants) & {"raysweep", "plain", "ray_data"}:
+            for size in self.config.sizes:
+                self.single(size, warm)
+        # 3. several models on one GPU
+        if multi:
+            self.multi(self.config.sizes[0], multi)
+
+    def single(self, size: int, warm: Path) -> None:
+        data = write_prompts(self.out / f"e_n{size}.jsonl", prompts_of(size, 64, 1024, seed=11))
+        tag, variants, walls = f"n{size}", self.config.variants, {}
+        if "raysweep" in variants:
+            for label, env in self.config.raysweep_env.items():
+                run = self.sweep([("m", self.bench.model_path)], env, self.config.actors)
+                walls[label] = self.measure(label, tag, run, [("t", data)], [("t", warm)])
+        for variant, module in (("plain", "jobs.plain_vllm"), ("ray_data", "jobs.ray_data_llm")):
+            if variant in variants:
+                run = self.script(module, self.bench.model_path)
+                walls[variant] = self.measure(variant, tag, run, [("t", data)], [("t", warm)])
+        for label in self.config.raysweep_env:
+            for other in ("plain", "ray_data"):
+                if label in walls and other in walls:
+                    self.bench.record("e", f"RATIO {other}/{label} {tag}", walls[other] / walls[label],
+                                      "x (whole-process wall time; above 1: raysweep is faster)")
+
+    def multi(self, size: int, models: list) -> None:
+        half, w = size // 2, WARM_PROMPTS // 2
+        short, long_ = prompts_of(half, 64, 256, seed=12), prompts_of(size - half, 512, 1024, seed=13)
+        sets = {"short": short, "long": long_, "both": short + long_}
+        data = {k: write_prompts(self.out / f"e_multi_{k}.jsonl", v) for k, v in sets.items()}
+        warm = {k: write_prompts(self.out / f"e_multi_warm_{k}.jsonl", v)
+                for k, v in (("short", short[:w]), ("long", long_[:w]), ("both", short[:w] + long_[:w]))}
+        tag, tasks = f"n{size}", ("short", "long")
+        walls = {label: self.measure(f"multi_{label}", tag, self.sweep(models, env, self.config.multi_actors),
+                                     [(t, data[t]) for t in tasks], [(t, warm[t]) for t in tasks])
+                 for label, env in self.config.raysweep_env.items()}
+        plain_sum = sum(self.measure(f"multi_plain_{name}", tag, self.script("jobs.plain_vllm", path),
+                                     [("both", data["both"])], [("both", warm["both"])]) for name, path in models)
+        self.bench.record("e", f"multi_plain_sum {tag} wall_s", plain_sum,
+                          f"s ({len(models)} plain processes, one after another)")
+        for label, wall in walls.items():
+            self.bench.record("e", f"RATIO multi plain_sum/{label} {tag}", plain_sum / wall,
+                              f"x ({len(models)} models x 2 tasks; above 1: raysweep is faster)")
+
+    def measure(self, label: str, tag: str, run, tasks: list, warm_tasks: list) -> float:
+        """The timed run of one variant, after its untimed warm-up if it has had none: wall seconds."""
+        if label not in self.warmed:
+            warm = run(f"e_{label}_warm", warm_tasks)
+            self.warmed.add(label)
+            self.bench.record("e", f"{label} warm-up wall_s", warm.wall_s,
+                              "s (untimed run before the timed ones: fills the compile and page caches)")
+        done = run(f"e_{label}_{tag}", tasks)
+        self.bench.record("e", f"{label} {tag} wall_s", done.wall_s, "s (whole process, start to exit)")
+        self.bench.record("e", f"{label} {tag} output_tokens", done.output_tokens, "tokens")
+        for name, (value, unit) in done.figures.items():
+            self.bench.record("e", f"{label} {tag} {name}", value, unit)
+        return done.wall_s
+
+    def sweep(self, models: list, env: dict, actors: dict):
+        def run(stem: str, tasks: list) -> Finished:
+            output, spec = self.out / stem, self.out / f"{stem}.yaml"
+            spec.write_text(json.dumps(sweep_spec(stem, output, models, tasks, self.overrides,
+                                                  self.config.max_tokens, actors), indent=1))  # JSON is YAML
+            wall, _ = self.runner([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(output),
+                                   "--new-run"], env, self.out / stem)
+            rows, tokens = result_counts(output)
+            _expect(stem, rows, len(models) * sum(count_lines(f) for _, f in tasks))
+            return Finished(wall, tokens, raysweep_figures(output))
+        return run
+
+    def script(self, module: str, model_path: str):
+        args = json.dumps(vllm_args(model_path, self.overrides))
+
+        def run(stem: str, tasks: list) -> Finished:
+            [(_, prompts)] = tasks  # one prompt file: a script runs one list of prompts
+            wall, stdout = self.runner([sys.executable, "-m", module, "--model", model_path, "--prompts",
+                                        str(prompts), "--engine-args", args, "--max-tokens",
+                                        str(self.config.max_tokens)], {}, self.out / stem)
+            lines = stdout.strip().splitlines()
+            try:
+                summary = json.loads(lines[-1])
+            except (IndexError, json.JSONDecodeError):
+                raise RuntimeError(f"{stem}: no JSON summary as its last stdout line") from None
+            _expect(stem, summary["outputs"], count_lines(prompts))
+            return Finished(wall, summary["output_tokens"])
+        return run

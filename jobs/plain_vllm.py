@@ -1,0 +1,43 @@
+"""A plain vLLM script: the baseline that bench part (e) times as a whole process.
+
+    python -m jobs.plain_vllm --model PATH --prompts FILE.jsonl --engine-args JSON --max-tokens N
+
+What a user would write without raysweep: one `vllm.LLM`, one `generate` over every prompt (greedy, no
+stop strings), one JSON line on stdout with the counts, exit. The prompts are the `text` field of each
+JSONL row; the engine arguments are given whole (the bench passes raysweep's own, so both engines match).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def read_texts(path: str) -> list[str]:
+    with open(path) as f:
+        return [json.loads(line)["text"] for line in f if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.plain_vllm", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="model directory or hub id")
+    parser.add_argument("--prompts", required=True, help="JSONL file, one {\"text\": ...} row per prompt")
+    parser.add_argument("--engine-args", default="{}", help="vllm.LLM(...) arguments (JSON)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="generated tokens at most, per prompt")
+    args = parser.parse_args(argv)
+    texts = read_texts(args.prompts)
+    try:
+        from vllm import LLM, SamplingParams
+    except ImportError as e:
+        print(f"jobs.plain_vllm: vLLM is not installed: pip install 'raysweep[vllm]' ({e})", file=sys.stderr)
+        return 2
+
+    llm = LLM(**{**json.loads(args.engine_args), "model": args.model})
+    outs = llm.generate(texts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0), use_tqdm=False)
+    print(json.dumps({"outputs": len(outs), "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

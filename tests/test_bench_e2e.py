@@ -1,0 +1,104 @@
+"""Bench part (e) without a GPU: its specs load as real sweep specs, its child runner reports failures, and
+the whole part runs against a stub runner that plays the three programs (results, JSON summaries)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cluster.spec import load_spec
+from jobs.bench import Bench
+from jobs.bench_e2e import E2EConfig, EndToEnd, run_process, sweep_spec, write_prompts
+
+WALL = {"jobs.sweep": 10.0, "jobs.plain_vllm": 20.0, "jobs.ray_data_llm": 30.0}  # stub seconds per program
+
+
+def test_sweep_spec_is_a_valid_greedy_spec(tmp_path):
+    data = write_prompts(tmp_path / "p.jsonl", ["a b", "c d e"])
+    raw = sweep_spec("e_x", tmp_path / "out", [("tiny", "/m/tiny"), ("small", "/m/small")], [("t", data)],
+                     {"max_model_len": 4096}, 64, {"count": 1, "num_gpus": 0.5})
+    (tmp_path / "s.yaml").write_text(json.dumps(raw))
+    spec = load_spec(tmp_path / "s.yaml")
+    assert [(m.name, m.backend, m.engine) for m in spec.models] == [
+        ("tiny", "vllm", {"max_model_len": 4096}), ("small", "vllm", {"max_model_len": 4096})]
+    task = spec.tasks[0]
+    assert (task.sampling.max_tokens, task.sampling.temperature, task.sampling.stop) == (64, 0, ())
+    assert (task.id_column, task.chunked_prefill, spec.shards.max_samples) == ("id", "off", 256)
+    assert (spec.actors.count, spec.actors.num_gpus) == (1, 0.5)
+
+
+def test_config_rejects_unknown_variant_and_non_string_env():
+    with pytest.raises(ValueError, match="e_variants"):
+        E2EConfig(variants=("raysweep", "vllm_serve"))
+    with pytest.raises(ValueError, match="e_raysweep_env"):
+        E2EConfig(raysweep_env={"raysweep_inproc": {"RAYSWEEP_VLLM_INPROC": 1}})
+
+
+def test_run_process_raises_with_stderr_tail(tmp_path):
+    argv = [sys.executable, "-c", "import sys; print('engine died', file=sys.stderr); sys.exit(3)"]
+    with pytest.raises(RuntimeError, match="exited 3(.|\n)*engine died"):
+        run_process(argv, {}, tmp_path / "child")
+    wall, out = run_process([sys.executable, "-c", "import os; print(os.environ['X'])"], {"X": "y"}, tmp_path / "ok")
+    assert out == "y\n" and wall > 0
+
+
+class StubRunner:
+    """Plays the three programs: writes a sweep's results and manifest, or prints a script's summary."""
+
+    def __init__(self, short_by: int = 0):
+        self.calls, self.short_by = [], short_by
+
+    def __call__(self, argv, env, stem):
+        module = argv[2]
+        self.calls.append((stem.name, env))
+        if module == "jobs.sweep":
+            spec = load_spec(argv[3])
+            output = Path(argv[argv.index("--output") + 1])
+            for m in spec.models:
+                for t in spec.tasks:
+                    n = sum(1 for _ in open(spec.data_path(t))) - self.short_by
+                    folder = output / "results" / f"model={m.name}" / f"task={t.name}"
+                    folder.mkdir(parents=True)
+                    pq.write_table(pa.table({"output_tokens": pa.array([3] * n, pa.int32())}), folder / "shard-00000.parquet")
+            (output / "manifest.json").write_text(json.dumps({"shards": {}, "runs": [{"ray_start_s": 1.5}]}))
+            return WALL[module], ""
+        engine = json.loads(argv[argv.index("--engine-args") + 1])
+        assert engine["model"] == argv[argv.index("--model") + 1] and engine["enable_chunked_prefill"] is False
+        n = sum(1 for _ in open(argv[argv.index("--prompts") + 1]))
+        return WALL[module], f"some log line\n{json.dumps({'outputs': n, 'output_tokens': 2 * n})}\n"
+
+
+def bench_at(tmp_path) -> Bench:
+    bench = Bench("/models/small", tmp_path, n_prompts=1)
+    bench.rows.clear()
+    return bench
+
+
+def test_part_e_times_each_variant_after_one_warm_up_and_records_ratios(tmp_path):
+    bench, runner = bench_at(tmp_path), StubRunner()
+    config = E2EConfig(sizes=(6, 10), models=("builtin:tiny", "builtin:small"),
+                       raysweep_env={"raysweep_inproc": {"RAYSWEEP_VLLM_INPROC": "1"}})
+    EndToEnd(bench, config, runner=runner, resolve=lambda p: "/models/" + p.split(":")[1]).run()
+    values = {r["metric"]: r["value"] for r in bench.rows}
+    names = [name for name, _ in runner.calls]
+    assert names.count("e_plain_warm") == names.count("e_raysweep_inproc_warm") == 1
+    assert names.count("e_multi_plain_tiny_warm") == names.count("e_multi_plain_small_warm") == 1
+    assert all(env == {"RAYSWEEP_VLLM_INPROC": "1"} for name, env in runner.calls if "raysweep" in name)
+    for n in (6, 10):
+        assert values[f"RATIO plain/raysweep_inproc n{n}"] == pytest.approx(2.0)
+        assert values[f"RATIO ray_data/raysweep_inproc n{n}"] == pytest.approx(3.0)
+        assert values[f"raysweep_inproc n{n} output_tokens"] == 3 * n
+        assert values[f"plain n{n} output_tokens"] == 2 * n
+        assert values[f"raysweep_inproc n{n} ray_start_s"] == 1.5
+    assert values["multi_plain_sum n6 wall_s"] == pytest.approx(40.0)  # two models, 20 s each
+    assert values["RATIO multi plain_sum/raysweep_inproc n6"] == pytest.approx(4.0)
+    assert values["multi_raysweep_inproc n6 output_tokens"] == 3 * 2 * 6  # both models, both tasks
+
+
+def test_part_e_fails_when_a_run_misses_outputs(tmp_path):
+    config = E2EConfig(sizes=(4,), variants=("raysweep",))
+    with pytest.raises(RuntimeError, match="255 outputs for 256 prompts"):
+        EndToEnd(bench_at(tmp_path), config, runner=StubRunner(short_by=1), resolve=str).run()
