@@ -8,6 +8,9 @@
   max_model_len, so no prompt is ever split); `long` turns it on with the chunk size from the plan.
 - Structured outputs: vLLM's `StructuredOutputsParams`, xgrammar backend forced, compact JSON.
 - Warm-up: a few short requests run before the engine is reported started (included in load_s).
+- Engine core: in the actor's own process by default (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: no second
+  process importing vLLM again; `RAYSWEEP_VLLM_INPROC=0` keeps vLLM's spawned process). A profile or
+  model change then frees this process's GPU memory before the next engine starts.
 - Streaming: one engine thread owns the `LLM` and steps it; `generate` calls from concurrent shards
   enqueue their requests into the running batch, so the next shard is admitted before the last ends.
   If stepping the engine raises, the actor process exits so the scheduler retries its shards elsewhere.

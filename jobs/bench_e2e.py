@@ -57,6 +57,7 @@ class E2EConfig:
     actors: dict = field(default_factory=lambda: {"count": 1, "num_gpus": 1})  # raysweep's `actors`
     multi_actors: dict = field(default_factory=lambda: {"count": 1, "num_gpus": 1})  # ... in `multi`
     raysweep_env: dict = field(default_factory=lambda: {"raysweep": {}})  # label -> extra env of a run
+    warm: bool = True  # False: no warm-up runs (an earlier call on the same machine warmed the caches)
 
     def __post_init__(self) -> None:
         if not self.sizes or not all(isinstance(n, int) and n >= 1 for n in self.sizes):
@@ -87,6 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--e-max-tokens", type=int, default=256, help="generated tokens at most, per prompt")
     group.add_argument("--e-actors", default='{"count": 1, "num_gpus": 1}', help="raysweep's `actors` (JSON)")
     group.add_argument("--e-multi-actors", default='{"count": 1, "num_gpus": 1}', help="`actors` in multi (JSON)")
+    group.add_argument("--e-no-warm", action="store_true",
+                       help="skip the untimed warm-up runs: an earlier call on this machine warmed the caches")
     group.add_argument("--e-raysweep-env", default="{}", help="raysweep variants, each run once: JSON "
                        "{label: {ENV: value}}, e.g. '{\"inproc\": {\"RAYSWEEP_VLLM_INPROC\": \"1\"}}'")
 
@@ -100,7 +103,8 @@ def config_from_args(args: argparse.Namespace) -> E2EConfig:
                      models=tuple(m.strip() for m in args.e_models.split(",") if m.strip()),
                      max_tokens=args.e_max_tokens, actors=json.loads(args.e_actors),
                      multi_actors=json.loads(args.e_multi_actors),
-                     raysweep_env={f"raysweep_{k}": v for k, v in envs.items()} or {"raysweep": {}})
+                     raysweep_env={f"raysweep_{k}": v for k, v in envs.items()} or {"raysweep": {}},
+                     warm=not args.e_no_warm)
 
 
 def model_name(path: str) -> str:
@@ -188,6 +192,12 @@ def raysweep_figures(output: Path) -> dict:
             column in table.column_names else []
         if values:
             figures[f"actor_{column}_median"] = (statistics.median(values), f"s (median of {len(values)} actors)")
+    shards = output / "telemetry" / "shards.parquet"
+    if shards.exists():  # first shard's start to last shard's end: comparable to the plain script's generate_s
+        times = pq.read_table(shards, columns=["started_at", "finished_at"]).drop_null()
+        if times.num_rows:
+            span = max(times["finished_at"].to_pylist()) - min(times["started_at"].to_pylist())
+            figures["shards_span_s"] = (span.total_seconds(), "s (first shard start to last shard end)")
     return figures
 
 
@@ -265,7 +275,7 @@ class EndToEnd:
 
     def measure(self, label: str, tag: str, run, tasks: list, warm_tasks: list) -> float:
         """The timed run of one variant, after its untimed warm-up if it has had none: wall seconds."""
-        if label not in self.warmed:
+        if self.config.warm and label not in self.warmed:
             warm = run(f"e_{label}_warm", warm_tasks)
             self.warmed.add(label)
             self.bench.record("e", f"{label} warm-up wall_s", warm.wall_s,
@@ -303,5 +313,7 @@ class EndToEnd:
             except (IndexError, json.JSONDecodeError):
                 raise RuntimeError(f"{stem}: no JSON summary as its last stdout line") from None
             _expect(stem, summary["outputs"], count_lines(prompts))
-            return Finished(wall, summary["output_tokens"])
+            phases = {name: (summary[name], "s (the script's own clock)")
+                      for name in ("import_s", "init_s", "generate_s") if summary.get(name) is not None}
+            return Finished(wall, summary["output_tokens"], phases)
         return run

@@ -3,7 +3,7 @@
     python -m jobs.plain_vllm --model PATH --prompts FILE.jsonl --engine-args JSON --max-tokens N
 
 What a user would write without raysweep: one `vllm.LLM`, one `generate` over every prompt (greedy, no
-stop strings), one JSON line on stdout with the counts, exit. The prompts are the `text` field of each
+stop strings), one JSON line on stdout with the counts and its own phase times, exit. The prompts are the `text` field of each
 JSONL row; the engine arguments are given whole (the bench passes raysweep's own, so both engines match).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 
 def read_texts(path: str) -> list[str]:
@@ -27,15 +28,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=256, help="generated tokens at most, per prompt")
     args = parser.parse_args(argv)
     texts = read_texts(args.prompts)
+    started = time.perf_counter()
     try:
         from vllm import LLM, SamplingParams
     except ImportError as e:
         print(f"jobs.plain_vllm: vLLM is not installed: pip install 'raysweep[vllm]' ({e})", file=sys.stderr)
         return 2
 
+    imported = time.perf_counter()
     llm = LLM(**{**json.loads(args.engine_args), "model": args.model})
+    built = time.perf_counter()
     outs = llm.generate(texts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0), use_tqdm=False)
-    print(json.dumps({"outputs": len(outs), "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}))
+    done = time.perf_counter()
+    # its own clock beside the bench's whole-process one: import, engine construction, generate
+    print(json.dumps({"outputs": len(outs), "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+                      "import_s": imported - started, "init_s": built - imported, "generate_s": done - built}))
     return 0
 
 

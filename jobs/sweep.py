@@ -20,6 +20,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", help="Ray cluster address, or `auto` for the one `ray start` runs here "
                                           "(default: RAY_ADDRESS, set by `ray job submit`; else a new local Ray)")
     parser.add_argument("--max-attempts", type=int, default=3, help="attempts per shard before it is failed")
+    parser.add_argument("--dashboard", action="store_true",
+                        help="with a new local Ray, start its dashboard too (a cluster's is on its head node); "
+                             "off by default: it adds seconds to every sweep's start")
     parser.add_argument("--new-run", action="store_true",
                         help="discard the output's earlier results (also another spec's) and start again")
 
@@ -39,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         # without --address or RAY_ADDRESS, start a new local Ray rather than ray.init()'s default of
         # joining whatever /tmp/ray records as this machine's cluster, which may be long dead
-        ray.init(address=args.address or os.environ.get("RAY_ADDRESS") or "local", log_to_driver=True)
+        address = args.address or os.environ.get("RAY_ADDRESS") or "local"
+        # a dashboard can only be chosen for a Ray this process starts
+        dashboard = {"include_dashboard": args.dashboard} if address == "local" else {}
+        ray.init(address=address, log_to_driver=True, **dashboard)
     except BaseException:
         prepared.sink.close()
         raise

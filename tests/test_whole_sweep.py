@@ -14,7 +14,7 @@ from cluster.run import run_sweep
 from cluster.spec import load_spec
 
 
-def two_model_spec(tmp_path, models, rows=48, actors=None):
+def two_model_spec(tmp_path, models, rows=48, actors=None, max_tokens=6):
     """`models` (name, path, backend) x one task of `rows` rows in shards of 6, on 2 one-CPU actors."""
     data = [{"id": f"s{i}", "text": f"sample number {i} says"} for i in range(rows)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
@@ -22,7 +22,7 @@ def two_model_spec(tmp_path, models, rows=48, actors=None):
         "name": "two-models", "output": str(tmp_path / "out"),
         "models": [{"name": name, "path": path, "engine": backend} for name, path, backend in models],
         "tasks": [{"name": "t", "data": "d.jsonl", "id_column": "id", "prompt": "{text}",
-                   "sampling": {"max_tokens": 6}}],
+                   "sampling": {"max_tokens": max_tokens}}],
         "shards": {"max_samples": 6}, "actors": actors or {"count": 2, "num_cpus": 1}}))
     return load_spec(tmp_path / "two.yaml")
 
@@ -30,16 +30,18 @@ def two_model_spec(tmp_path, models, rows=48, actors=None):
 @pytest.fixture(scope="module")
 def two_models(ray_local, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("two-models")
-    spec = two_model_spec(tmp, [("a", "builtin:tiny", "hf"), ("b", "builtin:tiny", "hf")])
+    # enough work per model (several seconds on the CPU engine) that the second actor, whose imports may
+    # finish seconds after the first's on a loaded machine, comes up while the first model still runs
+    spec = two_model_spec(tmp, [("a", "builtin:tiny", "hf"), ("b", "builtin:tiny", "hf")], rows=96, max_tokens=48)
     return run_sweep(spec, log=lambda line: None), tmp / "out"
 
 
 def test_both_models_run_at_once_and_every_sample_lands_once(two_models):
     report, out = two_models
-    assert not report.failed and report.samples == 2 * 48
+    assert not report.failed and report.samples == 2 * 96
     results = pq.read_table(out / "results").to_pandas()
     keys = list(zip(results["model"].astype(str), results["task"].astype(str), results["sample_id"]))
-    assert len(keys) == len(set(keys)) == 2 * 48
+    assert len(keys) == len(set(keys)) == 2 * 96
     shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pandas()
     windows = shards.groupby("model").agg(start=("started_at", "min"), end=("finished_at", "max"))
     assert set(windows.index) == {"a", "b"}
