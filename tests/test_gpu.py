@@ -142,7 +142,7 @@ def test_structured_outputs_all_valid(vllm_engine, kind, value):
 
 def test_two_models_one_gpu_change_model_in_the_same_actor(ray_local, tmp_path):
     """Two models on one whole GPU: one actor runs the first, then changes model (a new engine in the
-    same process, the engine core in-process by default); start-up figures measured for each start.
+    same actor: its engine core shut down and a new one started); start-up figures for each start.
     (0.4 of the GPU each: this module's engine fixture holds 0.3 of it while this runs.)"""
     import pyarrow.parquet as pq
 
