@@ -98,6 +98,8 @@ def preload(backends) -> None:
                    "fake": ("transformers",)}[backend]
         for module in modules:
             importlib.import_module(module)
+        if backend == "vllm":
+            getattr(importlib.import_module("vllm"), "LLM")  # `vllm` imports lazily: this is the heavy part
 
 
 def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_threads: int | None,

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 from actors.engine import EngineProfile, GenRequest, make_engine, preload, runs_profile
-from actors.telemetry import GpuSampler
+from actors.telemetry import GpuSampler, gpu_name
 from cluster.planner import Shard
 from cluster.spec import ModelSpec, TaskSpec
 from cluster.timing import process_started_at, since, utc
@@ -51,7 +51,7 @@ class EvalActor:
         # starts at the request, not at the process's birth
         process_at = max(process_started_at() or requested_at, requested_at)
         preload(backends)  # the imports every engine start would otherwise pay: once per process
-        self.gpu_name = _gpu_name()
+        self.gpu_name = gpu_name()
         self.gpu = GpuSampler().start()  # one sampler for the actor's life; shards read their own windows
         self._imported_at = time.time()
         self._first = {"requested_at": requested_at, "process_started_at": utc(process_at),
@@ -239,12 +239,3 @@ def _load_tokenizer(model_path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_path)
-
-
-def _gpu_name() -> str | None:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    except ImportError:
-        return None

@@ -29,6 +29,18 @@ def _nvml_handle():
         return None
 
 
+def gpu_name() -> str | None:
+    """The name NVML gives this process's GPU ("NVIDIA H100 80GB HBM3"), or None. Read through NVML, not
+    torch, so that an actor whose engine core runs in a process of its own never opens a CUDA context."""
+    handle = _nvml_handle()
+    if handle is None:
+        return None
+    import pynvml
+
+    name = pynvml.nvmlDeviceGetName(handle)
+    return name.decode() if isinstance(name, bytes) else name
+
+
 class GpuSampler:
     """Samples the GPU on a thread: `start()`/`stop()` for an actor's lifetime, or `with` for one span."""
 

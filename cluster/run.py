@@ -144,6 +144,10 @@ class _Run:
         capacity = slot_capacity(resources)
         self.scheduler = SweepScheduler(spawn, events, capacity=capacity, max_attempts=max_attempts,
                                         start_one_by_one=0 < resources.num_gpus < 1)
+        # every model from the spec now, so its actors start (process, imports) while the checks run;
+        # each gets its engine start only once it passed them (ModelReady, in feed)
+        for model in spec.models:
+            self.scheduler.add_model(ModelWork(model.name, spec.actors.count, shards_in_flight(spec, model)))
         wanted = sum(spec.actors.count for _ in spec.models)
         with requested_capacity(resources, wanted if capacity is None else min(wanted, capacity)):
             self.scheduler.run(self.feed)
@@ -154,9 +158,8 @@ class _Run:
         for event in self.plans.take(timeout_s):
             if isinstance(event, ModelReady):
                 model, path = event.model, event.path
-                self.scheduler.add_model(ModelWork(
-                    model.name, self.spec.actors.count, shards_in_flight(self.spec, model),
-                    start=lambda handle, at, model=model, path=path: handle.start_engine.remote(model, path, at)))
+                self.scheduler.models[model.name].start = (
+                    lambda handle, at, model=model, path=path: handle.start_engine.remote(model, path, at))
             else:
                 self.add_plan(event)
         if self.plans.done:

@@ -1,7 +1,7 @@
 """One scheduler over the whole sweep (DESIGN §4): every model's shards on one set of actors.
 
 1. Actors are GPU shares, started before their model is chosen: their processes start and import vLLM
-   while the driver still plans. There are as many as the models with work left allow (each model's
+   while the driver still checks and plans (a model gets an engine only once it passed its checks). There are as many as the models with work left allow (each model's
    `actors.count` is a per-model maximum; they add up), bounded by what the cluster can hold.
 2. An actor whose imports are done is given the model with the most samples left per actor among those
    below their maximum. When its model has no shards left and none in flight, it is given another model
@@ -47,7 +47,9 @@ class ModelWork:
     name: str
     max_actors: int  # actors that may run it at once
     depth: int  # shards in flight per actor
-    start: Callable[[Any, float], Any]  # (actor handle, requested_at) -> ref of its engine start row
+    # (actor handle, requested_at) -> ref of its engine start row; None until the model passed its checks:
+    # actors are started for it meanwhile, but no engine
+    start: Callable[[Any, float], Any] | None = None
     queues: dict[str, deque] = field(default_factory=dict)  # shards waiting, one queue per profile
     assigned: int = 0  # actors running or starting it
     failed: str | None = None  # the engine's error, if it could not start
@@ -194,8 +196,8 @@ class SweepScheduler:
 
     def _next_model(self, slot: _Slot) -> ModelWork | None:
         """The model with the most samples left per actor, among those with work below their maximum."""
-        candidates = [m for m in self.models.values() if m and not m.failed
-                      and m.assigned - (m.name == slot.model) < m.max_actors and m.name != slot.model]
+        candidates = [m for m in self.models.values() if m and not m.failed and m.start is not None
+                      and m.assigned < m.max_actors and m.name != slot.model]
         return max(candidates, key=lambda m: m.samples_left() / (m.assigned + 1), default=None)
 
     def _dispatch(self) -> None:
