@@ -71,14 +71,14 @@ class EvalActor:
         """Run `model` from now on (closing the engine of another model); returns its telemetry/actors row.
         The scheduler calls this only while no shard is in flight here."""
         with self._cv:
-            reason = "first" if self.engine is None and self.model is None else "model"
             if self.engine is not None:
                 self.engine.close()
                 self.engine = None
-            if reason == "model":
-                self.model_changes += 1
+            reason = "model" if self.engine_starts else "first"  # a start that raised does not count
             self.model, self.model_path = model, model_path
-            return self._start_engine(profile, requested_at, reason)
+            row = self._start_engine(profile, requested_at, reason)
+            self.model_changes += reason == "model"
+            return dict(row, model_change=self.model_changes)
 
     def run_shard(self, shard: Shard, task: TaskSpec, attempt: int) -> tuple[pa.Table, dict]:
         engine = self._acquire(shard_profile(shard))

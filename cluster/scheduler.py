@@ -86,6 +86,7 @@ class _Slot:
     model: str | None = None  # the model its engine runs (or is starting)
     inflight: int = 0
     profile: str | None = None  # the profile of the last shard sent: what its engine runs now
+    refused: set = field(default_factory=set)  # models whose engine failed to start here
 
 
 @dataclass
@@ -197,7 +198,7 @@ class SweepScheduler:
     def _next_model(self, slot: _Slot) -> ModelWork | None:
         """The model with the most samples left per actor, among those with work below their maximum."""
         candidates = [m for m in self.models.values() if m and not m.failed and m.start is not None
-                      and m.assigned < m.max_actors and m.name != slot.model]
+                      and m.assigned < m.max_actors and m.name != slot.model and m.name not in slot.refused]
         return max(candidates, key=lambda m: m.samples_left() / (m.assigned + 1), default=None)
 
     def _dispatch(self) -> None:
@@ -241,9 +242,15 @@ class SweepScheduler:
             self.events.on_result(job, *value)
 
     def _model_failed(self, slot: _Slot, error: str) -> None:
+        """An engine that raised while starting. If another actor runs the same model, only this actor
+        gives it up (its GPU share may be what failed); otherwise the model's shards fail with the error."""
         model = self.models[slot.model]
-        model.failed, model.assigned = error, model.assigned - 1
+        model.assigned -= 1
+        slot.refused.add(model.name)
         slot.state, slot.model = "idle", None
+        if any(s.model == model.name and s.state == "running" for s in self.slots):
+            return
+        model.failed = error
         for queue in model.queues.values():
             while queue:
                 self._fail(queue.popleft(), error)
