@@ -145,3 +145,47 @@ def test_shards_in_flight_fill_four_engine_batches(max_samples, engine, actors, 
                        "tasks": [{"name": "t", "data": "x.jsonl", "prompt": "{q}"}],
                        "shards": {"max_samples": max_samples}, "actors": actors})
     assert shards_in_flight(spec, spec.models[0]) == depth
+
+
+def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_local):
+    """Actor 1's engine raises (as a GPU share short of memory would) while actor 0 runs the same model:
+    actor 1 gives the model up, and actor 0 runs every shard."""
+    from types import SimpleNamespace
+
+    from cluster.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
+
+    class _SecondFails:
+        def __init__(self, number: int):
+            self.number = number
+
+        def ready(self) -> dict:
+            return {}
+
+        def start_engine(self, model: str, requested_at: float) -> dict:
+            if self.number == 1:
+                import time
+
+                time.sleep(1.0)  # actor 0 is running by then
+                raise RuntimeError("CUDA out of memory")
+            return {"actor": self.number}
+
+        def run_shard(self, shard, task, attempt):
+            import time
+
+            time.sleep(0.2)
+            return shard.name, {"actor": self.number}
+
+        def close(self) -> None:
+            pass
+
+    remote = ray_local.remote(_SecondFails).options(num_cpus=0.1, max_restarts=0)
+    results = []
+    events = SchedulerEvents(on_result=lambda job, value, telemetry: results.append(value),
+                             on_failed=lambda job: results.append(("failed", job.errors)))
+    scheduler = SweepScheduler(lambda n, at: remote.remote(n), events, capacity=2)
+    scheduler.add_model(ModelWork("m", max_actors=2, depth=2,
+                                  start=lambda handle, at: handle.start_engine.remote("m", at)))
+    jobs = [Job(SimpleNamespace(name=f"s{i}", model="m", profile="short", n_samples=1), None) for i in range(12)]
+    scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
+    assert sorted(results) == sorted(f"s{i}" for i in range(12))  # nothing failed
+    assert not scheduler.models["m"].failed
