@@ -125,7 +125,6 @@ class EvalActor:
             return self.engine
 
     def _start_engine(self, profile: EngineProfile, engine_requested_at: float, reason: str) -> dict:
-        requested_at = engine_requested_at
         gpu_fraction = self.num_gpus if self.num_gpus else 1.0
         self.engine = make_engine(self.model, self.model_path, profile, num_threads=max(1, int(self.num_cpus)),
                                   gpu_fraction=gpu_fraction)
@@ -133,6 +132,7 @@ class EvalActor:
         # one tokenizer per engine: the engine's own where it has one (vLLM's, the CPU engine's)
         self.tokenizer = getattr(self.engine, "tokenizer", None) or _load_tokenizer(self.model_path)
         first, self._first = self._first, {}  # the process and its imports belong to the first start only
+        requested_at = engine_requested_at
         if first:  # its clock runs from the actor's request; the wait for a model sits between
             requested_at = first.pop("requested_at")
             first["waiting_s"] = since(self._imported_at, engine_requested_at)

@@ -28,7 +28,8 @@ class FakeEngine:
         self._init_s = time.perf_counter() - started
 
     def startup(self) -> dict:
-        return {"engine_init_s": self._init_s, "warmup_s": None, "load_s": None, "compile_s": None, "graph_capture_s": None, "cuda_graphs": False,
+        return {"engine_init_s": self._init_s, "warmup_s": None, "load_s": None, "compile_s": None,
+                "graph_capture_s": None, "cuda_graphs": False,
                 "graph_mode": None, "fallback_reason": None, "chunked_prefill": False,
                 "max_num_batched_tokens": None, "max_num_seqs": None}
 

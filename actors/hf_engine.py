@@ -51,7 +51,8 @@ class HFEngine:
 
     def startup(self) -> dict:
         return {"engine_init_s": self._init_s, "warmup_s": self._warmup_s,
-                "load_s": self._init_s + self._warmup_s, "compile_s": None, "graph_capture_s": None, "cuda_graphs": False,
+                "load_s": self._init_s + self._warmup_s, "compile_s": None, "graph_capture_s": None,
+                "cuda_graphs": False,
                 "graph_mode": None, "fallback_reason": None, "chunked_prefill": False,
                 "max_num_batched_tokens": None, "max_num_seqs": self.batch_size}
 

@@ -55,7 +55,7 @@ def configure_process() -> None:
     # benchmark, NVML-then-torch in an actor) cannot fork one that works. vLLM forces spawn in Ray
     # actors itself; this makes every caller the same.
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-    # the engine core in this process: no second process, no second import of vLLM (see in_process)
+    # where the engine core runs: vLLM's spawned process, or this one (see in_process)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process() else "1"
 
 
@@ -337,11 +337,8 @@ def _release_in_process_memory() -> None:
 
     import torch
 
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
     gc.collect()
-    try:
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-    except ImportError:  # a vLLM without it: freeing the cached blocks is what is left to do
-        cleanup_dist_env_and_memory = None
-    if cleanup_dist_env_and_memory is not None:
-        cleanup_dist_env_and_memory()
+    cleanup_dist_env_and_memory()
     torch.cuda.empty_cache()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from cluster.spec import ActorSpec
 
+
 class PlacementError(ValueError):
     """No node of the cluster (present, or one the autoscaler may start) can hold one actor."""
 
@@ -61,7 +62,8 @@ def node_shapes(bundle: dict) -> tuple[list[dict], bool]:
     alive = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
     if any(fits(bundle, node) for node in alive):
         return alive, False
-    types = ray.get(_autoscaler_node_types().options(num_cpus=0, resources={"node:__internal_head__": 0.001}).remote())
+    head = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
+    types = ray.get(ray.remote(_read_node_types).options(**head).remote())
     return alive + types, bool(types)
 
 
@@ -71,24 +73,19 @@ def fits(bundle: dict, node: dict) -> int:
     return min(counts) if counts else 0
 
 
-def check_placeable(resources: ActorResources, models: list[str]) -> None:
+def capacity(resources: ActorResources, models: list[str]) -> int | None:
+    """How many actors the cluster can hold at once: None (no bound) where an autoscaler can add nodes
+    that hold one, else what the alive nodes hold. Raises PlacementError, naming `models` and the
+    numbers, where no node (present, or of the autoscaler's types) can hold even one."""
     bundle = resources.bundle()
-    shapes, _ = node_shapes(bundle)
+    shapes, autoscaled = node_shapes(bundle)
     if not any(fits(bundle, node) for node in shapes):
         largest = max(shapes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
         shown = {k: v for k, v in largest.items() if k in ("CPU", "GPU") or k.startswith("accelerator_type")}
         raise PlacementError(f"models {', '.join(models)}: an actor needs {_show(bundle)} (actors: in the spec), "
-                             f"and no node of the cluster{' or its autoscaler' if len(shapes) else ''} "
+                             f"and no node of the cluster{' or of its autoscaler' if autoscaled else ''} "
                              f"has that; the largest has {_show(shown)}")
-
-
-def slot_capacity(resources: ActorResources) -> int | None:
-    """Actors the cluster can hold at once: None (no bound) where an autoscaler can add nodes, else what
-    the alive nodes hold. The scheduler starts no more actors than this."""
-    shapes, autoscaled = node_shapes(resources.bundle())
-    if autoscaled:
-        return None
-    return max(1, sum(fits(resources.bundle(), node) for node in shapes))
+    return None if autoscaled else sum(fits(bundle, node) for node in shapes)
 
 
 def _show(resources: dict) -> str:
@@ -121,18 +118,6 @@ def _read_node_types() -> list[dict]:
             continue
         return [dict(t.get("resources") or {}) for t in types.values() if t.get("max_workers", 1) != 0]
     return []
-
-
-def _autoscaler_node_types():
-    import ray
-
-    global _autoscaler_node_types_remote
-    if _autoscaler_node_types_remote is None:
-        _autoscaler_node_types_remote = ray.remote(_read_node_types)
-    return _autoscaler_node_types_remote
-
-
-_autoscaler_node_types_remote = None
 
 
 @contextmanager

@@ -18,7 +18,7 @@ import pyarrow as pa
 import ray
 
 from cluster.metrics import SweepMetrics
-from cluster.placement import actor_resources, check_placeable, requested_capacity, slot_capacity
+from cluster.placement import actor_resources, capacity, requested_capacity
 from cluster.planner import TaskPlan
 from cluster.preflight import ModelPlan, ModelReady, PlanSource, PreflightFailure, preflight  # noqa: F401
 from cluster.progress import make_progress
@@ -126,7 +126,7 @@ class _Run:
 
         spec = self.spec
         resources = actor_resources(spec.actors, ray.cluster_resources())
-        check_placeable(resources, [m.name for m in spec.models])
+        holds = capacity(resources, [m.name for m in spec.models])  # refuses a spec no node can hold
         depth = max(shards_in_flight(spec, m) for m in spec.models)
         remote = ray.remote(EvalActor)
         backends = tuple(sorted({m.backend for m in spec.models}))
@@ -141,15 +141,14 @@ class _Run:
         events = SchedulerEvents(on_result=self.on_result, on_failed=self.on_failed,
                                  on_attempt_failed=self.on_attempt_failed, on_actor_started=self.add_engine_row,
                                  on_dispatched=lambda job: self.metrics.dispatched(job.shard.model, job.task.name))
-        capacity = slot_capacity(resources)
-        self.scheduler = SweepScheduler(spawn, events, capacity=capacity, max_attempts=max_attempts,
+        self.scheduler = SweepScheduler(spawn, events, capacity=holds, max_attempts=max_attempts,
                                         start_one_by_one=0 < resources.num_gpus < 1)
         # every model from the spec now, so its actors start (process, imports) while the checks run;
         # each gets its engine start only once it passed them (ModelReady, in feed)
         for model in spec.models:
             self.scheduler.add_model(ModelWork(model.name, spec.actors.count, shards_in_flight(spec, model)))
-        wanted = sum(spec.actors.count for _ in spec.models)
-        with requested_capacity(resources, wanted if capacity is None else min(wanted, capacity)):
+        wanted = spec.actors.count * len(spec.models)
+        with requested_capacity(resources, wanted if holds is None else min(wanted, holds)):
             self.scheduler.run(self.feed)
         self.report.model_changes = self.scheduler.model_changes
 

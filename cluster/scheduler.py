@@ -183,7 +183,7 @@ class SweepScheduler:
                 continue  # its model still has work
             model = self._next_model(slot)
             if model is None:
-                if not planning and slot.state != "starting":
+                if not planning:  # no model needs it any more
                     self._release(slot)
                 continue
             if self.start_one_by_one and any(s.state == "starting" for s in self.slots):

@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from cluster.run import execute, prepare
     from cluster.spec import load_spec
 
-    # the spec and the output are checked here; data, models and structured specs are checked on the
-    # planner's thread while Ray starts, and before any actor is started (cluster/preflight.py)
+    # the spec and the output are checked here; data, models and structured specs on the planner's
+    # thread while Ray starts; actors start with Ray, engines only for models that passed (cluster/preflight.py)
     prepared = prepare(load_spec(args.spec), output=args.output, new_run=args.new_run, background=True)
     try:
         # without --address or RAY_ADDRESS, start a new local Ray rather than ray.init()'s default of
