@@ -91,9 +91,10 @@ def preload(backends) -> None:
 
     for backend in {choose_backend(ModelSpec("preload", "-", backend=b)) for b in backends}:
         if backend == "vllm":
-            from actors.vllm_engine import configure_process
+            from actors import vllm_core_process
 
-            configure_process()  # vLLM reads some settings at import: set them first
+            # vLLM reads some settings at import: set first; and the forkserver's import starts beside ours
+            vllm_core_process.start()
         modules = {"vllm": ("vllm", "transformers"), "hf": ("torch", "transformers"),
                    "fake": ("transformers",)}[backend]
         for module in modules:

@@ -8,9 +8,9 @@
   max_model_len, so no prompt is ever split); `long` turns it on with the chunk size from the plan.
 - Structured outputs: vLLM's `StructuredOutputsParams`, xgrammar backend forced, compact JSON.
 - Warm-up: a few short requests run before the engine is reported started (included in load_s).
-- Engine core: vLLM's own spawned process by default; `RAYSWEEP_VLLM_INPROC=1` runs it in the actor's
-  process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), which then frees its GPU memory itself at a profile or
-  model change. Spawned was faster end to end (see `in_process`).
+- Engine core: a process forked from the actor's forkserver by default (actors/vllm_core_process.py says
+  why and what else `RAYSWEEP_VLLM_CORE` offers); in the actor's own process (`inprocess`) the engine
+  frees its GPU memory itself at a profile or model change.
 - Streaming: one engine thread owns the `LLM` and steps it; `generate` calls from concurrent shards
   enqueue their requests into the running batch, so the next shard is admitted before the last ends.
   If stepping the engine raises, the actor process exits so the scheduler retries its shards elsewhere.
@@ -29,34 +29,25 @@ import traceback
 from contextlib import contextmanager
 from typing import Sequence
 
+from actors import vllm_core_process
 from actors.engine import EngineProfile, GenRequest, GenResult, check_requests
 from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
 DEFAULT_MAX_SEQS = 256
+CORE_EXIT_S = 1.0  # an engine core still running this long after it was told to stop is killed
+CORE_GONE_S = 30.0  # ... and its exit awaited at most this long
 
 _COMPILE = re.compile(r"torch\.compile (?:takes|took) ([\d.]+) s in total")
 _CAPTURE = re.compile(r"Graph capturing finished in ([\d.]+) secs")
+# vLLM's memory profiling asserts that free memory did not grow while it measured; it grows when another
+# engine on the same GPU closes meanwhile (seen on an H100 with two half-GPU actors, one changing profile)
+_MEMORY_RACE = "Error in memory profiling"
+MEMORY_RACE_ATTEMPTS = 3
+# where a failed start came from graph capture or torch.compile (frames or messages): eager may still run
+_GRAPH_FAILURE = re.compile(r"capture_model|cudagraph|cuda_graph|torch/_dynamo|torch/_inductor|"
+                            r"BackendCompilerFailed|InductorError", re.IGNORECASE)
 _MODE = re.compile(r"Capturing CUDA graphs \((?:[^()]*?, )?(FULL|PIECEWISE)\)")
-
-
-def in_process() -> bool:
-    """Whether vLLM's engine core runs in the actor's own process (RAYSWEEP_VLLM_INPROC=1) instead of the
-    process vLLM spawns for it (the default). Measured in one run on an H100, builtin:small, 1,312 prompts
-    (bench/h100-2026-11-22-s5.md): spawned 90.1 s whole sweep, in-process 109.9 s; engine construction
-    was about equal (40.7 vs 37.5 s) and in-process generation half as fast (shard span 31.1 vs 15.1 s),
-    since the engine core's scheduling then shares this process (and its GIL) with output processing."""
-    return os.environ.get("RAYSWEEP_VLLM_INPROC", "0") == "1"
-
-
-def configure_process() -> None:
-    """Process-wide vLLM settings, set before vLLM is imported (it reads some of them at import)."""
-    # vLLM forks its engine-core process by default; a process that has touched CUDA (a test, the
-    # benchmark, NVML-then-torch in an actor) cannot fork one that works. vLLM forces spawn in Ray
-    # actors itself; this makes every caller the same.
-    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-    # where the engine core runs: vLLM's spawned process, or this one (see in_process)
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process() else "1"
 
 
 def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float) -> dict:
@@ -84,7 +75,7 @@ class VllmEngine:
     kind = "vllm"
 
     def __init__(self, model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float = 1.0):
-        configure_process()
+        vllm_core_process.start()
         try:
             import vllm  # noqa: F401
         except ImportError as e:
@@ -92,18 +83,20 @@ class VllmEngine:
         self.profile = profile
         self.args = engine_args(model, model_path, profile, gpu_fraction)
         self._fallback_reason: str | None = None
-        self._tee = _Tee.install()
+        self.engine_core = vllm_core_process.use_for_engine_core()  # forkserver, spawned or in-process
+        self._tee = vllm_core_process.OutputTee.install()
         mark = self._tee.mark()
         started = time.perf_counter()
         # the start-up report read below (compile and capture times) is logged at INFO by the engine core
-        # (a spawned process, or this one): keep that level for it, whatever VLLM_LOGGING_LEVEL says here
+        # (forked: the forkserver started at INFO; spawned; or this process): keep that level for it,
+        # whatever VLLM_LOGGING_LEVEL says here
         level = os.environ.get("VLLM_LOGGING_LEVEL")
         os.environ["VLLM_LOGGING_LEVEL"] = "INFO"  # read by a spawned engine core as it starts
         try:
             with _info_logs():  # an in-process engine core logs through this process's vllm logger
                 self.llm = self._start()
         finally:
-            _restore_env("VLLM_LOGGING_LEVEL", level)
+            vllm_core_process.restore_env("VLLM_LOGGING_LEVEL", level)
         self._init_s = time.perf_counter() - started
         self._warm_up()
         self._load_s = time.perf_counter() - started
@@ -117,14 +110,29 @@ class VllmEngine:
         self._thread.start()
 
     def _start(self):
+        """`LLM(...)` with CUDA graphs. Where the engine core failed in graph capture or torch.compile, it
+        starts eager and `fallback_reason` says why; where vLLM's memory profiling saw another engine on
+        this GPU free memory meanwhile (a neighbour closing), it tries again; any other failure is the
+        engine's own error, raised as is."""
         from vllm import LLM
 
-        try:
-            return LLM(**self.args, enforce_eager=False)
-        except Exception as e:  # capture or compile failed: run eager, and say so in telemetry
-            self._fallback_reason = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-            print(f"[raysweep] CUDA graph start failed ({self._fallback_reason}); starting eager", file=sys.stderr)
-            return LLM(**self.args, enforce_eager=True)
+        for attempt in range(1, MEMORY_RACE_ATTEMPTS + 1):
+            mark = self._tee.mark()
+            try:
+                return LLM(**self.args, enforce_eager=False)
+            except Exception as e:
+                cause = self._tee.text_since(mark)  # the engine core's traceback, when it ran in another process
+                if _MEMORY_RACE in cause and attempt < MEMORY_RACE_ATTEMPTS:
+                    print(f"[raysweep] engine start {attempt}: another engine on this GPU freed memory while vLLM "
+                          "measured it; starting again", file=sys.stderr)
+                    time.sleep(2.0 * attempt)
+                    continue
+                if not _GRAPH_FAILURE.search(f"{_error_lines(cause)}\n{traceback.format_exc()}"):
+                    raise
+                self._fallback_reason = _failure_line(e, cause)
+                print(f"[raysweep] CUDA graph start failed ({self._fallback_reason}); starting eager", file=sys.stderr)
+                return LLM(**self.args, enforce_eager=True)
+        raise AssertionError("unreachable")
 
     def _warm_up(self) -> None:
         """A few short requests through the started engine (part of load_s), so the first shard's TTFT
@@ -139,7 +147,7 @@ class VllmEngine:
         compile_s = _last_float(_COMPILE, self._report)
         sched = self.llm.llm_engine.vllm_config.scheduler_config
         return {"engine_init_s": self._init_s, "warmup_s": self._warmup_s, "load_s": self._load_s,
-                "compile_s": compile_s, "engine_core": "in-process" if in_process() else "spawned",
+                "compile_s": compile_s, "engine_core": self.engine_core,
                 "graph_capture_s": _last_float(_CAPTURE, self._report),
                 "cuda_graphs": bool(modes) and self._fallback_reason is None,
                 "graph_mode": "_AND_".join(modes) if modes else "NONE",  # FULL_AND_PIECEWISE, as vLLM names it
@@ -162,9 +170,15 @@ class VllmEngine:
         self._thread.join(timeout=60)
         core = getattr(self.llm.llm_engine, "engine_core", None)
         if core is not None:
-            core.shutdown()  # the engine core holds the GPU memory; a profile or model switch needs it back
+            # the engine core holds the GPU memory, which a profile or model switch needs back: it is
+            # asked to stop, and killed after a second (its own exit took 4 s on an H100: CUDA teardown);
+            # vLLM does not wait for a killed process, so its exit is awaited here before the next start
+            processes = getattr(getattr(getattr(core, "resources", None), "engine_manager", None), "processes", [])
+            core.shutdown(timeout=CORE_EXIT_S)
+            for process in processes or []:
+                process.join(CORE_GONE_S)
         self.llm = None
-        if in_process():
+        if self.engine_core == "in-process":
             _release_in_process_memory()
 
     @staticmethod
@@ -204,7 +218,7 @@ class VllmEngine:
                         batch.finish(i, _result(batch.requests[i], out))
         except BaseException:  # the engine is broken: exit so Ray reports the actor dead and shards are retried
             traceback.print_exc()
-            sys.stderr.flush()
+            self._tee.drain()  # the traceback out to the actor's log before the process goes
             os._exit(1)
 
     def _admit(self, pending: dict, block: bool) -> None:
@@ -251,68 +265,25 @@ def _result(req: GenRequest, out) -> GenResult:
                      finish_reason=completion.finish_reason or "length", latency_s=latency, ttft_s=ttft)
 
 
-def _restore_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
+def _error_lines(log: str) -> str:
+    """The traceback and error lines of an engine core's log (not its start-up report, which names
+    Dynamo and CUDA graphs when all is well)."""
+    return "\n".join(line for line in log.splitlines() if " ERROR " in line or 'File "' in line or "Error" in line)
+
+
+def _failure_line(error: Exception, cause: str) -> str:
+    """One line for telemetry: the engine core's last error line where it logged one, else the exception's."""
+    lines = [re.sub(r"^\(EngineCore[^)]*\)\s*", "", line).split("] ", 1)[-1].strip()
+             for line in cause.splitlines() if "Error" in line]
+    if lines:
+        return lines[-1][:500]
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[-1] if text else ''}"[:500]
 
 
 def _last_float(pattern: re.Pattern, text: str) -> float | None:
     found = pattern.findall(text)
     return float(found[-1]) if found else None
-
-
-class _Tee:
-    """Routes this process's stdout and stderr (fds 1 and 2, inherited by vLLM's engine-core process)
-    through a pipe whose reader copies everything to the original stderr and keeps the last MiB, so
-    vLLM's start-up reports (graph capture, compile time) can be read back. Installed once per process."""
-
-    _installed: "_Tee | None" = None
-    KEEP = 1 << 20
-
-    @classmethod
-    def install(cls) -> "_Tee":
-        if cls._installed is None:
-            cls._installed = cls()
-        return cls._installed
-
-    def __init__(self) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self._out = os.dup(2)
-        read_fd, write_fd = os.pipe()
-        os.dup2(write_fd, 1)
-        os.dup2(write_fd, 2)
-        os.close(write_fd)
-        self._buffer = bytearray()
-        self._dropped = 0
-        self._lock = threading.Lock()
-        threading.Thread(target=self._pump, args=(read_fd,), name="raysweep-tee", daemon=True).start()
-
-    def _pump(self, fd: int) -> None:
-        while chunk := os.read(fd, 65536):
-            os.write(self._out, chunk)
-            with self._lock:
-                self._buffer += chunk
-                if len(self._buffer) > self.KEEP:
-                    cut = len(self._buffer) - self.KEEP
-                    del self._buffer[:cut]
-                    self._dropped += cut
-
-    def mark(self) -> int:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        with self._lock:
-            return self._dropped + len(self._buffer)
-
-    def text_since(self, mark: int) -> str:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        time.sleep(0.2)  # let the pump drain what the engine core wrote last
-        with self._lock:
-            start = max(0, mark - self._dropped)
-            return bytes(self._buffer[start:]).decode("utf-8", errors="replace")
 
 
 @contextmanager

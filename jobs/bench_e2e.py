@@ -5,7 +5,7 @@ to just after it exits (interpreter, imports, Ray, engine start-up, generation, 
 the same prompts, vLLM arguments and sampling (greedy, `max_tokens`, no stop strings):
 
 1. `raysweep`: `python -m jobs.sweep SPEC --output DIR --new-run`, once per `--e-raysweep-env` entry
-   (extra environment variables for that run, e.g. RAYSWEEP_VLLM_INPROC=0 or 1).
+   (extra environment variables for that run, e.g. RAYSWEEP_VLLM_CORE=spawn).
 2. `plain`: `python -m jobs.plain_vllm`, one `vllm.LLM(**args).generate(...)`, where `args` are what
    raysweep gives vLLM for a short shard on a whole GPU (`actors.vllm_engine.engine_args`).
 3. `ray_data`: `python -m jobs.ray_data_llm`, Ray Data LLM's vLLM processor with the same arguments.
@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--e-no-warm", action="store_true",
                        help="skip the untimed warm-up runs: an earlier call on this machine warmed the caches")
     group.add_argument("--e-raysweep-env", default="{}", help="raysweep variants, each run once: JSON "
-                       "{label: {ENV: value}}, e.g. '{\"inproc\": {\"RAYSWEEP_VLLM_INPROC\": \"1\"}}'")
+                       "{label: {ENV: value}}, e.g. '{\"spawn\": {\"RAYSWEEP_VLLM_CORE\": \"spawn\"}}'")
 
 
 def config_from_args(args: argparse.Namespace) -> E2EConfig:
@@ -138,6 +138,20 @@ def write_prompts(path: Path, texts: list) -> Path:
     with open(path, "w") as f:
         f.writelines(json.dumps({"id": f"p{i:05d}", "text": t}) + "\n" for i, t in enumerate(texts))
     return path
+
+
+def summary_line(stdout: str) -> dict | None:
+    """The script's JSON summary: its last stdout line that is a JSON object with `outputs` (vLLM may log
+    to stdout after it, at shutdown)."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                found = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(found, dict) and "outputs" in found:
+                return found
+    return None
 
 
 def count_lines(path: Path) -> int:
@@ -307,11 +321,9 @@ class EndToEnd:
             wall, stdout = self.runner([sys.executable, "-m", module, "--model", model_path, "--prompts",
                                         str(prompts), "--engine-args", args, "--max-tokens",
                                         str(self.config.max_tokens)], {}, self.out / stem)
-            lines = stdout.strip().splitlines()
-            try:
-                summary = json.loads(lines[-1])
-            except (IndexError, json.JSONDecodeError):
-                raise RuntimeError(f"{stem}: no JSON summary as its last stdout line") from None
+            summary = summary_line(stdout)
+            if summary is None:
+                raise RuntimeError(f"{stem}: no JSON summary line on its stdout")
             _expect(stem, summary["outputs"], count_lines(prompts))
             phases = {name: (summary[name], "s (the script's own clock)")
                       for name in ("import_s", "init_s", "generate_s") if summary.get(name) is not None}

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from jobs.sweep import add_run_arguments, guarded, run
+from jobs.sweep import add_run_arguments, exit_now, guarded, run
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -60,5 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     return guarded({"run": run, "plan": plan, "report": report}[args.command], args)
 
 
+def entry() -> None:
+    """The installed `raysweep` command."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

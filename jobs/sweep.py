@@ -93,6 +93,18 @@ def guarded(fn, args: argparse.Namespace) -> int:
         raise
 
 
+def exit_now(code: int) -> None:
+    """End a command-line process once its output is out: flushed, then `os._exit`. The sweep has closed
+    its files and Ray by then; what Python would still do at exit (join threads, run finalizers, free
+    every module) took 1.7 s of a 28 s quickstart on a 2-core machine, time a user waits for nothing."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.sweep", description="Run a raysweep sweep.")
     add_run_arguments(parser)
@@ -100,4 +112,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -34,7 +34,7 @@ def test_config_rejects_unknown_variant_and_non_string_env():
     with pytest.raises(ValueError, match="e_variants"):
         E2EConfig(variants=("raysweep", "vllm_serve"))
     with pytest.raises(ValueError, match="e_raysweep_env"):
-        E2EConfig(raysweep_env={"raysweep_inproc": {"RAYSWEEP_VLLM_INPROC": 1}})
+        E2EConfig(raysweep_env={"raysweep_inproc": {"RAYSWEEP_VLLM_CORE": 1}})
 
 
 def test_run_process_raises_with_stderr_tail(tmp_path):
@@ -80,13 +80,13 @@ def bench_at(tmp_path) -> Bench:
 def test_part_e_times_each_variant_after_one_warm_up_and_records_ratios(tmp_path):
     bench, runner = bench_at(tmp_path), StubRunner()
     config = E2EConfig(sizes=(6, 10), models=("builtin:tiny", "builtin:small"),
-                       raysweep_env={"raysweep_inproc": {"RAYSWEEP_VLLM_INPROC": "1"}})
+                       raysweep_env={"raysweep_inproc": {"RAYSWEEP_VLLM_CORE": "inprocess"}})
     EndToEnd(bench, config, runner=runner, resolve=lambda p: "/models/" + p.split(":")[1]).run()
     values = {r["metric"]: r["value"] for r in bench.rows}
     names = [name for name, _ in runner.calls]
     assert names.count("e_plain_warm") == names.count("e_raysweep_inproc_warm") == 1
     assert names.count("e_multi_plain_tiny_warm") == names.count("e_multi_plain_small_warm") == 1
-    assert all(env == {"RAYSWEEP_VLLM_INPROC": "1"} for name, env in runner.calls if "raysweep" in name)
+    assert all(env == {"RAYSWEEP_VLLM_CORE": "inprocess"} for name, env in runner.calls if "raysweep" in name)
     for n in (6, 10):
         assert values[f"RATIO plain/raysweep_inproc n{n}"] == pytest.approx(2.0)
         assert values[f"RATIO ray_data/raysweep_inproc n{n}"] == pytest.approx(3.0)
@@ -102,3 +102,13 @@ def test_part_e_fails_when_a_run_misses_outputs(tmp_path):
     config = E2EConfig(sizes=(4,), variants=("raysweep",))
     with pytest.raises(RuntimeError, match="255 outputs for 256 prompts"):
         EndToEnd(bench_at(tmp_path), config, runner=StubRunner(short_by=1), resolve=str).run()
+
+
+def test_the_plain_scripts_summary_is_found_under_vllms_shutdown_logs():
+    from jobs.bench_e2e import summary_line
+
+    stdout = ('INFO 11-22 08:34:17 [api_utils.py:273] non-default args: {"a": 1}\n'
+              '{"outputs": 3, "output_tokens": 9, "import_s": 1.0}\n'
+              '{not json\n(EngineCore pid=1) INFO [core.py:1313] [shutdown] EngineCore: trigger received\n')
+    assert summary_line(stdout) == {"outputs": 3, "output_tokens": 9, "import_s": 1.0}
+    assert summary_line('INFO starting\n{"other": 1}\n') is None

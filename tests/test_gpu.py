@@ -72,6 +72,10 @@ actors: {{count: 2, num_gpus: 0.5, num_cpus: 1}}
     short = shards[shards["profile"] == "short"]
     assert len(long) >= 1 and long["chunked_prefill"].all() and (long["max_num_batched_tokens"] < 12_000).all()
     assert len(short) >= 1 and not short["chunked_prefill"].any()
+    starts = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
+    print(starts[["actor_id", "reason", "profile", "engine_core", "engine_init_s", "graph_mode",
+                  "fallback_reason"]].to_string())
+    assert starts["fallback_reason"].isna().all(), starts["fallback_reason"].dropna().tolist()
     assert shards["cuda_graphs"].all() and shards["gpu_mem_used_max_mib"].notna().all()
     gpu = pq.read_table(tmp_path / "out" / "telemetry" / "gpu.parquet").to_pandas()
     print(f"gpu.parquet: {len(gpu)} samples, mem_used_mib {gpu['mem_used_mib'].min():.0f}-"

@@ -1,0 +1,169 @@
+"""Where vLLM's engine core runs, and how its start-up report is read back.
+
+vLLM runs its engine core (scheduler, model, KV cache) in a process of its own. Outside Ray it forks that
+process from the one that built `LLM(...)`, which has vLLM imported already. Inside a Ray actor vLLM
+spawns it instead (a fork would copy the locks of a Ray worker's threads), and a spawned process imports
+torch and vLLM all over again: 18 s between `LLM(...)` and the engine core's first line on an H100
+machine, on every engine start, after the actor's own import of vLLM (bench/h100-2026-11-22-s6.md).
+
+`RAYSWEEP_VLLM_CORE` chooses:
+- `forkserver` (the default): when the actor starts, a forkserver (Python's multiprocessing) starts with
+  it: a new single-threaded process that imports vLLM's engine core while the actor imports the rest.
+  Every engine start then forks its engine core from there, imported, as vLLM does outside Ray. vLLM 0.26
+  has no setting for it (VLLM_WORKER_MULTIPROC_METHOD takes spawn or fork), so the process context of
+  its engine-core launcher, `vllm.v1.engine.utils.get_mp_context`, is wrapped: vLLM's own checks still
+  run, only the start method changes. A vLLM without that function gets `spawn`, and telemetry says so.
+- `spawn`: vLLM's own choice inside an actor.
+- `inprocess`: the engine core in the actor's process (VLLM_ENABLE_V1_MULTIPROCESSING=0). No second
+  process at all, but the engine core's scheduling then shares the actor's GIL with output processing:
+  generation ran at half the speed on an H100 (bench/h100-2026-11-22-s5.md).
+
+A forked core inherits the forkserver's environment, fixed when the forkserver starts: what the engine
+core reads from the environment (VLLM_LOGGING_LEVEL=INFO for its start-up report, CUDA_VISIBLE_DEVICES
+from Ray) is set before `start()`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import threading
+import time
+
+MODES = ("forkserver", "spawn", "inprocess")
+CORE_MODULE = "vllm.v1.engine.core"  # what the forkserver imports: EngineCoreProc and all it needs
+_state = {"mode": None}  # the mode this process runs, once start() chose it
+
+
+def requested_mode() -> str:
+    mode = os.environ.get("RAYSWEEP_VLLM_CORE", "forkserver")
+    if mode not in MODES:
+        raise ValueError(f"RAYSWEEP_VLLM_CORE={mode!r}: use one of {', '.join(MODES)}")
+    return mode
+
+
+def in_process() -> bool:
+    return requested_mode() == "inprocess"
+
+
+def start() -> str:
+    """Once per process, before vLLM is imported: vLLM's process settings, the output tee, and (mode
+    `forkserver`) the forkserver with its import under way. Returns the mode that engine starts will use."""
+    if _state["mode"] is not None:
+        return _state["mode"]
+    mode = requested_mode()
+    # a process that has touched CUDA cannot fork a working engine core, and vLLM forces spawn in Ray
+    # actors itself: spawn is the method vLLM is told, whatever the forkserver then does instead
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if mode == "inprocess" else "1"
+    OutputTee.install()  # before the forkserver: its children write to the fds it inherits
+    if mode == "forkserver":
+        level = os.environ.get("VLLM_LOGGING_LEVEL")
+        os.environ["VLLM_LOGGING_LEVEL"] = "INFO"  # the start-up report (compile, graphs) is logged at INFO
+        try:
+            multiprocessing.set_forkserver_preload([CORE_MODULE])
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()  # returns at once; the server imports while this process goes on
+        finally:
+            restore_env("VLLM_LOGGING_LEVEL", level)
+    _state["mode"] = mode
+    return mode
+
+
+def use_for_engine_core() -> str:
+    """Called with vLLM imported, before `LLM(...)`: point vLLM's engine-core launcher at the forkserver.
+    Returns the mode that this engine start really uses (`spawned` where the hook is missing)."""
+    mode = start()
+    if mode == "inprocess":
+        return "in-process"
+    import vllm.v1.engine.utils as launcher
+
+    original = getattr(launcher, "get_mp_context", None)
+    if mode != "forkserver" or original is None:
+        return "spawned"
+    if not getattr(original, "_raysweep_forkserver", False):
+        def get_mp_context():
+            original()  # vLLM's checks and the environment it sets for its children
+            return multiprocessing.get_context("forkserver")
+
+        get_mp_context._raysweep_forkserver = True
+        launcher.get_mp_context = get_mp_context
+    return "forkserver"
+
+
+def restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+class OutputTee:
+    """Routes this process's stdout and stderr (fds 1 and 2, inherited by vLLM's engine-core process and by
+    the forkserver) through a pipe whose reader copies everything to the original stderr and keeps the
+    last MiB, so vLLM's start-up reports (graph capture, compile time) can be read back. Once per process."""
+
+    _installed: "OutputTee | None" = None
+    KEEP = 1 << 20
+
+    @classmethod
+    def install(cls) -> "OutputTee":
+        if cls._installed is None:
+            cls._installed = cls()
+        return cls._installed
+
+    def __init__(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._out = os.dup(2)
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, 1)
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+        self._read_fd = read_fd
+        self._buffer = bytearray()
+        self._dropped = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._pump, args=(read_fd,), name="raysweep-tee", daemon=True).start()
+
+    def _pump(self, fd: int) -> None:
+        while chunk := os.read(fd, 65536):
+            os.write(self._out, chunk)
+            with self._lock:
+                self._buffer += chunk
+                if len(self._buffer) > self.KEEP:
+                    cut = len(self._buffer) - self.KEEP
+                    del self._buffer[:cut]
+                    self._dropped += cut
+
+    def drain(self, timeout_s: float = 2.0) -> None:
+        """Wait until what was written so far has reached the original stderr (before os._exit, say)."""
+        import fcntl
+        import struct
+        import termios
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pending = struct.unpack("i", fcntl.ioctl(self._read_fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+            if not pending:
+                break
+            time.sleep(0.01)
+        time.sleep(0.05)  # the pump's last chunk, read but maybe not yet written
+
+    def mark(self) -> int:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with self._lock:
+            return self._dropped + len(self._buffer)
+
+    def text_since(self, mark: int) -> str:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(0.2)  # let the pump drain what the engine core wrote last
+        with self._lock:
+            start = max(0, mark - self._dropped)
+            return bytes(self._buffer[start:]).decode("utf-8", errors="replace")

@@ -1,0 +1,43 @@
+"""How a failed vLLM engine start is read (actors/vllm_engine.py), on lines an H100 printed: a neighbour
+freeing GPU memory during vLLM's profiling is retried, a graph or compile failure falls back to eager, and
+anything else is the engine's own error, not hidden behind an eager start."""
+
+from actors.vllm_engine import _GRAPH_FAILURE, _MEMORY_RACE, _error_lines, _failure_line
+
+START_REPORT = """\
+(EngineCore pid=12917) INFO 11-22 09:14:14 [backends.py:1155] Dynamo bytecode transform time: 1.74 s
+(EngineCore pid=12917) INFO 11-22 09:14:26 [monitor.py:53] torch.compile took 11.80 s in total
+(EngineCore pid=12917) Capturing CUDA graphs (FULL):  26%|██▌       | 9/35 [00:00<00:00, 85.76it/s]
+"""
+MEMORY_RACE = START_REPORT + """\
+(EngineCore pid=12917) ERROR 11-22 09:14:29 [core.py:1330] EngineCore failed to start.
+(EngineCore pid=12917) ERROR 11-22 09:14:29 [core.py:1330] Traceback (most recent call last):
+(EngineCore pid=12917) ERROR 11-22 09:14:29 [core.py:1330]   File "/var/tmp/site/vllm/v1/worker/gpu_worker.py", line 532, in determine_available_memory
+(EngineCore pid=12917) ERROR 11-22 09:14:29 [core.py:1330]     assert self.init_snapshot.free_memory >= free_gpu_memory, (
+(EngineCore pid=12917) ERROR 11-22 09:14:29 [core.py:1330] AssertionError: Error in memory profiling. Initial free memory 77.97 GiB, current free memory 78.36 GiB.
+(EngineCore pid=12917) AssertionError: Error in memory profiling. Initial free memory 77.97 GiB, current free memory 78.36 GiB.
+"""
+GRAPH_FAILURE = START_REPORT + """\
+(EngineCore pid=7) ERROR 11-22 09:14:29 [core.py:1330]   File "/var/tmp/site/vllm/v1/worker/gpu/model_runner.py", line 701, in capture_model
+(EngineCore pid=7) ERROR 11-22 09:14:29 [core.py:1330] RuntimeError: CUDA error: operation not permitted when stream is capturing
+"""
+ENGINE_CORE_FAILED = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}")
+
+
+def test_a_neighbour_freeing_memory_is_recognised_and_not_taken_for_a_graph_failure():
+    assert _MEMORY_RACE in MEMORY_RACE
+    assert not _GRAPH_FAILURE.search(_error_lines(MEMORY_RACE))
+    assert _failure_line(ENGINE_CORE_FAILED, MEMORY_RACE) == \
+        "AssertionError: Error in memory profiling. Initial free memory 77.97 GiB, current free memory 78.36 GiB."
+
+
+def test_a_capture_failure_is_a_graph_failure_and_its_line_names_the_cuda_error():
+    assert _GRAPH_FAILURE.search(_error_lines(GRAPH_FAILURE))
+    assert _failure_line(ENGINE_CORE_FAILED, GRAPH_FAILURE) == \
+        "RuntimeError: CUDA error: operation not permitted when stream is capturing"
+
+
+def test_a_healthy_start_report_names_dynamo_and_graphs_without_being_a_failure():
+    assert _error_lines(START_REPORT) == ""
+    assert _failure_line(ENGINE_CORE_FAILED, "") == \
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}"
