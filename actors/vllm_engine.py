@@ -40,10 +40,13 @@ CORE_GONE_S = 30.0  # ... and its exit awaited at most this long
 
 _COMPILE = re.compile(r"torch\.compile (?:takes|took) ([\d.]+) s in total")
 _CAPTURE = re.compile(r"Graph capturing finished in ([\d.]+) secs")
-# vLLM's memory profiling asserts that free memory did not grow while it measured; it grows when another
-# engine on the same GPU closes meanwhile (seen on an H100 with two half-GPU actors, one changing profile)
-_MEMORY_RACE = "Error in memory profiling"
-MEMORY_RACE_ATTEMPTS = 3
+# Two start failures that a neighbour on the same GPU causes and that pass (both seen on an H100): vLLM's
+# profiling asserts that free memory did not grow while it measured, and it grows when a neighbour's engine
+# closes meanwhile (two half-GPU actors, one changing profile); and free memory below the engine's share
+# while a neighbour compiles cold (three third-GPU actors: torch.compile's autotuning takes memory for a while)
+_MEMORY_RACE = re.compile(r"Error in memory profiling|Free memory on device \S+ \([\d.]+/[\d.]+ GiB\) on startup is less than")
+MEMORY_RACE_ATTEMPTS = 4
+MEMORY_RACE_WAIT_S = 5.0  # times the attempt number
 # where a failed start came from graph capture or torch.compile (frames or messages): eager may still run
 _GRAPH_FAILURE = re.compile(r"capture_model|cudagraph|cuda_graph|torch/_dynamo|torch/_inductor|"
                             r"BackendCompilerFailed|InductorError", re.IGNORECASE)
@@ -111,9 +114,9 @@ class VllmEngine:
 
     def _start(self):
         """`LLM(...)` with CUDA graphs. Where the engine core failed in graph capture or torch.compile, it
-        starts eager and `fallback_reason` says why; where vLLM's memory profiling saw another engine on
-        this GPU free memory meanwhile (a neighbour closing), it tries again; any other failure is the
-        engine's own error, raised as is."""
+        starts eager and `fallback_reason` says why; where GPU memory moved under a neighbour's engine on the
+        same GPU (_MEMORY_RACE), it waits and tries again, a few times; any other failure is the engine's
+        own error, raised as is."""
         from vllm import LLM
 
         for attempt in range(1, MEMORY_RACE_ATTEMPTS + 1):
@@ -122,10 +125,10 @@ class VllmEngine:
                 return LLM(**self.args, enforce_eager=False)
             except Exception as e:
                 cause = self._tee.text_since(mark)  # the engine core's traceback, when it ran in another process
-                if _MEMORY_RACE in cause and attempt < MEMORY_RACE_ATTEMPTS:
-                    print(f"[raysweep] engine start {attempt}: another engine on this GPU freed memory while vLLM "
-                          "measured it; starting again", file=sys.stderr)
-                    time.sleep(2.0 * attempt)
+                if _MEMORY_RACE.search(_error_lines(cause)) and attempt < MEMORY_RACE_ATTEMPTS:
+                    print(f"[raysweep] engine start {attempt} of {MEMORY_RACE_ATTEMPTS}: GPU memory moved under another "
+                          f"engine on this GPU ({_failure_line(e, cause)}); starting again", file=sys.stderr)
+                    time.sleep(MEMORY_RACE_WAIT_S * attempt)
                     continue
                 if not _GRAPH_FAILURE.search(f"{_error_lines(cause)}\n{traceback.format_exc()}"):
                     raise

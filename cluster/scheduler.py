@@ -182,11 +182,14 @@ class SweepScheduler:
             if current is not None and current and not current.failed:
                 continue  # its model still has work
             model = self._next_model(slot)
+            sizing = self.start_one_by_one and any(s.state == "starting" for s in self.slots)
             if model is None:
-                if not planning:  # no model needs it any more
+                # no model needs it any more; on a shared GPU not while another engine sizes its memory:
+                # vLLM's profiling fails when a neighbour frees memory meanwhile (seen on an H100)
+                if not planning and not sizing:
                     self._release(slot)
                 continue
-            if self.start_one_by_one and any(s.state == "starting" for s in self.slots):
+            if sizing:
                 continue  # another engine on a shared GPU is sizing its memory
             if current is not None:
                 current.assigned -= 1

@@ -189,3 +189,61 @@ def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_
     scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
     assert sorted(results) == sorted(f"s{i}" for i in range(12))  # nothing failed
     assert not scheduler.models["m"].failed
+
+
+def test_on_a_shared_gpu_an_actor_is_released_only_once_no_engine_is_starting(ray_local, tmp_path):
+    """Model a's only shard ends while model b's engine is still starting on the same GPU: a's actor closes
+    its engine only after b's start returned, since vLLM's memory profiling fails when memory is freed
+    under it."""
+    from types import SimpleNamespace
+
+    from cluster.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
+
+    log = str(tmp_path / "events.log")
+
+    class _Logged:
+        def __init__(self, number: int):
+            self.number = number
+
+        def ready(self) -> dict:
+            return {}
+
+        def _log(self, line: str) -> None:
+            import time
+
+            with open(log, "a") as f:
+                f.write(f"{time.time():.6f} {line}\n")
+
+        def start_engine(self, model: str, requested_at: float) -> dict:
+            import time
+
+            self.model = model
+            time.sleep(1.5 if model == "b" else 0.0)
+            self._log(f"started {model}")
+            return {"actor": self.number}
+
+        def run_shard(self, shard, task, attempt):
+            import time
+
+            time.sleep(0.2)
+            return shard.name, {"actor": self.number}
+
+        def close(self) -> None:
+            self._log(f"closed {self.model}")
+
+    remote = ray_local.remote(_Logged).options(num_cpus=0.1, max_restarts=0)
+    results = []
+    events = SchedulerEvents(on_result=lambda job, value, telemetry: results.append(value),
+                             on_failed=lambda job: results.append(("failed", job.errors)))
+    scheduler = SweepScheduler(lambda n, at: remote.remote(n), events, capacity=2, start_one_by_one=True)
+    for name in ("a", "b"):
+        scheduler.add_model(ModelWork(name, max_actors=1, depth=2,
+                                      start=lambda handle, at, name=name: handle.start_engine.remote(name, at)))
+    # a has the most samples left, so it starts first; b starts once a runs, and a's shard ends meanwhile
+    jobs = [Job(SimpleNamespace(name="a0", model="a", profile="short", n_samples=100), None)] + \
+        [Job(SimpleNamespace(name=f"b{i}", model="b", profile="short", n_samples=1), None) for i in range(4)]
+    scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
+    assert sorted(results) == ["a0", "b0", "b1", "b2", "b3"]
+    with open(log) as f:
+        events_at = {line.split(" ", 1)[1].strip(): float(line.split(" ", 1)[0]) for line in f}
+    assert events_at["started a"] < events_at["started b"] <= events_at["closed a"]
