@@ -47,6 +47,29 @@ class TaskData:
         return row.get(self.task.target) if self.task.target else None
 
 
+def content_hash(path: str) -> str:
+    """A hash of the file's bytes, read in 1 MiB blocks: a resume checks that its data is what its committed
+    results were planned from (blake2b reads ~1 GB/s: a million-prompt file costs well under a second)."""
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such data file") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory; `data:` names one JSONL or Parquet file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
+    return digest.hexdigest()
+
+
+def data_hashes(spec: SweepSpec) -> dict[str, dict]:
+    """Per task, its data file and that file's content hash (the manifest keeps them)."""
+    return {task.name: {"path": spec.data_path(task), "hash": content_hash(spec.data_path(task))}
+            for task in spec.tasks}
+
+
 def template_fields(template: str) -> list[str]:
     """The column names a str.format template reads: 'Q: {question[0]}' -> ['question']."""
     names = []

@@ -72,8 +72,10 @@ class Prepared:
 def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, background: bool = False) -> Prepared:
     """`background=False`: every check and plan made now, so any bad input raises here. `True`: the
     output is opened now and planning runs on a thread while Ray and the actors start."""
+    from cluster.data import data_hashes
+
     out = output or spec.output
-    sink = ResultSink(out, spec, new_run=new_run)
+    sink = ResultSink(out, spec, new_run=new_run, data_hashes=data_hashes(spec))
     try:
         plans = PlanSource(spec, background=background)
     except BaseException:

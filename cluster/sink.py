@@ -46,8 +46,10 @@ class SinkError(RuntimeError):
 class ResultSink:
     """Open with `with ResultSink(...) as sink:`; the output stays locked against other sweeps until exit."""
 
-    def __init__(self, output: str, spec: SweepSpec, new_run: bool = False):
-        self.output, self.spec = output, spec
+    def __init__(self, output: str, spec: SweepSpec, new_run: bool = False, data_hashes: dict | None = None):
+        """`data_hashes`: per task {"path", "hash"} of its data file (cluster/data.py), checked against what
+        the output's earlier run recorded: results planned from other data are never mixed in."""
+        self.output, self.spec, self.data_hashes = output, spec, data_hashes or {}
         self._journal = None  # append handle of manifest.journal (local outputs)
         self.fs, self.root = _filesystem(output)
         try:
@@ -168,12 +170,20 @@ class ResultSink:
         info = self.fs.get_file_info(self._path("manifest.json"))
         if info.type == pafs.FileType.NotFound:
             manifest = {"sweep": self.spec.name, "spec_hash": digest, "created_at": _now(), "versions": _versions(),
-                        "shards": {}}
+                        "shards": {}, "data": self.data_hashes}
             return manifest
         manifest = read_manifest(self.output)
-        if manifest.get("spec_hash") != digest:
+        if manifest.get("spec_hash") not in (digest, self.spec.digest(with_placement=True)):
             raise SinkError(f"output {self.output} holds results of another spec (hash {manifest.get('spec_hash')}, "
                             f"this one is {digest}); use a new output, or --new-run to discard them")
+        recorded = manifest.setdefault("data", {})
+        for task, now in self.data_hashes.items():
+            before = recorded.get(task)
+            if before is not None and before["hash"] != now["hash"]:
+                raise SinkError(f"output {self.output}: the data of task {task} ({now['path']}) changed since the "
+                                f"results there were made from it; restore it, or --new-run to discard them")
+            recorded.setdefault(task, now)  # an output from before data was recorded: from now on
+        manifest["spec_hash"] = digest
         return manifest
 
     def _save_manifest(self) -> None:

@@ -230,10 +230,13 @@ class SweepSpec:
     def data_path(self, task: TaskSpec) -> str:
         return task.data if os.path.isabs(task.data) else os.path.join(self.base_dir, task.data)
 
-    def digest(self) -> str:
-        """Hash of everything that changes results (not the output location)."""
+    def digest(self, with_placement: bool = False) -> str:
+        """Hash of everything in the spec that changes results: not the output location, and not `actors:`
+        (how many actors, GPU shares, accelerator type), so a sweep resumes on another placement. The data
+        files' contents are checked apart (cluster/data.py: data_hashes). `with_placement=True`: the hash
+        outputs made before 2026-11-22 recorded, which covered `actors:` too."""
         body = dataclasses.asdict(self)
-        for key in ("output", "source", "base_dir"):
+        for key in ("output", "source", "base_dir") + (() if with_placement else ("actors",)):
             body.pop(key)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -193,3 +193,63 @@ def test_bad_inputs_fail_before_ray_with_one_line(tmp_path, change, message):
     with pytest.raises((PreflightFailure, SinkError, ValueError)) as err:
         prepare(load_spec(path)).sink.close()
     assert message in str(err.value) and "\n" not in str(err.value).strip()
+
+
+def _own_data_spec(tmp_path, actors=None):
+    """The quickstart with its data files copied beside the spec (so a test may change them)."""
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    for task in raw["tasks"]:
+        source = QUICKSTART.parent / task["data"]
+        (tmp_path / source.name).write_bytes(source.read_bytes())
+        task["data"] = source.name
+    raw["output"] = str(tmp_path / "out")
+    if actors is not None:
+        raw["actors"] = actors
+    path = tmp_path / "own.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_a_resume_over_changed_data_is_refused_with_one_line_and_nothing_changes(tmp_path):
+    """Results planned from one version of a file are never mixed with another's: the manifest keeps each
+    task's data hash, and a run over changed data stops before Ray with one line naming the file."""
+    spec_path = _own_data_spec(tmp_path)
+    prepared = prepare(load_spec(spec_path))
+    prepared.sink.plan(["tiny/arithmetic/00000"])
+    prepared.sink.close()
+    manifest = (tmp_path / "out" / "manifest.json").read_bytes()
+    assert set(json.loads(manifest)["data"]) == {"arithmetic", "choice", "extract"}
+    data = tmp_path / "arithmetic.jsonl"
+    lines = data.read_text().splitlines()
+    row = json.loads(lines[3])
+    row["question"] += " (and then some more words, so the prompt sorts elsewhere)"
+    lines[3] = json.dumps(row)
+    data.write_text("\n".join(lines) + "\n")
+    done = subprocess.run([sys.executable, "-m", "jobs.sweep", str(spec_path)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (f"raysweep: error: output {tmp_path / 'out'}: the data of task arithmetic ({data}) "
+                                   "changed since the results there were made from it; restore it, or --new-run "
+                                   "to discard them")
+    assert "Started a local Ray" not in done.stderr + done.stdout
+    assert (tmp_path / "out" / "manifest.json").read_bytes() == manifest  # nothing in the output changed
+    prepare(load_spec(spec_path), new_run=True).sink.close()  # --new-run starts again from the new data
+
+
+def test_a_resume_on_another_placement_is_accepted(tmp_path):
+    """`actors:` (count, GPU share, accelerator) says where a sweep runs, not what it computes: a sweep
+    resumes with more actors."""
+    prepared = prepare(load_spec(_own_data_spec(tmp_path, actors={"count": 1, "num_gpus": 1})))
+    prepared.sink.plan(["tiny/arithmetic/00000"])
+    prepared.sink.close()
+    prepare(load_spec(_own_data_spec(tmp_path, actors={"count": 3, "num_gpus": 0.5}))).sink.close()
+
+
+def test_a_data_path_that_is_a_directory_is_one_line(tmp_path):
+    spec_path = _own_data_spec(tmp_path)
+    (tmp_path / "arithmetic.jsonl").unlink()
+    (tmp_path / "arithmetic.jsonl").mkdir()
+    with pytest.raises(ValueError) as err:
+        prepare(load_spec(spec_path)).sink.close()
+    assert str(err.value) == (f"{tmp_path / 'arithmetic.jsonl'}: is a directory; `data:` names one JSONL or "
+                              "Parquet file")
