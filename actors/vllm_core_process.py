@@ -26,6 +26,7 @@ from Ray) is set before `start()`.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.context
 import os
 import sys
 import threading
@@ -33,7 +34,7 @@ import time
 
 MODES = ("forkserver", "spawn", "inprocess")
 CORE_MODULE = "vllm.v1.engine.core"  # what the forkserver imports: EngineCoreProc and all it needs
-_state = {"mode": None}  # the mode this process runs, once start() chose it
+_state: dict = {"mode": None}  # the mode this process runs, once start() chose it; its environment
 
 
 def requested_mode() -> str:
@@ -66,6 +67,7 @@ def start() -> str:
             from multiprocessing import forkserver
 
             forkserver.ensure_running()  # returns at once; the server imports while this process goes on
+            _state["env"] = _vllm_env()  # what a forked engine core will see
         finally:
             restore_env("VLLM_LOGGING_LEVEL", level)
     _state["mode"] = mode
@@ -85,12 +87,81 @@ def use_for_engine_core() -> str:
         return "spawned"
     if not getattr(original, "_raysweep_forkserver", False):
         def get_mp_context():
-            original()  # vLLM's checks and the environment it sets for its children
-            return multiprocessing.get_context("forkserver")
+            spawn = original()  # vLLM's checks, and the environment it sets for its children
+            reason = _forkserver_unfit()
+            if reason:
+                print(f"[raysweep] engine core spawned, not forked: {reason}", file=sys.stderr)
+                _state["used"] = "spawned"
+                return spawn
+            _state["used"] = "forkserver"
+            return EngineCoreContext()
 
         get_mp_context._raysweep_forkserver = True
         launcher.get_mp_context = get_mp_context
+    _state["used"] = "forkserver"
     return "forkserver"
+
+
+def used_mode() -> str | None:
+    """What the last engine start used: `forkserver`, or `spawned` where the forkserver did not fit."""
+    return _state.get("used")
+
+
+def _vllm_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k.startswith("VLLM_") and k != "VLLM_LOGGING_LEVEL"}
+
+
+def _forkserver_unfit() -> str | None:
+    """Why this engine start cannot fork from the forkserver, or None. A forked core sees the environment
+    of the forkserver's start: a vLLM setting made since (vLLM sets some for its children, by model
+    architecture) needs a spawned core; and a forkserver that died (its import crashed) forks nothing."""
+    from multiprocessing import forkserver
+
+    changed = sorted(k for k in set(_vllm_env()) | set(_state.get("env", {}))
+                     if _vllm_env().get(k) != _state.get("env", {}).get(k))
+    if changed:
+        return f"{', '.join(changed)} changed since the forkserver started"
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # noqa: SLF001
+    try:
+        if pid is None or os.waitpid(pid, os.WNOHANG) != (0, 0):
+            return "the forkserver is not running"
+    except ChildProcessError:
+        return "the forkserver is not running"
+    return None
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """In a forked engine core: be killed when the forkserver goes, which it does when its actor does
+    (killed, or gone with os._exit), so no engine core outlives its actor holding GPU memory. Ray kills an
+    actor's own children; the engine core is the forkserver's. Linux's PR_SET_PDEATHSIG; elsewhere none.
+    A forkserver already gone by then is seen by the parent id having changed."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+class EngineCoreProcess(multiprocessing.context.ForkServerProcess):
+    def start(self) -> None:
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+        self._forkserver_pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # noqa: SLF001
+        super().start()
+
+    def run(self) -> None:
+        die_with_parent(getattr(self, "_forkserver_pid", None))
+        super().run()
+
+
+class EngineCoreContext(multiprocessing.context.ForkServerContext):
+    """The forkserver's context, whose processes die with the forkserver."""
+    Process = EngineCoreProcess
 
 
 def restore_env(name: str, value: str | None) -> None:

@@ -101,6 +101,8 @@ class VllmEngine:
         finally:
             vllm_core_process.restore_env("VLLM_LOGGING_LEVEL", level)
         self._init_s = time.perf_counter() - started
+        if self.engine_core == "forkserver":
+            self.engine_core = vllm_core_process.used_mode() or self.engine_core  # spawned where it did not fit
         self._warm_up()
         self._load_s = time.perf_counter() - started
         self._warmup_s = self._load_s - self._init_s
@@ -119,23 +121,26 @@ class VllmEngine:
         own error, raised as is."""
         from vllm import LLM
 
-        for attempt in range(1, MEMORY_RACE_ATTEMPTS + 1):
+        eager, attempt = False, 1
+        while True:
             mark = self._tee.mark()
             try:
-                return LLM(**self.args, enforce_eager=False)
+                return LLM(**self.args, enforce_eager=eager)
             except Exception as e:
-                cause = self._tee.text_since(mark)  # the engine core's traceback, when it ran in another process
-                if _MEMORY_RACE.search(_error_lines(cause)) and attempt < MEMORY_RACE_ATTEMPTS:
-                    print(f"[raysweep] engine start {attempt} of {MEMORY_RACE_ATTEMPTS}: GPU memory moved under another "
-                          f"engine on this GPU ({_failure_line(e, cause)}); starting again", file=sys.stderr)
+                # the engine core's log (a forked or spawned one writes its traceback there) and ours
+                core_log = self._tee.text_since(mark)
+                cause = _error_lines(f"{core_log}\n{traceback.format_exc()}")
+                if _MEMORY_RACE.search(cause) and attempt < MEMORY_RACE_ATTEMPTS:
+                    print(f"[raysweep] engine start {attempt} of {MEMORY_RACE_ATTEMPTS}: GPU memory moved under "
+                          f"another engine on this GPU ({_failure_line(e, core_log)}); starting again", file=sys.stderr)
                     time.sleep(MEMORY_RACE_WAIT_S * attempt)
+                    attempt += 1
                     continue
-                if not _GRAPH_FAILURE.search(f"{_error_lines(cause)}\n{traceback.format_exc()}"):
+                if eager or not _GRAPH_FAILURE.search(cause):
                     raise
-                self._fallback_reason = _failure_line(e, cause)
+                self._fallback_reason = _failure_line(e, core_log)
                 print(f"[raysweep] CUDA graph start failed ({self._fallback_reason}); starting eager", file=sys.stderr)
-                return LLM(**self.args, enforce_eager=True)
-        raise AssertionError("unreachable")
+                eager = True
 
     def _warm_up(self) -> None:
         """A few short requests through the started engine (part of load_s), so the first shard's TTFT

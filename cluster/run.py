@@ -190,8 +190,6 @@ class _Run:
         self.clock.mark("first_result", once=True)
         self.metrics.returned(model, task)
         scored = _score(self.spec, self.models[model], job, table)
-        self.sink.commit(job.shard.shard_id, model, task, job.shard.index, scored, job.attempt)
-        self.clock.mark("last_result")
         for start in telemetry.pop("engine_starts"):
             self.add_engine_row(start)
         self._first_token(telemetry)
@@ -199,6 +197,11 @@ class _Run:
             self.sink.add_telemetry("gpu", sample)
             self.metrics.gpu_reading(model, sample)
         self.sink.add_telemetry("shards", telemetry)
+        # the shard's telemetry is on disk before its commit: a driver killed after the commit loses none
+        # of it (killed between the two, the shard runs again and both attempts' rows stay)
+        self.sink.flush_telemetry()
+        self.sink.commit(job.shard.shard_id, model, task, job.shard.index, scored, job.attempt)
+        self.clock.mark("last_result")
         self.metrics.committed(model, task, telemetry)
         self.progress.add(job.shard.n_samples, job.shard.shard_id)
 

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform
+import time
 import uuid
 from datetime import datetime, timezone
 
@@ -37,6 +38,9 @@ SUMMARY_SCHEMA = pa.schema([
 
 
 JOURNAL = "manifest.journal"
+LOCK = ".lock"  # held (flock) while a sweep writes the output; removed when it is done
+PENDING = "telemetry/.pending"  # telemetry parts written as shards commit, folded in by finish()
+DURABLE_TELEMETRY = ("shards", "gpu")
 
 
 class SinkError(RuntimeError):
@@ -82,6 +86,10 @@ class ResultSink:
             self._journal.close()
             self._journal = None
         if self._lock is not None:
+            try:
+                os.remove(self._path(LOCK))  # removed while still held (see _lock); a clean exit leaves none
+            except FileNotFoundError:
+                pass
             self._lock.close()  # closing the file releases the flock
             self._lock = None
 
@@ -89,7 +97,7 @@ class ResultSink:
         for rel in ("results", "telemetry"):
             if self.fs.get_file_info(self._path(rel)).type == pafs.FileType.Directory:
                 self.fs.delete_dir(self._path(rel))
-        for rel in ("manifest.json", JOURNAL, "summary.parquet"):
+        for rel in ("manifest.json", JOURNAL, "summary.parquet", "report.html"):
             if self.fs.get_file_info(self._path(rel)).type == pafs.FileType.File:
                 self.fs.delete_file(self._path(rel))
 
@@ -144,11 +152,41 @@ class ResultSink:
         if table == "gpu":
             self.gpu_samples += 1
 
-    def finish(self) -> pa.Table:
-        """Write telemetry (appended to earlier runs') and the summary over every committed shard."""
-        for name, rows in self._telemetry.items():
+    def flush_telemetry(self, tables: tuple[str, ...] = DURABLE_TELEMETRY) -> None:
+        """Put the rows added so far to `tables` on disk now, as parts under telemetry/.pending/ that
+        finish() (this run's, or a later run's after a crash) folds into telemetry/<table>.parquet.
+        `actors` rows stay in memory until finish(): the driver still fills in their first_token_s."""
+        for name in tables:
+            rows = self._telemetry[name]
             if rows:
-                self._append_table(f"telemetry/{name}.parquet", pa.Table.from_pylist(rows))
+                part = self._path(f"{PENDING}/{name}-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet")
+                self.fs.create_dir(os.path.dirname(part), recursive=True)
+                tmp = part + ".tmp"
+                with self.fs.open_output_stream(tmp) as f:
+                    pq.write_table(_rows_table(rows), f)
+                self.fs.move(tmp, part)
+                rows.clear()
+
+    def _pending_parts(self, name: str) -> list[str]:
+        selector = pafs.FileSelector(self._path(PENDING), allow_not_found=True)
+        return sorted(i.path for i in self.fs.get_file_info(selector)
+                      if i.base_name.startswith(f"{name}-") and i.base_name.endswith(".parquet"))
+
+    def finish(self) -> pa.Table:
+        """Write telemetry (appended to earlier runs', with the parts an earlier run left when it died)
+        and the summary over every committed shard."""
+        for name, rows in self._telemetry.items():
+            parts = self._pending_parts(name)
+            tables = []
+            for part in parts:
+                with self.fs.open_input_file(part) as f:
+                    tables.append(pq.read_table(f))
+            if rows:
+                tables.append(_rows_table(rows))
+            if tables:
+                self._append_table(f"telemetry/{name}.parquet", pa.concat_tables(tables, promote_options="permissive"))
+            for part in parts:
+                self.fs.delete_file(part)
             rows.clear()
         for sid in sorted(self.committed() - self._summarized):  # committed by an earlier run
             with self.fs.open_input_file(self._path(self.manifest["shards"][sid]["file"])) as f:
@@ -177,12 +215,14 @@ class ResultSink:
             raise SinkError(f"output {self.output} holds results of another spec (hash {manifest.get('spec_hash')}, "
                             f"this one is {digest}); use a new output, or --new-run to discard them")
         recorded = manifest.setdefault("data", {})
+        committed = {sid.split("/")[1] for sid, entry in manifest["shards"].items() if entry.get("state") == "committed"}
         for task, now in self.data_hashes.items():
             before = recorded.get(task)
-            if before is not None and before["hash"] != now["hash"]:
+            if before is not None and before["hash"] != now["hash"] and task in committed:
                 raise SinkError(f"output {self.output}: the data of task {task} ({now['path']}) changed since the "
                                 f"results there were made from it; restore it, or --new-run to discard them")
-            recorded.setdefault(task, now)  # an output from before data was recorded: from now on
+            # nothing committed from the old data (or an output from before data was recorded): the new holds
+            recorded[task] = now
         manifest["spec_hash"] = digest
         return manifest
 
@@ -267,6 +307,13 @@ class SummaryAccumulator:
         return pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
 
 
+def _rows_table(rows: list[dict]) -> pa.Table:
+    """Telemetry rows as a table with every column any row has (pyarrow would take the first row's
+    columns only: a failed attempt's short row before a full one would drop the full one's figures)."""
+    keys = list(dict.fromkeys(key for row in rows for key in row))
+    return pa.Table.from_pylist([{key: row.get(key) for key in keys} for row in rows])
+
+
 def summarize(results: pa.Table | None) -> pa.Table:
     """The summary of a results table (all rows at once; the sink accumulates shard by shard instead)."""
     acc = SummaryAccumulator()
@@ -302,14 +349,23 @@ def _lock(fs: pafs.FileSystem, root: str, output: str):
     import fcntl
     import socket
 
-    handle = open(os.path.join(root, ".lock"), "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
+    path = os.path.join(root, LOCK)
+    while True:
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise SinkError(f"output {output} is in use by another sweep ({holder}); wait for it or use another "
+                            "output") from None
+        try:  # the holder before us removes the file as it lets go: a lock on that removed file holds nothing
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         handle.close()
-        raise SinkError(f"output {output} is in use by another sweep ({holder}); wait for it or use another output") from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()} on {socket.gethostname()}")

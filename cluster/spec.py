@@ -231,13 +231,15 @@ class SweepSpec:
         return task.data if os.path.isabs(task.data) else os.path.join(self.base_dir, task.data)
 
     def digest(self, with_placement: bool = False) -> str:
-        """Hash of everything in the spec that changes results: not the output location, and not `actors:`
-        (how many actors, GPU shares, accelerator type), so a sweep resumes on another placement. The data
-        files' contents are checked apart (cluster/data.py: data_hashes). `with_placement=True`: the hash
-        outputs made before 2026-11-22 recorded, which covered `actors:` too."""
+        """Hash of everything in the spec that changes results: not the output location, and of `actors:`
+        only whether they have GPUs (not how many actors, GPU shares, accelerator type), so a sweep resumes
+        on another placement. The data files' contents are checked apart (cluster/data.py: data_hashes).
+        `with_placement=True`: the hash outputs made before 2026-11-22 recorded, which covered `actors:`."""
         body = dataclasses.asdict(self)
-        for key in ("output", "source", "base_dir") + (() if with_placement else ("actors",)):
+        for key in ("output", "source", "base_dir"):
             body.pop(key)
+        if not with_placement:  # whether actors have GPUs stays: it decides the engine (vLLM or the CPU one)
+            body["actors"] = {"gpus": self.actors.num_gpus > 0}
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -46,8 +46,18 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("raysweep")
+    except PackageNotFoundError:  # run from a checkout that is not installed (PYTHONPATH)
+        return "(not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raysweep", description="Ray-distributed LLM evaluation sweeps.")
+    parser.add_argument("--version", action="version", version=f"raysweep {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_arguments(sub.add_parser("run", help="run a sweep"))
     plan_parser = sub.add_parser("plan", help="print the shard plan of a sweep (no GPUs claimed)")

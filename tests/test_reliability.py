@@ -84,6 +84,10 @@ def test_driver_kill9_then_rerun_completes_identically(reference, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming: {interrupted_at} of {N_SHARDS} shards already committed" in again.stdout
     assert outputs(out) == reference  # every sample once, greedy and seeded outputs identical
+    # every shard's telemetry survived the killed driver: the shards it committed too, not only the re-run's
+    shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pandas()
+    assert set(shards["shard_id"]) == set(read_manifest(str(out))["shards"]) and len(read_manifest(str(out))["shards"]) == N_SHARDS
+    assert not (out / "telemetry" / ".pending").exists() or not any((out / "telemetry" / ".pending").iterdir())
 
 
 @pytest.mark.parametrize("how", ["ray.kill", "os._exit"])
@@ -160,6 +164,20 @@ def test_two_sweeps_into_one_output_are_refused(tmp_path):
         with pytest.raises(SinkError, match=r"is in use by another sweep \(pid \d+ on "):
             ResultSink(str(tmp_path / "out"), spec)
     ResultSink(str(tmp_path / "out"), spec).close()  # released: usable again
+    assert not (tmp_path / "out" / ".lock").exists()  # and a clean exit leaves no lock file behind
+
+
+def test_new_run_also_discards_the_old_report(tmp_path):
+    spec = load_spec(QUICKSTART)
+    ResultSink(str(tmp_path / "out"), spec).close()
+    (tmp_path / "out" / "report.html").write_text("<html>an earlier run</html>")
+    ResultSink(str(tmp_path / "out"), spec, new_run=True).close()
+    assert not (tmp_path / "out" / "report.html").exists()
+
+
+def test_version():
+    done = subprocess.run([sys.executable, "-m", "jobs.cli", "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.startswith("raysweep ")
 
 
 def test_new_run_discards_another_specs_results(tmp_path):
@@ -213,11 +231,17 @@ def _own_data_spec(tmp_path, actors=None):
 def test_a_resume_over_changed_data_is_refused_with_one_line_and_nothing_changes(tmp_path):
     """Results planned from one version of a file are never mixed with another's: the manifest keeps each
     task's data hash, and a run over changed data stops before Ray with one line naming the file."""
+    import pyarrow as pa
+
     spec_path = _own_data_spec(tmp_path)
     prepared = prepare(load_spec(spec_path))
-    prepared.sink.plan(["tiny/arithmetic/00000"])
+    prepared.sink.plan(["tiny/arithmetic/00000", "tiny/arithmetic/00001"])
+    one_row = pa.table({"sample_id": ["a0"], "model": ["tiny"], "task": ["arithmetic"], "status": ["ok"],
+                        "score": [1.0], "structured_valid": pa.array([None], pa.bool_()), "output_tokens": [3]})
+    prepared.sink.commit("tiny/arithmetic/00000", "tiny", "arithmetic", 0, one_row, 1)  # as a killed run left it
     prepared.sink.close()
     manifest = (tmp_path / "out" / "manifest.json").read_bytes()
+    journal = (tmp_path / "out" / "manifest.journal").read_bytes()
     assert set(json.loads(manifest)["data"]) == {"arithmetic", "choice", "extract"}
     data = tmp_path / "arithmetic.jsonl"
     lines = data.read_text().splitlines()
@@ -233,7 +257,25 @@ def test_a_resume_over_changed_data_is_refused_with_one_line_and_nothing_changes
                                    "to discard them")
     assert "Started a local Ray" not in done.stderr + done.stdout
     assert (tmp_path / "out" / "manifest.json").read_bytes() == manifest  # nothing in the output changed
+    assert (tmp_path / "out" / "manifest.journal").read_bytes() == journal
     prepare(load_spec(spec_path), new_run=True).sink.close()  # --new-run starts again from the new data
+
+
+def test_changed_data_is_accepted_where_nothing_was_committed_from_it(tmp_path):
+    """A run whose shards all failed (or never ran) leaves nothing made from the old data: the fixed file
+    is simply used, and recorded."""
+    spec_path = _own_data_spec(tmp_path)
+    prepared = prepare(load_spec(spec_path))
+    prepared.sink.plan(["tiny/arithmetic/00000"])
+    prepared.sink.fail("tiny/arithmetic/00000", ["the prompt is empty"])
+    prepared.sink.close()
+    data = tmp_path / "arithmetic.jsonl"
+    data.write_text(data.read_text().replace('"question": "', '"question": "Q. ', 1))
+    from cluster.data import content_hash
+
+    again = prepare(load_spec(spec_path))
+    assert again.sink.manifest["data"]["arithmetic"]["hash"] == content_hash(str(data))
+    again.sink.close()
 
 
 def test_a_resume_on_another_placement_is_accepted(tmp_path):

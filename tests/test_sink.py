@@ -70,3 +70,24 @@ def test_summary_by_hand():
     assert row["score"] == pytest.approx(2 / 3)
     assert row["stderr"] == pytest.approx(((1 / 3) ** 0.5) / 3 ** 0.5)  # sample var 1/3, over sqrt(3)
     assert row["structured_valid_rate"] == pytest.approx(2 / 3)
+
+
+def test_telemetry_keeps_every_column_when_a_failed_attempts_short_row_comes_first(tmp_path):
+    """A failed attempt's row has a few columns; the next shard's full row, flushed with it, keeps all of
+    its own; parts flushed as shards commit and the rows still in memory end in one table."""
+    import pyarrow.parquet as pq
+
+    from cluster.sink import ResultSink
+    from cluster.spec import load_spec
+    from tests.conftest import QUICKSTART
+
+    with ResultSink(str(tmp_path / "out"), load_spec(QUICKSTART)) as sink:
+        sink.add_telemetry("shards", {"shard_id": "s0", "attempt": 1, "error": "actor died"})
+        sink.add_telemetry("shards", {"shard_id": "s1", "attempt": 1, "error": None, "wall_s": 2.5, "output_tokens": 9})
+        sink.flush_telemetry()
+        sink.add_telemetry("shards", {"shard_id": "s0", "attempt": 2, "error": None, "wall_s": 1.5, "output_tokens": 7})
+        sink.finish()
+    rows = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pylist()
+    assert [(r["shard_id"], r["attempt"], r["wall_s"], r["output_tokens"]) for r in rows] == \
+        [("s0", 1, None, None), ("s1", 1, 2.5, 9), ("s0", 2, 1.5, 7)]
+    assert not list((tmp_path / "out" / "telemetry" / ".pending").iterdir())

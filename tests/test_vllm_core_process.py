@@ -46,6 +46,7 @@ assert core.use_for_engine_core() == "forkserver"
 assert core.use_for_engine_core() == "forkserver"  # a second engine start wraps nothing twice
 ctx = launcher.get_mp_context()
 assert calls == ["spawn"] and ctx.get_start_method() == "forkserver", (calls, ctx)
+assert isinstance(ctx, core.EngineCoreContext)
 tee = core.OutputTee.install()
 mark = tee.mark()
 p = ctx.Process(target=print, args=("engine core says hello",), kwargs={"flush": True})
@@ -86,3 +87,50 @@ def test_an_unknown_mode_is_one_clear_error():
     done = run_case("core.start()", "threads")
     assert done.returncode == 1
     assert "RAYSWEEP_VLLM_CORE='threads': use one of forkserver, spawn, inprocess" in done.stderr
+
+
+def test_an_engine_core_dies_with_its_forkserver():
+    """The actor killed: its forkserver goes, and the engine core forked from it goes too (it would
+    otherwise hold its GPU memory with no one to stop it)."""
+    done = run_case(r'''
+import signal, time
+from multiprocessing import forkserver
+core.start()
+core.use_for_engine_core()
+ctx = launcher.get_mp_context()
+p = ctx.Process(target=time.sleep, args=(120,))
+p.start()
+os.kill(forkserver._forkserver._forkserver_pid, signal.SIGKILL)
+deadline = time.time() + 20
+while time.time() < deadline:
+    try:
+        os.kill(p.pid, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(0.1)
+else:
+    os.kill(p.pid, signal.SIGKILL)
+    raise AssertionError("the engine core outlived its forkserver")
+''', None)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_start_the_forkserver_does_not_fit_is_spawned_and_says_why():
+    """vLLM sets some settings for its children as it builds a model's config: a forked core would miss
+    them, so that start is spawned; so is one after the forkserver died."""
+    done = run_case(r'''
+import signal, time
+from multiprocessing import forkserver
+core.start(); core.use_for_engine_core()
+os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
+assert launcher.get_mp_context().get_start_method() == "spawn" and core.used_mode() == "spawned"
+del os.environ["VLLM_USE_BREAKABLE_CUDAGRAPH"]
+assert launcher.get_mp_context().get_start_method() == "forkserver" and core.used_mode() == "forkserver"
+os.kill(forkserver._forkserver._forkserver_pid, signal.SIGKILL)
+time.sleep(0.5)
+assert launcher.get_mp_context().get_start_method() == "spawn" and core.used_mode() == "spawned"
+''', None)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "engine core spawned, not forked: VLLM_USE_BREAKABLE_CUDAGRAPH changed since the forkserver started" \
+        in done.stderr
+    assert "engine core spawned, not forked: the forkserver is not running" in done.stderr
