@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from actors.engine import EngineProfile, GenRequest, make_engine, preload, runs_profile
 from actors.telemetry import GpuSampler, gpu_name
-from cluster.planner import Shard
+from cluster.planner import EMPTY_PROMPT, Shard
 from cluster.spec import ModelSpec, TaskSpec
 from cluster.timing import process_started_at, since, utc
 
@@ -149,7 +149,7 @@ class EvalActor:
     def _run(self, engine, shard: Shard, task: TaskSpec, attempt: int) -> tuple[pa.Table, dict]:
         started_at, started, t0 = datetime.now(timezone.utc), time.perf_counter(), time.time()
         rows = shard.rows.to_pylist()
-        runnable = [r for r in rows if r["status"] != "skipped"]
+        runnable = [r for r in rows if r["status"] not in ("skipped", "error")]  # error: refused in planning
         requests = self._requests(runnable, shard.add_special_tokens)
         counters = getattr(engine, "batch_counters", None)  # vLLM only: how full the engine's batch was
         before = counters() if counters else None
@@ -161,7 +161,7 @@ class EvalActor:
         out = []
         for r in rows:
             g = generated.get(r["sample_id"])
-            error = errors.get(r["sample_id"])
+            error = errors.get(r["sample_id"]) or (EMPTY_PROMPT if r["status"] == "error" else None)
             out.append({"sample_id": r["sample_id"], "status": "error" if error else r["status"], "error": error,
                         "output_text": g.output_text if g else None, "output_tokens": g.output_tokens if g else None,
                         "finish_reason": g.finish_reason if g else None, "latency_s": g.latency_s if g else None,

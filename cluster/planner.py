@@ -28,7 +28,8 @@ from cluster.staging import StagedRows, StagingFolder
 from cluster.token_cache import TokenCache
 
 SHORT, LONG = "short", "long"
-STATUSES = ("ok", "truncated", "skipped")  # a row's status after the length policy, coded 0-2
+STATUSES = ("ok", "truncated", "skipped", "error")  # a row's status after planning, coded 0-3
+EMPTY_PROMPT = "the prompt is empty (0 tokens)"  # an `error` row's error: no engine can run it
 TOKENIZE_BATCH = 8192
 DEFAULT_CHUNK = 2048  # chunk size when a task forces chunked prefill on and the data gives no threshold
 
@@ -92,6 +93,7 @@ class TaskPlan:
     n_truncated: int = 0
     n_skipped: int = 0
     n_refused: int = 0  # over the limit under length_policy error (only a non-strict plan gets this far)
+    n_empty: int = 0  # prompts of 0 tokens: error rows (fail_on_error false or a fraction), else refused
     limit: int | None = None  # max prompt tokens allowed (max_model_len - max_tokens)
 
 
@@ -141,7 +143,7 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
     task = data.task
     limit = None if max_model_len is None else max_model_len - task.sampling.max_tokens
     staged = StagedRows(staging or StagingFolder(), f"{model.name}.{task.name}".replace("/", "_"))
-    lengths, status, over_list = [], [], []
+    lengths, status, over_list, empty_list = [], [], [], []
     add_special = True
     for batch in data.batches():
         prompts, add_special = render_prompts(task, batch, tokenizer, data.path)
@@ -160,6 +162,10 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
                 counts[k], codes[k] = len(truncated[int(k)]), 1
         elif len(over) and task.length_policy == "skip":
             codes[over] = 2
+        empty = np.flatnonzero((counts == 0) & (codes != 2))
+        if len(empty):  # no engine runs an empty prompt: an error row now, not a shard failing three times
+            codes[empty] = 3
+            empty_list.extend((batch.ids[k], batch.where[k]) for k in empty)
         staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], truncated)
         lengths.append(counts.astype(np.int32))
         status.append(codes)
@@ -168,15 +174,19 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
         cache.flush()
     if over_list and strict:
         raise PreflightError(_refusal(model, task, over_list, limit, max_model_len))
+    n_rows = sum(len(c) for c in status)
+    allowed = 0 if task.fail_on_error is True else n_rows if task.fail_on_error is False else task.fail_on_error * n_rows
+    if len(empty_list) > allowed and strict:
+        raise PreflightError(_empty_refusal(task, data.path, empty_list, allowed))
     lengths_all = np.concatenate(lengths) if lengths else np.empty(0, np.int32)
     status_all = np.concatenate(status) if status else np.empty(0, np.uint8)
-    threshold = _threshold(task, lengths_all[status_all != 2])
+    threshold = _threshold(task, lengths_all[status_all < 2])
     order = np.argsort(lengths_all, kind="stable")
     shards = [_make_shard(model, task, k, part, staged, lengths_all, status_all, threshold, add_special)
               for k, part in enumerate(_cut(order, lengths_all, task.sampling.max_tokens, limits))]
     return TaskPlan(model=model, task=task, shards=shards, lengths=lengths_all, threshold=threshold,
                     n_truncated=int((status_all == 1).sum()), n_skipped=int((status_all == 2).sum()),
-                    n_refused=len(over_list), limit=limit)
+                    n_refused=len(over_list), n_empty=len(empty_list), limit=limit)
 
 
 def _refusal(model, task, over: list[tuple[str, int]], limit, max_model_len) -> str:
@@ -185,6 +195,14 @@ def _refusal(model, task, over: list[tuple[str, int]], limit, max_model_len) -> 
     return (f"task {task.name} on model {model.name}: {len(over)} prompt(s) over the limit of {limit} tokens "
             f"(max_model_len {max_model_len} - max_tokens {task.sampling.max_tokens}): {listed}{more}. "
             f"Set the task's length_policy to truncate_left or skip to run them anyway.")
+
+
+def _empty_refusal(task: TaskSpec, path: str, empty: list[tuple[str, str]], allowed: float) -> str:
+    listed = "; ".join(f"{path}:{where} sample_id={sid}" for sid, where in empty[:5])
+    more = f" (and {len(empty) - 5} more)" if len(empty) > 5 else ""
+    policy = ("set the task's fail_on_error to false (or a fraction) to record them as error rows"
+              if task.fail_on_error is True else f"more than fail_on_error={task.fail_on_error} allows")
+    return f"task {task.name}: {len(empty)} prompt(s) empty after rendering (0 tokens): {listed}{more}; {policy}"
 
 
 def _threshold(task: TaskSpec, lengths: np.ndarray) -> int | None:

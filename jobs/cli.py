@@ -26,7 +26,7 @@ def plan(args: argparse.Namespace) -> int:
                 "tokens_max": int(lengths.max()), "threshold": tp.threshold,
                 "short_shards": sum(s.profile == "short" for s in tp.shards),
                 "long_shards": sum(s.profile == "long" for s in tp.shards),
-                "truncated": tp.n_truncated, "skipped": tp.n_skipped, "refused": tp.n_refused, "limit": tp.limit,
+                "truncated": tp.n_truncated, "skipped": tp.n_skipped, "refused": tp.n_refused, "empty": tp.n_empty, "limit": tp.limit,
             })
     if args.json:
         print(json.dumps(rows, indent=2))
