@@ -31,6 +31,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 
 MODES = ("forkserver", "spawn", "inprocess")
 CORE_MODULE = "vllm.v1.engine.core"  # what the forkserver imports: EngineCoreProc and all it needs
@@ -62,6 +63,10 @@ def start() -> str:
     if mode == "forkserver":
         level = os.environ.get("VLLM_LOGGING_LEVEL")
         os.environ["VLLM_LOGGING_LEVEL"] = "INFO"  # the start-up report (compile, graphs) is logged at INFO
+        # vLLM names a shared-memory buffer per process tree on first use (multimodal caches), in the
+        # environment: named now, the actor and every core forked later agree on it
+        os.environ.setdefault("VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME",
+                              f"VLLM_OBJECT_STORAGE_SHM_BUFFER_{uuid.uuid4().hex}")
         try:
             multiprocessing.set_forkserver_preload([CORE_MODULE])
             from multiprocessing import forkserver

@@ -24,13 +24,20 @@ class LogProgress:
 
     def add(self, n: int, shard_id: str) -> None:
         self.done += n
-        now = time.perf_counter()
-        if now - self.last >= self.every_s or self.done >= self.total:
-            self.last = now
-            rate = self.done / max(now - self.started, 1e-9)
-            eta = (self.total - self.done) / rate if rate > 0 else float("nan")
-            self.log(f"[raysweep] {self.done}/{self.total} samples ({100 * self.done / max(self.total, 1):.0f}%) "
-                     f"{rate:.1f} samples/s, ETA {eta:.0f}s — last: {shard_id}")
+        if time.perf_counter() - self.last >= self.every_s or self.done >= self.total:
+            self._line(f"last: {shard_id}")
+
+    def tick(self, doing: str) -> None:
+        """Called while the sweep waits: a line when none came for `every_s`, saying what is going on."""
+        if time.perf_counter() - self.last >= self.every_s:
+            self._line(doing)
+
+    def _line(self, tail: str) -> None:
+        now = self.last = time.perf_counter()
+        rate = self.done / max(now - self.started, 1e-9)
+        eta = f"ETA {(self.total - self.done) / rate:.0f}s" if rate > 0 else "ETA ?"
+        self.log(f"[raysweep] {self.done}/{self.total} samples ({100 * self.done / max(self.total, 1):.0f}%) "
+                 f"{rate:.1f} samples/s, {eta} — {tail}")
 
     def close(self) -> None:
         pass
@@ -62,6 +69,11 @@ class BarProgress:
         self.done += n
         self.bar.set_postfix_str(f"last: {shard_id}", refresh=False)
         self.bar.update(n)
+
+    def tick(self, doing: str) -> None:
+        if not self.done:  # until the first result the bar says what is going on; then the last shard
+            self.bar.set_postfix_str(doing, refresh=False)
+        self.bar.refresh()
 
     def close(self) -> None:
         self.bar.close()

@@ -142,7 +142,8 @@ class _Run:
 
         events = SchedulerEvents(on_result=self.on_result, on_failed=self.on_failed,
                                  on_attempt_failed=self.on_attempt_failed, on_actor_started=self.add_engine_row,
-                                 on_dispatched=lambda job: self.metrics.dispatched(job.shard.model, job.task.name))
+                                 on_dispatched=lambda job: self.metrics.dispatched(job.shard.model, job.task.name),
+                                 on_tick=self.on_tick)
         self.scheduler = SweepScheduler(spawn, events, capacity=holds, max_attempts=max_attempts,
                                         start_one_by_one=0 < resources.num_gpus < 1)
         # every model from the spec now, so its actors start (process, imports) while the checks run;
@@ -172,6 +173,8 @@ class _Run:
 
     def add_plan(self, plan: TaskPlan) -> None:
         ids = [s.shard_id for s in plan.shards]
+        self.progress.log(f"[raysweep] planned {plan.model.name}/{plan.task.name}: {len(plan.lengths)} samples in "
+                          f"{len(ids)} shard(s)")
         self.sink.plan(ids)
         self.n_shards += len(ids)
         jobs = [Job(s, plan.task) for s in plan.shards if s.shard_id not in self.done]
@@ -180,10 +183,20 @@ class _Run:
         self.progress.grow(sum(job.shard.n_samples for job in jobs))
         self.scheduler.add_jobs(jobs)
 
+    def on_tick(self, scheduler: SweepScheduler) -> None:
+        """Between results: what the sweep is doing, for the progress line."""
+        counts = scheduler.state_counts()
+        doing = ", ".join(f"{n} actor(s) {state}" for state, n in sorted(counts.items()) if n) or "no actors yet"
+        in_flight = sum(kind == "shard" for kind, _, _ in scheduler.inflight.values())
+        self.progress.tick(f"{doing}; {in_flight} shard(s) in flight" + ("; planning" if not self.plans.done else ""))
+
     def add_engine_row(self, row: dict) -> None:
         if row:
             self.engine_rows[(row["actor_id"], row["start_index"])] = row
             self.sink.add_telemetry("actors", row)
+            if row.get("reason") != "profile":
+                self.progress.log(f"[raysweep] engine up: model {row['model']} ({row['engine']}) on actor "
+                                  f"{row['actor_id'][:8]}, {row['startup_s']:.1f}s after it was asked for")
 
     def on_result(self, job: Job, table: pa.Table, telemetry: dict) -> None:
         model, task = job.shard.model, job.task.name

@@ -89,6 +89,9 @@ class _Slot:
     refused: set = field(default_factory=set)  # models whose engine failed to start here
 
 
+TICK_S = 1.0  # the longest the loop waits for a result before it reports in (progress lines)
+
+
 @dataclass
 class SchedulerEvents:
     """What the scheduler reports; the sink and progress reporting subscribe."""
@@ -97,6 +100,7 @@ class SchedulerEvents:
     on_attempt_failed: Callable[[Job, str], None] = lambda job, error: None
     on_actor_started: Callable[[dict], None] = lambda row: None  # an engine started: its telemetry row
     on_dispatched: Callable[[Job], None] = lambda job: None  # sent to an actor; comes back as one of the above
+    on_tick: Callable[["SweepScheduler"], None] = lambda scheduler: None  # at least every TICK_S while it runs
 
 
 class SweepScheduler:
@@ -142,12 +146,20 @@ class SweepScheduler:
                     if not planning and not self.slots:
                         raise RuntimeError("shards are left but no actor can be started for them")
                     continue
-                ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=0.05 if planning else None)
+                self.events.on_tick(self)
+                ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=0.05 if planning else TICK_S)
                 for ref in ready:
                     kind, job, slot = self.inflight.pop(ref)
                     self._collect(ref, kind, job, slot)
         finally:
             self._shutdown()
+
+    def state_counts(self) -> dict[str, int]:
+        """Actors by state (importing, idle, starting, running), for progress lines."""
+        counts: dict[str, int] = {}
+        for slot in self.slots:
+            counts[slot.state] = counts.get(slot.state, 0) + 1
+        return counts
 
     def _work_left(self) -> bool:
         return any(m and not m.failed for m in self.models.values()) or any(

@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         # without --address or RAY_ADDRESS, start a new local Ray rather than ray.init()'s default of
         # joining whatever /tmp/ray records as this machine's cluster, which may be long dead
         address = args.address or os.environ.get("RAY_ADDRESS") or "local"
+        print("[raysweep] starting a local Ray" if address == "local" else f"[raysweep] connecting to Ray at {address}",
+              flush=True)
         # a dashboard can only be chosen for a Ray this process starts
         dashboard = {"include_dashboard": args.dashboard} if address == "local" else {}
         ray.init(address=address, log_to_driver=True, **dashboard)
@@ -50,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         prepared.sink.close()
         raise
     clock.mark("ray_start")
+    print(f"[raysweep] Ray is up ({clock.record()['ray_start_s']:.1f}s after the command started); actors starting",
+          flush=True)
     try:
         report = execute(prepared, max_attempts=args.max_attempts, clock=clock)
     finally:
@@ -61,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"[raysweep] GPU telemetry: {report.gpu_samples} NVML samples in telemetry/gpu.parquet")
     elif report.shards_run:
         print("[raysweep] GPU telemetry: NVML absent on every actor; GPU columns are null, not zero")
-    print(f"[raysweep] results: {report.output}")
+    where = report.output if "://" in report.output else os.path.abspath(report.output)  # a local path, whole
+    print(f"[raysweep] results: {where}")
     if report.failed:
         for shard_id, entry in sorted(report.failed.items()):
             print(f"[raysweep] FAILED shard {shard_id}: {entry['errors'][-1]}")

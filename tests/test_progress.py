@@ -33,3 +33,19 @@ def test_a_terminal_gets_a_bar_and_messages_above_it():
     assert not lines  # messages go through the bar, not around it
     assert "[raysweep] shard m/t/00001 attempt 1 failed: boom\n" in text
     assert "100/100 samples [" in text and "samples/s" in text and "last: m/t/00001" in text
+
+
+def test_while_nothing_finishes_a_line_still_comes_saying_what_is_going_on(monkeypatch):
+    import cluster.progress as progress_module
+
+    clock = [100.0]
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: clock[0])
+    lines = []
+    progress = LogProgress(350, lines.append, every_s=2.0)
+    for t in (100.5, 101.0, 102.5, 103.0, 104.6):  # the scheduler's ticks while engines start
+        clock[0] = t
+        progress.tick("2 actor(s) starting; 0 shard(s) in flight")
+    assert lines == ["[raysweep] 0/350 samples (0%) 0.0 samples/s, ETA ? — 2 actor(s) starting; 0 shard(s) in flight"] * 3
+    clock[0] = 105.0
+    progress.add(50, "m/t/00000")  # a result within every_s of the last line: no line
+    assert len(lines) == 3

@@ -130,6 +130,10 @@ def test_cli_runs_the_quickstart(tmp_path):
     assert bars and "350/350 samples" in bars[-1] and "100%" in bars[-1], screen[-3000:]
     assert re.search(r"\d+:\d+<\d+:\d+, +[\d.]+ samples/s, last: tiny/\w+/\d+\]", bars[-1]), bars[-1]  # elapsed<ETA, rate
     assert f"[raysweep] results: {tmp_path / 'qs'}" in screen
+    # what happens before the first result is said too: Ray, planning, engines
+    for said in ("[raysweep] starting a local Ray\n", "[raysweep] Ray is up (", "[raysweep] planned tiny/arithmetic: "
+                 "150 samples in 3 shard(s)", "[raysweep] engine up: model tiny (hf) on actor "):
+        assert said in screen, (said, screen[:3000])
     assert "| tiny | extract | 100 |" in screen and "100.0%" in screen
     assert "GPU telemetry: NVML absent on every actor; GPU columns are null, not zero" in screen
     assert pq.read_table(tmp_path / "qs" / "results").num_rows == 350

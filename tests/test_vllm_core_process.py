@@ -40,6 +40,7 @@ def run_case(body: str, mode: str | None) -> subprocess.CompletedProcess:
 def test_forkserver_is_the_default_and_its_children_print_through_the_tee():
     done = run_case(r'''
 assert core.start() == "forkserver"
+assert os.environ["VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME"].startswith("VLLM_OBJECT_STORAGE_SHM_BUFFER_")
 assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"  # the forkserver got INFO; this process keeps its own
 assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 assert core.use_for_engine_core() == "forkserver"
