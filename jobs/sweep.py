@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
 
     # the spec and the output are checked here; data, models and structured specs on the planner's
     # thread while Ray starts; actors start with Ray, engines only for models that passed (cluster/preflight.py)
-    prepared = prepare(load_spec(args.spec), output=args.output, new_run=args.new_run, background=True)
+    spec = load_spec(args.spec)
+    prepared = prepare(spec, output=lasting_output(args.output or spec.output), new_run=args.new_run, background=True)
     try:
         # without --address or RAY_ADDRESS, start a new local Ray rather than ray.init()'s default of
         # joining whatever /tmp/ray records as this machine's cluster, which may be long dead
@@ -56,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     try:
         report = execute(prepared, max_attempts=args.max_attempts, clock=clock)
+        # a local output on a cluster of several nodes is on the driver's node only: say which
+        node = ray.util.get_node_ip_address() if "://" not in report.output and len(ray.nodes()) > 1 else None
     finally:
         ray.shutdown()
     print(format_summary(report.summary))
@@ -66,13 +69,30 @@ def run(args: argparse.Namespace) -> int:
     elif report.shards_run:
         print("[raysweep] GPU telemetry: NVML absent on every actor; GPU columns are null, not zero")
     where = report.output if "://" in report.output else os.path.abspath(report.output)  # a local path, whole
-    print(f"[raysweep] results: {where}")
+    print(f"[raysweep] results: {where}" + (f" on node {node}" if node else ""))
     if report.failed:
         for shard_id, entry in sorted(report.failed.items()):
             print(f"[raysweep] FAILED shard {shard_id}: {entry['errors'][-1]}")
         print(f"[raysweep] {len(report.failed)} shard(s) failed; re-run the same command to retry them")
         return 1
     return 0
+
+
+JOB_WORKING_DIRS = "/runtime_resources/working_dir_files/"  # where Ray unpacks a job's --working-dir
+
+
+def lasting_output(output: str, cwd: str | None = None) -> str:
+    """Where a relative local output goes. Under `ray job submit --working-dir`, the driver runs in a
+    temporary copy of that folder which Ray deletes: a relative output there goes under RAYSWEEP_RESULTS
+    (default ~/raysweep) on the driver's node instead, and the run says so."""
+    cwd = cwd or os.getcwd()
+    if "://" in output or os.path.isabs(output) or JOB_WORKING_DIRS not in os.path.realpath(cwd) + "/":
+        return output
+    root = os.environ.get("RAYSWEEP_RESULTS") or os.path.join(os.path.expanduser("~"), "raysweep")
+    lasting = os.path.join(root, output)
+    print(f"[raysweep] this job runs in Ray's temporary copy of its working dir, deleted after it: the relative "
+          f"output {output} goes to {lasting}", flush=True)
+    return lasting
 
 
 def format_summary(summary) -> str:

@@ -2,6 +2,7 @@
 against a real `ray start --head`, and autoscaling an L4 group from 0 to 2 nodes with Ray's
 fake_multinode provider (the CPU engine standing in for vLLM)."""
 
+import json
 import os
 import signal
 import socket
@@ -91,15 +92,19 @@ def _forget_cluster(port: int) -> None:
 
 
 def test_ray_job_submit_runs_a_sweep(tmp_path):
-    out = tmp_path / "results"
+    """The README's job, with the spec's own relative output (no --output): the results must outlast the
+    job's temporary copy of its working dir, and the run says where they are."""
+    out = tmp_path / "kept" / "results" / "quickstart"  # RAYSWEEP_RESULTS + the spec's `output`
+    env_json = json.dumps({"env_vars": {"RAYSWEEP_RESULTS": str(tmp_path / "kept")}})
     with ray_head("--num-cpus=2") as (_, dashboard):
         proc = subprocess.run(
-            ["ray", "job", "submit", "--address", dashboard, "--working-dir", str(ROOT), "--",
-             "python", "-m", "jobs.sweep", "sweeps/quickstart.yaml", "--output", str(out)],
+            ["ray", "job", "submit", "--address", dashboard, "--working-dir", str(ROOT), "--runtime-env-json",
+             env_json, "--", "python", "-m", "jobs.sweep", "sweeps/quickstart.yaml"],
             env=os.environ | TOKEN_AUTH, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "succeeded" in proc.stdout
     assert "[raysweep] 350/350 samples (100%)" in proc.stdout  # progress in the job's logs
+    assert f"the relative output results/quickstart goes to {out}" in proc.stdout
     assert f"[raysweep] results: {out}" in proc.stdout
     assert pq.read_table(out / "results").num_rows == 350
 

@@ -137,3 +137,17 @@ def test_cli_runs_the_quickstart(tmp_path):
     assert "| tiny | extract | 100 |" in screen and "100.0%" in screen
     assert "GPU telemetry: NVML absent on every actor; GPU columns are null, not zero" in screen
     assert pq.read_table(tmp_path / "qs" / "results").num_rows == 350
+
+
+def test_a_relative_output_in_a_jobs_temporary_working_dir_goes_somewhere_that_lasts(tmp_path, monkeypatch, capsys):
+    from jobs.sweep import lasting_output
+
+    job_dir = tmp_path / "session_1" / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123abcd"
+    job_dir.mkdir(parents=True)
+    monkeypatch.setenv("RAYSWEEP_RESULTS", str(tmp_path / "kept"))
+    assert lasting_output("results/quickstart", cwd=str(job_dir)) == str(tmp_path / "kept" / "results/quickstart")
+    assert "goes to " + str(tmp_path / "kept" / "results/quickstart") in capsys.readouterr().out
+    # anywhere else, and for absolute paths and URIs, the output is what was given
+    assert lasting_output("results/quickstart", cwd=str(tmp_path)) == "results/quickstart"
+    assert lasting_output(str(tmp_path / "abs"), cwd=str(job_dir)) == str(tmp_path / "abs")
+    assert lasting_output("s3://bucket/out", cwd=str(job_dir)) == "s3://bucket/out"
