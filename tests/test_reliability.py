@@ -42,6 +42,17 @@ def committed(out) -> int:
     return sum(s["state"] == "committed" for s in manifest["shards"].values())
 
 
+def _actors_with_commits(out) -> set[str]:
+    """Actors that have committed shards so far, from the telemetry parts a running sweep writes."""
+    found = set()
+    for part in (out / "telemetry" / ".pending").glob("shards-*.parquet"):
+        try:
+            found |= set(pq.read_table(part, columns=["actor_id"])["actor_id"].to_pylist())
+        except (OSError, ValueError):  # being written
+            pass
+    return found
+
+
 def wait_for(condition, timeout_s=120):
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -98,8 +109,11 @@ def test_actor_death_mid_shard_is_retried(ray_local, reference, tmp_path, how):
     report = {}
     sweep = threading.Thread(target=lambda: report.update(r=run_sweep(spec, output=str(out), log=lambda line: None)))
     sweep.start()
-    assert wait_for(lambda: committed(out) >= 2)
-    actor = ray.get_actor(f"raysweep:{spec.name}:0", namespace=f"raysweep-{spec.name}")
+    # an actor that has committed a shard runs its engine and holds more shards (the telemetry of each
+    # committed shard is on disk as it commits); the other one may still be starting on a busy machine
+    assert wait_for(lambda: committed(out) >= 2 and _actors_with_commits(out))
+    handles = [ray.get_actor(f"raysweep:{spec.name}:{n}", namespace=f"raysweep-{spec.name}") for n in range(2)]
+    actor = next(h for h in handles if h._actor_id.hex() in _actors_with_commits(out))
     if how == "ray.kill":
         ray.kill(actor)
     else:
