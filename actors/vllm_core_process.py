@@ -45,10 +45,6 @@ def requested_mode() -> str:
     return mode
 
 
-def in_process() -> bool:
-    return requested_mode() == "inprocess"
-
-
 def start() -> str:
     """Once per process, before vLLM is imported: vLLM's process settings, the output tee, and (mode
     `forkserver`) the forkserver with its import under way. Returns the mode that engine starts will use."""
@@ -122,8 +118,8 @@ def _forkserver_unfit() -> str | None:
     architecture) needs a spawned core; and a forkserver that died (its import crashed) forks nothing."""
     from multiprocessing import forkserver
 
-    changed = sorted(k for k in set(_vllm_env()) | set(_state.get("env", {}))
-                     if _vllm_env().get(k) != _state.get("env", {}).get(k))
+    now, then = _vllm_env(), _state.get("env", {})
+    changed = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
     if changed:
         return f"{', '.join(changed)} changed since the forkserver started"
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # noqa: SLF001

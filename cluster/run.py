@@ -30,6 +30,7 @@ from cluster.structured import is_valid
 from cluster.timing import RunClock
 
 MIN_SHARDS_IN_FLIGHT, MAX_SHARDS_IN_FLIGHT = 2, 8
+TICK_EVERY_S = 1.0  # progress is told what the sweep is doing at most this often
 
 
 def shards_in_flight(spec: SweepSpec, model: ModelSpec) -> int:
@@ -122,6 +123,7 @@ class _Run:
         self.models = {m.name: m for m in self.spec.models}
         self.engine_rows: dict[tuple, dict] = {}  # (actor_id, start_index) -> its telemetry/actors row
         self.n_shards = 0
+        self._ticked = 0.0  # when on_tick last reported
 
     def schedule(self, max_attempts: int) -> None:
         from actors.evaluator import EvalActor
@@ -184,7 +186,12 @@ class _Run:
         self.scheduler.add_jobs(jobs)
 
     def on_tick(self, scheduler: SweepScheduler) -> None:
-        """Between results: what the sweep is doing, for the progress line."""
+        """Between results: what the sweep is doing, for the progress line (once a second at most: the
+        scheduler's loop turns every 50 ms while planning, and once per result)."""
+        now = time.perf_counter()
+        if now - self._ticked < TICK_EVERY_S:
+            return
+        self._ticked = now
         counts = scheduler.state_counts()
         doing = ", ".join(f"{n} actor(s) {state}" for state, n in sorted(counts.items()) if n) or "no actors yet"
         in_flight = sum(kind == "shard" for kind, _, _ in scheduler.inflight.values())

@@ -20,12 +20,17 @@ def read_texts(path: str) -> list[str]:
         return [json.loads(line)["text"] for line in f if line.strip()]
 
 
+def add_baseline_arguments(parser: argparse.ArgumentParser, engine_note: str = "") -> None:
+    """What every baseline script of bench part (e) takes: the model, the prompts, vLLM's arguments."""
+    parser.add_argument("--model", required=True, help="model directory or hub id")
+    parser.add_argument("--prompts", required=True, help="JSONL file, one {\"id\": ..., \"text\": ...} row per prompt")
+    parser.add_argument("--engine-args", default="{}", help=f"vllm.LLM(...) arguments (JSON){engine_note}")
+    parser.add_argument("--max-tokens", type=int, default=256, help="generated tokens at most, per prompt")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.plain_vllm", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="model directory or hub id")
-    parser.add_argument("--prompts", required=True, help="JSONL file, one {\"text\": ...} row per prompt")
-    parser.add_argument("--engine-args", default="{}", help="vllm.LLM(...) arguments (JSON)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="generated tokens at most, per prompt")
+    add_baseline_arguments(parser)
     args = parser.parse_args(argv)
     texts = read_texts(args.prompts)
     started = time.perf_counter()

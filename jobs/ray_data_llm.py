@@ -14,6 +14,8 @@ import argparse
 import json
 import sys
 
+from jobs.plain_vllm import add_baseline_arguments
+
 BATCH_SIZE = 64  # rows per engine call; with Ray's 8 concurrent batches, 512 requests can be queued
 
 
@@ -53,10 +55,7 @@ def run(model: str, rows: list[dict], llm_args: dict, max_tokens: int, batch_siz
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.ray_data_llm", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="model directory or hub id")
-    parser.add_argument("--prompts", required=True, help="JSONL file, one {\"id\": ..., \"text\": ...} row per prompt")
-    parser.add_argument("--engine-args", default="{}", help="vllm.LLM(...) arguments (JSON); `model` is ignored")
-    parser.add_argument("--max-tokens", type=int, default=256, help="generated tokens at most, per prompt")
+    add_baseline_arguments(parser, "; `model` is ignored")
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="rows per engine call")
     args = parser.parse_args(argv)
     rows = read_rows(args.prompts)

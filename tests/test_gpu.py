@@ -12,6 +12,16 @@ from actors.engine import cuda_and_vllm_available
 from tests.conftest import ROOT
 
 
+# the quickstart's four-way choice task, structured, as an entry of a spec's `tasks:` (YAML)
+CHOICE_TASK = f"""  - name: choice
+    data: {ROOT / 'sweeps' / 'data' / 'choice.jsonl'}
+    id_column: id
+    prompt: "{{question}} A. {{A}} B. {{B}} C. {{C}} D. {{D}} Answer:"
+    target: answer
+    structured: {{choice: [A, B, C, D]}}
+    scorer: choice
+"""
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_and_vllm_available(), reason="needs CUDA and vLLM")]
 
 
@@ -38,14 +48,7 @@ models:
 tasks:
   - {{name: mixed, data: mixed.jsonl, id_column: id, prompt: "{{text}}\\nSummary:",
       sampling: {{max_tokens: 32, temperature: 1.0, stop: ["."]}}}}
-  - name: choice
-    data: {ROOT / 'sweeps' / 'data' / 'choice.jsonl'}
-    id_column: id
-    prompt: "{{question}} A. {{A}} B. {{B}} C. {{C}} D. {{D}} Answer:"
-    target: answer
-    structured: {{choice: [A, B, C, D]}}
-    scorer: choice
-shards: {{max_samples: 8}}
+{CHOICE_TASK}shards: {{max_samples: 8}}
 actors: {{count: 2, num_gpus: 0.5, num_cpus: 1}}
 """)
     from tests.test_metrics import MetricsWatcher
@@ -160,14 +163,7 @@ models:
   - {{name: a, path: 'builtin:tiny', engine: {{backend: vllm, max_num_seqs: 32, gpu_memory_utilization: 0.4}}}}
   - {{name: b, path: 'builtin:tiny', engine: {{backend: vllm, max_num_seqs: 64, gpu_memory_utilization: 0.4}}}}
 tasks:
-  - name: choice
-    data: {ROOT / 'sweeps' / 'data' / 'choice.jsonl'}
-    id_column: id
-    prompt: "{{question}} A. {{A}} B. {{B}} C. {{C}} D. {{D}} Answer:"
-    target: answer
-    structured: {{choice: [A, B, C, D]}}
-    scorer: choice
-shards: {{max_samples: 25}}
+{CHOICE_TASK}shards: {{max_samples: 25}}
 actors: {{count: 1, num_gpus: 1, num_cpus: 1}}
 """)
     report = run_sweep(load_spec(tmp_path / "two.yaml"), log=print)
