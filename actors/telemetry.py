@@ -41,6 +41,16 @@ def gpu_name() -> str | None:
     return name.decode() if isinstance(name, bytes) else name
 
 
+def gpu_total_bytes() -> int | None:
+    """This process's GPU's memory in bytes, from NVML (no CUDA context), or None."""
+    handle = _nvml_handle()
+    if handle is None:
+        return None
+    import pynvml
+
+    return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+
+
 class GpuSampler:
     """Samples the GPU on a thread: `start()`/`stop()` for an actor's lifetime, or `with` for one span."""
 

@@ -27,10 +27,13 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Sequence
 
 from actors import vllm_core_process
 from actors.engine import EngineProfile, GenRequest, GenResult, check_requests
+from actors.telemetry import gpu_total_bytes
+from cluster.placement import shared_starts_together
 from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
@@ -53,13 +56,37 @@ _GRAPH_FAILURE = re.compile(r"capture_model|cudagraph|cuda_graph|torch/_dynamo|t
 _MODE = re.compile(r"Capturing CUDA graphs \((?:[^()]*?, )?(FULL|PIECEWISE)\)")
 
 
-def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float) -> dict:
-    """vLLM `LLM(...)` arguments: the spec's `engine` mapping as is, the profile's scheduling on top."""
+SHARED_MARGIN_BYTES = 3 << 30  # beside the weights: CUDA context, activations, graphs, sampler (small models)
+MIN_SHARED_KV_BYTES = 1 << 30
+
+
+def shared_kv_bytes(model: ModelSpec, model_path: str, gpu_fraction: float, total_bytes: int | None) -> int | None:
+    """On a GPU shared with other engines, the KV cache's size in bytes, from the engine's share: 90% of
+    its fraction of the GPU, less its weights (the model folder's weight files) with a fifth more, less
+    SHARED_MARGIN_BYTES. vLLM otherwise sizes the cache from the free memory it measures before and after
+    a test pass, which a neighbour starting or closing meanwhile falsifies (seen on an H100: "Error in
+    memory profiling", or a cache sized wrong). None where the spec sizes memory itself, the GPU is whole,
+    starts are serial, NVML cannot say the GPU's size, or the share leaves less than 1 GiB (then vLLM measures)."""
+    if gpu_fraction >= 1 or not total_bytes or not shared_starts_together() or \
+            {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(model.engine):
+        return None
+    weights = sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt")
+                  for f in Path(model_path).glob(pattern)) if os.path.isdir(model_path) else 0
+    kv = int(0.9 * gpu_fraction * total_bytes - 1.2 * weights - SHARED_MARGIN_BYTES)
+    return kv if kv >= MIN_SHARED_KV_BYTES else None
+
+
+def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float,
+                kv_bytes: int | None = None) -> dict:
+    """vLLM `LLM(...)` arguments: the spec's `engine` mapping as is, the profile's scheduling on top;
+    `kv_bytes` (shared_kv_bytes) fixes the KV cache's size on a shared GPU."""
     args = {"model": model_path, "tokenizer": model_path, "seed": 0,
             "gpu_memory_utilization": round(0.9 * min(gpu_fraction, 1.0), 3),  # actors sharing a GPU split it
             "disable_log_stats": False,  # per-request metrics (TTFT) exist only with stats on
             "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
             "max_num_seqs": DEFAULT_MAX_SEQS}
+    if kv_bytes is not None:
+        args["kv_cache_memory_bytes"] = kv_bytes
     args.update(model.engine)
     if profile.chunked_prefill:
         args["enable_chunked_prefill"] = True
@@ -84,7 +111,8 @@ class VllmEngine:
         except ImportError as e:
             raise RuntimeError(f"model {model.name}: vLLM is not installed: pip install 'raysweep[vllm]' ({e})") from e
         self.profile = profile
-        self.args = engine_args(model, model_path, profile, gpu_fraction)
+        self.args = engine_args(model, model_path, profile, gpu_fraction,
+                                shared_kv_bytes(model, model_path, gpu_fraction, gpu_total_bytes()))
         self._fallback_reason: str | None = None
         self.engine_core = vllm_core_process.use_for_engine_core()  # forkserver, spawned or in-process
         self._tee = vllm_core_process.OutputTee.install()

@@ -18,7 +18,7 @@ import pyarrow as pa
 import ray
 
 from cluster.metrics import SweepMetrics
-from cluster.placement import actor_resources, capacity, requested_capacity
+from cluster.placement import actor_resources, capacity, requested_capacity, shared_starts_together
 from cluster.planner import TaskPlan
 from cluster.preflight import ModelPlan, ModelReady, PlanSource, PreflightFailure, preflight  # noqa: F401
 from cluster.progress import make_progress
@@ -147,7 +147,7 @@ class _Run:
                                  on_dispatched=lambda job: self.metrics.dispatched(job.shard.model, job.task.name),
                                  on_tick=self.on_tick)
         self.scheduler = SweepScheduler(spawn, events, capacity=holds, max_attempts=max_attempts,
-                                        start_one_by_one=0 < resources.num_gpus < 1)
+                                        start_one_by_one=0 < resources.num_gpus < 1 and not shared_starts_together())
         # every model from the spec now, so its actors start (process, imports) while the checks run;
         # each gets its engine start only once it passed them (ModelReady, in feed)
         for model in spec.models:

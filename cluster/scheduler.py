@@ -12,7 +12,8 @@
 4. Shards arrive while planning goes on (`feed`): a task's shards go out as soon as it is planned.
 5. Failures: a shard that raises is retried, up to `max_attempts`; an actor that dies is replaced and its
    shards retried; an engine that cannot start fails its model's shards with the engine's own error, and
-   the other models go on. Engines sharing a GPU start one at a time (each sizes its memory at start).
+   the other models go on. Engines sharing a GPU start together, each KV cache sized from its share
+   (`RAYSWEEP_SHARED_GPU_START=serial`: one at a time, vLLM measuring free memory).
 """
 
 from __future__ import annotations

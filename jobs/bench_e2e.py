@@ -57,6 +57,7 @@ class E2EConfig:
     actors: dict = field(default_factory=lambda: {"count": 1, "num_gpus": 1})  # raysweep's `actors`
     multi_actors: dict = field(default_factory=lambda: {"count": 1, "num_gpus": 1})  # ... in `multi`
     raysweep_env: dict = field(default_factory=lambda: {"raysweep": {}})  # label -> extra env of a run
+    raysweep_actors: dict = field(default_factory=dict)  # label -> its own `actors` (else `actors`)
     warm: bool = True  # False: no warm-up runs (an earlier call on the same machine warmed the caches)
 
     def __post_init__(self) -> None:
@@ -78,6 +79,10 @@ class E2EConfig:
                 raise ValueError(f"e_raysweep_env: {label!r} must name a mapping of strings to strings, got {env!r}")
         if not self.raysweep_env:
             raise ValueError("e_raysweep_env: at least one raysweep variant is needed")
+        for label, actors in self.raysweep_actors.items():
+            if label not in self.raysweep_env or not isinstance(actors, dict):
+                raise ValueError(f"e_raysweep_actors: {label!r} must be a variant of e_raysweep_env "
+                                 f"({', '.join(self.raysweep_env)}) mapped to an `actors` mapping, got {actors!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,18 +97,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="skip the untimed warm-up runs: an earlier call on this machine warmed the caches")
     group.add_argument("--e-raysweep-env", default="{}", help="raysweep variants, each run once: JSON "
                        "{label: {ENV: value}}, e.g. '{\"spawn\": {\"RAYSWEEP_VLLM_CORE\": \"spawn\"}}'")
+    group.add_argument("--e-raysweep-actors", default="{}", help="`actors` of some raysweep variants: JSON "
+                       "{label: actors}, e.g. '{\"two\": {\"count\": 2, \"num_gpus\": 0.5}}' (the others: --e-actors)")
 
 
 def config_from_args(args: argparse.Namespace) -> E2EConfig:
-    envs = json.loads(args.e_raysweep_env)
-    if not isinstance(envs, dict):
-        raise ValueError(f"e_raysweep_env: must be a JSON object, got {args.e_raysweep_env!r}")
+    envs, actors = json.loads(args.e_raysweep_env), json.loads(args.e_raysweep_actors)
+    if not isinstance(envs, dict) or not isinstance(actors, dict):
+        raise ValueError(f"e_raysweep_env, e_raysweep_actors: must be JSON objects, got {args.e_raysweep_env!r}, "
+                         f"{args.e_raysweep_actors!r}")
     return E2EConfig(sizes=tuple(int(n) for n in args.e_prompts.split(",")),
                      variants=tuple(v.strip() for v in args.e_variants.split(",") if v.strip()),
                      models=tuple(m.strip() for m in args.e_models.split(",") if m.strip()),
                      max_tokens=args.e_max_tokens, actors=json.loads(args.e_actors),
                      multi_actors=json.loads(args.e_multi_actors),
                      raysweep_env={f"raysweep_{k}": v for k, v in envs.items()} or {"raysweep": {}},
+                     raysweep_actors={f"raysweep_{k}": v for k, v in actors.items()},
                      warm=not args.e_no_warm)
 
 
@@ -256,7 +265,8 @@ class EndToEnd:
         tag, variants, walls = f"n{size}", self.config.variants, {}
         if "raysweep" in variants:
             for label, env in self.config.raysweep_env.items():
-                run = self.sweep([("m", self.bench.model_path)], env, self.config.actors)
+                actors = self.config.raysweep_actors.get(label, self.config.actors)
+                run = self.sweep([("m", self.bench.model_path)], env, actors)
                 walls[label] = self.measure(label, tag, run, [("t", data)], [("t", warm)])
         for variant, module in (("plain", "jobs.plain_vllm"), ("ray_data", "jobs.ray_data_llm")):
             if variant in variants:

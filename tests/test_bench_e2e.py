@@ -112,3 +112,16 @@ def test_the_plain_scripts_summary_is_found_under_vllms_shutdown_logs():
               '{not json\n(EngineCore pid=1) INFO [core.py:1313] [shutdown] EngineCore: trigger received\n')
     assert summary_line(stdout) == {"outputs": 3, "output_tokens": 9, "import_s": 1.0}
     assert summary_line('INFO starting\n{"other": 1}\n') is None
+
+
+def test_a_raysweep_variant_can_have_its_own_actors(tmp_path):
+    runner = StubRunner()
+    config = E2EConfig(sizes=(6,), variants=("raysweep",),
+                       raysweep_env={"raysweep": {}, "raysweep_two": {}},
+                       raysweep_actors={"raysweep_two": {"count": 2, "num_gpus": 0.5}})
+    EndToEnd(bench_at(tmp_path), config, runner=runner, resolve=str).run()
+    actors = {name: load_spec(tmp_path / f"{name}.yaml").actors for name in ("e_raysweep_n6", "e_raysweep_two_n6")}
+    assert (actors["e_raysweep_n6"].count, actors["e_raysweep_n6"].num_gpus) == (1, 1)
+    assert (actors["e_raysweep_two_n6"].count, actors["e_raysweep_two_n6"].num_gpus) == (2, 0.5)
+    with pytest.raises(ValueError, match="e_raysweep_actors"):
+        E2EConfig(raysweep_actors={"raysweep_nope": {"count": 2}})

@@ -51,3 +51,27 @@ def test_a_healthy_start_report_names_dynamo_and_graphs_without_being_a_failure(
     assert _error_lines(START_REPORT) == ""
     assert _failure_line(ENGINE_CORE_FAILED, "") == \
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}"
+
+
+GIB = 1 << 30
+
+
+def test_on_a_shared_gpu_the_kv_cache_is_sized_from_the_share_so_engines_can_start_together(tmp_path, monkeypatch):
+    from actors.engine import EngineProfile
+    from actors.vllm_engine import engine_args, shared_kv_bytes
+    from cluster.spec import ModelSpec
+
+    monkeypatch.delenv("RAYSWEEP_SHARED_GPU_START", raising=False)
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.truncate(2 * GIB)  # sparse: only its size is read
+    model = ModelSpec("m", str(tmp_path))
+    kv = shared_kv_bytes(model, str(tmp_path), 0.5, 80 * GIB)
+    assert kv == int(0.9 * 0.5 * 80 * GIB - 1.2 * 2 * GIB - 3 * GIB)
+    assert engine_args(model, str(tmp_path), EngineProfile(), 0.5, kv)["kv_cache_memory_bytes"] == kv
+    assert shared_kv_bytes(model, str(tmp_path), 1.0, 80 * GIB) is None  # a whole GPU: vLLM measures
+    assert shared_kv_bytes(model, str(tmp_path), 0.5, None) is None  # no NVML: vLLM measures
+    assert shared_kv_bytes(model, str(tmp_path), 0.1, 40 * GIB) is None  # under 1 GiB left: vLLM measures
+    spec_sized = ModelSpec("m", str(tmp_path), engine={"gpu_memory_utilization": 0.3})
+    assert shared_kv_bytes(spec_sized, str(tmp_path), 0.5, 80 * GIB) is None  # the spec sizes memory itself
+    monkeypatch.setenv("RAYSWEEP_SHARED_GPU_START", "serial")
+    assert shared_kv_bytes(model, str(tmp_path), 0.5, 80 * GIB) is None
