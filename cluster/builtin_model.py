@@ -12,12 +12,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import tempfile
+import threading
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
 
 BUILTIN_PREFIX = "builtin:"
+HUB_PROBE_S = 2.0  # one connection attempt to the hub, no retries: without network, say so at once
 VERSION = "v1"  # bump when the recipe changes: the cache directory is keyed by it
 
 # Byte-level vocabulary: ids 0-255 are the bytes, then these special tokens, in this order.
@@ -64,6 +68,77 @@ def resolve_model_path(path: str) -> str:
     if not (target / "model.safetensors").exists():
         build(name, target)
     return str(target)
+
+
+def find_model(path: str) -> dict | None:
+    """Where a model is, found without loading it (cheap: it runs before Ray starts). Raises ValueError
+    saying why it cannot be there; returns its config.json where that is at hand (builtin, a local
+    directory, the Hugging Face cache), else None: a hub id that loading will download.
+    A path is local when it is absolute, starts with `.` or `~`, has more than one `/`, or exists;
+    else it is a hub id (`name` or `org/name`), as Hugging Face reads it."""
+    if is_builtin(path):
+        name = path[len(BUILTIN_PREFIX):]
+        if name not in CONFIGS:
+            raise ValueError(f"unknown builtin model; known: {', '.join(BUILTIN_PREFIX + n for n in CONFIGS)}")
+        return {"max_position_embeddings": CONFIGS[name]["max_position_embeddings"]}
+    if os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.path.exists(path):
+        if not os.path.exists(path):
+            raise ValueError("no such directory")
+        if not os.path.isdir(path):
+            raise ValueError("not a directory (a model is a directory holding config.json and weights)")
+        return _config(os.path.join(path, "config.json"))
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(repo_id=path, filename="config.json")
+    except ValueError:  # huggingface_hub's HFValidationError: not an `org/name` id
+        raise ValueError("no such directory, and not a hub id (`name` or `org/name`)") from None
+    if isinstance(cached, str):
+        return _config(cached)
+    offline = hub_unreachable()
+    if offline:
+        raise ValueError(f"not a local directory, not in the Hugging Face cache, and the hub cannot be reached "
+                         f"({offline})")
+    return None
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached, or None where it may be: the offline switches, else one
+    TCP connection to the hub's host within HUB_PROBE_S (Hugging Face's own client retries for a minute)."""
+    for switch in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(switch, "").strip().upper() in ("1", "ON", "YES", "TRUE"):
+            return f"{switch} is set"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None  # through a proxy: a direct connection says nothing
+    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)
+    answer: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=HUB_PROBE_S).close()
+            answer.append(None)
+        except OSError as e:
+            answer.append(f"{host}: {e.strerror or e}")
+
+    # on a thread: a name lookup without network may block longer than any socket timeout
+    thread = threading.Thread(target=probe, name="raysweep-hub-probe", daemon=True)
+    thread.start()
+    thread.join(HUB_PROBE_S)
+    return answer[0] if answer else f"{host}: no answer in {HUB_PROBE_S:g} s"
+
+
+def _config(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"no config.json in {os.path.dirname(path)}: not a Hugging Face model directory") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable JSON config: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return config
 
 
 def build(name: str, target: Path) -> None:

@@ -1,6 +1,8 @@
 """Task data: JSONL or Parquet rows in, sample ids and rendered prompts out.
 
-Every problem with a data file is raised as `DataError` naming the file and, for JSONL, the line.
+Every problem with a data file is raised as `DataError` naming the file and, for JSONL, the line:
+bytes that are not UTF-8, a line that is not a JSON object, a lone surrogate ("\\ud800", which Python's
+JSON parser accepts), a missing column, a duplicate id, a row the prompt template cannot render.
 Prompts are rendered once per model (chat templates differ between models) by `render_prompts`.
 """
 
@@ -8,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import string
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -22,6 +26,9 @@ class DataError(ValueError):
 
 
 BATCH_ROWS = 8192  # rows per batch when a data file is streamed
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # only a line with one can decode to a lone surrogate
+SURROGATE = re.compile("[\ud800-\udfff]")  # after json.loads, a pair is one code point: any left is alone
+RENDER_ERRORS = (KeyError, IndexError, ValueError, TypeError, AttributeError)  # what str.format raises on a row
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,11 @@ def data_hashes(spec: SweepSpec) -> dict[str, dict]:
 def template_fields(template: str) -> list[str]:
     """The column names a str.format template reads: 'Q: {question[0]}' -> ['question']."""
     names = []
-    for _, field, _, _ in string.Formatter().parse(template):
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:  # "expected '}' before end of string", "Single '}' encountered ..."
+        raise ValueError(f"prompt: {template!r} is not a valid template: {e}") from None
+    for _, field, _, _ in parsed:
         if field is not None:
             root = field.split(".")[0].split("[")[0]
             if not root or root.isdigit():
@@ -83,8 +94,9 @@ def template_fields(template: str) -> list[str]:
 
 
 def load_task(spec: SweepSpec, task: TaskSpec) -> TaskData:
-    """Check the task's data file in one streaming pass, keeping 8 bytes per row: duplicate ids are
-    found from 64-bit id hashes (sorted at the end) and confirmed on a second read."""
+    """Check the task's data file in one streaming pass, keeping 8 bytes per row: every row parses, holds
+    the task's columns and renders its prompt template; duplicate ids are found from 64-bit id hashes
+    (sorted at the end) and confirmed on a second read. Cheap (no tokenizer): it runs before Ray starts."""
     path = spec.data_path(task)
     try:
         template_fields(task.prompt or "")
@@ -93,6 +105,7 @@ def load_task(spec: SweepSpec, task: TaskSpec) -> TaskData:
     hashes, n = [], 0
     for rows, where, first in _read_batches(path):
         _check_columns(task, path, rows, where)
+        _check_rendering(task, path, rows, where)
         hashes.append(np.fromiter((_id_hash(sid) for sid in _ids(task, rows, first)), dtype=np.uint64, count=len(rows)))
         n += len(rows)
     if n == 0:
@@ -147,44 +160,101 @@ def _raise_duplicate(task: TaskSpec, path: str, suspects: set[int]) -> None:
 def _read_batches(path: str) -> Iterator[tuple[list[dict], list[str], int]]:
     """Rows in batches: the rows, where each was read (the 1-based line for JSONL, "row N" for
     Parquet) and the 0-based position of the batch's first row."""
+    if os.path.isdir(path):
+        raise DataError(f"{path}: is a directory; `data:` names one JSONL or Parquet file")
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        try:
-            source = pq.ParquetFile(path)
-        except FileNotFoundError:
-            raise DataError(f"{path}: no such data file") from None
-        except Exception as e:  # pyarrow's ArrowInvalid etc.: say which file
-            raise DataError(f"{path}: not a readable Parquet file: {e}") from None
-        n = 0
-        for batch in source.iter_batches(batch_size=BATCH_ROWS):
-            rows = batch.to_pylist()
-            yield rows, [f"row {i}" for i in range(n, n + len(rows))], n
-            n += len(rows)
+        yield from _parquet_batches(path)
         return
     rows, lines, first = [], [], 0
     try:
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{n}: not valid JSON: {e.msg} (column {e.colno})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
-                rows.append(row)
-                lines.append(str(n))
-                if len(rows) == BATCH_ROWS:
-                    yield rows, lines, first
-                    rows, lines, first = [], [], first + len(rows)
+        f = open(path, "rb")  # bytes, decoded line by line: a decoding error then knows its line
     except FileNotFoundError:
         raise DataError(f"{path}: no such data file") from None
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text: {e}") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
+    with f:
+        for n, raw in enumerate(f, 1):
+            row = _json_row(path, n, raw)
+            if row is None:
+                continue
+            rows.append(row)
+            lines.append(str(n))
+            if len(rows) == BATCH_ROWS:
+                yield rows, lines, first
+                rows, lines, first = [], [], first + len(rows)
     if rows:
         yield rows, lines, first
+
+
+def _json_row(path: str, n: int, raw: bytes) -> dict | None:
+    """Line `n` of a JSONL file as a row; None for a blank line."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{n}: not valid JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
+    if SURROGATE_ESCAPE.search(raw):
+        column = next((k for k, v in row.items() if _lone_surrogate(k) or _lone_surrogate(v)), None)
+        if column is not None:
+            raise DataError(f"{path}:{n}: column {column!r} holds a lone surrogate (an unpaired \\uD800-\\uDFFF "
+                            "escape), which is not text")
+    return row
+
+
+def _lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return SURROGATE.search(value) is not None
+    if isinstance(value, list):
+        return any(_lone_surrogate(v) for v in value)
+    if isinstance(value, dict):
+        return any(_lone_surrogate(k) or _lone_surrogate(v) for k, v in value.items())
+    return False
+
+
+def _parquet_batches(path: str) -> Iterator[tuple[list[dict], list[str], int]]:
+    import pyarrow.parquet as pq
+
+    try:
+        source = pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such data file") from None
+    except Exception as e:  # pyarrow's ArrowInvalid etc.: say which file
+        raise DataError(f"{path}: not a readable Parquet file: {_first_line(e)}") from None
+    n = 0
+    batches = source.iter_batches(batch_size=BATCH_ROWS)
+    while True:
+        try:
+            rows = next(batches).to_pylist()
+        except StopIteration:
+            return
+        except Exception as e:  # a corrupt page, or strings that are not UTF-8
+            raise DataError(f"{path}: not a readable Parquet file (after row {n}): {_first_line(e)}") from None
+        yield rows, [f"row {i}" for i in range(n, n + len(rows))], n
+        n += len(rows)
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _check_rendering(task: TaskSpec, path: str, rows: list[dict], where: list[str]) -> None:
+    """Render the prompt template on every row, as planning will: a format spec or an index the row's
+    value does not take ("{question:d}" on text, "{question[999]}") fails here, naming the row."""
+    if task.prompt is None:
+        return
+    for row, w in zip(rows, where):
+        try:
+            task.prompt.format(**row)
+        except RENDER_ERRORS as e:
+            raise DataError(f"{path}:{w}: tasks.{task.name}.prompt {task.prompt!r} cannot be rendered from this "
+                            f"row: {type(e).__name__}: {_first_line(e)}") from None
 
 
 def _check_columns(task: TaskSpec, path: str, rows: list[dict], where: list[str]) -> None:

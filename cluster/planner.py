@@ -142,6 +142,8 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
               cache: TokenCache | None = None, strict: bool = True, staging: StagingFolder | None = None) -> TaskPlan:
     task = data.task
     limit = None if max_model_len is None else max_model_len - task.sampling.max_tokens
+    if limit is not None and limit <= 0:  # no policy helps: every prompt is over, even an empty one
+        raise PreflightError(no_room(model, task, max_model_len))
     staged = StagedRows(staging or StagingFolder(), f"{model.name}.{task.name}".replace("/", "_"))
     lengths, status, over_list, empty_list = [], [], [], []
     add_special = True
@@ -187,6 +189,12 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
     return TaskPlan(model=model, task=task, shards=shards, lengths=lengths_all, threshold=threshold,
                     n_truncated=int((status_all == 1).sum()), n_skipped=int((status_all == 2).sum()),
                     n_refused=len(over_list), n_empty=len(empty_list), limit=limit)
+
+
+def no_room(model: ModelSpec, task: TaskSpec, max_model_len: int) -> str:
+    """The length refusal no length_policy can help: max_tokens leaves no token for a prompt."""
+    return (f"tasks.{task.name}.sampling.max_tokens {task.sampling.max_tokens} leaves no room for a prompt in "
+            f"model {model.name}'s max_model_len {max_model_len}; lower max_tokens")
 
 
 def _refusal(model, task, over: list[tuple[str, int]], limit, max_model_len) -> str:

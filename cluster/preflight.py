@@ -1,7 +1,10 @@
 """Preflight and planning (DESIGN §3), as a stream the scheduler consumes while it runs.
 
-1. Checks that need no tokenization, for the whole sweep: every task's data file and columns, every
-   structured spec; every model loads (config, tokenizer) and compiles every structured spec.
+1. Checks that need no tokenizer (`check_inputs`, cheap: jobs/sweep.py runs them before Ray starts):
+   every task's data file streamed once (rows, columns, ids, the prompt rendered), every structured spec
+   parsed, every model found (a local directory, the hub cache, or a hub that can be reached; vLLM
+   importable where a model asks for it) and its max_model_len left room for max_tokens where known.
+   Then the expensive ones: every model loads (config, tokenizer) and compiles every structured spec.
    A problem here is one line naming the file, task, model or field, before any actor starts.
 2. Then one `ModelReady` per model: from here its actors may start.
 3. Then one `TaskPlan` per model x task, as each is planned (prompts measured in tokens, the length
@@ -14,18 +17,20 @@ engine start) or at once; `preflight` collects it for `raysweep plan` and tests.
 
 from __future__ import annotations
 
+import importlib.util
 import queue
 import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from cluster.builtin_model import resolve_model_path
-from cluster.data import load_task
-from cluster.planner import TaskPlan, plan_task
+from cluster.builtin_model import find_model, resolve_model_path
+from cluster.data import TaskData, load_task
+from cluster.planner import TaskPlan, no_room, plan_task
 from cluster.spec import ModelSpec, SweepSpec
 from cluster.staging import StagingFolder
 from cluster.structured import check as check_structured
+from cluster.structured import xgrammar_message
 from cluster.token_cache import TokenCache
 
 
@@ -47,9 +52,9 @@ class ModelPlan:
     tasks: list[TaskPlan]
 
 
-def plan_events(spec: SweepSpec, strict: bool = True) -> Iterator[ModelReady | TaskPlan]:
-    """Checks first (all of them), then ModelReady for every model, then each TaskPlan as it is made.
-    `strict=False` (for `raysweep plan`) counts prompts over the length limit instead of refusing them."""
+def check_inputs(spec: SweepSpec) -> list[TaskData]:
+    """The checks that need no tokenizer and no model loaded, in one pass over each data file; the
+    checked data, for `plan_events` to plan from without reading the files again for checking."""
     data = []
     for task in spec.tasks:
         if task.structured is not None:
@@ -58,9 +63,38 @@ def plan_events(spec: SweepSpec, strict: bool = True) -> Iterator[ModelReady | T
             except ValueError as e:
                 raise PreflightFailure(f"{spec.source}: tasks.{task.name}.structured.{e}") from None
         data.append(load_task(spec, task))
+    for model in spec.models:
+        check_model(spec, model)
+    return data
+
+
+def check_model(spec: SweepSpec, model: ModelSpec) -> None:
+    """A model found without loading it, and max_tokens against its length where that is known now."""
+    if model.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise PreflightFailure(f"{spec.source}: model {model.name}: engine backend vllm needs vLLM, which is not "
+                               "installed here: pip install 'raysweep[vllm]' on a CUDA machine, or set `engine: hf`")
+    path = spec.model_path(model)
+    try:
+        config = find_model(path)
+    except ValueError as e:
+        where = f" ({path})" if path != model.path else ""
+        raise PreflightFailure(f"{spec.source}: model {model.name}: cannot load {model.path!r}{where}: {e}") from None
+    max_len = model.engine.get("max_model_len") or (config or {}).get("max_position_embeddings")
+    for task in spec.tasks:
+        if isinstance(max_len, int) and task.sampling.max_tokens >= max_len:
+            raise PreflightFailure(f"{spec.source}: {no_room(model, task, max_len)}")
+
+
+def plan_events(spec: SweepSpec, strict: bool = True,
+                data: list[TaskData] | None = None) -> Iterator[ModelReady | TaskPlan]:
+    """Checks first (all of them), then ModelReady for every model, then each TaskPlan as it is made.
+    `strict=False` (for `raysweep plan`) counts prompts over the length limit instead of refusing them.
+    `data`: what `check_inputs` returned, where the caller ran it already."""
+    if data is None:
+        data = check_inputs(spec)
     models = []
     for model in spec.models:
-        path, tokenizer, max_len = _load_model_meta(model)
+        path, tokenizer, max_len = _load_model_meta(model, spec.model_path(model))
         _compile_for(model, tokenizer, spec)
         models.append((ModelReady(model, path), tokenizer, max_len))
     yield from (ready for ready, _, _ in models)
@@ -89,21 +123,21 @@ class PlanSource:
 
     _DONE = object()
 
-    def __init__(self, spec: SweepSpec, background: bool = False):
+    def __init__(self, spec: SweepSpec, background: bool = False, data: list[TaskData] | None = None):
         self._queue: queue.Queue = queue.Queue()
         self.done = False
         self.finished_at: float | None = None  # when planning ended (time.time())
         if background:
-            threading.Thread(target=self._produce, args=(spec,), name="raysweep-planner", daemon=True).start()
+            threading.Thread(target=self._produce, args=(spec, data), name="raysweep-planner", daemon=True).start()
         else:
-            self._produce(spec)
+            self._produce(spec, data)
             self._error = next((e for e in list(self._queue.queue) if isinstance(e, BaseException)), None)
             if self._error is not None:
                 raise self._error
 
-    def _produce(self, spec: SweepSpec) -> None:
+    def _produce(self, spec: SweepSpec, data: list[TaskData] | None = None) -> None:
         try:
-            for event in plan_events(spec):
+            for event in plan_events(spec, data=data):
                 self._queue.put(event)
         except BaseException as e:  # handed to the driver's thread, which handles it at its edge
             self._queue.put(e)
@@ -144,15 +178,15 @@ def _compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
         try:
             compiler.compile_grammar(to_grammar(task.structured))
         except Exception as e:  # xgrammar's own error types; the message is what matters
-            raise PreflightFailure(f"task {task.name}: structured output does not compile for model "
-                                   f"{model.name}: {str(e).strip().splitlines()[-1]}") from None
+            raise PreflightFailure(f"{spec.source}: tasks.{task.name}.structured: does not compile for model "
+                                   f"{model.name}: {xgrammar_message(e)}") from None
 
 
-def _load_model_meta(model: ModelSpec):
+def _load_model_meta(model: ModelSpec, path: str):
     from transformers import AutoConfig, AutoTokenizer
 
     try:
-        path = resolve_model_path(model.path)
+        path = resolve_model_path(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
         config = AutoConfig.from_pretrained(path)
     except Exception as e:  # OSError, ValueError, hub errors: all mean "this model cannot be loaded"

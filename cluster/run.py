@@ -70,15 +70,17 @@ class Prepared:
     output: str
 
 
-def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, background: bool = False) -> Prepared:
+def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, background: bool = False,
+            data: list | None = None) -> Prepared:
     """`background=False`: every check and plan made now, so any bad input raises here. `True`: the
-    output is opened now and planning runs on a thread while Ray and the actors start."""
+    output is opened now and planning runs on a thread while Ray and the actors start. `data`: the task
+    data `check_inputs` already checked (not read again). `output` defaults to the spec's, from its folder."""
     from cluster.data import data_hashes
 
-    out = output or spec.output
+    out = output or spec.output_path()
     sink = ResultSink(out, spec, new_run=new_run, data_hashes=data_hashes(spec))
     try:
-        plans = PlanSource(spec, background=background)
+        plans = PlanSource(spec, background=background, data=data)
     except BaseException:
         sink.close()
         raise
@@ -258,11 +260,10 @@ def _score(spec: SweepSpec, model: ModelSpec, job: Job, table: pa.Table) -> pa.T
     valid = [is_valid(task.structured, o) if g and task.structured else None for o, g in zip(outputs, generated)]
     scores = [scorer(o, t) if g and scorer else None for o, t, g in zip(outputs, targets, generated)]
     n = table.num_rows
-    # model and task are dictionary-encoded: the type readers infer from the model=/task= directories,
-    # so pyarrow, pandas and DuckDB read the results folder as one table without a type clash
+    # model and task: plain string columns (cluster/sink.py lays files out so that no reader infers them)
     return table.add_column(0, "sweep", pa.array([spec.name] * n)) \
-        .add_column(1, "model", pa.array([model.name] * n).dictionary_encode()) \
-        .add_column(2, "task", pa.array([task.name] * n).dictionary_encode()) \
+        .add_column(1, "model", pa.array([model.name] * n, pa.string())) \
+        .add_column(2, "task", pa.array([task.name] * n, pa.string())) \
         .add_column(4, "shard_id", pa.array([shard.shard_id] * n)) \
         .append_column("prompt_tokens", pa.array(shard.prompt_tokens, pa.int32())) \
         .append_column("structured", pa.array([task.structured.kind if task.structured else None] * n, pa.string())) \

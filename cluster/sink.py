@@ -8,6 +8,10 @@ journal in when the plan is recorded and when the sweep finishes: a commit costs
 commit. `read_manifest` merges both. Re-running the same spec into the same output skips committed
 shards; a different spec into it is refused. Works on any pyarrow filesystem URI.
 
+Results lie in results/<model>/<task>/shard-NNNNN.parquet with model and task as string columns in the
+files, not as hive key=value folders (see `result_file`): pyarrow, pandas, polars, DuckDB and Ray Data
+then read the folder as one table whatever the names.
+
 The summary is accumulated as shards are committed (a few numbers per model x task), and shards that
 an earlier run committed are read back one at a time, only the columns it needs: the driver's memory
 does not grow with the number of results.
@@ -117,10 +121,11 @@ class ResultSink:
 
     # -- writes ------------------------------------------------------------------------------------
     def commit(self, shard_id: str, model: str, task: str, index: int, table: pa.Table, attempts: int) -> None:
-        rel = f"results/model={model}/task={task}/shard-{index:05d}.parquet"
+        rel = result_file(model, task, index)
         final = self._path(rel)
-        tmp = self._path(f"results/model={model}/task={task}/.shard-{index:05d}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp = f"{os.path.dirname(final)}/.shard-{index:05d}.{uuid.uuid4().hex[:8]}.tmp"
         self.fs.create_dir(os.path.dirname(final), recursive=True)
+        table = _plain_strings(table, ("model", "task"))
         with self.fs.open_output_stream(tmp) as f:
             pq.write_table(table, f)
         self.fs.move(tmp, final)
@@ -214,6 +219,12 @@ class ResultSink:
         if manifest.get("spec_hash") not in (digest, self.spec.digest(with_placement=True)):
             raise SinkError(f"output {self.output} holds results of another spec (hash {manifest.get('spec_hash')}, "
                             f"this one is {digest}); use a new output, or --new-run to discard them")
+        old = next((e["file"] for e in manifest["shards"].values()
+                    if e.get("state") == "committed" and "/model=" in f"/{e.get('file', '')}"), None)
+        if old is not None:
+            raise SinkError(f"output {self.output} holds results in an earlier raysweep's layout ({old}); this one "
+                            "writes results/<model>/<task>/ and cannot add to them: use a new output, or --new-run "
+                            "to discard them")
         recorded = manifest.setdefault("data", {})
         committed = {sid.split("/")[1] for sid, entry in manifest["shards"].items() if entry.get("state") == "committed"}
         for task, now in self.data_hashes.items():
@@ -305,6 +316,28 @@ class SummaryAccumulator:
                          "structured_valid_rate": g["valid"] / g["n_valid"] if g["n_valid"] else None,
                          "output_tokens": g["output_tokens"]})
         return pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
+
+
+def result_file(model: str, task: str, index: int) -> str:
+    """A shard's results file, relative to the output: results/<model>/<task>/shard-NNNNN.parquet.
+
+    Plain folder names, not hive's model=M/task=T: model and task are string columns in every file, and a
+    key=value folder makes pyarrow, pandas, polars and DuckDB infer the column again from the path, as an
+    integer for a name like "13" (a type clash with the file's string, or "011" read as 11). With no
+    key=value in the path, every reader takes both columns from the files, as strings."""
+    for what, name in (("model", model), ("task", task)):
+        if not name or "/" in name or "=" in name:  # the spec's name rule keeps them out; the layout needs it
+            raise ValueError(f"{what} name {name!r}: a results folder name cannot be empty or hold '/' or '='")
+    return f"results/{model}/{task}/shard-{index:05d}.parquet"
+
+
+def _plain_strings(table: pa.Table, columns: tuple[str, ...]) -> pa.Table:
+    """The named columns as plain strings: a dictionary-encoded column reads back as a pandas category and
+    a polars Categorical, not as text."""
+    for name in columns:
+        if name in table.column_names and table.schema.field(name).type != pa.string():
+            table = table.set_column(table.schema.get_field_index(name), name, table[name].cast(pa.string()))
+    return table
 
 
 def _rows_table(rows: list[dict]) -> pa.Table:

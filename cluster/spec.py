@@ -1,13 +1,16 @@
 """The sweep spec (DESIGN §2): YAML in, validated frozen dataclasses out.
 
 Each dataclass checks its own values in ``__post_init__`` and raises ``ValueError`` naming the field;
-``load_spec`` reads the YAML, rejects unknown keys, and re-raises every problem as ``SpecError`` with the
-file and the full field path (``quickstart.yaml: tasks[1].sampling.max_tokens: must be >= 1, got 0``).
+``load_spec`` reads the YAML strictly (a key given twice is an error, with its line), rejects unknown keys
+(suggesting the known one a misspelling is closest to), and re-raises every problem as ``SpecError`` with
+the file and the full field path (``quickstart.yaml: tasks[1].sampling.max_tokens: must be >= 1, got 0``).
+Relative paths in a spec (`data:`, `output:`) are read from the spec file's folder, as docker-compose does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import os
@@ -24,10 +27,20 @@ SCORERS = ("exact_match", "numeric_match", "choice", "json_match", "regex_match"
 LENGTH_POLICIES = ("error", "truncate_left", "skip")
 CHUNKED_PREFILL = ("auto", "on", "off")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # names become directory names and actor names
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a code point of a UTF-16 pair: alone, not text
 
 
 class SpecError(ValueError):
     """A sweep spec that cannot run; the message names the file and the field."""
+
+
+def _is_int(value: Any) -> bool:
+    """An integer, and not a YAML boolean (`max_tokens: yes` is not 1, though bool subclasses int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check_name(value: str, what: str = "name") -> None:
@@ -45,20 +58,20 @@ class SamplingSpec:
     seed: int = 0  # per-sample seeds are derived from this and the sample id
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+        if not _is_number(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature: must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k: must be an integer >= 0, got {self.top_k!r}")
-        if not isinstance(self.seed, int):
+        if not _is_int(self.seed):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if not all(isinstance(s, str) and s for s in stop):
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop: must be non-empty strings, got {self.stop!r}")
-        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "stop", tuple(stop))
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,8 @@ class ScorerSpec:
         allowed = {"json_match": {"fields"}, "regex_match": {"pattern", "group"}, "choice": {"choices"}}
         extra = set(self.args) - allowed.get(self.name, set())
         if extra:
-            raise ValueError(f"{sorted(extra)[0]}: not an argument of scorer {self.name}")
+            raise ValueError(f"{sorted(extra)[0]}: not an argument of scorer {self.name}"
+                             f"{_suggest(sorted(extra)[0], sorted(allowed.get(self.name, ())))}")
         if self.name == "regex_match":
             pattern = self.args.get("pattern")
             if not isinstance(pattern, str):
@@ -132,6 +146,11 @@ class TaskSpec:
             raise ValueError("data: a JSONL or Parquet file is required")
         if not self.data.endswith((".jsonl", ".parquet")):
             raise ValueError(f"data: {self.data!r} must end in .jsonl or .parquet")
+        for name in ("prompt", "messages", "system", "target", "id_column"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name}: must be a string, got {getattr(self, name)!r}")
+        if not isinstance(self.chat, bool):
+            raise ValueError(f"chat: must be true or false, got {self.chat!r}")
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("prompt: give exactly one of `prompt` (a template) or `messages` (a column)")
         if self.messages is not None and self.chat:
@@ -140,7 +159,7 @@ class TaskSpec:
             raise ValueError(f"target: scorer {self.scorer.name} needs a target column")
         if isinstance(self.fail_on_error, bool):
             pass
-        elif not isinstance(self.fail_on_error, (int, float)) or not 0 < self.fail_on_error < 1:
+        elif not _is_number(self.fail_on_error) or not 0 < self.fail_on_error < 1:
             raise ValueError(f"fail_on_error: must be true, false or a fraction in (0, 1), got {self.fail_on_error!r}")
         if self.chunked_prefill not in CHUNKED_PREFILL:
             raise ValueError(f"chunked_prefill: must be one of {', '.join(CHUNKED_PREFILL)}, got {self.chunked_prefill!r}")
@@ -151,7 +170,7 @@ class TaskSpec:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    path: str  # local directory, hub id, or builtin:tiny
+    path: str  # local directory (relative: `./` or `../`, from the spec's folder), hub id, or builtin:tiny
     backend: str = "auto"  # auto: vLLM where CUDA and vLLM are present, else the CPU (transformers) engine
     engine: dict = field(default_factory=dict)  # passed to the engine as is (max_model_len, ...)
 
@@ -162,7 +181,7 @@ class ModelSpec:
         if self.backend not in BACKENDS:
             raise ValueError(f"engine.backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         max_len = self.engine.get("max_model_len")
-        if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
+        if max_len is not None and (not _is_int(max_len) or max_len < 1):
             raise ValueError(f"engine.max_model_len: must be an integer >= 1, got {max_len!r}")
 
 
@@ -174,7 +193,7 @@ class ShardLimits:
     def __post_init__(self) -> None:
         for name in ("max_samples", "max_tokens"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
 
 
@@ -190,30 +209,30 @@ class ActorSpec:
     shards_in_flight: int | None = None
 
     def __post_init__(self) -> None:
-        if self.shards_in_flight is not None and (not isinstance(self.shards_in_flight, int)
+        if self.shards_in_flight is not None and (not _is_int(self.shards_in_flight)
                                                   or not 1 <= self.shards_in_flight <= 64):
             raise ValueError(f"shards_in_flight: must be an integer from 1 to 64, got {self.shards_in_flight!r}")
         if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str)
                                                   or not NAME_RE.match(self.accelerator_type)):
             raise ValueError(f"accelerator_type: must be a name such as L4 or H100, got {self.accelerator_type!r}")
-        if not isinstance(self.count, int) or self.count < 1:
+        if not _is_int(self.count) or self.count < 1:
             raise ValueError(f"count: must be an integer >= 1, got {self.count!r}")
-        if not isinstance(self.num_gpus, (int, float)) or self.num_gpus < 0:
+        if not _is_number(self.num_gpus) or self.num_gpus < 0:
             raise ValueError(f"num_gpus: must be >= 0, got {self.num_gpus!r}")
-        if not isinstance(self.num_cpus, (int, float)) or self.num_cpus <= 0:
+        if not _is_number(self.num_cpus) or self.num_cpus <= 0:
             raise ValueError(f"num_cpus: must be > 0, got {self.num_cpus!r}")
 
 
 @dataclass(frozen=True)
 class SweepSpec:
     name: str
-    output: str  # local path (relative: from the current directory) or a pyarrow filesystem URI
+    output: str  # local path (relative: from the spec's folder, as `data:`) or a pyarrow filesystem URI
     models: tuple[ModelSpec, ...]
     tasks: tuple[TaskSpec, ...]
     shards: ShardLimits = field(default_factory=ShardLimits)
     actors: ActorSpec = field(default_factory=ActorSpec)
     source: str = "<spec>"  # the file it came from, for error messages
-    base_dir: str = "."  # relative data paths are resolved from here
+    base_dir: str = "."  # relative paths (data, output) are resolved from here: the spec's folder
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -228,7 +247,21 @@ class SweepSpec:
                 raise ValueError(f"{what}: name {dup!r} is used twice")
 
     def data_path(self, task: TaskSpec) -> str:
-        return task.data if os.path.isabs(task.data) else os.path.join(self.base_dir, task.data)
+        return self._from_base(task.data)
+
+    def output_path(self) -> str:
+        """The output by the same rule as `data:`: a relative path from the spec's folder; a URI as given.
+        (A `--output` on the command line is relative to the current directory, as any argument is.)"""
+        return self.output if "://" in self.output else self._from_base(self.output)
+
+    def model_path(self, model: ModelSpec) -> str:
+        """A model's path by the same rule where it is a relative local path (`./m`, `../m`); a hub id
+        (`org/name`) or a `builtin:` name as given."""
+        return self._from_base(model.path) if model.path.startswith(("./", "../")) else model.path
+
+    def _from_base(self, path: str) -> str:
+        path = os.path.expanduser(path)
+        return path if os.path.isabs(path) else os.path.normpath(os.path.join(self.base_dir, path))
 
     def digest(self, with_placement: bool = False) -> str:
         """Hash of everything in the spec that changes results: not the output location, and of `actors:`
@@ -243,13 +276,25 @@ class SweepSpec:
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-class _Fields:
-    """Reads one YAML mapping, tracking the field path and rejecting unknown keys."""
+def _suggest(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
-    def __init__(self, raw: Any, path: str):
+
+class _Fields:
+    """Reads one YAML mapping, tracking the field path. Its keys are checked against the known ones
+    first, so a misspelt key is reported as itself (`unknown field 'promt' (did you mean 'prompt'?)`),
+    not as the required field it leaves missing. `nested`: keys that belong in a sub-section."""
+
+    def __init__(self, raw: Any, path: str, known: list[str], nested: dict[str, list[str]] | None = None):
         if not isinstance(raw, dict):
             raise ValueError(f"{path or 'spec'}: must be a mapping, got {type(raw).__name__}")
         self.raw, self.path = dict(raw), path
+        for key in self.raw:
+            if key not in known:
+                home = next((section for section, keys in (nested or {}).items() if key in keys), None)
+                hint = f" (it belongs under `{home}`)" if home else _suggest(str(key), known)
+                raise ValueError(f"{self.at(str(key))}: unknown field {str(key)!r}{hint}")
 
     def at(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
@@ -257,9 +302,9 @@ class _Fields:
     def pop(self, key: str, default: Any = None) -> Any:
         return self.raw.pop(key, default)
 
-    def done(self) -> None:
-        if self.raw:
-            raise ValueError(f"{self.at(sorted(self.raw)[0])}: unknown field")
+
+def _names(cls: type, *leave_out: str) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls) if f.name not in leave_out]
 
 
 def _build(cls: type, where: str, **kwargs: Any) -> Any:
@@ -267,24 +312,25 @@ def _build(cls: type, where: str, **kwargs: Any) -> Any:
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     try:
         return cls(**kwargs)
-    except TypeError as e:  # e.g. a wrong argument type reaching the constructor
+    except TypeError as e:  # a required field left out, or a wrong argument type reaching the constructor
+        missing = re.search(r"missing \d+ required .*?'(\w+)'", str(e))
+        if missing:
+            raise ValueError(f"{where + '.' if where else ''}{missing.group(1)}: required") from None
         raise ValueError(f"{where or 'spec'}: {e}") from None
     except ValueError as e:
         raise ValueError(f"{where}.{e}" if where else str(e)) from None
 
 
 def _sampling(raw: Any, path: str) -> SamplingSpec:
-    f = _Fields(raw or {}, path)
-    keys = [k.name for k in dataclasses.fields(SamplingSpec)]
-    spec = _build(SamplingSpec, path, **{k: f.pop(k) for k in keys})
-    f.done()
-    return spec
+    keys = _names(SamplingSpec)
+    f = _Fields(raw or {}, path, keys)
+    return _build(SamplingSpec, path, **{k: f.pop(k) for k in keys})
 
 
 def _structured(raw: Any, path: str) -> StructuredSpec | None:
     if raw is None:
         return None
-    f = _Fields(raw, path)
+    f = _Fields(raw, path, list(STRUCTURED_KINDS))
     if len(f.raw) != 1:
         raise ValueError(f"{path}: give exactly one of {', '.join(STRUCTURED_KINDS)}")
     kind, value = next(iter(f.raw.items()))
@@ -294,14 +340,16 @@ def _structured(raw: Any, path: str) -> StructuredSpec | None:
 def _scorer(raw: Any, path: str) -> ScorerSpec | None:
     if raw is None or isinstance(raw, str):
         return _build(ScorerSpec, path, name=raw) if raw else None
-    f = _Fields(raw, path)
-    name = f.pop("name")
-    return _build(ScorerSpec, path, name=name, args=f.raw)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: must be a scorer name or a mapping with `name`, got {type(raw).__name__}")
+    args = dict(raw)
+    name = args.pop("name", None)
+    return _build(ScorerSpec, path, name=name, args=args)
 
 
 def _task(raw: Any, path: str) -> TaskSpec:
-    f = _Fields(raw, path)
-    task = _build(
+    f = _Fields(raw, path, _names(TaskSpec), nested={"sampling": _names(SamplingSpec)})
+    return _build(
         TaskSpec, path,
         name=f.pop("name"), data=f.pop("data"), prompt=f.pop("prompt"), messages=f.pop("messages"),
         chat=f.pop("chat"), system=f.pop("system"), target=f.pop("target"), id_column=f.pop("id_column"),
@@ -311,8 +359,6 @@ def _task(raw: Any, path: str) -> TaskSpec:
         length_policy=f.pop("length_policy"), fail_on_error=f.pop("fail_on_error"),
         chunked_prefill=_on_off(f.pop("chunked_prefill")),
     )
-    f.done()
-    return task
 
 
 def _on_off(value: Any) -> Any:
@@ -321,17 +367,15 @@ def _on_off(value: Any) -> Any:
 
 
 def _model(raw: Any, path: str) -> ModelSpec:
-    f = _Fields(raw, path)
+    f = _Fields(raw, path, ["name", "path", "engine"], nested={"engine": ["backend", "max_model_len"]})
     engine = f.pop("engine") or {}
     if isinstance(engine, str):  # `engine: vllm` forces a backend with default engine arguments
         engine = {"backend": engine}
     if not isinstance(engine, dict):
         raise ValueError(f"{f.at('engine')}: must be a backend name or a mapping of engine arguments")
     engine = dict(engine)
-    model = _build(ModelSpec, path, name=f.pop("name"), path=f.pop("path"),
-                   backend=engine.pop("backend", None), engine=engine)
-    f.done()
-    return model
+    return _build(ModelSpec, path, name=f.pop("name"), path=f.pop("path"),
+                  backend=engine.pop("backend", None), engine=engine)
 
 
 def _listed(raw: Any, key: str, build) -> tuple:
@@ -343,32 +387,79 @@ def _listed(raw: Any, key: str, build) -> tuple:
 def parse_spec(raw: Any, source: str = "<spec>", base_dir: str = ".") -> SweepSpec:
     """Validate a parsed YAML document; errors are SpecError naming `source` and the field."""
     try:
-        f = _Fields(raw, "")
-        shards, actors = _Fields(f.pop("shards") or {}, "shards"), _Fields(f.pop("actors") or {}, "actors")
+        f = _Fields(raw, "", _names(SweepSpec, "source", "base_dir"))
+        shards = _Fields(f.pop("shards") or {}, "shards", _names(ShardLimits))
+        actors = _Fields(f.pop("actors") or {}, "actors", _names(ActorSpec))
         spec = _build(
             SweepSpec, "",
             name=f.pop("name"), output=f.pop("output") or f"results/{raw.get('name', 'sweep')}",
             models=_listed(f.pop("models"), "models", _model),
             tasks=_listed(f.pop("tasks"), "tasks", _task),
-            shards=_build(ShardLimits, "shards", **{k: shards.pop(k) for k in ("max_samples", "max_tokens")}),
-            actors=_build(ActorSpec, "actors", **{k: actors.pop(k) for k in
-                                                  ("count", "num_gpus", "num_cpus", "accelerator_type",
-                                                   "shards_in_flight")}),
+            shards=_build(ShardLimits, "shards", **{k: shards.pop(k) for k in _names(ShardLimits)}),
+            actors=_build(ActorSpec, "actors", **{k: actors.pop(k) for k in _names(ActorSpec)}),
             source=source, base_dir=base_dir,
         )
-        for part in (f, shards, actors):
-            part.done()
     except ValueError as e:
         raise SpecError(f"{source}: {e}") from None
     return spec
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one quietly:
+    a second `tasks:` would drop the first list). Keys merged in with `<<` may still be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so
+                continue
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def load_spec(path: str | os.PathLike) -> SweepSpec:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_bytes().decode("utf-8"), Loader=_StrictLoader)
     except FileNotFoundError:
         raise SpecError(f"{path}: no such spec file") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a directory, not a spec file") from None
+    except OSError as e:
+        raise SpecError(f"{path}: cannot be read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        line = e.object[:e.start].count(b"\n") + 1
+        raise SpecError(f"{path}:{line}: not UTF-8 text (byte 0x{e.object[e.start]:02x})") from None
     except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML: {problem}") from None
+    if raw is None:
+        raise SpecError(f"{path}: the spec file is empty")
+    raw = _text_only(raw, "", str(path))
     return parse_spec(raw, source=str(path), base_dir=str(path.resolve().parent))
+
+
+def _text_only(value: Any, where: str, source: str) -> Any:
+    """The document with surrogate pairs written as two escapes ("\\ud83d\\ude00", which PyYAML keeps as
+    two code points) joined; a lone surrogate is not text, and is refused naming its field."""
+    if isinstance(value, str):
+        try:
+            return value.encode("utf-16", "surrogatepass").decode("utf-16") if _SURROGATE.search(value) else value
+        except UnicodeDecodeError:
+            lone = _SURROGATE.search(value).group().encode("unicode_escape").decode()
+            raise SpecError(f"{source}: {where or 'spec'}: holds a lone surrogate ({lone}), which is not text") from None
+    if isinstance(value, dict):
+        return {k: _text_only(v, f"{where}.{k}".lstrip("."), source) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_text_only(v, f"{where}[{i}]", source) for i, v in enumerate(value)]
+    return value
+

@@ -13,6 +13,8 @@ import re
 
 from cluster.spec import StructuredSpec
 
+_LOG_PREFIX = re.compile(r"^\[\d{2}:\d{2}:\d{2}\] \S+?:\d+: ")  # "[11:01:53] /project/cpp/x.cc:820: "
+
 
 def to_grammar(spec: StructuredSpec):
     """The xgrammar `Grammar` for a spec. JSON is compact (no free whitespace): a model that may emit
@@ -29,7 +31,10 @@ def to_grammar(spec: StructuredSpec):
 
 
 def check(spec: StructuredSpec) -> None:
-    """Raise ValueError (naming the kind) if the spec does not compile; used by preflight."""
+    """Raise ValueError (naming the kind) if the spec is not valid. Cheap, for before Ray starts: JSON
+    schemas by `jsonschema`, regexes by Python's `re`, EBNF grammars parsed by xgrammar with no tokenizer
+    (importing xgrammar takes seconds: it loads torch, so only a grammar pays for it here). xgrammar's
+    conversion of the others is checked when the planner compiles them for each model's tokenizer."""
     if spec.kind == "json_schema":
         import jsonschema
 
@@ -42,10 +47,18 @@ def check(spec: StructuredSpec) -> None:
             re.compile(spec.value)
         except re.error as e:
             raise ValueError(f"regex: does not compile: {e}") from None
-    try:
-        to_grammar(spec)
-    except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses with the parser's message
-        raise ValueError(f"{spec.kind}: xgrammar cannot compile it: {e}") from None
+    if spec.kind == "grammar":
+        try:
+            to_grammar(spec)
+        except Exception as e:  # xgrammar raises RuntimeError/ValueError subclasses with the parser's message
+            raise ValueError(f"grammar: xgrammar cannot parse it: {xgrammar_message(e)}") from None
+
+
+def xgrammar_message(error: Exception) -> str:
+    """xgrammar's message on one line, without the log prefix its C++ side adds: `[11:01:53]
+    /project/cpp/grammar_parser.cc:820: EBNF parser error at line 1, column 16: ...` -> `EBNF parser error ...`."""
+    lines = [_LOG_PREFIX.sub("", line).strip() for line in str(error).splitlines()]
+    return "; ".join(line for line in lines if line) or type(error).__name__
 
 
 def is_valid(spec: StructuredSpec, text: str) -> bool:

@@ -1,5 +1,6 @@
 """The `raysweep` command: `raysweep run SPEC` runs a sweep, `raysweep plan SPEC` prints its plan,
-`raysweep report OUTPUT` writes one self-contained HTML report of a sweep's output."""
+`raysweep report OUTPUT` writes one self-contained HTML report of a sweep's output, `raysweep models`
+lists the builtin models, `raysweep spec-reference` prints the spec reference (sweeps/REFERENCE.md)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,43 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
+def models(args: argparse.Namespace) -> int:
+    from cluster.builtin_model import BUILTIN_PREFIX, CONFIGS, VERSION, cache_root
+
+    print(f"{'model':<16}{'parameters':>11}{'layers':>7}{'hidden':>7}{'heads':>6}{'vocab':>6}{'max len':>8}"
+          f"{'weights':>17}  cached")
+    for name, cfg in CONFIGS.items():
+        n, vocab = builtin_parameters(cfg)
+        dtype = np.dtype(cfg.get("storage", "float32"))
+        size = n * dtype.itemsize / 2**20
+        size_text = f"{size:.0f} MiB" if size < 1024 else f"{size / 1024:.1f} GiB"
+        built = cache_root() / f"builtin-{name}-{VERSION}"
+        print(f"{BUILTIN_PREFIX + name:<16}{n / 1e6 if n < 1e9 else n / 1e9:>10.1f}{'M' if n < 1e9 else 'B'}"
+              f"{cfg['num_hidden_layers']:>7}{cfg['hidden_size']:>7}{cfg['num_attention_heads']:>6}{vocab:>6}"
+              f"{cfg['max_position_embeddings']:>8}{size_text + ' ' + dtype.name:>17}  "
+              f"{built if (built / 'model.safetensors').exists() else 'no: built on first use'}")
+    return 0
+
+
+def builtin_parameters(cfg: dict) -> tuple[int, int]:
+    """Parameters and vocabulary of a builtin model, from its shape (the tensors of
+    cluster/builtin_model.py's _write_weights: tied embeddings, Llama attention with grouped KV, SwiGLU MLP,
+    RMSNorm weights); tests compare it with a built model's safetensors."""
+    from cluster.builtin_model import SPECIAL_TOKENS
+
+    vocab, h, inter = 256 + len(SPECIAL_TOKENS), cfg["hidden_size"], cfg["intermediate_size"]
+    kv = cfg["num_key_value_heads"] * (h // cfg["num_attention_heads"])
+    layer = 2 * h * h + 2 * kv * h + 3 * inter * h + 2 * h
+    return vocab * h + cfg["num_hidden_layers"] * layer + h, vocab
+
+
+def spec_reference(args: argparse.Namespace) -> int:
+    from jobs.spec_reference import render
+
+    print(render(), end="")
+    return 0
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -66,8 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     report_parser = sub.add_parser("report", help="write one self-contained HTML report of a sweep's output")
     report_parser.add_argument("output", help="the sweep's output directory")
     report_parser.add_argument("-o", "--out", help="where to write the HTML (default: OUTPUT/report.html)")
+    sub.add_parser("models", help="list the builtin models (path: builtin:NAME) with their sizes")
+    sub.add_parser("spec-reference", help="print the sweep spec reference (Markdown; sweeps/REFERENCE.md)")
     args = parser.parse_args(argv)
-    return guarded({"run": run, "plan": plan, "report": report}[args.command], args)
+    commands = {"run": run, "plan": plan, "report": report, "models": models, "spec-reference": spec_reference}
+    return guarded(commands[args.command], args)
 
 
 def entry() -> None:

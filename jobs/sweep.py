@@ -1,17 +1,26 @@
 """`python -m jobs.sweep SPEC` — run a sweep; the entry point for `ray job submit` and `raysweep run`.
 
 This is the edge of the driver process: every expected error (bad spec, bad data, a model that cannot
-load, an unusable output) is printed as one line and exits 2; a sweep with failed shards exits 1.
+load, an unusable output, a Ray that does not start) is printed as one line and exits 2; a sweep with
+failed shards exits 1. What can be checked cheaply is checked before Ray starts and before the output is
+opened, so a bad input leaves both untouched.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
+import time
 
 EXPECTED_ERRORS = ("SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError", "ActorStartError",
-                   "ReportError", "PlacementError")
+                   "ReportError", "PlacementError", "RayStartError")
+RAY_PROBE_S = 2.0  # an explicit Ray address must accept a connection this fast (ray.init waits minutes)
+
+
+class RayStartError(ConnectionError):
+    """Ray could not be started or reached; the message names the address and where it came from."""
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,22 +42,26 @@ def run(args: argparse.Namespace) -> int:
     clock = RunClock()  # from this process's start: Python and imports count, as on a user's stopwatch
     import ray
 
+    from cluster.preflight import check_inputs
     from cluster.run import execute, prepare
     from cluster.spec import load_spec
 
-    # the spec and the output are checked here; data, models and structured specs on the planner's
-    # thread while Ray starts; actors start with Ray, engines only for models that passed (cluster/preflight.py)
+    # 1. Before Ray and before the output is touched, the cheap checks: the spec, every data file (one
+    #    pass), structured specs, where each model is, the Ray address. A problem is one line, exit 2.
     spec = load_spec(args.spec)
-    prepared = prepare(spec, output=lasting_output(args.output or spec.output), new_run=args.new_run, background=True)
+    data = check_inputs(spec)
+    print(f"[raysweep] inputs checked: {len(data)} task(s), {sum(d.n_rows for d in data)} rows, "
+          f"{len(spec.models)} model(s) ({time.time() - clock.started_at:.1f}s after the command started)", flush=True)
+    # without --address or RAY_ADDRESS, start a new local Ray rather than ray.init()'s default of
+    # joining whatever /tmp/ray records as this machine's cluster, which may be long dead
+    address = args.address or os.environ.get("RAY_ADDRESS") or "local"
+    named = "--address" if args.address else "RAY_ADDRESS"
+    check_ray_address(address, named)
+    # 2. The output opened; the expensive part (models, tokenizers, tokens, shards) on the planner's thread
+    #    from the checked data while Ray starts; engines start only for models that passed (cluster/preflight.py)
+    prepared = prepare(spec, lasting_output(args.output or spec.output_path()), args.new_run, background=True, data=data)
     try:
-        # without --address or RAY_ADDRESS, start a new local Ray rather than ray.init()'s default of
-        # joining whatever /tmp/ray records as this machine's cluster, which may be long dead
-        address = args.address or os.environ.get("RAY_ADDRESS") or "local"
-        print("[raysweep] starting a local Ray" if address == "local" else f"[raysweep] connecting to Ray at {address}",
-              flush=True)
-        # a dashboard can only be chosen for a Ray this process starts
-        dashboard = {"include_dashboard": args.dashboard} if address == "local" else {}
-        ray.init(address=address, log_to_driver=True, **dashboard)
+        start_ray(address, named, args.dashboard)
     except BaseException:
         prepared.sink.close()
         raise
@@ -78,20 +91,53 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def start_ray(address: str, named: str, dashboard: bool) -> None:
+    """ray.init; a Ray that does not start or answer is one line naming the address (RayStartError)."""
+    import ray
+
+    print("[raysweep] starting a local Ray" if address == "local" else f"[raysweep] connecting to Ray at {address}",
+          flush=True)
+    # a dashboard can only be chosen for a Ray this process starts
+    options = {"include_dashboard": dashboard} if address == "local" else {}
+    try:
+        ray.init(address=address, log_to_driver=True, **options)
+    except (OSError, RuntimeError, ValueError) as e:  # ConnectionError, TimeoutError, Ray's own complaints
+        where = "a local Ray did not start" if address == "local" else f"{named} {address}: Ray did not connect"
+        raise RayStartError(f"{where}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+
+
+def check_ray_address(address: str, named: str) -> None:
+    """An explicit `host:port` must accept a TCP connection within RAY_PROBE_S: where nothing listens,
+    ray.init retries for minutes and ends in a 30-line traceback. `local` and `auto` are ray.init's own."""
+    if address in ("local", "auto"):
+        return
+    host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # not host:port: ray.init says what it makes of it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_S).close()
+    except OSError as e:
+        raise RayStartError(f"{named} {address}: no Ray there to connect to ({e.strerror or e})") from None
+
+
 JOB_WORKING_DIRS = "/runtime_resources/working_dir_files/"  # where Ray unpacks a job's --working-dir
 
 
 def lasting_output(output: str, cwd: str | None = None) -> str:
-    """Where a relative local output goes. Under `ray job submit --working-dir`, the driver runs in a
-    temporary copy of that folder which Ray deletes: a relative output there goes under RAYSWEEP_RESULTS
-    (default ~/raysweep) on the driver's node instead, and the run says so."""
-    cwd = cwd or os.getcwd()
-    if "://" in output or os.path.isabs(output) or JOB_WORKING_DIRS not in os.path.realpath(cwd) + "/":
+    """Where a local output goes. Under `ray job submit --working-dir`, the driver runs in a temporary
+    copy of that folder which Ray deletes: an output inside that copy (the spec's relative `output:`, or a
+    relative --output) goes under RAYSWEEP_RESULTS (default ~/raysweep) on the driver's node instead, at
+    its path relative to the working dir, and the run says so."""
+    if "://" in output:
         return output
+    inside = os.path.realpath(os.path.join(cwd or os.getcwd(), output)).partition(JOB_WORKING_DIRS)[2]
+    if not inside:
+        return output
+    relative = inside.partition("/")[2] or inside  # below the job's package folder (_ray_pkg_<hash>)
     root = os.environ.get("RAYSWEEP_RESULTS") or os.path.join(os.path.expanduser("~"), "raysweep")
-    lasting = os.path.join(root, output)
+    lasting = os.path.join(root, relative)
     print(f"[raysweep] this job runs in Ray's temporary copy of its working dir, deleted after it: the relative "
-          f"output {output} goes to {lasting}", flush=True)
+          f"output {relative} goes to {lasting}", flush=True)
     return lasting
 
 

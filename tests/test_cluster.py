@@ -91,6 +91,7 @@ def _forget_cluster(port: int) -> None:
         pass
 
 
+@pytest.mark.slow
 def test_ray_job_submit_runs_a_sweep(tmp_path):
     """The README's job, with the spec's own relative output (no --output): the results must outlast the
     job's temporary copy of its working dir, and the run says where they are."""
@@ -126,6 +127,7 @@ FAKE_CLUSTER = {
 }
 
 
+@pytest.mark.slow
 def test_autoscaling_l4_group_from_zero_to_two(tmp_path):
     from ray._private.services import get_node_ip_address
 

@@ -96,6 +96,39 @@ def test_plan_sorts_cuts_and_applies_length_policy(tmp_path, tiny_path):
             assert over["prompt_tokens"] == 44 and over["prompt_token_ids"] == tok("Q: " + "x" * 50)["input_ids"][-44:]
 
 
+@pytest.mark.parametrize("policy", ["error", "truncate_left", "skip"])
+def test_max_tokens_that_leave_no_room_for_a_prompt_are_said_so(tmp_path, tiny_path, policy):
+    """The planner's own check, for a model whose length is known only once it is loaded (a hub id):
+    no negative limit, and no length_policy advice that cannot help (issue 15)."""
+    from transformers import AutoTokenizer
+
+    spec, task = make(tmp_path, [json.dumps({"q": "x", "a": "1"})], length_policy=policy)
+    with pytest.raises(PreflightError) as err:
+        plan_task(spec.models[0], load_task(spec, task), AutoTokenizer.from_pretrained(tiny_path), 256, ShardLimits())
+    assert str(err.value) == ("tasks.t.sampling.max_tokens 256 leaves no room for a prompt in model m's "
+                              "max_model_len 256; lower max_tokens")
+
+
+@pytest.mark.parametrize("lines, prompt, message", [
+    (['{"q": "1", "a": "1"}', '{"q": 2, "a": "1"}'], "Q: {q:d}", "d.jsonl:1: tasks.t.prompt 'Q: {q:d}' cannot be "
+     "rendered from this row: ValueError: Unknown format code 'd' for object of type 'str'"),
+    (['{"q": [1, 2], "a": "1"}', '{"q": [1], "a": "1"}'], "Q: {q[1]}", "d.jsonl:2: tasks.t.prompt 'Q: {q[1]}' cannot "
+     "be rendered from this row: IndexError: list index out of range"),
+    (['{"q": "1", "a": "1"}', '{"q": "\\udc00", "a": "1"}'], "Q: {q}", "d.jsonl:2: column 'q' holds a lone surrogate"),
+    (['{"q": {"k\\ud800": 1}, "a": "1"}'], "Q: {q}", "d.jsonl:1: column 'q' holds a lone surrogate"),
+])
+def test_every_row_renders_and_is_text(tmp_path, lines, prompt, message):
+    spec, task = make(tmp_path, lines, prompt=prompt)
+    with pytest.raises(DataError) as err:
+        load_task(spec, task)
+    assert str(err.value).startswith(f"{tmp_path}/{message}")
+
+
+def test_a_surrogate_pair_written_as_escapes_is_text(tmp_path):
+    spec, task = make(tmp_path, ['{"q": "\\ud83d\\ude00", "a": "1"}'])
+    assert next(load_task(spec, task).batches()).rows[0]["q"] == "\U0001F600"
+
+
 def test_fast_tokenize_equals_the_tokenizers_own_call(tiny_path):
     from transformers import AutoTokenizer
 

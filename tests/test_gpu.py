@@ -25,6 +25,7 @@ CHOICE_TASK = f"""  - name: choice
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_and_vllm_available(), reason="needs CUDA and vLLM")]
 
 
+@pytest.mark.slow
 def test_sweep_two_actors_one_gpu_long_and_short_shards(ray_local, tiny_path, tmp_path):
     """48 samples, 8 of them 12-14k-token prompts: short shards without chunked prefill, the long one
     with it; two actors of 0.5 GPU each; every sample exactly once."""
@@ -104,6 +105,7 @@ def vllm_engine(tiny_path):
     engine.close()
 
 
+@pytest.mark.slow
 def test_cuda_graphs_captured(vllm_engine):
     info = vllm_engine.startup()
     print("engine start:", json.dumps(info))
@@ -112,6 +114,7 @@ def test_cuda_graphs_captured(vllm_engine):
     assert info["chunked_prefill"] is False  # short profile: off, vLLM took it
 
 
+@pytest.mark.slow
 def test_greedy_generation_and_request_metrics(vllm_engine):
     from actors.engine import GenRequest
     from cluster.spec import SamplingSpec
@@ -132,6 +135,7 @@ def test_greedy_generation_and_request_metrics(vllm_engine):
     ("regex", r"[0-9]{3}-[A-Z]{2}"),
     ("grammar", 'root ::= "(" num ("+" num)* ")"\nnum ::= [1-9] [0-9]?'),
 ])
+@pytest.mark.slow
 def test_structured_outputs_all_valid(vllm_engine, kind, value):
     from actors.engine import GenRequest
     from cluster.spec import SamplingSpec, StructuredSpec
@@ -147,6 +151,7 @@ def test_structured_outputs_all_valid(vllm_engine, kind, value):
     assert len(set(texts)) > 1
 
 
+@pytest.mark.slow
 def test_two_models_one_gpu_change_model_in_the_same_actor(ray_local, tmp_path):
     """Two models on one whole GPU: one actor runs the first, then changes model (a new engine in the
     same actor: its engine core shut down and a new one started); start-up figures for each start.

@@ -7,6 +7,7 @@ import time
 import urllib.request
 
 import pyarrow.parquet as pq
+import pytest
 
 import ray
 
@@ -74,6 +75,7 @@ class MetricsWatcher:
             time.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_sweep_metrics_on_the_prometheus_endpoint(ray_local, tmp_path):
     spec = load_spec(QUICKSTART)
     with MetricsWatcher(spec.name) as watcher:

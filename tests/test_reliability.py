@@ -78,6 +78,7 @@ def reference(ray_local, tmp_path_factory):
     return outputs(tmp / "out")
 
 
+@pytest.mark.slow
 def test_driver_kill9_then_rerun_completes_identically(reference, tmp_path):
     spec, out = small_shard_spec(tmp_path), tmp_path / "out"
     cmd = [sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(out)]
@@ -102,6 +103,7 @@ def test_driver_kill9_then_rerun_completes_identically(reference, tmp_path):
 
 
 @pytest.mark.parametrize("how", ["ray.kill", "os._exit"])
+@pytest.mark.slow
 def test_actor_death_mid_shard_is_retried(ray_local, reference, tmp_path, how):
     import ray
 
@@ -145,6 +147,7 @@ def poison_spec(tmp_path, fail_on_error):
     return tmp_path / "poison.yaml"
 
 
+@pytest.mark.slow
 def test_an_empty_prompt_under_fail_on_error_true_is_refused_before_ray_with_one_line(tmp_path):
     """No engine runs an empty prompt: planning finds it (it once failed its shard three times at run
     time while the valid rows beside it never ran). With fail_on_error true it is refused, naming the
@@ -161,6 +164,7 @@ def test_an_empty_prompt_under_fail_on_error_true_is_refused_before_ray_with_one
 
 
 @pytest.mark.parametrize("fail_on_error", [False, 0.2])
+@pytest.mark.slow
 def test_rows_that_break_become_error_rows_when_allowed(ray_local, tmp_path, fail_on_error):
     report = run_sweep(load_spec(poison_spec(tmp_path, fail_on_error)), log=lambda line: None)
     assert not report.failed

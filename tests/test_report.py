@@ -1,5 +1,6 @@
 """`raysweep report`: the HTML page of a sweep output built here with pyarrow (no Ray), checked as text and
-as Chromium renders it (headless, screenshot and DOM)."""
+as Chromium renders it (headless, screenshot and DOM). At the end, the other commands that only print:
+`raysweep models` and `raysweep spec-reference`."""
 
 import json
 import math
@@ -16,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cluster.sink import summarize
+from cluster.sink import result_file, summarize
 from jobs import report_timeline
 from jobs.cli import main
 from jobs.report import _phase_widths, write_report
@@ -63,7 +64,7 @@ def _write_output(root: Path, gpu: str) -> Path:
     or "absent" (no gpu.parquet, as on CPU machines)."""
     shards = {}
     for (model, task, index), rows in RESULTS.items():
-        rel = f"results/model={model}/task={task}/shard-{index:05d}.parquet"
+        rel = result_file(model, task, index)
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rows), root / rel)
         shards[f"{model}/{task}/{index:05d}"] = {"state": "committed", "file": rel, "rows": len(rows), "attempts": 1}
@@ -362,3 +363,37 @@ def test_report_renders_in_headless_chromium(chromium, sweep_output, tmp_path):
     dom = _chromium(chromium, tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
     assert _table_rows(dom, "scores")[1][:3] == ["tiny-b", "choice", "0.667 ± 0.333"]
     assert dom.count("<img") == 4
+
+
+# -- raysweep models, raysweep spec-reference ---------------------------------------------------------
+def test_models_lists_each_builtin_with_the_size_a_built_one_has(tiny_path, capsys):
+    from safetensors import safe_open
+
+    from cluster.builtin_model import CONFIGS
+    from jobs.cli import builtin_parameters
+
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == [f"builtin:{name}" for name in CONFIGS]
+    assert lines[1].split()[1:8] == ["3.2M", "4", "256", "4", "264", "32768", "12"]
+    assert lines[1].endswith(tiny_path)  # built by the fixture, so listed as cached
+    with safe_open(Path(tiny_path) / "model.safetensors", "np") as f:  # the count, against the real model
+        built = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    config = json.loads((Path(tiny_path) / "config.json").read_text())
+    assert builtin_parameters(CONFIGS["tiny"]) == (built, config["vocab_size"])
+
+
+def test_committed_spec_reference_is_what_the_spec_code_generates(capsys):
+    from jobs.spec_reference import render
+
+    committed = (Path(__file__).resolve().parent.parent / "sweeps" / "REFERENCE.md").read_text()
+    assert main(["spec-reference"]) == 0
+    printed = capsys.readouterr().out
+    assert printed == render()
+    assert committed == printed, ("sweeps/REFERENCE.md is out of date with cluster/spec.py; regenerate it: "
+                                  "raysweep spec-reference > sweeps/REFERENCE.md")
+    for section in ("## Top level", "## `models[]`", "## `tasks[]`", "## `tasks[].sampling`", "## `actors`"):
+        assert section in printed
+    from cluster.spec import LENGTH_POLICIES, SCORERS
+
+    assert all(f"`{name}`" in printed for name in SCORERS + LENGTH_POLICIES)

@@ -12,6 +12,7 @@ from cluster.run import run_sweep
 from cluster.spec import load_spec
 
 
+@pytest.mark.slow
 def test_mixed_profiles_route_with_few_restarts(ray_local, tmp_path):
     rows = [{"id": f"s{i}", "text": f"sample {i}"} for i in range(60)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -37,6 +38,7 @@ def test_mixed_profiles_route_with_few_restarts(ray_local, tmp_path):
     assert (per_actor <= 1).all(), per_actor
 
 
+@pytest.mark.slow
 def test_an_actor_ray_cannot_place_holds_no_shards(ray_local, tmp_path):
     """Three actors of 1 CPU on a 2-CPU Ray: the third never starts, and the sweep must not wait on it."""
     rows = [{"id": f"s{i}", "text": f"sample {i}"} for i in range(50)]
@@ -111,6 +113,7 @@ def _feed_all(scheduler, jobs):
 
 
 @pytest.mark.parametrize("one_by_one", [False, True])  # True: engines sharing a GPU start one at a time
+@pytest.mark.slow
 def test_an_actor_that_dies_while_starting_is_replaced(ray_local, one_by_one):
     results = []
     scheduler, jobs = _scheduler(ray_local, broken_engine=False, results=results, one_by_one=one_by_one)
@@ -120,6 +123,7 @@ def test_an_actor_that_dies_while_starting_is_replaced(ray_local, one_by_one):
 
 
 @pytest.mark.parametrize("one_by_one", [False, True])
+@pytest.mark.slow
 def test_an_engine_that_cannot_start_fails_its_model_only(ray_local, one_by_one):
     results = []
     scheduler, jobs = _scheduler(ray_local, broken_engine=True, results=results, one_by_one=one_by_one)
@@ -147,6 +151,7 @@ def test_shards_in_flight_fill_four_engine_batches(max_samples, engine, actors, 
     assert shards_in_flight(spec, spec.models[0]) == depth
 
 
+@pytest.mark.slow
 def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_local):
     """Actor 1's engine raises (as a GPU share short of memory would) while actor 0 runs the same model:
     actor 1 gives the model up, and actor 0 runs every shard."""
@@ -191,6 +196,7 @@ def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_
     assert not scheduler.models["m"].failed
 
 
+@pytest.mark.slow
 def test_on_a_shared_gpu_an_actor_is_released_only_once_no_engine_is_starting(ray_local, tmp_path):
     """Model a's only shard ends while model b's engine is still starting on the same GPU: a's actor closes
     its engine only after b's start returned, since vLLM's memory profiling fails when memory is freed

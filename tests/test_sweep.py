@@ -34,6 +34,7 @@ def expected_ids(spec):
     return ids
 
 
+@pytest.mark.slow
 def test_every_sample_exactly_once(quickstart):
     spec, out, report = quickstart
     results = pq.read_table(out / "results").to_pandas()
@@ -43,6 +44,7 @@ def test_every_sample_exactly_once(quickstart):
     assert (results["status"] == "ok").all() and not report.failed
 
 
+@pytest.mark.slow
 def test_structured_tasks_all_valid(quickstart):
     _, out, _ = quickstart
     results = pq.read_table(out / "results").to_pandas()
@@ -51,6 +53,7 @@ def test_structured_tasks_all_valid(quickstart):
     assert set(results[results["task"] == "choice"]["output_text"]) <= {"A", "B", "C", "D"}
 
 
+@pytest.mark.slow
 def test_summary_equals_recomputation(quickstart):
     _, out, report = quickstart
     results = pq.read_table(out / "results").to_pandas()
@@ -65,6 +68,7 @@ def test_summary_equals_recomputation(quickstart):
     assert report.summary.num_rows == 3
 
 
+@pytest.mark.slow
 def test_telemetry_is_measured(quickstart):
     _, out, _ = quickstart
     shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pandas()
@@ -76,6 +80,7 @@ def test_telemetry_is_measured(quickstart):
     assert (results["latency_s"] >= results["ttft_s"]).all() and (results["ttft_s"] > 0).all()
 
 
+@pytest.mark.slow
 def test_rerun_skips_committed_shards_and_changed_spec_is_refused(quickstart, tmp_path):
     spec, out, first = quickstart
     again = run_sweep(spec, output=str(out), log=lambda line: None)
@@ -98,6 +103,7 @@ def test_cli_run_exits_on_bad_spec_with_one_line(tmp_path):
     assert proc.stderr.strip() == f"raysweep: error: {bad}: models: at least one model is required"
 
 
+@pytest.mark.slow
 def test_cli_runs_the_quickstart(tmp_path):
     """The README's command, as a user runs it in a terminal (a pty): a progress bar with samples/s and
     ETA, a fresh local Ray, results where --output says."""
@@ -151,3 +157,7 @@ def test_a_relative_output_in_a_jobs_temporary_working_dir_goes_somewhere_that_l
     assert lasting_output("results/quickstart", cwd=str(tmp_path)) == "results/quickstart"
     assert lasting_output(str(tmp_path / "abs"), cwd=str(job_dir)) == str(tmp_path / "abs")
     assert lasting_output("s3://bucket/out", cwd=str(job_dir)) == "s3://bucket/out"
+    # the spec's own `output: ../results/quickstart`, resolved from its folder (sweeps/) inside the copy
+    spec_output = load_spec(QUICKSTART).output_path().replace(str(ROOT), str(job_dir))
+    assert lasting_output(spec_output, cwd=str(job_dir)) == str(tmp_path / "kept" / "results/quickstart")
+    assert "the relative output results/quickstart goes to " in capsys.readouterr().out

@@ -36,6 +36,7 @@ def two_models(ray_local, tmp_path_factory):
     return run_sweep(spec, log=lambda line: None), tmp / "out"
 
 
+@pytest.mark.slow
 def test_both_models_run_at_once_and_every_sample_lands_once(two_models):
     report, out = two_models
     assert not report.failed and report.samples == 2 * 96
@@ -49,6 +50,7 @@ def test_both_models_run_at_once_and_every_sample_lands_once(two_models):
     assert windows["start"].max() < windows["end"].min(), windows
 
 
+@pytest.mark.slow
 def test_startup_figures_are_measured_and_add_up(two_models):
     _, out = two_models
     starts = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
@@ -67,6 +69,7 @@ def test_startup_figures_are_measured_and_add_up(two_models):
     assert len(runs) == 1 and runs[0]["first_result_s"] <= runs[0]["last_result_s"] <= runs[0]["wall_s"]
 
 
+@pytest.mark.slow
 def test_a_finished_models_actor_serves_the_other_model(ray_local, tmp_path):
     """`fast` (the fake engine) is done at once; its actor changes model and helps `slow` (CPU engine)."""
     spec = two_model_spec(tmp_path, [("fast", "builtin:tiny", "fake"), ("slow", "builtin:tiny", "hf")], rows=96)
@@ -81,6 +84,7 @@ def test_a_finished_models_actor_serves_the_other_model(ray_local, tmp_path):
     assert set(shards[shards["actor_id"] == helper]["model"]) == {"fast", "slow"}
 
 
+@pytest.mark.slow
 def test_an_engine_that_cannot_start_fails_only_its_model(ray_local, tmp_path, tiny_path):
     broken = tmp_path / "broken-model"
     shutil.copytree(tiny_path, broken)
@@ -93,6 +97,7 @@ def test_an_engine_that_cannot_start_fails_only_its_model(ray_local, tmp_path, t
     assert set(results["model"].astype(str)) == {"good"} and len(results) == 24
 
 
+@pytest.mark.slow
 def test_a_spec_no_node_can_hold_is_refused_before_any_engine(ray_local, tmp_path):
     from cluster.placement import PlacementError
 

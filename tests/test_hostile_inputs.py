@@ -1,0 +1,245 @@
+"""Hostile input (issue 15): each case is the real command, `python -m jobs.sweep SPEC --output DIR`, run
+in-process through `jobs.sweep.main`, and `raysweep plan SPEC` beside it. Each must exit 2 with one line on
+stderr naming the file and the line or field, before Ray is started (`ray.init` here fails the test if it
+is called at all), leaving an existing output byte-for-byte as it was."""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SPEC = """\
+name: hostile
+models:
+  - name: tiny
+    path: builtin:tiny
+tasks:
+  - name: qa
+    data: qa.jsonl
+    id_column: id
+    prompt: "Q: {question}\\nA:"
+    target: answer
+    scorer: exact_match
+    sampling: {max_tokens: 4}
+shards: {max_samples: 2}
+"""
+ROWS = [{"id": f"r{i}", "question": f"{i}+{i}", "answer": str(2 * i)} for i in range(4)]
+
+
+def spec_with(tmp: Path, old: str, new: str) -> list[str]:
+    text = (tmp / "sweep.yaml").read_text(encoding="utf-8")
+    assert old in text, old
+    (tmp / "sweep.yaml").write_text(text.replace(old, new, 1), encoding="utf-8")
+    return []
+
+
+def rows_with(tmp: Path, lines: list[str], name: str = "qa.jsonl") -> list[str]:
+    (tmp / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return []
+
+
+def row(**fields) -> str:
+    return json.dumps({**ROWS[0], **fields})
+
+
+def big_file_with_a_bad_byte(tmp: Path) -> list[str]:
+    lines = [json.dumps({"id": f"r{i}", "question": f"{i}+{i}", "answer": str(2 * i)}).encode() for i in range(5000)]
+    lines[4320] = b'{"id": "r4320", "question": "caf\xe9", "answer": "1"}'  # latin-1, on line 4321
+    (tmp / "qa.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    return []
+
+
+def then(*steps):
+    def run(tmp: Path) -> list[str]:
+        return [arg for step in steps for arg in step(tmp)]
+    return run
+
+
+# (id, setup(tmp) -> extra command-line arguments, the line expected after "raysweep: error: " ({spec},
+# {data}, {dir}: the spec file, the data file, the spec's folder); it names the file and the line or field)
+CASES = [
+    ("format-spec", lambda t: spec_with(t, '"Q: {question}\\nA:"', '"Q: {question:d}"'),
+     "{data}:1: tasks.qa.prompt 'Q: {question:d}' cannot be rendered from this row: ValueError: Unknown format code 'd'"),
+    ("index-out-of-range", lambda t: spec_with(t, '"Q: {question}\\nA:"', '"Q: {question[999]}"'),
+     "{data}:1: tasks.qa.prompt 'Q: {question[999]}' cannot be rendered from this row: IndexError: string index out of range"),
+    ("stray-brace", lambda t: spec_with(t, '"Q: {question}\\nA:"', '"Q: {question"'),
+     "{spec}: tasks.qa.prompt: 'Q: {question' is not a valid template: expected '}' before end of string"),
+    ("positional-placeholder", lambda t: spec_with(t, '"Q: {question}\\nA:"', '"Q: {0}"'),
+     "{spec}: tasks.qa.prompt: placeholder {0} must name a column"),
+    ("data-is-a-directory", lambda t: (os.remove(t / "qa.jsonl"), (t / "qa.jsonl").mkdir(), [])[-1],
+     "{data}: is a directory; `data:` names one JSONL or Parquet file"),
+    ("missing-data-file", lambda t: (os.remove(t / "qa.jsonl"), [])[-1], "{data}: no such data file"),
+    ("lone-surrogate-in-a-row", lambda t: rows_with(t, [row(), row(id="r1"), '{"id": "r2", "question": "x\\ud800", "answer": "1"}']),
+     "{data}:3: column 'question' holds a lone surrogate"),
+    ("non-utf8-on-line-4321-of-5000", big_file_with_a_bad_byte, "{data}:4321: not UTF-8 text (byte 0xe9 at column 33)"),
+    ("not-json", lambda t: rows_with(t, [row(), '{"id": "r1", "question": ']), "{data}:2: not valid JSON: Expecting value"),
+    ("non-object-json-line", lambda t: rows_with(t, [row(), "[1, 2]"]), "{data}:2: expected a JSON object, got list"),
+    ("id-column-missing", lambda t: rows_with(t, [row(), json.dumps({"question": "q", "answer": "a"})]),
+     "{data}:2: missing column 'id' (the task 'qa' needs it as its `id_column` column)"),
+    ("duplicate-sample-ids", lambda t: rows_with(t, [row(), row(id="r1"), row()]),
+     "{data}:3: duplicate sample id 'r0' (first at 1)"),
+    ("no-rows", lambda t: rows_with(t, [""]), "{data}: task 'qa' has no rows"),
+    ("parquet-that-is-not-parquet", then(lambda t: spec_with(t, "data: qa.jsonl", "data: qa.parquet"),
+                                         lambda t: ((t / "qa.parquet").write_text("id,question\n"), [])[-1]),
+     "{dir}/qa.parquet: not a readable Parquet file: Parquet magic bytes not found"),
+    ("ebnf-that-does-not-parse", lambda t: spec_with(t, "    scorer: exact_match\n", "    scorer: exact_match\n"
+                                                     "    structured: {grammar: 'root ::= \"a\" | ('}\n"),
+     "{spec}: tasks.qa.structured.grammar: xgrammar cannot parse it: EBNF parser error at line 1, column 17: Expect element"),
+    ("json-schema-that-is-not-one", lambda t: spec_with(t, "    scorer: exact_match\n", "    scorer: exact_match\n"
+                                                        "    structured: {json_schema: {type: objekt}}\n"),
+     "{spec}: tasks.qa.structured.json_schema: not a valid JSON schema: 'objekt' is not valid"),
+    ("regex-that-does-not-compile", lambda t: spec_with(t, "    scorer: exact_match\n", "    scorer: exact_match\n"
+                                                        "    structured: {regex: '([A-D]'}\n"),
+     "{spec}: tasks.qa.structured.regex: does not compile: missing ), unterminated subpattern"),
+    ("local-model-path-that-does-not-exist", lambda t: spec_with(t, "builtin:tiny", "/nonexistent/model"),
+     "{spec}: model tiny: cannot load '/nonexistent/model': no such directory"),
+    ("model-path-that-is-a-file", lambda t: spec_with(t, "builtin:tiny", "./qa.jsonl"),  # from the spec's folder
+     "{spec}: model tiny: cannot load './qa.jsonl' ({data}): not a directory"),
+    ("unknown-builtin-model", lambda t: spec_with(t, "builtin:tiny", "builtin:huge"),
+     "{spec}: model tiny: cannot load 'builtin:huge': unknown builtin model; known: builtin:tiny"),
+    ("hub-id-while-offline", lambda t: spec_with(t, "builtin:tiny", "raysweep-tests/no-such-model"),
+     "{spec}: model tiny: cannot load 'raysweep-tests/no-such-model': not a local directory, not in the Hugging "
+     "Face cache, and the hub cannot be reached (HF_HUB_OFFLINE is set)"),
+    ("engine-vllm-without-vllm", lambda t: spec_with(t, "    path: builtin:tiny\n", "    path: builtin:tiny\n    engine: vllm\n"),
+     "{spec}: model tiny: engine backend vllm needs vLLM, which is not installed here"),
+    ("max-tokens-over-the-models-length", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 40000}"),
+     "{spec}: tasks.qa.sampling.max_tokens 40000 leaves no room for a prompt in model tiny's max_model_len 32768; "
+     "lower max_tokens"),
+    ("max-tokens-over-max-model-len", then(lambda t: spec_with(t, "    path: builtin:tiny\n", "    path: builtin:tiny\n"
+                                                               "    engine: {max_model_len: 4096}\n"),
+                                           lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 8000}") and []),
+     "{spec}: tasks.qa.sampling.max_tokens 8000 leaves no room for a prompt in model tiny's max_model_len 4096; "
+     "lower max_tokens"),
+    ("duplicate-top-level-key", lambda t: spec_with(t, "shards:", "tasks: []\nshards:"),
+     "{spec}:13: not valid YAML: duplicate key 'tasks' (first at line 5)"),
+    ("duplicate-key-in-a-flow-mapping", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 8, max_tokens: 4000}"),
+     "{spec}:12: not valid YAML: duplicate key 'max_tokens' (first at line 12)"),
+    ("boolean-as-integer", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: yes}"),
+     "{spec}: tasks[0].sampling.max_tokens: must be an integer >= 1, got True"),
+    ("misspelt-key", lambda t: spec_with(t, "    prompt:", "    promt:"),
+     "{spec}: tasks[0].promt: unknown field 'promt' (did you mean 'prompt'?)"),
+    ("misspelt-section-key", lambda t: spec_with(t, "shards: {max_samples: 2}", "shards: {max_sample: 2}"),
+     "{spec}: shards.max_sample: unknown field 'max_sample' (did you mean 'max_samples'?)"),
+    ("empty-tasks-list", lambda t: (t / "sweep.yaml").write_text(SPEC.split("tasks:")[0] + "tasks: []\n") and [],
+     "{spec}: tasks: at least one task is required"),
+    ("unknown-scorer", lambda t: spec_with(t, "scorer: exact_match", "scorer: f1"),
+     "{spec}: tasks[0].scorer.f1: unknown scorer"),
+    ("negative-max-samples", lambda t: spec_with(t, "{max_samples: 2}", "{max_samples: -5}"),
+     "{spec}: shards.max_samples: must be an integer >= 1, got -5"),
+    ("lone-surrogate-in-the-spec", lambda t: spec_with(t, '"Q: {question}\\nA:"', '"Q: \\ud800{question}"'),
+     "{spec}: tasks[0].prompt: holds a lone surrogate (\\ud800), which is not text"),
+    ("spec-not-utf8", lambda t: ((t / "sweep.yaml").write_bytes(SPEC.encode().replace(b"name: qa", b"name: q\xe4")), [])[-1],
+     "{spec}:6: not UTF-8 text (byte 0xe4)"),
+    ("spec-not-yaml", lambda t: spec_with(t, "shards: {max_samples: 2}", "shards: {max_samples: 2"),
+     "{spec}:14: not valid YAML: expected ',' or '}'"),
+    ("spec-is-a-directory", lambda t: (os.remove(t / "sweep.yaml"), (t / "sweep.yaml").mkdir(), [])[-1],
+     "{spec}: is a directory, not a spec file"),
+    ("ray-that-does-not-start", lambda t: ["--address", "127.0.0.1:1"],
+     "--address 127.0.0.1:1: no Ray there to connect to (Connection refused)"),
+]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def sweep_dir(tmp_path, monkeypatch):
+    """A valid sweep (spec and data) in tmp_path/spec, an earlier run's output in tmp_path/out, and a
+    `ray.init` that fails the test if anything reaches it."""
+    import ray
+
+    folder = tmp_path / "spec"
+    folder.mkdir()
+    (folder / "sweep.yaml").write_text(SPEC)
+    (folder / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    out = tmp_path / "out"
+    (out / "results" / "model=tiny" / "task=qa").mkdir(parents=True)
+    (out / "manifest.json").write_text(json.dumps({"spec_hash": "0123", "shards": {"tiny/qa/00000": {"state": "committed"}}}))
+    (out / "results" / "model=tiny" / "task=qa" / "shard-00000.parquet").write_bytes(b"PAR1 an earlier result PAR1")
+    (out / "summary.parquet").write_bytes(b"PAR1 an earlier summary PAR1")
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("ray.init was called: a hostile input got past the checks made before Ray")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub-id case: what a machine without network sees
+    monkeypatch.setitem(sys.modules, "vllm", None)  # not importable, wherever the tests run
+    return folder, out
+
+
+@pytest.mark.parametrize("setup, expected", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_hostile_input_is_one_line_before_ray_and_the_output_is_untouched(sweep_dir, capsys, setup, expected):
+    import ray
+
+    from jobs.cli import main as cli_main
+    from jobs.sweep import main
+
+    folder, out = sweep_dir
+    extra = setup(folder)
+    spec = folder / "sweep.yaml"
+    line = "raysweep: error: " + expected.replace("{spec}", str(spec)).replace("{data}", str(folder / "qa.jsonl")) \
+        .replace("{dir}", str(folder))
+    before, ray_before = snapshot(out), ray.is_initialized()
+    started = time.perf_counter()
+    code = main([str(spec), "--output", str(out), *extra])
+    took = time.perf_counter() - started
+    stdout, stderr = capsys.readouterr()
+    assert code == 2, stderr
+    assert stderr.endswith("\n") and len(stderr.splitlines()) == 1, stderr
+    assert stderr.startswith(line), f"\n{stderr}{line}"
+    assert "starting a local Ray" not in stdout and "connecting to Ray" not in stdout
+    assert ray.is_initialized() == ray_before
+    assert snapshot(out) == before
+    assert took < 10, f"{took:.1f}s to refuse it"  # at once: no retries, no model loaded
+    if not extra:  # `raysweep plan` makes the same checks and says the same
+        assert cli_main(["plan", str(spec)]) == 2
+        assert capsys.readouterr().err == stderr
+
+
+def test_ray_that_fails_to_start_is_one_line_and_releases_the_output(sweep_dir, capsys, monkeypatch):
+    """What the address probe cannot see (no cluster for `auto`, a GCS that never answers) is caught around
+    ray.init: one line naming the address, exit 2, and the output's lock released."""
+    import ray
+
+    from cluster.sink import ResultSink
+    from cluster.spec import load_spec
+    from jobs.sweep import main
+
+    folder, out = sweep_dir
+
+    def refused(*args, **kwargs):
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to.")
+
+    monkeypatch.setattr(ray, "init", refused)
+    assert main([str(folder / "sweep.yaml"), "--output", str(tmp := out.parent / "fresh"), "--address", "auto"]) == 2
+    stdout, stderr = capsys.readouterr()
+    assert stderr == ("raysweep: error: --address auto: Ray did not connect: Could not find any running Ray "
+                      "instance. Please specify the one to connect to.\n")
+    assert not (tmp / ".lock").exists()
+    ResultSink(str(tmp), load_spec(folder / "sweep.yaml")).close()  # not held by the failed run
+
+
+def test_the_command_itself_exits_2_at_once_for_a_hub_id_offline(tmp_path):
+    """The same as a process, as a user runs it: it once retried ten times over 50 s."""
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(SPEC.replace("builtin:tiny", "raysweep-tests/no-such-model"))
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(tmp_path / "out")],
+                          cwd=ROOT, env=os.environ | {"HF_HUB_OFFLINE": "1", "RAY_ADDRESS": "local"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"raysweep: error: {spec}: model tiny: cannot load 'raysweep-tests/no-such-model': not a "
+                           "local directory, not in the Hugging Face cache, and the hub cannot be reached "
+                           "(HF_HUB_OFFLINE is set)\n")
+    assert "Ray" not in proc.stdout and not (tmp_path / "out").exists()
+    assert time.perf_counter() - started < 30
