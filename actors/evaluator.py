@@ -198,19 +198,32 @@ class EvalActor:
         return pa.Table.from_pylist(out, schema=RESULT_SCHEMA), telemetry
 
 
+# Failure injection, for tests only: RAYSWEEP_TEST_FAIL_SAMPLES (sample ids, comma-separated) makes every engine
+# call that holds one of those samples raise, as an engine that breaks on a row would
+# (tests/test_reliability.py: bisection). Actors inherit it from the driver that started Ray; unset, nothing.
+FAIL_SAMPLES_ENV = "RAYSWEEP_TEST_FAIL_SAMPLES"
+
+
+def _engine_generate(engine, requests: list[GenRequest], task: TaskSpec) -> list:
+    poisoned = set(filter(None, os.environ.get(FAIL_SAMPLES_ENV, "").split(",")))
+    if poisoned and any(r.sample_id in poisoned for r in requests):
+        raise RuntimeError(f"injected engine failure ({FAIL_SAMPLES_ENV})")
+    return engine.generate(requests, task.sampling, task.structured)
+
+
 def _generate(engine, requests: list[GenRequest], task: TaskSpec) -> tuple[dict, dict]:
     """Results and per-row errors by sample id. If the batch raises and the task tolerates row errors
     (`fail_on_error` not True), the rows are run one by one so that only the rows that break are
     marked; more broken rows than the task allows fail the shard."""
     try:
-        return {g.sample_id: g for g in engine.generate(requests, task.sampling, task.structured)}, {}
+        return {g.sample_id: g for g in _engine_generate(engine, requests, task)}, {}
     except Exception:
         if task.fail_on_error is True:
             raise
     generated, errors = {}, {}
     for request in requests:
         try:
-            generated[request.sample_id] = engine.generate([request], task.sampling, task.structured)[0]
+            generated[request.sample_id] = _engine_generate(engine, [request], task)[0]
         except Exception as e:  # recorded in the row's `error` column; the limit below decides the shard
             errors[request.sample_id] = f"{type(e).__name__}: {e}"
     allowed = len(requests) if task.fail_on_error is False else task.fail_on_error * len(requests)

@@ -70,23 +70,42 @@ def resolve_model_path(path: str) -> str:
     return str(target)
 
 
+def is_local_path(path: str) -> bool:
+    """A model path that can only be a local directory: absolute, `~`, `./` or `../` (or `.`, `..`), or with
+    more than one `/` (a hub id is `name` or `org/name`). Others are local where such a folder exists."""
+    return (os.path.isabs(path) or path.startswith(("~", "./", "../")) or path in (".", "..")
+            or path.count("/") > 1)
+
+
+# any of these makes a folder a tokenizer's (fast, slow, sentencepiece, BPE and WordPiece vocabularies)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model", "vocab.json", "vocab.txt", "merges.txt", "tiktoken.model")
+
+
 def find_model(path: str) -> dict | None:
     """Where a model is, found without loading it (cheap: it runs before Ray starts). Raises ValueError
     saying why it cannot be there; returns its config.json where that is at hand (builtin, a local
     directory, the Hugging Face cache), else None: a hub id that loading will download.
-    A path is local when it is absolute, starts with `.` or `~`, has more than one `/`, or exists;
-    else it is a hub id (`name` or `org/name`), as Hugging Face reads it."""
+    A path is local by `is_local_path`, or where it exists; else it is a hub id (`name` or `org/name`), as
+    Hugging Face reads it. A spec's model paths reach here resolved from the spec's folder
+    (SweepSpec.model_path); `~` is expanded here too. A local directory must hold config.json and a
+    tokenizer's files (the tokenizer is loaded after Ray starts: its absence is caught now)."""
     if is_builtin(path):
         name = path[len(BUILTIN_PREFIX):]
         if name not in CONFIGS:
             raise ValueError(f"unknown builtin model; known: {', '.join(BUILTIN_PREFIX + n for n in CONFIGS)}")
         return {"max_position_embeddings": CONFIGS[name]["max_position_embeddings"]}
-    if os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.path.exists(path):
+    path = os.path.expanduser(path)
+    if is_local_path(path) or path.startswith(".") or os.path.exists(path):
         if not os.path.exists(path):
             raise ValueError("no such directory")
         if not os.path.isdir(path):
             raise ValueError("not a directory (a model is a directory holding config.json and weights)")
-        return _config(os.path.join(path, "config.json"))
+        config = _config(os.path.join(path, "config.json"))
+        if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+            raise ValueError(f"no tokenizer files in {path} (tokenizer.json, tokenizer_config.json, tokenizer.model "
+                             "or vocab files): not a complete Hugging Face model directory")
+        return config
     from huggingface_hub import try_to_load_from_cache
 
     try:

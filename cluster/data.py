@@ -2,12 +2,16 @@
 
 Every problem with a data file is raised as `DataError` naming the file and, for JSONL, the line:
 bytes that are not UTF-8, a line that is not a JSON object, a lone surrogate ("\\ud800", which Python's
-JSON parser accepts), a missing column, a duplicate id, a row the prompt template cannot render.
+JSON parser accepts), a missing column, a null where the task needs a value (the id column, a prompt
+placeholder's column, the target column: a null answer would be scored 0, a null question rendered as
+"None"), a `messages` value that is not a non-empty list of {role, content} strings, a duplicate id, a
+row the prompt template cannot render. A UTF-8 byte order mark at the start of a JSONL file is skipped.
 Prompts are rendered once per model (chat templates differ between models) by `render_prompts`.
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
@@ -126,10 +130,13 @@ def render_prompts(task: TaskSpec, batch: RowBatch, tokenizer, path: str = "") -
         raise DataError(f"task {task.name}: the model's tokenizer has no chat template")
     prompts = []
     for sid, row in zip(batch.ids, batch.rows):
-        messages = list(row[task.messages]) if task.messages else [{"role": "user", "content": task.prompt.format(**row)}]
-        if task.system is not None:
-            messages.insert(0, {"role": "system", "content": task.system})
-        try:
+        try:  # load_task checked every row; what still fails here names its sample
+            if task.messages:
+                messages = list(row[task.messages])
+            else:
+                messages = [{"role": "user", "content": task.prompt.format(**row)}]
+            if task.system is not None:
+                messages.insert(0, {"role": "system", "content": task.system})
             prompts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
         except Exception as e:  # a template error must stop the sweep, never change the prompt quietly
             raise DataError(f"{path}: sample {sid}: chat template failed: {e}") from None
@@ -174,6 +181,8 @@ def _read_batches(path: str) -> Iterator[tuple[list[dict], list[str], int]]:
         raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
     with f:
         for n, raw in enumerate(f, 1):
+            if n == 1 and raw.startswith(codecs.BOM_UTF8):  # as editors on Windows save: not part of the row
+                raw = raw[len(codecs.BOM_UTF8):]
             row = _json_row(path, n, raw)
             if row is None:
                 continue
@@ -258,6 +267,9 @@ def _check_rendering(task: TaskSpec, path: str, rows: list[dict], where: list[st
 
 
 def _check_columns(task: TaskSpec, path: str, rows: list[dict], where: list[str]) -> None:
+    """Every column the task reads is there and holds a value: null is refused in the id column, a prompt
+    placeholder's column and the target column (a null answer is no reference to score against; a row
+    without one belongs in another task); the `messages` column holds chat messages (`_messages_problem`)."""
     needed = {c: f"prompt placeholder {{{c}}}" for c in template_fields(task.prompt or "")}
     for field_name in ("messages", "target", "id_column"):
         column = getattr(task, field_name)
@@ -268,3 +280,36 @@ def _check_columns(task: TaskSpec, path: str, rows: list[dict], where: list[str]
             if column not in row:
                 raise DataError(f"{path}:{where[i]}: missing column {column!r} "
                                 f"(the task {task.name!r} needs it as its {why})")
+            if row[column] is None and column != task.messages:
+                raise DataError(f"{path}:{where[i]}: column {column!r} is null "
+                                f"(the task {task.name!r} needs a value as its {why})")
+        if task.messages is not None:
+            problem = _messages_problem(row[task.messages])
+            if problem:
+                raise DataError(f"{path}:{where[i]}: column {task.messages!r} (tasks.{task.name}.messages) {problem}")
+
+
+def _messages_problem(value: Any) -> str | None:
+    """Why a `messages` value is not a non-empty list of {"role": str, "content": str} objects (extra keys
+    are the chat template's business), or None. A missing or null content would render an empty turn."""
+    if not isinstance(value, list) or not value:
+        got = "an empty list" if isinstance(value, list) else _json_type(value)
+        return f"must be a non-empty list of {{\"role\": ..., \"content\": ...}} messages, got {got}"
+    for j, message in enumerate(value):
+        if not isinstance(message, dict):
+            return f"message {j}: must be an object with \"role\" and \"content\", got {_json_type(message)}"
+        for key in ("role", "content"):
+            if key not in message:
+                return f"message {j}: has no {key!r} (keys: {', '.join(map(repr, message)) or 'none'})"
+            if not isinstance(message[key], str) or (key == "role" and not message[key]):
+                return f"message {j}: {key!r} must be a{' non-empty' if key == 'role' else ''} string, " \
+                       f"got {_json_type(message[key])}"
+    return None
+
+
+def _json_type(value: Any) -> str:
+    """A value's type as JSON names it (null, a string, ...), for messages about data."""
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)

@@ -17,7 +17,7 @@ count), so the driver never holds every token id of a sweep. Only truncated rows
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -76,6 +76,14 @@ class Shard:
     def targets(self) -> list:
         """Targets in shard order, for scoring on the driver (where the rows are staged)."""
         return [r[2] for r in self.source.read(self.positions)]
+
+    def piece(self, start: int, stop: int) -> "Shard":
+        """Rows [start, stop) of this shard, in its order, as a shard of their own with the same id: a
+        part that bisection runs apart (cluster/bisection.py); only the whole shard is ever committed."""
+        if isinstance(self.source, pa.Table):
+            return replace(self, source=self.source.slice(start, stop - start))
+        return replace(self, positions=self.positions[start:stop],
+                       prompt_tokens=self.prompt_tokens[start:stop], status=self.status[start:stop])
 
     def __reduce__(self):
         """Shipped to an actor (pickled) with its rows: the staged file is on the driver's disk only."""
@@ -144,7 +152,8 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
     limit = None if max_model_len is None else max_model_len - task.sampling.max_tokens
     if limit is not None and limit <= 0:  # no policy helps: every prompt is over, even an empty one
         raise PreflightError(no_room(model, task, max_model_len))
-    staged = StagedRows(staging or StagingFolder(), f"{model.name}.{task.name}".replace("/", "_"))
+    # "+" is in no model or task name (spec.NAME_RE): no two (model, task) pairs share a file
+    staged = StagedRows(staging or StagingFolder(), f"{model.name}+{task.name}")
     lengths, status, over_list, empty_list = [], [], [], []
     add_special = True
     for batch in data.batches():

@@ -94,7 +94,7 @@ def plan_events(spec: SweepSpec, strict: bool = True,
         data = check_inputs(spec)
     models = []
     for model in spec.models:
-        path, tokenizer, max_len = _load_model_meta(model, spec.model_path(model))
+        path, tokenizer, max_len = _load_model_meta(model, spec.model_path(model), spec.source)
         _compile_for(model, tokenizer, spec)
         models.append((ModelReady(model, path), tokenizer, max_len))
     yield from (ready for ready, _, _ in models)
@@ -182,7 +182,14 @@ def _compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
                                    f"{model.name}: {xgrammar_message(e)}") from None
 
 
-def _load_model_meta(model: ModelSpec, path: str):
+def one_line(e: BaseException, limit: int = 400) -> str:
+    """An error's message as one line: transformers breaks a sentence over lines ("Couldn't instantiate the
+    backend tokenizer from one of: \n(1) ..."), so the non-blank lines are joined, and a long one cut."""
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def _load_model_meta(model: ModelSpec, path: str, source: str = "<spec>"):
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -190,6 +197,6 @@ def _load_model_meta(model: ModelSpec, path: str):
         tokenizer = AutoTokenizer.from_pretrained(path)
         config = AutoConfig.from_pretrained(path)
     except Exception as e:  # OSError, ValueError, hub errors: all mean "this model cannot be loaded"
-        raise PreflightFailure(f"model {model.name}: cannot load {model.path!r}: {str(e).splitlines()[0]}") from None
+        raise PreflightFailure(f"{source}: model {model.name}: cannot load {model.path!r}: {one_line(e)}") from None
     max_len = model.engine.get("max_model_len") or getattr(config, "max_position_embeddings", None)
     return path, tokenizer, max_len

@@ -17,6 +17,7 @@ from typing import Callable
 import pyarrow as pa
 import ray
 
+from cluster.bisection import row_error_excess
 from cluster.metrics import SweepMetrics
 from cluster.placement import actor_resources, capacity, requested_capacity, shared_starts_together
 from cluster.planner import TaskPlan
@@ -24,7 +25,7 @@ from cluster.preflight import ModelPlan, ModelReady, PlanSource, PreflightFailur
 from cluster.progress import make_progress
 from cluster.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
 from cluster.scoring import scorer_for
-from cluster.sink import ResultSink
+from cluster.sink import FIRST_TOKENS, ResultSink
 from cluster.spec import ModelSpec, SweepSpec
 from cluster.structured import is_valid
 from cluster.timing import RunClock
@@ -102,6 +103,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
             run.metrics.close()
             sink.add_run(clock.record())
             run.report.summary = sink.finish()
+            run.record("failed" if sink.failed() else "done", run.report.summary.to_pylist())
         run.report.failed = sink.failed()
         run.report.gpu_samples = sink.gpu_samples
     run.report.samples, run.report.wall_s = run.progress.done, time.perf_counter() - started
@@ -124,8 +126,10 @@ class _Run:
         self.metrics = SweepMetrics(self.spec.name)
         self.models = {m.name: m for m in self.spec.models}
         self.engine_rows: dict[tuple, dict] = {}  # (actor_id, start_index) -> its telemetry/actors row
+        self.part_actors: dict[str, str] = {}  # shard being bisected -> the actor of its last part that ran
         self.n_shards = 0
         self._ticked = 0.0  # when on_tick last reported
+        self.recorder = None  # sends the sweep's state to the engine pool, where the sweep uses one
 
     def schedule(self, max_attempts: int) -> None:
         from actors.evaluator import EvalActor
@@ -144,8 +148,9 @@ class _Run:
                                   max_restarts=0, max_concurrency=depth + 2, **resources.options()).remote(
                 requested_at, resources.num_cpus, resources.num_gpus, backends)
 
-        events = SchedulerEvents(on_result=self.on_result, on_failed=self.on_failed,
-                                 on_attempt_failed=self.on_attempt_failed, on_actor_started=self.add_engine_row,
+        events = SchedulerEvents(on_result=self.on_result, on_failed=self.on_failed, on_bisected=self.on_bisected,
+                                 on_bisecting=self.on_bisecting, on_attempt_failed=self.on_attempt_failed,
+                                 on_actor_started=self.add_engine_row,
                                  on_dispatched=lambda job: self.metrics.dispatched(job.shard.model, job.task.name),
                                  on_tick=self.on_tick)
         self.scheduler = SweepScheduler(spawn, events, capacity=holds, max_attempts=max_attempts,
@@ -154,10 +159,46 @@ class _Run:
         # each gets its engine start only once it passed them (ModelReady, in feed)
         for model in spec.models:
             self.scheduler.add_model(ModelWork(model.name, spec.actors.count, shards_in_flight(spec, model)))
-        wanted = spec.actors.count * len(spec.models)
+        pooled = self._use_pool()  # models the cluster's engine pool serves: their shards go there
+        wanted = spec.actors.count * (len(spec.models) - len(pooled))
         with requested_capacity(resources, wanted if holds is None else min(wanted, holds)):
             self.scheduler.run(self.feed)
         self.report.model_changes = self.scheduler.model_changes
+        if self.scheduler.pool_lost:
+            self.log(f"[raysweep] the engine pool went away during the sweep: model(s) "
+                     f"{', '.join(self.scheduler.pool_lost)} went on with the sweep's own actors")
+
+    def _use_pool(self) -> dict:
+        """The sweep's models that the cluster's engine pool serves with the same path and engine arguments
+        (cluster/pool.py); their shards go to the pool through a client actor of this sweep's."""
+        from cluster.pool import pool_running
+
+        if not pool_running():
+            return {}
+        from cluster.builtin_model import resolve_model_path
+        from cluster.pool import CLIENT_NAMESPACE, PoolClient, PoolHandle, SweepRecorder, client_name, find_pool
+
+        paths = {m.name: resolve_model_path(self.spec.model_path(m)) for m in self.spec.models}
+        found = find_pool(self.spec, paths, self.progress.log)
+        if found:
+            client = ray.remote(PoolClient).options(name=client_name(self.spec.name), namespace=CLIENT_NAMESPACE,
+                                                    num_cpus=0, max_concurrency=1000).remote()
+            for name, pooled in found.items():  # enough shards queued at the pool for all its replicas
+                self.scheduler.add_pool(name, PoolHandle(client, pooled.deployment), pooled.depth * pooled.max_replicas)
+            self.progress.log(f"[raysweep] pool serves model(s) {', '.join(found)}: their shards go to it")
+            self.recorder = SweepRecorder(self.spec.name)
+        return found
+
+    def record(self, state: str, summary: list | None = None) -> None:
+        """The sweep's state, for the pool's HTTP API (only where the sweep uses a pool)."""
+        if self.recorder is None:
+            return
+        failed = self.sink.failed()
+        self.recorder.record({"state": state, "output": self.report.output, "samples_done": self.progress.done,
+                              "samples_total": self.progress.total, "shards_total": self.n_shards,
+                              "shards_committed": len(self.sink.committed()), "shards_failed": len(failed),
+                              "failures": {sid: e["errors"][-1] for sid, e in failed.items() if e.get("errors")},
+                              "summary": summary}, final=summary is not None)
 
     def feed(self, timeout_s: float) -> bool:
         """Hand what planning produced to the scheduler; True once planning is over."""
@@ -198,11 +239,13 @@ class _Run:
         doing = ", ".join(f"{n} actor(s) {state}" for state, n in sorted(counts.items()) if n) or "no actors yet"
         in_flight = sum(kind == "shard" for kind, _, _ in scheduler.inflight.values())
         self.progress.tick(f"{doing}; {in_flight} shard(s) in flight" + ("; planning" if not self.plans.done else ""))
+        self.record("running")
 
     def add_engine_row(self, row: dict) -> None:
         if row:
             self.engine_rows[(row["actor_id"], row["start_index"])] = row
             self.sink.add_telemetry("actors", row)
+            self.sink.flush_telemetry(("actors",))  # on disk as it starts: a driver killed later keeps it
             if row.get("reason") != "profile":
                 self.progress.log(f"[raysweep] engine up: model {row['model']} ({row['engine']}) on actor "
                                   f"{row['actor_id'][:8]}, {row['startup_s']:.1f}s after it was asked for")
@@ -211,14 +254,12 @@ class _Run:
         model, task = job.shard.model, job.task.name
         self.clock.mark("first_result", once=True)
         self.metrics.returned(model, task)
+        telemetry.setdefault("served_by", "actor")  # a pool replica's says `pool:<replica>`
+        self._add_shard_telemetry(job, telemetry)
+        if job.piece is not None:  # a part of a shard being bisected: committed with the shard (on_bisected)
+            self.part_actors[job.shard.shard_id] = telemetry["actor_id"]
+            return
         scored = _score(self.spec, self.models[model], job, table)
-        for start in telemetry.pop("engine_starts"):
-            self.add_engine_row(start)
-        self._first_token(telemetry)
-        for sample in telemetry.pop("gpu_samples"):
-            self.sink.add_telemetry("gpu", sample)
-            self.metrics.gpu_reading(model, sample)
-        self.sink.add_telemetry("shards", telemetry)
         # the shard's telemetry is on disk before its commit: a driver killed after the commit loses none
         # of it (killed between the two, the shard runs again and both attempts' rows stay)
         self.sink.flush_telemetry()
@@ -227,23 +268,67 @@ class _Run:
         self.metrics.committed(model, task, telemetry)
         self.progress.add(job.shard.n_samples, job.shard.shard_id)
 
+    def _add_shard_telemetry(self, job: Job, telemetry: dict) -> None:
+        """A shard's (or a bisected shard's part's) telemetry row, its GPU readings and engine starts."""
+        for start in telemetry.pop("engine_starts"):
+            self.add_engine_row(start)
+        self._first_token(telemetry)
+        for sample in telemetry.pop("gpu_samples"):
+            self.sink.add_telemetry("gpu", sample)
+            self.metrics.gpu_reading(job.shard.model, sample)
+        if job.piece is not None:
+            telemetry["piece"] = job.piece.rows
+        self.sink.add_telemetry("shards", telemetry)
+
     def _first_token(self, telemetry: dict) -> None:
-        """The earliest first token seen on an engine is its start's first_token_s."""
+        """The earliest first token seen on an engine is its start's first_token_s: kept as an update of the
+        row already on disk (cluster/sink.py folds it in), on disk with the shard's telemetry."""
         first = telemetry.pop("first_token_at")
-        row = self.engine_rows.get((telemetry["actor_id"], telemetry.pop("engine_start_index")))
+        key = (telemetry["actor_id"], telemetry.pop("engine_start_index"))
+        row = self.engine_rows.get(key)
         if first is not None and row is not None and row.get("ready_at") is not None:
             seconds = max(0.0, (first - row["ready_at"]).total_seconds())
             if row["first_token_s"] is None or seconds < row["first_token_s"]:
                 row["first_token_s"] = seconds
+                self.sink.add_telemetry(FIRST_TOKENS, {"actor_id": key[0], "start_index": key[1],
+                                                       "first_token_s": seconds})
 
     def on_attempt_failed(self, job: Job, error: str) -> None:
         self.metrics.returned(job.shard.model, job.task.name)
         self.metrics.attempt_failed(job.shard.model, job.task.name)
-        self.sink.add_telemetry("shards", {"shard_id": job.shard.shard_id, "model": job.shard.model,
-                                           "task": job.task.name, "attempt": job.attempt, "error": error})
-        self.progress.log(f"[raysweep] shard {job.shard.shard_id} attempt {job.attempt} failed: {error}")
+        row = {"shard_id": job.shard.shard_id, "model": job.shard.model, "task": job.task.name,
+               "attempt": job.attempt, "error": error}
+        self.sink.add_telemetry("shards", row if job.piece is None else dict(row, piece=job.piece.rows))
+        if job.piece is None:
+            self.progress.log(f"[raysweep] shard {job.shard.shard_id} attempt {job.attempt} failed: {error}")
+
+    def on_bisecting(self, job: Job) -> None:
+        self.progress.log(f"[raysweep] shard {job.shard.shard_id} raised on {job.attempt} attempt(s): bisecting its "
+                          f"{job.shard.n_samples} rows to run those that can and find those that fail")
+
+    def on_bisected(self, job: Job, table: pa.Table, row_errors: dict) -> None:
+        """A bisected shard: its parts' results and its error rows, committed as the shard, once."""
+        shard, model, task = job.shard, job.shard.model, job.task.name
+        scored = _score(self.spec, self.models[model], job, table)
+        excess = row_error_excess(job.task, table)  # its error rows judged by the task's fail_on_error
+        self.sink.flush_telemetry()
+        self.sink.commit(shard.shard_id, model, task, shard.index, scored, job.attempt,
+                         {"row_errors": row_errors, **({"errors": [excess]} if excess else {})})
+        self.clock.mark("last_result")
+        # counted once, as the shard, under the actor of its last part that ran; tok/s is not one shard's run here
+        tokens = sum(filter(None, table["output_tokens"].to_pylist()))
+        self.metrics.committed(model, task, {"actor_id": self.part_actors.pop(shard.shard_id), "output_tokens": tokens,
+                                             "n_samples": table.num_rows, "output_tok_per_s": None})
+        self.progress.add(shard.n_samples, shard.shard_id)
+        listed = "; ".join(f"sample {sid}: {error}" for sid, error in list(row_errors.items())[:3])
+        self.progress.log(f"[raysweep] shard {shard.shard_id}: " + (
+            f"{len(row_errors)} row(s) fail alone and are error rows ({listed}); its other "
+            f"{table.num_rows - len(row_errors)} rows ran" if row_errors else "every part ran: no row fails alone"))
+        if excess:
+            self.progress.log(f"[raysweep] shard {shard.shard_id} FAILED: {excess}")
 
     def on_failed(self, job: Job) -> None:
+        self.part_actors.pop(job.shard.shard_id, None)
         self.metrics.shard_failed(job.shard.model, job.task.name)
         self.sink.fail(job.shard.shard_id, job.errors)
         self.progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED after {job.attempt} attempt(s): "

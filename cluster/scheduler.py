@@ -10,10 +10,12 @@
    engine runs, and changes profile (an engine restart) only when none are left and nothing is in flight.
    Each actor is kept `depth` shards deep, so a streaming engine never waits for its slowest shard.
 4. Shards arrive while planning goes on (`feed`): a task's shards go out as soon as it is planned.
-5. Failures: a shard that raises is retried, up to `max_attempts`; an actor that dies is replaced and its
-   shards retried; an engine that cannot start fails its model's shards with the engine's own error, and
-   the other models go on. Engines sharing a GPU start together, each KV cache sized from its share
-   (`RAYSWEEP_SHARED_GPU_START=serial`: one at a time, vLLM measuring free memory).
+5. Failures: a shard that raises is retried, up to `max_attempts`; one that raises the same error twice, or
+   on its last attempt, is bisected (cluster/bisection.py): its parts run as jobs of their own until the
+   rows that fail alone are found, and it is committed with those as error rows. An actor that dies is
+   replaced and its shards retried (never bisected); an engine that cannot start fails its model's shards
+   with the engine's own error, and the other models go on. Engines sharing a GPU start together, each KV
+   cache sized from its share (`RAYSWEEP_SHARED_GPU_START=serial`: one at a time, vLLM measuring free memory).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from cluster.bisection import DIED, Bisection, Piece, should_bisect
 from cluster.planner import Shard
 from cluster.spec import TaskSpec
 
@@ -40,6 +43,7 @@ class Job:
     task: TaskSpec
     attempt: int = 1
     errors: list[str] = field(default_factory=list)
+    piece: Piece | None = None  # a part of a shard being bisected; None for a whole shard
 
 
 @dataclass
@@ -66,6 +70,9 @@ class ModelWork:
         return any(self.queues.values())
 
     def take(self, slot: "_Slot", others: list["_Slot"]) -> Job | None:
+        if slot.state == "pooled":  # the pool's replicas change profile themselves: the longest queue first
+            left = [q for q in self.queues.values() if q]
+            return max(left, key=len).popleft() if left else None
         same = self.queues.get(slot.profile)
         if same:
             return same.popleft()
@@ -83,11 +90,13 @@ class ModelWork:
 class _Slot:
     handle: Any
     number: int  # the n in the actor's name
-    state: str = "importing"  # importing | idle | starting | running
+    state: str = "importing"  # importing | idle | starting | running | pooled (the engine pool: not an actor)
     model: str | None = None  # the model its engine runs (or is starting)
     inflight: int = 0
     profile: str | None = None  # the profile of the last shard sent: what its engine runs now
     refused: set = field(default_factory=set)  # models whose engine failed to start here
+    depth: int | None = None  # shards it holds at once, where not its model's per-actor depth (the pool)
+    actors: int = 0  # a pool slot: the model's own actors should the pool go away
 
 
 TICK_S = 1.0  # the longest the loop waits for a result before it reports in (progress lines)
@@ -98,6 +107,10 @@ class SchedulerEvents:
     """What the scheduler reports; the sink and progress reporting subscribe."""
     on_result: Callable[[Job, Any, dict], None]  # (job, results table, telemetry row)
     on_failed: Callable[[Job], None]  # every attempt failed, or its model's engine could not start
+    # a bisected shard's rows, in its order: (its job, the parts' results with error rows, {sample id: error} of
+    # the rows that failed alone); None: no bisection, a shard that fails every attempt fails
+    on_bisected: Callable[[Job, Any, dict], None] | None = None
+    on_bisecting: Callable[[Job], None] = lambda job: None  # a shard is about to be bisected
     on_attempt_failed: Callable[[Job, str], None] = lambda job, error: None
     on_actor_started: Callable[[dict], None] = lambda row: None  # an engine started: its telemetry row
     on_dispatched: Callable[[Job], None] = lambda job: None  # sent to an actor; comes back as one of the above
@@ -115,11 +128,20 @@ class SweepScheduler:
         self.slots: list[_Slot] = []
         self.inflight: dict[Any, tuple[str, Job | None, _Slot]] = {}
         self.actors_started = self.actor_deaths = self.model_changes = 0
+        self.pool_lost: list[str] = []  # models whose pool went away during the sweep
         self._most_slots = 1
 
     # -- what planning hands in ------------------------------------------------------------------------
     def add_model(self, model: ModelWork) -> None:
         self.models[model.name] = model
+
+    def add_pool(self, model: str, handle: Any, depth: int) -> None:
+        """Send `model`'s shards to the engine pool through `handle` (its `run_shard.remote`, as an actor's),
+        `depth` at a time; no actor starts for it unless the pool goes away (a shard raises PoolGone)."""
+        work = self.models[model]
+        self.slots.append(_Slot(handle=handle, number=-1, state="pooled", model=model, depth=depth,
+                                actors=work.max_actors))
+        work.max_actors = 0
 
     def add_jobs(self, jobs: list[Job]) -> None:
         for job in jobs:
@@ -180,7 +202,7 @@ class SweepScheduler:
     def _grow(self, planning: bool) -> None:
         wanted = self._wanted(planning)
         self._most_slots = max(self._most_slots, wanted)
-        while len(self.slots) < wanted:
+        while sum(s.state != "pooled" for s in self.slots) < wanted:
             number = self.actors_started
             self.actors_started += 1
             slot = _Slot(handle=self.spawn(number, time.time()), number=number)
@@ -219,10 +241,10 @@ class SweepScheduler:
 
     def _dispatch(self) -> None:
         for slot in self.slots:
-            if slot.state != "running":
+            if slot.state not in ("running", "pooled"):
                 continue
             model = self.models[slot.model]
-            while slot.inflight < model.depth and (job := model.take(slot, self.slots)) is not None:
+            while slot.inflight < (slot.depth or model.depth) and (job := model.take(slot, self.slots)) is not None:
                 self.inflight[slot.handle.run_shard.remote(job.shard, job.task, job.attempt)] = ("shard", job, slot)
                 slot.inflight += 1
                 slot.profile = job.shard.profile
@@ -239,11 +261,13 @@ class SweepScheduler:
                 raise ActorStartError(_first_line(e)) from e
             self._lost(slot, e)  # the process died (killed, OOM, node lost): replaced by _grow
             if job is not None:
-                self._retry(job, f"actor died: {_first_line(e)}")
+                self._retry(job, f"{DIED}{_first_line(e)}", died=True)
             return
         except RayTaskError as e:
             if kind == "start":  # the engine raised while starting: this model cannot run
                 self._model_failed(slot, f"engine did not start: {_first_line(e.cause or e)}")
+            elif kind == "shard" and slot.state == "pooled" and type(e.cause).__name__ == "PoolGone":
+                self._unpool(slot, job)
             elif kind == "shard":
                 self._retry(job, _first_line(e.cause if e.cause is not None else e))
             else:
@@ -256,6 +280,8 @@ class SweepScheduler:
             self.events.on_actor_started(value)
         else:
             self.events.on_result(job, *value)
+            if job.piece is not None:
+                self._bisect_step(job.piece.bisection, job.piece.bisection.part_ran(job.piece, value[0]))
 
     def _model_failed(self, slot: _Slot, error: str) -> None:
         """An engine that raised while starting. If another actor runs the same model, only this actor
@@ -271,22 +297,66 @@ class SweepScheduler:
             while queue:
                 self._fail(queue.popleft(), error)
 
-    def _fail(self, job: Job, error: str) -> None:
-        job.errors.append(error)
-        self.events.on_failed(job)
+    def _fail(self, job: Job, error: str | None = None) -> None:
+        """No more attempts for `job`: its shard fails (a part's failure ends its shard's bisection)."""
+        if error is not None:
+            job.errors.append(error)
+        if job.piece is None:
+            self.events.on_failed(job)
+        else:
+            job.piece.bisection.abandon(job.errors[-1])
+            self._bisect_step(job.piece.bisection, [])
 
-    def _retry(self, job: Job, error: str) -> None:
+    def _retry(self, job: Job, error: str, died: bool = False) -> None:
         job.errors.append(error)
         self.events.on_attempt_failed(job, error)
-        if job.attempt >= self.max_attempts:
-            self.events.on_failed(job)
+        if job.piece is not None and not died:  # a part is not tried again: its failure is known to repeat
+            self._bisect_step(job.piece.bisection, job.piece.bisection.part_failed(job.piece, error))
+        elif self.events.on_bisected is not None and should_bisect(job, died, self.max_attempts):
+            self.events.on_bisecting(job)
+            bisection = Bisection(job)
+            self._bisect_step(bisection, bisection.start())
+        elif job.attempt >= self.max_attempts:
+            self._fail(job)
         else:
             job.attempt += 1
             self.models[job.shard.model].add(job, first=True)
 
+    def _bisect_step(self, bisection: Bisection, parts: list[Piece]) -> None:
+        """Queue a bisection's next parts (first: they finish a shard already started); once it is settled,
+        report its shard, once: committed with its error rows, or failed whole."""
+        model = self.models[bisection.job.shard.model]
+        for piece in reversed(parts):
+            if model.failed:
+                bisection.abandon(model.failed)
+                break
+            model.add(Job(piece.shard, bisection.job.task, piece=piece), first=True)
+        if not bisection.settled or bisection.reported:
+            return
+        bisection.reported = True
+        if bisection.gave_up:
+            bisection.job.errors.append(bisection.gave_up)
+            self.events.on_failed(bisection.job)
+        else:
+            self.events.on_bisected(bisection.job, bisection.table(), bisection.row_errors())
+
+    def _unpool(self, slot: _Slot, job: Job) -> None:
+        """The pool went away (`raysweep pool down --force`): the shard goes back to its queue, its attempt
+        not counted, and the model gets its own actors from now on."""
+        self.models[job.shard.model].add(job, first=True)
+        if slot in self.slots:
+            self.slots.remove(slot)
+            self.models[slot.model].max_actors = slot.actors
+            self.pool_lost.append(slot.model)
+
     def _lost(self, slot: _Slot, error: RayActorError) -> None:
         if slot not in self.slots:
             return  # its death was already seen through another of its calls
+        if slot.state == "pooled":  # the sweep's pool client died: the model runs on actors of its own
+            self.slots.remove(slot)
+            self.models[slot.model].max_actors = slot.actors
+            self.pool_lost.append(slot.model)
+            return
         self.slots.remove(slot)
         if slot.model is not None and slot.state in ("starting", "running", "idle"):
             self.models[slot.model].assigned -= 1
@@ -303,7 +373,7 @@ class SweepScheduler:
         self._shutdown_slots([slot])
 
     def _shutdown(self) -> None:
-        slots, self.slots = self.slots, []
+        slots, self.slots = [s for s in self.slots if s.state != "pooled"], []
         self._shutdown_slots(slots)
 
     @staticmethod

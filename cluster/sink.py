@@ -44,7 +44,12 @@ SUMMARY_SCHEMA = pa.schema([
 JOURNAL = "manifest.journal"
 LOCK = ".lock"  # held (flock) while a sweep writes the output; removed when it is done
 PENDING = "telemetry/.pending"  # telemetry parts written as shards commit, folded in by finish()
-DURABLE_TELEMETRY = ("shards", "gpu")
+TELEMETRY = ("shards", "actors", "gpu")  # the tables under telemetry/
+# updates of telemetry/actors rows already on disk: {actor_id, start_index, first_token_s}, the earliest first
+# token seen on that engine start; finish() folds them into their rows (and drops them)
+FIRST_TOKENS = "first_token"
+# flushed in this order: a shard's row on disk means the engine starts, readings and first tokens before it are
+DURABLE_TELEMETRY = (FIRST_TOKENS, "actors", "gpu", "shards")
 
 
 class SinkError(RuntimeError):
@@ -74,7 +79,7 @@ class ResultSink:
         except BaseException:
             self.close()
             raise
-        self._telemetry: dict[str, list[dict]] = {"shards": [], "actors": [], "gpu": []}
+        self._telemetry: dict[str, list[dict]] = {name: [] for name in DURABLE_TELEMETRY}
         self.gpu_samples = 0  # NVML readings written by this run
         self._summary = SummaryAccumulator()
         self._summarized: set[str] = set()  # shards whose rows are in self._summary
@@ -110,7 +115,10 @@ class ResultSink:
         return {sid for sid, s in self.manifest["shards"].items() if s["state"] == "committed"}
 
     def failed(self) -> dict[str, dict]:
-        return {sid: s for sid, s in self.manifest["shards"].items() if s["state"] == "failed"}
+        """Shards that fail the sweep, each entry with its `errors`: those that failed (none of their rows is
+        committed; a re-run tries them again), and committed ones whose error rows are more than their task's
+        fail_on_error allows (cluster/bisection.py; they stay so: their spec and data cannot change)."""
+        return {sid: s for sid, s in self.manifest["shards"].items() if s["state"] == "failed" or "errors" in s}
 
     def plan(self, shard_ids: list[str]) -> None:
         for sid in shard_ids:
@@ -120,7 +128,10 @@ class ResultSink:
         self._save_manifest()
 
     # -- writes ------------------------------------------------------------------------------------
-    def commit(self, shard_id: str, model: str, task: str, index: int, table: pa.Table, attempts: int) -> None:
+    def commit(self, shard_id: str, model: str, task: str, index: int, table: pa.Table, attempts: int,
+               extra: dict | None = None) -> None:
+        """`extra`: more of the manifest entry; a bisected shard's `row_errors` ({sample id: error} of its rows
+        that failed alone) and, where they are more than its task allows, `errors` (see `failed`)."""
         rel = result_file(model, task, index)
         final = self._path(rel)
         tmp = f"{os.path.dirname(final)}/.shard-{index:05d}.{uuid.uuid4().hex[:8]}.tmp"
@@ -129,7 +140,8 @@ class ResultSink:
         with self.fs.open_output_stream(tmp) as f:
             pq.write_table(table, f)
         self.fs.move(tmp, final)
-        self._record(shard_id, {"state": "committed", "file": rel, "rows": table.num_rows, "attempts": attempts})
+        self._record(shard_id, {"state": "committed", "file": rel, "rows": table.num_rows, "attempts": attempts,
+                                **(extra or {})})
         self._summary.add(table)
         self._summarized.add(shard_id)
 
@@ -159,8 +171,8 @@ class ResultSink:
 
     def flush_telemetry(self, tables: tuple[str, ...] = DURABLE_TELEMETRY) -> None:
         """Put the rows added so far to `tables` on disk now, as parts under telemetry/.pending/ that
-        finish() (this run's, or a later run's after a crash) folds into telemetry/<table>.parquet.
-        `actors` rows stay in memory until finish(): the driver still fills in their first_token_s."""
+        finish() (this run's, or a later run's after a crash) folds into telemetry/<table>.parquet. An
+        `actors` row goes as its engine starts; its first_token_s, known later, as a FIRST_TOKENS update."""
         for name in tables:
             rows = self._telemetry[name]
             if rows:
@@ -172,6 +184,17 @@ class ResultSink:
                 self.fs.move(tmp, part)
                 rows.clear()
 
+    def _take_pending(self, name: str) -> tuple[pa.Table | None, list[str]]:
+        """The rows of `name` on disk (parts, this run's or a dead run's) and in memory, and the parts' paths."""
+        parts, tables = self._pending_parts(name), []
+        for part in parts:
+            with self.fs.open_input_file(part) as f:
+                tables.append(pq.read_table(f))
+        if self._telemetry[name]:
+            tables.append(_rows_table(self._telemetry[name]))
+            self._telemetry[name].clear()
+        return (pa.concat_tables(tables, promote_options="permissive") if tables else None), parts
+
     def _pending_parts(self, name: str) -> list[str]:
         selector = pafs.FileSelector(self._path(PENDING), allow_not_found=True)
         return sorted(i.path for i in self.fs.get_file_info(selector)
@@ -180,19 +203,17 @@ class ResultSink:
     def finish(self) -> pa.Table:
         """Write telemetry (appended to earlier runs', with the parts an earlier run left when it died)
         and the summary over every committed shard."""
-        for name, rows in self._telemetry.items():
-            parts = self._pending_parts(name)
-            tables = []
-            for part in parts:
-                with self.fs.open_input_file(part) as f:
-                    tables.append(pq.read_table(f))
-            if rows:
-                tables.append(_rows_table(rows))
-            if tables:
-                self._append_table(f"telemetry/{name}.parquet", pa.concat_tables(tables, promote_options="permissive"))
+        first_tokens, update_parts = self._take_pending(FIRST_TOKENS)
+        for name in TELEMETRY:
+            table, parts = self._take_pending(name)
+            if table is not None and name == "actors":
+                table = _with_first_tokens(table, first_tokens)
+            if table is not None:
+                self._append_table(f"telemetry/{name}.parquet", table)
             for part in parts:
                 self.fs.delete_file(part)
-            rows.clear()
+        for part in update_parts:  # once the rows they update are written
+            self.fs.delete_file(part)
         for sid in sorted(self.committed() - self._summarized):  # committed by an earlier run
             with self.fs.open_input_file(self._path(self.manifest["shards"][sid]["file"])) as f:
                 self._summary.add(pq.read_table(f, columns=list(SummaryAccumulator.COLUMNS)))
@@ -345,6 +366,23 @@ def _rows_table(rows: list[dict]) -> pa.Table:
     columns only: a failed attempt's short row before a full one would drop the full one's figures)."""
     keys = list(dict.fromkeys(key for row in rows for key in row))
     return pa.Table.from_pylist([{key: row.get(key) for key in keys} for row in rows])
+
+
+def _with_first_tokens(actors: pa.Table, updates: pa.Table | None) -> pa.Table:
+    """telemetry/actors rows with their first_token_s: the earliest of the FIRST_TOKENS updates for each
+    (actor_id, start_index)."""
+    if updates is None:
+        return actors
+    earliest: dict[tuple, float] = {}
+    for u in updates.to_pylist():
+        key = (u["actor_id"], u["start_index"])
+        earliest[key] = min(earliest.get(key, u["first_token_s"]), u["first_token_s"])
+    rows = actors.to_pylist()
+    for row in rows:
+        found = [t for t in (row.get("first_token_s"), earliest.get((row.get("actor_id"), row.get("start_index"))))
+                 if t is not None]
+        row["first_token_s"] = min(found) if found else None
+    return _rows_table(rows)
 
 
 def summarize(results: pa.Table | None) -> pa.Table:

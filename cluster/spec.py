@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -26,8 +27,11 @@ STRUCTURED_KINDS = ("json_schema", "choice", "regex", "grammar")
 SCORERS = ("exact_match", "numeric_match", "choice", "json_match", "regex_match")
 LENGTH_POLICIES = ("error", "truncate_left", "skip")
 CHUNKED_PREFILL = ("auto", "on", "off")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # names become directory names and actor names
+# names become directory names and actor names; \Z, not $ (which lets a trailing newline through)
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a code point of a UTF-16 pair: alone, not text
+MAX_DEPTH = 100  # nesting levels in a spec, at most
+MAX_VALUES = 1_000_000  # values in a spec with every YAML alias expanded, at most
 
 
 class SpecError(ValueError):
@@ -40,11 +44,14 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float, not a boolean (`.nan` and `.inf` are YAML floats, and no setting's value)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_name(value: str, what: str = "name") -> None:
-    if not isinstance(value, str) or not NAME_RE.match(value):
+    if _is_int(value) or isinstance(value, float):  # `name: 13` is a YAML integer
+        raise ValueError(f"{what}: {value!r} is a number in YAML; quote it (\"{value}\") to use it as a name")
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise ValueError(f"{what}: {value!r} must be letters, digits, '.', '_' or '-'")
 
 
@@ -61,7 +68,7 @@ class SamplingSpec:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
         if not _is_number(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature: must be >= 0, got {self.temperature!r}")
+            raise ValueError(f"temperature: must be a finite number >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < 0:
@@ -144,6 +151,8 @@ class TaskSpec:
         _check_name(self.name)
         if not isinstance(self.data, str) or not self.data:
             raise ValueError("data: a JSONL or Parquet file is required")
+        if "://" in self.data:
+            raise ValueError(f"data: {self.data!r} must be a local file (copy it here first: a URI is not read)")
         if not self.data.endswith((".jsonl", ".parquet")):
             raise ValueError(f"data: {self.data!r} must end in .jsonl or .parquet")
         for name in ("prompt", "messages", "system", "target", "id_column"):
@@ -170,7 +179,9 @@ class TaskSpec:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    path: str  # local directory (relative: `./` or `../`, from the spec's folder), hub id, or builtin:tiny
+    # local directory (`~` expanded; relative: from the spec's folder where it starts with ./ or ../, has two
+    # or more `/`, or is a folder there), a hub id (`name` or `org/name`, no such folder), or builtin:tiny
+    path: str
     backend: str = "auto"  # auto: vLLM where CUDA and vLLM are present, else the CPU (transformers) engine
     engine: dict = field(default_factory=dict)  # passed to the engine as is (max_model_len, ...)
 
@@ -236,6 +247,8 @@ class SweepSpec:
 
     def __post_init__(self) -> None:
         _check_name(self.name)
+        if not isinstance(self.output, str) or not self.output:
+            raise ValueError(f"output: must be a path or a filesystem URI (a string), got {self.output!r}")
         if not self.models:
             raise ValueError("models: at least one model is required")
         if not self.tasks:
@@ -255,9 +268,18 @@ class SweepSpec:
         return self.output if "://" in self.output else self._from_base(self.output)
 
     def model_path(self, model: ModelSpec) -> str:
-        """A model's path by the same rule where it is a relative local path (`./m`, `../m`); a hub id
-        (`org/name`) or a `builtin:` name as given."""
-        return self._from_base(model.path) if model.path.startswith(("./", "../")) else model.path
+        """A model's path: `~` expanded; a relative local path by the same rule as `data:`, from the spec's
+        folder; a hub id (`name` or `org/name` that is no folder beside the spec) or a `builtin:` name as
+        given. Local is: absolute, `./` or `../`, more than one `/` (no hub id has two), or existing
+        beside the spec (cluster/builtin_model.py: `is_local_path`, which `find_model` applies)."""
+        from cluster.builtin_model import is_builtin, is_local_path
+
+        if is_builtin(model.path):
+            return model.path
+        path = os.path.expanduser(model.path)
+        if is_local_path(path) or os.path.exists(self._from_base(path)):
+            return self._from_base(path)
+        return path
 
     def _from_base(self, path: str) -> str:
         path = os.path.expanduser(path)
@@ -378,6 +400,11 @@ def _model(raw: Any, path: str) -> ModelSpec:
                   backend=engine.pop("backend", None), engine=engine)
 
 
+def _or(value: Any, default: Any) -> Any:
+    """`value` unless the key was left out (or null): `output: 0` or `output: ""` is refused, not replaced."""
+    return default if value is None else value
+
+
 def _listed(raw: Any, key: str, build) -> tuple:
     if not isinstance(raw, list):
         raise ValueError(f"{key}: must be a list")
@@ -392,7 +419,7 @@ def parse_spec(raw: Any, source: str = "<spec>", base_dir: str = ".") -> SweepSp
         actors = _Fields(f.pop("actors") or {}, "actors", _names(ActorSpec))
         spec = _build(
             SweepSpec, "",
-            name=f.pop("name"), output=f.pop("output") or f"results/{raw.get('name', 'sweep')}",
+            name=f.pop("name"), output=_or(f.pop("output"), f"results/{raw.get('name', 'sweep')}"),
             models=_listed(f.pop("models"), "models", _model),
             tasks=_listed(f.pop("tasks"), "tasks", _task),
             shards=_build(ShardLimits, "shards", **{k: shards.pop(k) for k in _names(ShardLimits)}),
@@ -442,24 +469,67 @@ def load_spec(path: str | os.PathLike) -> SweepSpec:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise SpecError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML: {problem}") from None
+    except RecursionError:  # PyYAML composes recursively: `[[[[...` thousands deep
+        raise SpecError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
     if raw is None:
         raise SpecError(f"{path}: the spec file is empty")
-    raw = _text_only(raw, "", str(path))
+    if isinstance(raw, dict):  # unknown keys before the walk: what a stray key's aliases hold is never walked
+        try:
+            _Fields(raw, "", _names(SweepSpec, "source", "base_dir"))
+        except ValueError as e:
+            raise SpecError(f"{path}: {e}") from None
+    raw, _ = _TextOnly(str(path)).walk(raw)
     return parse_spec(raw, source=str(path), base_dir=str(path.resolve().parent))
 
 
-def _text_only(value: Any, where: str, source: str) -> Any:
+class _TextOnly:
     """The document with surrogate pairs written as two escapes ("\\ud83d\\ude00", which PyYAML keeps as
-    two code points) joined; a lone surrogate is not text, and is refused naming its field."""
-    if isinstance(value, str):
-        try:
-            return value.encode("utf-16", "surrogatepass").decode("utf-16") if _SURROGATE.search(value) else value
-        except UnicodeDecodeError:
-            lone = _SURROGATE.search(value).group().encode("unicode_escape").decode()
-            raise SpecError(f"{source}: {where or 'spec'}: holds a lone surrogate ({lone}), which is not text") from None
-    if isinstance(value, dict):
-        return {k: _text_only(v, f"{where}.{k}".lstrip("."), source) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_text_only(v, f"{where}[{i}]", source) for i, v in enumerate(value)]
-    return value
+    two code points) joined; a lone surrogate is not text, and is refused naming its field.
+    YAML aliases make the document a graph: each aliased mapping or list is walked once (by its id), one
+    that holds itself is refused, and so are nesting deeper than MAX_DEPTH and more than MAX_VALUES values
+    with every alias expanded (a "billion laughs" chain would take minutes and gigabytes downstream)."""
 
+    def __init__(self, source: str):
+        self.source = source
+        self.done: dict[int, tuple[Any, int]] = {}  # id -> (the walked value, its size with aliases expanded)
+        self.open: set[int] = set()  # the containers being walked: meeting one again is a cycle
+
+    def walk(self, value: Any, where: str = "", depth: int = 0) -> tuple[Any, int]:
+        if isinstance(value, str):
+            return _text(value, where, self.source), 1 + len(value) // 1024
+        if not isinstance(value, (dict, list)):
+            return value, 1
+        key, at = id(value), where or "spec"
+        if key in self.done:
+            return self.done[key]
+        if key in self.open:
+            raise SpecError(f"{self.source}: {at}: holds itself (a recursive YAML alias)")
+        if depth >= MAX_DEPTH:  # the field path cut where it gets long: it repeats `[0]` a hundred times
+            raise SpecError(f"{self.source}: {at if len(at) <= 60 else at[:60] + '…'}: nested deeper than "
+                            f"{MAX_DEPTH} levels")
+        self.open.add(key)
+        size = 1
+        if isinstance(value, dict):
+            out: Any = {}
+            for k, v in value.items():
+                out[k], n = self.walk(v, f"{where}.{k}".lstrip("."), depth + 1)
+                size += n
+        else:
+            out = []
+            for i, v in enumerate(value):
+                item, n = self.walk(v, f"{where}[{i}]", depth + 1)
+                out.append(item)
+                size += n
+        if size > MAX_VALUES:
+            raise SpecError(f"{self.source}: {at}: expands to more than {MAX_VALUES:,} values through YAML aliases")
+        self.open.discard(key)
+        self.done[key] = (out, size)
+        return out, size
+
+
+def _text(value: str, where: str, source: str) -> str:
+    try:
+        return value.encode("utf-16", "surrogatepass").decode("utf-16") if _SURROGATE.search(value) else value
+    except UnicodeDecodeError:
+        lone = _SURROGATE.search(value).group().encode("unicode_escape").decode()
+        raise SpecError(f"{source}: {where or 'spec'}: holds a lone surrogate ({lone}), which is not text") from None

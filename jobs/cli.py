@@ -1,6 +1,7 @@
 """The `raysweep` command: `raysweep run SPEC` runs a sweep, `raysweep plan SPEC` prints its plan,
 `raysweep report OUTPUT` writes one self-contained HTML report of a sweep's output, `raysweep models`
-lists the builtin models, `raysweep spec-reference` prints the spec reference (sweeps/REFERENCE.md)."""
+lists the builtin models, `raysweep spec-reference` prints the spec reference (sweeps/REFERENCE.md),
+`raysweep pool up|status|down` keeps engines warm between sweeps (jobs/pool.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 
 import numpy as np
 
+from jobs.pool import add_pool_arguments, pool
 from jobs.sweep import add_run_arguments, exit_now, guarded, run
 
 
@@ -106,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     report_parser.add_argument("-o", "--out", help="where to write the HTML (default: OUTPUT/report.html)")
     sub.add_parser("models", help="list the builtin models (path: builtin:NAME) with their sizes")
     sub.add_parser("spec-reference", help="print the sweep spec reference (Markdown; sweeps/REFERENCE.md)")
+    add_pool_arguments(sub.add_parser("pool", help="engines kept warm between sweeps (Ray Serve): up, status, down"))
     args = parser.parse_args(argv)
-    commands = {"run": run, "plan": plan, "report": report, "models": models, "spec-reference": spec_reference}
+    commands = {"run": run, "plan": plan, "report": report, "models": models, "spec-reference": spec_reference,
+                "pool": pool}
     return guarded(commands[args.command], args)
 
 

@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 
-EXPECTED_ERRORS = ("SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError", "ActorStartError",
+EXPECTED_ERRORS = ("PoolError", "SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError", "ActorStartError",
                    "ReportError", "PlacementError", "RayStartError")
 RAY_PROBE_S = 2.0  # an explicit Ray address must accept a connection this fast (ray.init waits minutes)
 
@@ -86,7 +86,13 @@ def run(args: argparse.Namespace) -> int:
     if report.failed:
         for shard_id, entry in sorted(report.failed.items()):
             print(f"[raysweep] FAILED shard {shard_id}: {entry['errors'][-1]}")
-        print(f"[raysweep] {len(report.failed)} shard(s) failed; re-run the same command to retry them")
+        retried = sum(entry["state"] == "failed" for entry in report.failed.values())
+        kept = len(report.failed) - retried
+        if retried:
+            print(f"[raysweep] {retried} shard(s) failed; re-run the same command to retry them")
+        if kept:  # committed with error rows past the task's fail_on_error: a re-run keeps them as they are
+            print(f"[raysweep] {kept} shard(s) committed with more error rows than their task's fail_on_error "
+                  "allows; a re-run keeps them: fix the rows or the setting, then --new-run")
         return 1
     return 0
 

@@ -247,3 +247,64 @@ def test_a_killed_planners_staging_is_removed_by_the_next(tmp_path):
     path = mine.path
     del mine  # the last reference: its folder goes with it
     assert not path.exists()
+
+
+def test_a_bom_at_the_start_of_a_jsonl_file_is_skipped(tmp_path):
+    """Editors on Windows save one; Python's "decode using utf-8-sig" advice is no error message."""
+    import codecs
+
+    spec, task = make(tmp_path, ['{"q": "1", "a": "1"}', '{"q": "2", "a": "2"}'])
+    (tmp_path / "d.jsonl").write_bytes(codecs.BOM_UTF8 + (tmp_path / "d.jsonl").read_bytes())
+    data = load_task(spec, task)
+    assert data.n_rows == 2 and next(data.batches()).rows[0] == {"q": "1", "a": "1"}
+
+
+@pytest.mark.parametrize("value, message", [
+    (None, "got null"), ("text", "got a string"), ([{"role": "user", "text": "hi"}], "message 0: has no 'content'"),
+    ([{"role": "user", "content": None}], "message 0: 'content' must be a string, got null"),
+    ([{"role": "", "content": "x"}], "message 0: 'role' must be a non-empty string"),
+    ([{"role": "user", "content": "x"}, 3], "message 1: must be an object"),
+])
+def test_messages_are_checked_before_ray_and_when_rendered(tmp_path, tiny_path, value, message):
+    """load_task (before Ray) refuses them naming file:line; render_prompts names the sample if one slips by."""
+    from transformers import AutoTokenizer
+
+    good = json.dumps({"msgs": [{"role": "user", "content": "hello"}], "a": "x"})
+    spec, task = make(tmp_path, [good, json.dumps({"msgs": value, "a": "x"})], prompt=None, messages="msgs")
+    with pytest.raises(DataError) as err:
+        load_task(spec, task)
+    assert str(err.value).startswith(f"{tmp_path / 'd.jsonl'}:2: column 'msgs' (tasks.t.messages) ")
+    assert message in str(err.value)
+    if value is None or isinstance(value, str):
+        from cluster.data import RowBatch
+
+        batch = RowBatch(["0", "1"], [json.loads(good), {"msgs": value, "a": "x"}], ["1", "2"])
+        with pytest.raises(DataError, match="d.jsonl: sample 1: chat template failed"):
+            render_prompts(task, batch, AutoTokenizer.from_pretrained(tiny_path), str(tmp_path / "d.jsonl"))
+
+
+def test_nulls_in_parquet_columns_are_refused(tmp_path):
+    pq.write_table(pa.table({"q": ["x", None], "a": ["1", "2"]}), tmp_path / "d.parquet")
+    spec, task = make(tmp_path, [], data="d.parquet")
+    with pytest.raises(DataError, match=r"d.parquet:row 1: column 'q' is null \(the task 't' needs a value as its "
+                                        r"prompt placeholder \{q\}\)"):
+        load_task(spec, task)
+
+
+def test_a_model_that_fails_after_the_checks_names_the_spec_and_the_whole_reason(tmp_path, tiny_path, monkeypatch):
+    """What find_model cannot see fails while loading: one line with the spec file and transformers' whole
+    sentence, which it breaks over lines ("... from one of: \\n(1) ...")."""
+    import shutil
+
+    from cluster.preflight import PreflightFailure, _load_model_meta
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "m").mkdir()
+    shutil.copy(f"{tiny_path}/config.json", tmp_path / "m")
+    (tmp_path / "m" / "tokenizer_config.json").write_text("{}")  # passes find_model; no tokenizer in it
+    with pytest.raises(PreflightFailure) as err:
+        _load_model_meta(ModelSpec("m", "./m"), str(tmp_path / "m"), "sweep.yaml")
+    text = str(err.value)
+    assert text.startswith("sweep.yaml: model m: cannot load './m': ") and "\n" not in text
+    if "Couldn't instantiate the backend tokenizer" in text:
+        assert "from one of: (1) a `tokenizers` library serialization file, (2)" in text

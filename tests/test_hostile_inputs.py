@@ -52,6 +52,38 @@ def big_file_with_a_bad_byte(tmp: Path) -> list[str]:
     return []
 
 
+def messages_rows(value):
+    """A `messages: m` task whose second row's `m` is `value`."""
+    def setup(tmp: Path) -> list[str]:
+        spec_with(tmp, 'prompt: "Q: {question}\\nA:"', "messages: m")
+        good = [{"role": "user", "content": "hi"}]
+        return rows_with(tmp, [json.dumps({"id": "r0", "m": good, "answer": "1"}),
+                               json.dumps({"id": "r1", "m": value, "answer": "1"})])
+    return setup
+
+
+def laughs(indent: str) -> str:
+    """A "billion laughs" alias chain: `i` expands to 10**9 values (a..i under `indent`, in block style)."""
+    lines = [f"{indent}a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{indent}{name}: &{name} [" + ", ".join([f"*{prev}"] * 10) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def parquet_with_a_null(tmp: Path) -> list[str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": ["r0", "r1"], "question": ["1+1", "2+2"], "answer": ["2", None]}), tmp / "qa.parquet")
+    return []
+
+
+def config_only_model(tmp: Path) -> list[str]:
+    (tmp / "m").mkdir()
+    (tmp / "m" / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 64}))
+    return []
+
+
 def then(*steps):
     def run(tmp: Path) -> list[str]:
         return [arg for step in steps for arg in step(tmp)]
@@ -137,6 +169,63 @@ CASES = [
      "{spec}:14: not valid YAML: expected ',' or '}'"),
     ("spec-is-a-directory", lambda t: (os.remove(t / "sweep.yaml"), (t / "sweep.yaml").mkdir(), [])[-1],
      "{spec}: is a directory, not a spec file"),
+    # found in review (issue 15): each of these was a traceback, a silent wrong result, or a minute-long hang
+    ("messages-null", messages_rows(None), "{data}:2: column 'm' (tasks.qa.messages) must be a non-empty list of "
+     '{"role": ..., "content": ...} messages, got null'),
+    ("messages-a-string", messages_rows("text"), "{data}:2: column 'm' (tasks.qa.messages) must be a non-empty list "
+     'of {"role": ..., "content": ...} messages, got a string'),
+    ("messages-empty", messages_rows([]), "{data}:2: column 'm' (tasks.qa.messages) must be a non-empty list "
+     'of {"role": ..., "content": ...} messages, got an empty list'),
+    ("message-without-content", messages_rows([{"role": "user", "text": "hi"}]),
+     "{data}:2: column 'm' (tasks.qa.messages) message 0: has no 'content' (keys: 'role', 'text')"),
+    ("message-content-null", messages_rows([{"role": "user", "content": None}]),
+     "{data}:2: column 'm' (tasks.qa.messages) message 0: 'content' must be a string, got null"),
+    ("message-not-an-object", messages_rows(["hi"]),
+     "{data}:2: column 'm' (tasks.qa.messages) message 0: must be an object"),
+    ("recursive-alias-under-an-unknown-key", lambda t: spec_with(t, "shards:", "x: &a [*a]\nshards:"),
+     "{spec}: x: unknown field 'x'"),
+    ("recursive-alias-under-engine", lambda t: spec_with(t, "    path: builtin:tiny\n",
+                                                         "    path: builtin:tiny\n    engine: {x: &a [*a]}\n"),
+     "{spec}: models[0].engine.x[0]: holds itself (a recursive YAML alias)"),
+    ("billion-laughs-under-an-unknown-key", lambda t: spec_with(t, "shards:", "lol:\n" + laughs("  ") + "shards:"),
+     "{spec}: lol: unknown field 'lol'"),
+    ("billion-laughs-under-engine", lambda t: spec_with(t, "    path: builtin:tiny\n", "    path: builtin:tiny\n"
+                                                        "    engine:\n" + laughs("      ")),
+     "{spec}: models[0].engine.f: expands to more than 1,000,000 values through YAML aliases"),
+    ("nested-too-deep", lambda t: spec_with(t, "    path: builtin:tiny\n", "    path: builtin:tiny\n"
+                                            "    engine: {x: " + "[" * 150 + "]" * 150 + "}\n"),
+     "{spec}: models[0].engine.x" + "[0]" * 14 + "…: nested deeper than 100 levels"),
+    ("output-a-number", lambda t: spec_with(t, "shards:", "output: 5\nshards:"),
+     "{spec}: output: must be a path or a filesystem URI (a string), got 5"),
+    ("output-a-list", lambda t: spec_with(t, "shards:", "output: [a, b]\nshards:"),
+     "{spec}: output: must be a path or a filesystem URI (a string), got ['a', 'b']"),
+    ("output-a-mapping", lambda t: spec_with(t, "shards:", "output: {a: 1}\nshards:"),
+     "{spec}: output: must be a path or a filesystem URI (a string), got {'a': 1}"),
+    ("null-id", lambda t: rows_with(t, [row(), row(id=None)]),
+     "{data}:2: column 'id' is null (the task 'qa' needs a value as its `id_column` column)"),
+    ("null-in-a-prompt-column", lambda t: rows_with(t, [row(), row(id="r1", question=None)]),
+     "{data}:2: column 'question' is null (the task 'qa' needs a value as its prompt placeholder {question})"),
+    ("null-target", lambda t: rows_with(t, [row(), row(id="r1", answer=None)]),
+     "{data}:2: column 'answer' is null (the task 'qa' needs a value as its `target` column)"),
+    ("null-target-in-parquet", then(lambda t: spec_with(t, "data: qa.jsonl", "data: qa.parquet"), parquet_with_a_null),
+     "{dir}/qa.parquet:row 1: column 'answer' is null (the task 'qa' needs a value as its `target` column)"),
+    ("name-with-a-trailing-newline", lambda t: spec_with(t, "  - name: tiny\n", '  - name: "tiny\\n"\n'),
+     "{spec}: models[0].name: 'tiny\\n' must be letters, digits, '.', '_' or '-'"),
+    ("sweep-name-with-a-trailing-newline", lambda t: spec_with(t, "name: hostile", 'name: "hostile\\n"'),
+     "{spec}: name: 'hostile\\n' must be letters, digits, '.', '_' or '-'"),
+    ("name-an-unquoted-number", lambda t: spec_with(t, "name: hostile", "name: 13"),
+     '{spec}: name: 13 is a number in YAML; quote it ("13") to use it as a name'),
+    ("data-a-uri", lambda t: spec_with(t, "data: qa.jsonl", "data: s3://b/x.jsonl"),
+     "{spec}: tasks[0].data: 's3://b/x.jsonl' must be a local file"),
+    ("temperature-nan", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 4, temperature: .nan}"),
+     "{spec}: tasks[0].sampling.temperature: must be a finite number >= 0, got nan"),
+    ("temperature-inf", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 4, temperature: .inf}"),
+     "{spec}: tasks[0].sampling.temperature: must be a finite number >= 0, got inf"),
+    ("num-cpus-nan", lambda t: spec_with(t, "shards:", "actors: {num_cpus: .nan}\nshards:"),
+     "{spec}: actors.num_cpus: must be > 0, got nan"),
+    ("model-dir-without-a-tokenizer", then(lambda t: spec_with(t, "builtin:tiny", "./m"), config_only_model),
+     "{spec}: model tiny: cannot load './m' ({dir}/m): no tokenizer files in {dir}/m (tokenizer.json, "
+     "tokenizer_config.json, tokenizer.model or vocab files): not a complete Hugging Face model directory"),
     ("ray-that-does-not-start", lambda t: ["--address", "127.0.0.1:1"],
      "--address 127.0.0.1:1: no Ray there to connect to (Connection refused)"),
 ]

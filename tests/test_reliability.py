@@ -42,14 +42,17 @@ def committed(out) -> int:
     return sum(s["state"] == "committed" for s in manifest["shards"].values())
 
 
-def _actors_with_commits(out) -> set[str]:
-    """Actors that have committed shards so far, from the telemetry parts a running sweep writes."""
+def _actors_with_commits(out, manifest_shards: dict | None = None) -> set[str]:
+    """Actors that have committed shards so far, from the telemetry parts a running sweep writes (each is on
+    disk before its shard's commit; with the manifest's shards, only those of shards it says are committed)."""
     found = set()
     for part in (out / "telemetry" / ".pending").glob("shards-*.parquet"):
         try:
-            found |= set(pq.read_table(part, columns=["actor_id"])["actor_id"].to_pylist())
+            rows = pq.read_table(part, columns=["shard_id", "actor_id"]).to_pylist()
         except (OSError, ValueError):  # being written
-            pass
+            continue
+        found |= {r["actor_id"] for r in rows if r["actor_id"] is not None and (
+            manifest_shards is None or manifest_shards.get(r["shard_id"], {}).get("state") == "committed")}
     return found
 
 
@@ -92,6 +95,8 @@ def test_driver_kill9_then_rerun_completes_identically(reference, tmp_path):
         driver.wait(timeout=60)
     interrupted_at = committed(out)
     assert 3 <= interrupted_at < N_SHARDS
+    killed_actors = _actors_with_commits(out, read_manifest(str(out))["shards"])  # of the killed run's commits
+    assert killed_actors
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming: {interrupted_at} of {N_SHARDS} shards already committed" in again.stdout
@@ -99,6 +104,11 @@ def test_driver_kill9_then_rerun_completes_identically(reference, tmp_path):
     # every shard's telemetry survived the killed driver: the shards it committed too, not only the re-run's
     shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pandas()
     assert set(shards["shard_id"]) == set(read_manifest(str(out))["shards"]) and len(read_manifest(str(out))["shards"]) == N_SHARDS
+    # and its engine starts, each once, with the first token they measured
+    starts = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
+    assert killed_actors <= set(starts["actor_id"]), starts[["actor_id", "start_index"]]
+    assert not starts.duplicated(["actor_id", "start_index"]).any()
+    assert starts[starts["actor_id"].isin(killed_actors)]["first_token_s"].notna().all()
     assert not (out / "telemetry" / ".pending").exists() or not any((out / "telemetry" / ".pending").iterdir())
 
 
@@ -314,3 +324,65 @@ def test_a_data_path_that_is_a_directory_is_one_line(tmp_path):
         prepare(load_spec(spec_path)).sink.close()
     assert str(err.value) == (f"{tmp_path / 'arithmetic.jsonl'}: is a directory; `data:` names one JSONL or "
                               "Parquet file")
+
+
+def bisect_spec(tmp_path, fail_on_error):
+    rows = [{"id": f"r{i}", "text": f"Say {i}", "answer": str(i)} for i in range(12)]
+    (tmp_path / "twelve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "twelve.yaml").write_text(yaml.safe_dump({
+        "name": f"bisect-{str(fail_on_error).lower()}", "output": str(tmp_path / "out"),
+        "models": [{"name": "tiny", "path": "builtin:tiny"}],
+        "tasks": [{"name": "p", "data": "twelve.jsonl", "id_column": "id", "prompt": "{text}", "target": "answer",
+                   "scorer": "numeric_match", "sampling": {"max_tokens": 4}, "fail_on_error": fail_on_error}],
+        "shards": {"max_samples": 12}, "actors": {"count": 1, "num_cpus": 1}}))
+    return tmp_path / "twelve.yaml"
+
+
+INJECTED = "RuntimeError: injected engine failure (RAYSWEEP_TEST_FAIL_SAMPLES)"
+
+
+@pytest.mark.parametrize("fail_on_error", [True, False])
+@pytest.mark.slow
+def test_a_row_that_breaks_its_shard_every_time_is_an_error_row_and_the_others_run(tmp_path, fail_on_error):
+    """One 12-row shard; the engine raises on any batch holding row r5 (the evaluator's failure injection).
+    Its 11 other rows run and r5 is an error row with the engine's error, every sample once. Under
+    fail_on_error true (the default) the shard fails every attempt, is bisected, and the sweep exits 1 naming
+    the row; under false the actor already runs the rows one by one and the sweep exits 0. A resume runs
+    nothing more and says the same."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "jobs.sweep", str(bisect_spec(tmp_path, fail_on_error))]
+    # the injection: actors inherit the variable from the driver, which starts their (local) Ray
+    env = os.environ | {"RAY_ADDRESS": "local", "RAYSWEEP_TEST_FAIL_SAMPLES": "r5"}
+    first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == (1 if fail_on_error else 0), first.stdout[-3000:] + first.stderr[-3000:]
+    results = pq.read_table(out / "results").to_pandas()
+    assert sorted(results["sample_id"]) == sorted(f"r{i}" for i in range(12))  # every sample exactly once
+    results = results.set_index("sample_id")
+    assert results.loc["r5", "status"] == "error" and results.loc["r5", "error"] == INJECTED
+    others = results.drop(index="r5")
+    assert (others["status"] == "ok").all() and others["output_text"].notna().all() and others["error"].isna().all()
+    summary = pq.read_table(out / "summary.parquet").to_pylist()[0]
+    assert (summary["n"], summary["n_ok"], summary["n_error"], summary["n_scored"]) == (12, 11, 1, 11)
+    entry = read_manifest(str(out))["shards"]["tiny/p/00000"]
+    assert entry["state"] == "committed" and entry["rows"] == 12
+    if not fail_on_error:
+        assert "row_errors" not in entry and "FAILED" not in first.stdout
+        return
+    # bisected: two whole attempts failed alike, then parts, r5 alone the one that failed
+    assert entry["row_errors"] == {"r5": INJECTED} and entry["attempts"] == 2
+    failure = (f"1 of 12 rows failed, more than fail_on_error=True allows; first: sample r5: {INJECTED}. They are "
+               "committed as error rows")
+    assert f"[raysweep] FAILED shard tiny/p/00000: {failure}" in first.stdout
+    shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pandas()
+    whole, parts = shards[shards["piece"].isna()], shards[shards["piece"].notna()]
+    assert len(whole) == 2 and (whole["error"] == INJECTED).all()
+    assert parts[parts["error"].isna()]["n_samples"].sum() == 11  # each other row ran once, in a part that ran
+    assert (parts[parts["error"].notna()]["error"] == INJECTED).all()
+    result_bytes = {p: p.read_bytes() for p in (out / "results").rglob("*.parquet")}
+
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming: 1 of 1 shards already committed" in again.stdout
+    assert f"[raysweep] FAILED shard tiny/p/00000: {failure}" in again.stdout  # the output still breaks the policy
+    assert {p: p.read_bytes() for p in (out / "results").rglob("*.parquet")} == result_bytes
+    assert len(pq.read_table(out / "telemetry" / "shards.parquet")) == len(shards)  # nothing ran

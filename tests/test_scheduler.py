@@ -253,3 +253,66 @@ def test_on_a_shared_gpu_an_actor_is_released_only_once_no_engine_is_starting(ra
     with open(log) as f:
         events_at = {line.split(" ", 1)[1].strip(): float(line.split(" ", 1)[0]) for line in f}
     assert events_at["started a"] < events_at["started b"] <= events_at["closed a"]
+
+
+@pytest.mark.parametrize("broken", ["one row", "every row"])
+@pytest.mark.slow
+def test_a_shard_that_raises_the_same_way_is_bisected_and_reported_once(ray_local, broken):
+    """A stand-in actor raises on any shard or part holding row r5 (or on every call): after two identical
+    failures the shard is bisected; its parts run on the actors, and the shard is reported once, either
+    with r5 as its only error row or, where no part ran, as failed whole. The other shard runs as usual."""
+    import pyarrow as pa
+
+    from cluster.planner import Shard
+    from cluster.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
+
+    class _BreaksOnARow:
+        def __init__(self, number: int):
+            pass
+
+        def ready(self) -> dict:
+            return {}
+
+        def start_engine(self, model: str, requested_at: float) -> dict:
+            return {}
+
+        def run_shard(self, shard, task, attempt):
+            import pyarrow as pa
+
+            ids = shard.rows["sample_id"].to_pylist()
+            if task == "every row" or "r5" in ids:
+                raise RuntimeError("boom")
+            return pa.table({"sample_id": ids, "status": ["ok"] * len(ids),
+                             "error": pa.array([None] * len(ids), pa.string())}), {"ids": ids}
+
+        def close(self) -> None:
+            pass
+
+    remote = ray_local.remote(_BreaksOnARow).options(num_cpus=0.1, max_restarts=0)
+    ran, bisected, failed, attempts = [], [], [], []
+    events = SchedulerEvents(
+        on_result=lambda job, table, telemetry: ran.append((job.piece is not None, telemetry["ids"])),
+        on_failed=lambda job: failed.append((job.shard.shard_id, job.errors[-1])),
+        on_attempt_failed=lambda job, error: attempts.append((job.piece is not None, error)),
+        on_bisected=lambda job, table, errors: bisected.append((job.shard.shard_id, table, errors)))
+    scheduler = SweepScheduler(lambda n, at: remote.remote(n), events, capacity=2)
+    scheduler.add_model(ModelWork("m", max_actors=2, depth=2,
+                                  start=lambda handle, at: handle.start_engine.remote("m", at)))
+    shards = [Shard(f"m/t/{k:05d}", k, "m", "t", "short", None, True, 0,
+                    pa.table({"sample_id": [f"r{i}" if k == 0 else f"s{i}" for i in range(12)]})) for k in range(2)]
+    jobs = [Job(shards[0], broken), Job(shards[1], "fine")]
+    scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
+    assert (False, [f"s{i}" for i in range(12)]) in ran  # the healthy shard, whole, once
+    assert attempts[:2] == [(False, "RuntimeError: boom")] * 2  # two whole attempts, then only parts
+    assert all(piece for piece, _ in attempts[2:])
+    if broken == "one row":
+        assert not failed and len(bisected) == 1
+        shard_id, table, errors = bisected[0]
+        assert shard_id == "m/t/00000" and errors == {"r5": "RuntimeError: boom"}
+        assert table["sample_id"].to_pylist() == [f"r{i}" for i in range(12)]
+        assert table["status"].to_pylist() == ["ok"] * 5 + ["error"] + ["ok"] * 6
+        parts = sorted(i for piece, ids in ran if piece for i in ids)
+        assert parts == sorted(f"r{i}" for i in range(12) if i != 5)  # every other row ran once, in parts
+    else:
+        assert not bisected and len(failed) == 1 and len(attempts) == 2 + 6
+        assert failed[0][1].startswith("bisected into 6 parts, none of which ran")

@@ -91,3 +91,46 @@ def test_telemetry_keeps_every_column_when_a_failed_attempts_short_row_comes_fir
     assert [(r["shard_id"], r["attempt"], r["wall_s"], r["output_tokens"]) for r in rows] == \
         [("s0", 1, None, None), ("s1", 1, 2.5, 9), ("s0", 2, 1.5, 7)]
     assert not list((tmp_path / "out" / "telemetry" / ".pending").iterdir())
+
+
+def test_engine_starts_are_on_disk_as_they_happen_and_their_first_tokens_fold_in(tmp_path):
+    """A driver killed mid-sweep loses no telemetry/actors row: each is written as its engine starts, its
+    first_token_s (known only once a shard comes back) as a small update; the next run's finish() folds
+    the earliest update into its row, every row once."""
+    from cluster.sink import FIRST_TOKENS
+
+    spec, out = load_spec(QUICKSTART), tmp_path / "out"
+    sink = ResultSink(str(out), spec)
+    sink.add_telemetry("actors", {"actor_id": "a", "start_index": 0, "model": "tiny", "first_token_s": None})
+    sink.flush_telemetry(("actors",))  # as the engine starts
+    for seconds in (0.5, 0.3):
+        sink.add_telemetry(FIRST_TOKENS, {"actor_id": "a", "start_index": 0, "first_token_s": seconds})
+    sink.add_telemetry("actors", {"actor_id": "a", "start_index": 1, "model": "tiny", "first_token_s": None})
+    sink.flush_telemetry()  # as a shard commits
+    sink._lock.close()  # the driver dies: no finish()
+
+    with ResultSink(str(out), spec) as again:  # the resume: one engine start of its own
+        again.add_telemetry("actors", {"actor_id": "b", "start_index": 0, "model": "tiny", "first_token_s": None})
+        again.flush_telemetry(("actors",))
+        again.add_telemetry(FIRST_TOKENS, {"actor_id": "b", "start_index": 0, "first_token_s": 0.2})
+        again.finish()
+    rows = pq.read_table(out / "telemetry" / "actors.parquet").to_pylist()
+    assert sorted((r["actor_id"], r["start_index"], r["first_token_s"]) for r in rows) == \
+        [("a", 0, 0.3), ("a", 1, None), ("b", 0, 0.2)]
+    assert not list((out / "telemetry" / ".pending").iterdir())
+    assert not (out / "telemetry" / f"{FIRST_TOKENS}.parquet").exists()  # updates are folded in, not a table
+
+
+def test_a_bisected_shard_over_its_policy_is_committed_and_fails_the_sweep_on_every_run(tmp_path):
+    spec, out = load_spec(QUICKSTART), tmp_path / "out"
+    table = shard_table("free", 0, random.Random(1))
+    with ResultSink(str(out), spec) as sink:
+        sink.plan(["free/00000", "free/00001"])
+        sink.commit("free/00000", "m0", "free", 0, table, 2, {"row_errors": {"free-0-0": "RuntimeError: boom"},
+                                                              "errors": ["1 of 3 rows failed"]})
+        sink.fail("free/00001", ["RuntimeError: down"])
+        assert set(sink.failed()) == {"free/00000", "free/00001"}
+    with ResultSink(str(out), spec) as again:
+        again.plan(["free/00000", "free/00001"])  # a re-run tries the failed shard again, not the committed one
+        assert again.committed() == {"free/00000"} and set(again.failed()) == {"free/00000"}
+        assert again.failed()["free/00000"]["errors"] == ["1 of 3 rows failed"]

@@ -185,3 +185,54 @@ def test_relative_paths_are_read_from_the_specs_folder(tmp_path, monkeypatch):
 def test_an_empty_spec_file_is_said_so(tmp_path):
     with pytest.raises(SpecError, match="sweep.yaml: the spec file is empty"):
         load_spec(write_text(tmp_path, "# nothing\n"))
+
+
+def test_model_paths_follow_the_data_rule_and_expand_home(tmp_path, monkeypatch, tiny_path):
+    """A model path that cannot be a hub id (more than one `/`) or that is a folder beside the spec is read
+    from the spec's folder, wherever the command runs; `~` is expanded, as in `data:` and `output:`; a bare
+    `org/name` with no such folder beside the spec stays a hub id. find_model reads the same paths."""
+    import shutil
+
+    from cluster.builtin_model import find_model
+
+    home = tmp_path / "home"
+    (home / "mymodel").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(f"{tiny_path}/{name}", home / "mymodel" / name)
+    shutil.copytree(home / "mymodel", tmp_path / "models" / "org" / "tiny")
+    shutil.copytree(home / "mymodel", tmp_path / "acme" / "local")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    spec = load_spec(write_spec(tmp_path, lambda r: r.update(models=[
+        {"name": "a", "path": "models/org/tiny"}, {"name": "b", "path": "~/mymodel"},
+        {"name": "c", "path": "acme/local"}, {"name": "d", "path": "org/m"}, {"name": "e", "path": "m2/x/y"}])))
+    assert [spec.model_path(m) for m in spec.models] == [
+        str(tmp_path / "models" / "org" / "tiny"), str(home / "mymodel"), str(tmp_path / "acme" / "local"), "org/m",
+        str(tmp_path / "m2" / "x" / "y")]
+    for model in spec.models[:3]:
+        assert find_model(spec.model_path(model))["max_position_embeddings"] > 0
+    assert find_model("~/mymodel")["max_position_embeddings"] > 0  # find_model expands `~` itself too
+    with pytest.raises(ValueError, match="no such directory"):
+        find_model(spec.model_path(spec.models[4]))
+
+
+def test_spec_names_and_numbers_are_checked_whole(tmp_path):
+    """`$` lets a trailing newline through a name; `.nan` and `.inf` are YAML floats and no setting's value."""
+    from cluster.spec import NAME_RE
+
+    assert NAME_RE.match("tiny\n") is None and NAME_RE.match("tiny")
+    for mutate, message in [
+        (lambda r: r.update(name="quick\n"), "name: 'quick\\n' must be letters"),
+        (lambda r: r["tasks"][0].update(name="arith\n"), "tasks[0].name: 'arith\\n' must be letters"),
+        (lambda r: r["models"][0].update(name=7), "models[0].name: 7 is a number in YAML; quote it"),
+        (lambda r: r.update(actors={"accelerator_type": "L4\n"}), "actors.accelerator_type: must be a name"),
+        (lambda r: r["tasks"][0]["sampling"].update(top_p=float("nan")), "tasks[0].sampling.top_p"),
+        (lambda r: r.update(actors={"num_gpus": float("inf")}), "actors.num_gpus: must be >= 0, got inf"),
+        (lambda r: r["tasks"][0].update(fail_on_error=float("nan")), "tasks[0].fail_on_error"),
+        (lambda r: r.update(output=""), "output: must be a path or a filesystem URI (a string), got ''"),
+        (lambda r: r["tasks"][0].update(data="https://example.com/x.jsonl"), "tasks[0].data: 'https://"),
+    ]:
+        with pytest.raises(SpecError) as err:
+            load_spec(write_spec(tmp_path, mutate))
+        assert str(err.value).startswith(f"{tmp_path / 'sweep.yaml'}: {message}"), str(err.value)

@@ -1,0 +1,259 @@
+"""The engine pool: started engines kept warm between sweeps, as one Ray Serve application.
+
+`raysweep pool up SPEC` starts the application `raysweep-pool` on the connected cluster: per model of the
+spec a deployment (`model-<name>`) whose replicas each hold one started engine on the GPU share the spec's
+`actors` ask for (actors/pool_replica.PoolReplica), from `min_replicas` up to `actors.count` replicas,
+scaled by Serve on the shards queued at it; and an ingress that says what the pool serves. A sweep spec is
+a pool spec: its `models:` and `actors:` are read.
+
+A sweep finds the pool (`find_pool`) and sends the shards of every model the pool serves there, through a
+`PoolClient` actor of its own (the scheduler waits on plain Ray object refs); a model the pool does not
+serve, or serves with other engine arguments (one line says which), gets the sweep's own actors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cluster.builtin_model import resolve_model_path
+from cluster.spec import ModelSpec, SweepSpec
+
+APP = "raysweep-pool"
+ROUTE = "/raysweep"
+INGRESS = "ingress"
+
+
+class PoolError(ValueError):
+    """The pool cannot be started, found or removed as asked; the message says why."""
+
+
+class PoolGone(RuntimeError):
+    """The pool was removed while a sweep sent it shards: the sweep goes on with its own actors."""
+
+
+def pool_running() -> bool:
+    """Whether the connected cluster runs Ray Serve at all (a cheap look, without importing Serve)."""
+    import ray
+
+    try:
+        return any(a.get("name") == "SERVE_CONTROLLER_ACTOR" for a in ray.util.list_named_actors(all_namespaces=True))
+    except Exception:
+        return False
+
+
+def deployment_name(model: str) -> str:
+    return f"model-{model}"
+
+
+@dataclass(frozen=True)
+class PooledModel:
+    """A model the pool serves: what a sweep's model must match to use it."""
+    name: str
+    path: str  # resolved local path
+    backend: str
+    engine: dict
+    deployment: str
+    max_replicas: int
+    depth: int  # shards each replica holds at once
+
+    def differences(self, model: ModelSpec, path: str) -> list[str]:
+        """What differs from a sweep's model at the same path (empty: the sweep may use the pool)."""
+        diffs = [f"backend {model.backend!r} (pool: {self.backend!r})"] if model.backend != self.backend else []
+        for key in sorted(set(self.engine) | set(model.engine)):
+            if self.engine.get(key) != model.engine.get(key):
+                diffs.append(f"engine.{key} {model.engine.get(key)!r} (pool: {self.engine.get(key)!r})")
+        return diffs
+
+
+def describe(spec: SweepSpec) -> dict:
+    """What a pool built from `spec` serves (kept by the ingress, read by sweeps and `pool status`)."""
+    from cluster.run import shards_in_flight
+
+    return {"spec": spec.name, "source": str(spec.source), "models": [
+        {"name": m.name, "path": resolve_model_path(spec.model_path(m)), "backend": m.backend,
+         "engine": dict(m.engine), "deployment": deployment_name(m.name), "max_replicas": spec.actors.count,
+         "depth": shards_in_flight(spec, m)} for m in spec.models]}
+
+
+def build_app(spec: SweepSpec, min_replicas: int = 1):
+    """The Serve application for `spec` (not started)."""
+    import ray
+    from ray import serve
+
+    from actors.pool_replica import PoolIngress, PoolReplica
+    from cluster.placement import actor_resources, capacity
+
+    if min_replicas < 0 or min_replicas > spec.actors.count:
+        raise PoolError(f"--min-replicas {min_replicas}: must be from 0 to actors.count ({spec.actors.count})")
+    resources = actor_resources(spec.actors, ray.cluster_resources())
+    capacity(resources, [m.name for m in spec.models])  # refuses a spec no node can hold, naming the numbers
+    description = describe(spec)
+    deployments = []
+    for model, info in zip(spec.models, description["models"]):
+        options = dict(name=info["deployment"], ray_actor_options=resources.options(),
+                       max_ongoing_requests=info["depth"],
+                       autoscaling_config={"min_replicas": min_replicas, "initial_replicas": max(min_replicas, 1),
+                                           "max_replicas": spec.actors.count,
+                                           "target_ongoing_requests": info["depth"],
+                                           "upscale_delay_s": 2.0, "downscale_delay_s": 600.0},
+                       health_check_period_s=10.0, graceful_shutdown_timeout_s=5.0)
+        deployments.append(serve.deployment(PoolReplica).options(**options).bind(
+            model, info["path"], resources.num_cpus, resources.num_gpus))
+    ingress = serve.deployment(PoolIngress).options(name=INGRESS, ray_actor_options={"num_cpus": 0})
+    return ingress.bind(description, *deployments)
+
+
+def pool_up(spec: SweepSpec, min_replicas: int = 1) -> dict:
+    """Start (or update) the pool on the connected cluster; returns once every deployment is running."""
+    from ray import serve
+
+    serve.run(build_app(spec, min_replicas), name=APP, route_prefix=ROUTE)
+    return describe(spec)
+
+
+def read_pool() -> dict[str, PooledModel]:
+    """The pool on the connected cluster, by model name; empty where there is none."""
+    from ray import serve
+
+    try:
+        if APP not in serve.status().applications:
+            return {}
+        description = serve.get_app_handle(APP).describe.remote().result(timeout_s=30)
+    except Exception:  # no Serve on this cluster, or the pool is going away: no pool
+        return {}
+    return {m["name"]: PooledModel(**m) for m in description["models"]}
+
+
+def find_pool(spec: SweepSpec, paths: dict[str, str], log=print) -> dict[str, PooledModel]:
+    """The sweep's models the pool serves with the same path and engine arguments, by the sweep's model
+    name. `paths`: each model's resolved path. A model at a pooled path with other arguments gets one line
+    naming them, and the sweep's own actors."""
+    pooled = {m.path: m for m in read_pool().values()}
+    found = {}
+    for model in spec.models:
+        match = pooled.get(paths[model.name])
+        if match is None:
+            continue
+        diffs = match.differences(model, paths[model.name])
+        if diffs:
+            log(f"[raysweep] model {model.name}: the pool serves {paths[model.name]} with other engine "
+                f"arguments ({'; '.join(diffs)}): it runs on the sweep's own actors")
+        else:
+            found[model.name] = match
+    return found
+
+
+def pool_status() -> list[dict]:
+    """Per pooled model: its deployment's state and replicas, and each replica's start-up figures."""
+    from ray import serve
+
+    status = serve.status().applications.get(APP)
+    if status is None:
+        raise PoolError("no pool on this cluster (start one with `raysweep pool up SPEC`)")
+    rows = []
+    for name, model in read_pool().items():
+        deployment = status.deployments.get(model.deployment)
+        replicas = {str(getattr(k, "value", k)): n for k, n in (deployment.replica_states if deployment else {}).items()}
+        handle = serve.get_deployment_handle(model.deployment, app_name=APP)
+        infos = []
+        for _ in range(sum(replicas.values()) or 0):  # Serve routes each call to some replica: ask a few times
+            try:
+                infos.append(handle.info.remote().result(timeout_s=10))
+            except Exception:
+                break
+        by_replica = {i["replica"]: i for i in infos}
+        rows.append({"model": name, "path": model.path, "state": str(getattr(deployment.status, "value", deployment.status)) if deployment else "?",
+                     "replicas": replicas, "max_replicas": model.max_replicas, "engines": list(by_replica.values())})
+    return rows
+
+
+def pool_down(force: bool = False) -> None:
+    """Remove the pool. Refused while sweeps use it, unless `force` (they go on with their own actors)."""
+    from ray import serve
+
+    if APP not in serve.status().applications:
+        raise PoolError("no pool on this cluster")
+    users = sweeps_using_pool()
+    if users and not force:
+        raise PoolError(f"sweeps use the pool now ({', '.join(users)}); wait for them, or --force: they go on "
+                        "with their own actors")
+    serve.delete(APP)
+
+
+CLIENT_NAMESPACE = "raysweep-pool-clients"
+
+
+def sweeps_using_pool() -> list[str]:
+    """Sweeps whose PoolClient actor is alive (each sweep that uses the pool holds one, named after it)."""
+    from ray.util.state import list_actors
+
+    try:
+        actors = list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=10_000)
+    except Exception:
+        return []
+    return sorted(a.name.split(":")[1] for a in actors
+                  if a.name and a.name.startswith("pool-client:") and a.ray_namespace == CLIENT_NAMESPACE)
+
+
+def client_name(sweep: str) -> str:
+    import os
+
+    return f"pool-client:{sweep}:{os.getpid()}"
+
+
+class PoolClient:
+    """A sweep's way into the pool: an async actor that forwards a shard to the model's deployment and
+    returns its result, so the sweep's scheduler waits on a plain object ref like any actor call."""
+
+    async def run_shard(self, deployment: str, shard, task, attempt: int):
+        from ray import serve
+
+        try:
+            handle = serve.get_deployment_handle(deployment, app_name=APP)
+            return await handle.run_shard.remote(shard, task, attempt)
+        except Exception as e:
+            if APP not in serve.status().applications:
+                raise PoolGone(f"the pool was removed: {str(e).strip().splitlines()[-1:] or type(e).__name__}") from None
+            raise
+
+
+class PoolHandle:
+    """What the scheduler holds for a pooled model: `run_shard.remote(shard, task, attempt)`, as on an actor."""
+
+    def __init__(self, client, deployment: str):
+        self.run_shard = _Forward(client, deployment)
+
+
+class _Forward:
+    def __init__(self, client, deployment: str):
+        self.client, self.deployment = client, deployment
+
+    def remote(self, shard, task, attempt: int):
+        return self.client.run_shard.remote(self.deployment, shard, task, attempt)
+
+
+class SweepRecorder:
+    """A sweep's state, sent to the pool's ingress for its HTTP API (`GET /raysweep/sweeps/NAME`): at most
+    once every RECORD_EVERY_S while it runs, and once when it ends. Sending never blocks or fails the sweep."""
+
+    RECORD_EVERY_S = 2.0
+
+    def __init__(self, name: str):
+        from ray import serve
+
+        self.name, self._sent = name, 0.0
+        self.handle = serve.get_app_handle(APP)
+
+    def record(self, snapshot: dict, final: bool = False) -> None:
+        import time
+
+        now = time.monotonic()
+        if not final and now - self._sent < self.RECORD_EVERY_S:
+            return
+        self._sent = now
+        try:
+            response = self.handle.record.remote(self.name, snapshot)
+            if final:
+                response.result(timeout_s=10)
+        except Exception:  # the pool went away: the sweep goes on
+            pass

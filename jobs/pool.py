@@ -1,0 +1,69 @@
+"""`raysweep pool up SPEC | status | down`: the engine pool (cluster/pool.py) on a running Ray cluster.
+
+The pool lives as long as the cluster does, so these commands join one (`--address`, else RAY_ADDRESS,
+else `auto`: the cluster `ray start` runs on this machine); they never start a Ray of their own. Sweeps
+use the pool when they run on the same cluster (`raysweep run SPEC --address auto`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="pool_command", required=True)
+    up = sub.add_parser("up", help="start (or update) the pool from a spec's models and actors")
+    up.add_argument("spec", help="a sweep spec: its models: and actors: are read")
+    up.add_argument("--min-replicas", type=int, default=1, help="replicas per model kept while idle (default 1)")
+    sub.add_parser("status", help="models, replicas, state and each engine's start-up")
+    down = sub.add_parser("down", help="remove the pool")
+    down.add_argument("--force", action="store_true", help="also while sweeps use it (they go on with their own actors)")
+    for p in (up, sub.choices["status"], down):
+        p.add_argument("--address", help="Ray cluster (default: RAY_ADDRESS, else auto: the one `ray start` runs here)")
+
+
+def pool(args: argparse.Namespace) -> int:
+    from cluster import pool as pools
+
+    if args.pool_command == "up":
+        from cluster.preflight import check_inputs
+        from cluster.spec import load_spec
+
+        spec = load_spec(args.spec)
+        check_inputs(spec)  # the same checks, and lines, as a sweep's
+        _connect(args.address)
+        description = pools.pool_up(spec, args.min_replicas)
+        for model in description["models"]:
+            print(f"[raysweep] pool: model {model['name']} ({model['path']}) up to {model['max_replicas']} replica(s)")
+        return 0
+    _connect(args.address)
+    if args.pool_command == "status":
+        for row in pools.pool_status():
+            replicas = ", ".join(f"{n} {state.lower()}" for state, n in sorted(row["replicas"].items())) or "none"
+            print(f"{row['model']}: {row['state'].lower()}, replicas {replicas} (max {row['max_replicas']}), {row['path']}")
+            for e in row["engines"]:
+                print(f"  replica {e['replica']}: {e['engine']} on {e['gpu_name'] or 'CPU'} at {e['node_ip']}, "
+                      f"{e['shards']} shard(s) served; start-up {_s(e['startup_s'])} (imports {_s(e['imports_s'])}, "
+                      f"engine {_s(e['engine_init_s'])}), ready {e['ready_at']}")
+        return 0
+    pools.pool_down(force=args.force)
+    print("[raysweep] pool removed")
+    return 0
+
+
+def _connect(address: str | None) -> None:
+    import ray
+
+    from cluster.pool import PoolError
+
+    address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=address, log_to_driver=False, namespace="raysweep-pool")
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise PoolError(f"no Ray cluster at {address} to hold the pool (start one: `ray start --head`): "
+                        f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+
+
+def _s(value) -> str:
+    return "—" if value is None else f"{value:.1f}s"
