@@ -64,7 +64,10 @@ class ResultSink:
         the output's earlier run recorded: results planned from other data are never mixed in."""
         self.output, self.spec, self.data_hashes = output, spec, data_hashes or {}
         self._journal = None  # append handle of manifest.journal (local outputs)
-        self.fs, self.root = _filesystem(output)
+        try:
+            self.fs, self.root = _filesystem(output)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid (an unknown scheme) is a ValueError
+            raise SinkError(f"output {output}: cannot be opened: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
         try:
             self.fs.create_dir(self.root, recursive=True)
             self._write_bytes(self._path(".write-test"), b"")
@@ -73,6 +76,7 @@ class ResultSink:
             raise SinkError(f"output {output}: not writable: {e}") from None
         self._lock = _lock(self.fs, self.root, output)
         try:
+            self._refuse_foreign()
             if new_run:
                 self._discard_earlier_run()
             self.manifest = self._load_manifest()
@@ -101,6 +105,20 @@ class ResultSink:
                 pass
             self._lock.close()  # closing the file releases the flock
             self._lock = None
+
+    def _refuse_foreign(self) -> None:
+        """An output with results/, or telemetry/ holding more than a killed run's telemetry/.pending, but no
+        manifest.json is not a sweep's (a sweep saves its manifest before its first result): nothing is
+        written beside those folders, and `--new-run` deletes nothing there."""
+        if self.fs.get_file_info(self._path("manifest.json")).type != pafs.FileType.NotFound:
+            return
+        for rel in ("results", "telemetry"):
+            if self.fs.get_file_info(self._path(rel)).type != pafs.FileType.Directory:
+                continue
+            entries = self.fs.get_file_info(pafs.FileSelector(self._path(rel)))
+            if rel == "results" or any(e.base_name != ".pending" for e in entries):
+                raise SinkError(f"output {self.output}: holds {rel}/ but no manifest.json, so it is not a raysweep "
+                                "output; nothing was changed there: choose another output")
 
     def _discard_earlier_run(self) -> None:
         for rel in ("results", "telemetry"):
@@ -233,10 +251,12 @@ class ResultSink:
         digest = self.spec.digest()
         info = self.fs.get_file_info(self._path("manifest.json"))
         if info.type == pafs.FileType.NotFound:
-            manifest = {"sweep": self.spec.name, "spec_hash": digest, "created_at": _now(), "versions": _versions(),
-                        "shards": {}, "data": self.data_hashes}
-            return manifest
+            return self._fresh_manifest(digest)
         manifest = read_manifest(self.output)
+        if manifest.get("spec_hash") not in (digest, self.spec.digest(with_placement=True)) and \
+                not any(e.get("state") == "committed" for e in manifest["shards"].values()):
+            # another spec's run that committed nothing (refused or failed early): nothing to keep apart
+            return dict(self._fresh_manifest(digest), runs=manifest.get("runs", []))
         if manifest.get("spec_hash") not in (digest, self.spec.digest(with_placement=True)):
             raise SinkError(f"output {self.output} holds results of another spec (hash {manifest.get('spec_hash')}, "
                             f"this one is {digest}); use a new output, or --new-run to discard them")
@@ -257,6 +277,10 @@ class ResultSink:
             recorded[task] = now
         manifest["spec_hash"] = digest
         return manifest
+
+    def _fresh_manifest(self, digest: str) -> dict:
+        return {"sweep": self.spec.name, "spec_hash": digest, "created_at": _now(), "versions": _versions(),
+                "shards": {}, "data": self.data_hashes}
 
     def _save_manifest(self) -> None:
         """Replace manifest.json with the whole state; the journal's lines are in it now, so it is emptied

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -213,7 +214,9 @@ def test_new_run_discards_another_specs_results(tmp_path):
     spec = load_spec(QUICKSTART)
     with ResultSink(str(tmp_path / "out"), spec) as sink:
         sink.plan(["tiny/arithmetic/00000"])
-    (tmp_path / "out" / "results").mkdir()
+        sink.commit("tiny/arithmetic/00000", "tiny", "arithmetic", 0, pa.table({
+            "model": ["tiny"], "task": ["arithmetic"], "sample_id": ["a"], "status": ["ok"], "score": [1.0],
+            "structured_valid": pa.array([None], pa.bool_()), "output_tokens": pa.array([1], pa.int32())}), 1)
     other = load_spec(small_shard_spec(tmp_path))
     with pytest.raises(SinkError, match="--new-run"):
         ResultSink(str(tmp_path / "out"), other)

@@ -134,3 +134,45 @@ def test_a_bisected_shard_over_its_policy_is_committed_and_fails_the_sweep_on_ev
         again.plan(["free/00000", "free/00001"])  # a re-run tries the failed shard again, not the committed one
         assert again.committed() == {"free/00000"} and set(again.failed()) == {"free/00000"}
         assert again.failed()["free/00000"]["errors"] == ["1 of 3 rows failed"]
+
+
+def test_a_folder_that_is_not_a_sweeps_output_is_refused_and_left_alone(tmp_path):
+    """results/ without manifest.json: someone else's files; neither a run nor --new-run touches them."""
+    from cluster.sink import SinkError
+
+    spec = load_spec(QUICKSTART)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "notes.txt").write_text("precious")
+    for new_run in (False, True):
+        with pytest.raises(SinkError, match="no manifest.json, so it is not a raysweep output"):
+            ResultSink(str(tmp_path), spec, new_run=new_run)
+    assert (tmp_path / "results" / "notes.txt").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]  # no lock, no manifest left behind
+
+
+def test_an_output_uri_that_cannot_be_opened_is_one_error():
+    from cluster.sink import SinkError
+
+    with pytest.raises(SinkError, match="output foo://bar/x: cannot be opened"):
+        ResultSink("foo://bar/x", load_spec(QUICKSTART))
+
+
+def test_another_specs_output_that_committed_nothing_is_taken_over(tmp_path):
+    """A run refused after the output was opened (say, a bad regex found after Ray started) committed
+    nothing: the fixed spec may use the same output. One that committed shards is still refused."""
+    from cluster.sink import SinkError
+
+    spec = load_spec(QUICKSTART)
+    with ResultSink(str(tmp_path), spec) as sink:
+        sink.plan(["tiny/arithmetic/00000"])
+    other = load_spec(QUICKSTART)
+    object.__setattr__(other, "name", "fixed")
+    with ResultSink(str(tmp_path), other) as sink:
+        assert sink.manifest["sweep"] == "fixed" and sink.manifest["shards"] == {}
+        sink.plan(["tiny/arithmetic/00000"])
+        table = pa.table({"model": ["tiny"], "task": ["arithmetic"], "sample_id": ["a"], "status": ["ok"],
+                          "score": [1.0], "structured_valid": pa.array([None], pa.bool_()),
+                          "output_tokens": pa.array([1], pa.int32())})
+        sink.commit("tiny/arithmetic/00000", "tiny", "arithmetic", 0, table, 1)
+    with pytest.raises(SinkError, match="holds results of another spec"):
+        ResultSink(str(tmp_path), spec)
