@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 import pyarrow.parquet as pq
 import pytest
@@ -68,6 +70,16 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
 
         status = cli("pool", "status", address=address)
         assert "3 shard(s) served" in status.stdout  # 150 samples in shards of 50
+
+        # the pool's read-only HTTP API: the sweep that used it, its progress and its summary
+        api = "http://127.0.0.1:8000/raysweep/sweeps"
+        sweeps = json.loads(urllib.request.urlopen(api, timeout=10).read())
+        assert [(s["name"], s["state"], s["samples_done"], s["samples_total"]) for s in sweeps] == \
+            [("pooled", "done", 300, 300)]
+        summary = json.loads(urllib.request.urlopen(f"{api}/pooled/summary", timeout=10).read())
+        assert sorted((r["model"], r["n"]) for r in summary) == [("tiny", 150), ("tiny8", 150)]
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(f"{api}/nope", timeout=10)
 
         # a sweep holding a pool client: `pool down` is refused, `--force` removes the pool
         holder = subprocess.Popen(
