@@ -100,3 +100,28 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
             holder.kill()
         gone = cli("pool", "status", address=address)
         assert gone.returncode == 2 and "no pool on this cluster" in gone.stderr
+
+
+@pytest.mark.slow
+def test_pool_down_force_while_a_sweep_uses_it_the_sweep_finishes_on_its_own_actors(tmp_path):
+    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"max_num_seqs": 32}}
+    spec = spec_file(tmp_path / "pool.yaml", [tiny], {"count": 1, "num_cpus": 1})
+    with ray_head("--num-cpus=4") as (address, _):
+        assert cli("pool", "up", spec, address=address).returncode == 0
+        out = tmp_path / "results"
+        sweep = subprocess.Popen([sys.executable, "-m", "jobs.cli", "run", spec, "--output", str(out), "--address",
+                                  address], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env=os.environ | TOKEN_AUTH | {"RAY_ADDRESS": address})
+        lines = []
+        for line in sweep.stdout:  # the pool down comes once the sweep sends it shards
+            lines.append(line)
+            if "pool serves model(s) tiny" in line:
+                break
+        down = cli("pool", "down", "--force", address=address)
+        assert down.returncode == 0, down.stderr[-2000:]
+        rest, _ = sweep.communicate(timeout=300)
+        text = "".join(lines) + rest
+        assert sweep.returncode == 0, text[-3000:]
+        assert "the engine pool went away during the sweep: model(s) tiny went on with the sweep's own actors" in text
+        ids = pq.read_table(out / "results", columns=["sample_id"])["sample_id"].to_pylist()
+        assert len(ids) == len(set(ids)) == 150  # every sample exactly once
