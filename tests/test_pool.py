@@ -125,3 +125,30 @@ def test_pool_down_force_while_a_sweep_uses_it_the_sweep_finishes_on_its_own_act
         assert "the engine pool went away during the sweep: model(s) tiny went on with the sweep's own actors" in text
         ids = pq.read_table(out / "results", columns=["sample_id"])["sample_id"].to_pylist()
         assert len(ids) == len(set(ids)) == 150  # every sample exactly once
+
+
+@pytest.mark.slow
+def test_two_sweeps_at_once_share_the_pool_and_both_complete_exactly_once(tmp_path):
+    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"max_num_seqs": 32}}
+    spec = spec_file(tmp_path / "pool.yaml", [tiny], {"count": 1, "num_cpus": 1})
+    with ray_head("--num-cpus=4") as (address, _):
+        assert cli("pool", "up", spec, address=address).returncode == 0
+        sweeps = []
+        for name in ("first", "second"):
+            raw = json.loads(open(spec).read())
+            raw["name"] = name
+            (tmp_path / f"{name}.yaml").write_text(json.dumps(raw))
+            sweeps.append(subprocess.Popen(
+                [sys.executable, "-m", "jobs.cli", "run", str(tmp_path / f"{name}.yaml"), "--output",
+                 str(tmp_path / name), "--address", address], cwd=ROOT, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, env=os.environ | TOKEN_AUTH | {"RAY_ADDRESS": address}))
+        for name, sweep in zip(("first", "second"), sweeps):
+            text, _ = sweep.communicate(timeout=300)
+            assert sweep.returncode == 0, text[-3000:]
+            assert "pool serves model(s) tiny" in text
+            ids = pq.read_table(tmp_path / name / "results", columns=["sample_id"])["sample_id"].to_pylist()
+            assert len(ids) == len(set(ids)) == 150
+            served = pq.read_table(tmp_path / name / "telemetry" / "shards.parquet")["served_by"].to_pylist()
+            assert served and all(s.startswith("pool:") for s in served)
+        status = cli("pool", "status", address=address)
+        assert "6 shard(s) served" in status.stdout  # 3 shards of each sweep, on the one replica
