@@ -14,6 +14,7 @@ import time
 
 from actors.evaluator import EvalActor
 from cluster.planner import Shard
+from cluster.pool import ROUTE
 from cluster.spec import ModelSpec, TaskSpec
 
 
@@ -79,11 +80,9 @@ class PoolIngress:
     async def __call__(self, request):
         from starlette.responses import JSONResponse
 
-        path = request.scope.get("path", "")
-        root = request.scope.get("root_path", "")
-        parts = [p for p in (path[len(root):] if root and path.startswith(root) else path).split("/") if p]
-        if parts[-3:-1] == ["raysweep", "sweeps"] or parts[:1] == ["raysweep"]:
-            parts = parts[1:]  # a path that still holds the route prefix
+        parts = [p for p in request.url.path.split("/") if p]
+        if parts[:1] == [ROUTE.strip("/")]:  # the application's route prefix
+            parts = parts[1:]
         if parts == ["sweeps"]:
             keys = ("name", "state", "samples_done", "samples_total", "shards_failed", "output", "updated_at")
             return JSONResponse([{k: s.get(k) for k in keys} for s in self.sweeps.values()])

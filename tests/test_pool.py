@@ -35,6 +35,13 @@ def cli(*args: str, address: str, timeout: float = 240) -> subprocess.CompletedP
                           timeout=timeout, env=os.environ | TOKEN_AUTH | {"RAY_ADDRESS": address})
 
 
+def start_sweep(spec: str, out, address: str) -> subprocess.Popen:
+    """`raysweep run SPEC` on the cluster, in the background: its stdout and stderr as one text pipe."""
+    return subprocess.Popen([sys.executable, "-m", "jobs.cli", "run", spec, "--output", str(out), "--address", address],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=os.environ | TOKEN_AUTH | {"RAY_ADDRESS": address})
+
+
 @pytest.mark.slow
 def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_the_rest(tmp_path):
     tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"max_num_seqs": 32}}
@@ -109,9 +116,7 @@ def test_pool_down_force_while_a_sweep_uses_it_the_sweep_finishes_on_its_own_act
     with ray_head("--num-cpus=4") as (address, _):
         assert cli("pool", "up", spec, address=address).returncode == 0
         out = tmp_path / "results"
-        sweep = subprocess.Popen([sys.executable, "-m", "jobs.cli", "run", spec, "--output", str(out), "--address",
-                                  address], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 env=os.environ | TOKEN_AUTH | {"RAY_ADDRESS": address})
+        sweep = start_sweep(spec, out, address)
         lines = []
         for line in sweep.stdout:  # the pool down comes once the sweep sends it shards
             lines.append(line)
@@ -138,10 +143,7 @@ def test_two_sweeps_at_once_share_the_pool_and_both_complete_exactly_once(tmp_pa
             raw = json.loads(open(spec).read())
             raw["name"] = name
             (tmp_path / f"{name}.yaml").write_text(json.dumps(raw))
-            sweeps.append(subprocess.Popen(
-                [sys.executable, "-m", "jobs.cli", "run", str(tmp_path / f"{name}.yaml"), "--output",
-                 str(tmp_path / name), "--address", address], cwd=ROOT, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True, env=os.environ | TOKEN_AUTH | {"RAY_ADDRESS": address}))
+            sweeps.append(start_sweep(str(tmp_path / f"{name}.yaml"), tmp_path / name, address))
         for name, sweep in zip(("first", "second"), sweeps):
             text, _ = sweep.communicate(timeout=300)
             assert sweep.returncode == 0, text[-3000:]

@@ -146,16 +146,21 @@ def test_actor_death_mid_shard_is_retried(ray_local, reference, tmp_path, how):
                                 if name == "ray_raysweep_shard_attempts_failed_total") >= len(died), timeout_s=30)
 
 
+def rows_spec(tmp_path, name: str, rows: list[dict], fail_on_error, max_samples: int, actors: int):
+    """A one-task spec over `rows` ({"id", "text", "answer"}) on builtin:tiny, as `<name>.yaml`."""
+    (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({
+        "name": f"{name}-{str(fail_on_error).lower()}", "output": str(tmp_path / "out"),
+        "models": [{"name": "tiny", "path": "builtin:tiny"}],
+        "tasks": [{"name": "p", "data": f"{name}.jsonl", "id_column": "id", "prompt": "{text}", "target": "answer",
+                   "scorer": "numeric_match", "sampling": {"max_tokens": 4}, "fail_on_error": fail_on_error}],
+        "shards": {"max_samples": max_samples}, "actors": {"count": actors, "num_cpus": 1}}))
+    return tmp_path / f"{name}.yaml"
+
+
 def poison_spec(tmp_path, fail_on_error):
     rows = [{"id": f"r{i}", "text": "" if i == 13 else f"Say {i}", "answer": str(i)} for i in range(40)]
-    (tmp_path / "poison.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "poison.yaml").write_text(yaml.safe_dump({
-        "name": f"poison-{str(fail_on_error).lower()}", "output": str(tmp_path / "out"),
-        "models": [{"name": "tiny", "path": "builtin:tiny"}],
-        "tasks": [{"name": "p", "data": "poison.jsonl", "id_column": "id", "prompt": "{text}", "target": "answer",
-                   "scorer": "numeric_match", "sampling": {"max_tokens": 4}, "fail_on_error": fail_on_error}],
-        "shards": {"max_samples": 10}, "actors": {"count": 2, "num_cpus": 1}}))
-    return tmp_path / "poison.yaml"
+    return rows_spec(tmp_path, "poison", rows, fail_on_error, max_samples=10, actors=2)
 
 
 @pytest.mark.slow
@@ -331,14 +336,7 @@ def test_a_data_path_that_is_a_directory_is_one_line(tmp_path):
 
 def bisect_spec(tmp_path, fail_on_error):
     rows = [{"id": f"r{i}", "text": f"Say {i}", "answer": str(i)} for i in range(12)]
-    (tmp_path / "twelve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "twelve.yaml").write_text(yaml.safe_dump({
-        "name": f"bisect-{str(fail_on_error).lower()}", "output": str(tmp_path / "out"),
-        "models": [{"name": "tiny", "path": "builtin:tiny"}],
-        "tasks": [{"name": "p", "data": "twelve.jsonl", "id_column": "id", "prompt": "{text}", "target": "answer",
-                   "scorer": "numeric_match", "sampling": {"max_tokens": 4}, "fail_on_error": fail_on_error}],
-        "shards": {"max_samples": 12}, "actors": {"count": 1, "num_cpus": 1}}))
-    return tmp_path / "twelve.yaml"
+    return rows_spec(tmp_path, "bisect", rows, fail_on_error, max_samples=12, actors=1)
 
 
 INJECTED = "RuntimeError: injected engine failure (RAYSWEEP_TEST_FAIL_SAMPLES)"
