@@ -54,6 +54,12 @@ class Engine(Protocol):
         graph_capture_s, cuda_graphs, graph_mode, fallback_reason (None where not measured or not
         applicable)."""
 
+    def sleep(self) -> None:
+        """Give the accelerator's memory back while keeping the model, for a quick `wake_up` (engines made
+        with `sleep_mode`: a pool replica that switches between models)."""
+
+    def wake_up(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -104,7 +110,9 @@ def preload(backends) -> None:
 
 
 def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_threads: int | None,
-                gpu_fraction: float = 1.0) -> Engine:
+                gpu_fraction: float = 1.0, sleep_mode: bool = False) -> Engine:
+    """`sleep_mode`: the engine can `sleep` and `wake_up` (vLLM's sleep mode; the CPU engines keep their
+    weights in memory either way, so theirs cost nothing)."""
     backend = choose_backend(model)
     if backend == "vllm":
         if importlib.util.find_spec("vllm") is None:
@@ -112,7 +120,7 @@ def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_t
                                "on a CUDA machine, or set `engine: hf`")
         from actors.vllm_engine import VllmEngine
 
-        return VllmEngine(model, model_path, profile, gpu_fraction=gpu_fraction)
+        return VllmEngine(model, model_path, profile, gpu_fraction=gpu_fraction, sleep_mode=sleep_mode)
     if backend == "fake":
         from actors.fake_engine import FakeEngine
 

@@ -44,8 +44,10 @@ class EvalActor:
     scheduler then gives it a model with `start_engine`, and may give it another when that model's work
     is done (a counted model change)."""
 
-    def __init__(self, requested_at: float, num_cpus: float = 1, num_gpus: float = 0, backends: tuple = ("auto",)):
+    def __init__(self, requested_at: float, num_cpus: float = 1, num_gpus: float = 0, backends: tuple = ("auto",),
+                 sleep_mode: bool = False):
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self.sleep_mode = sleep_mode  # engines that sleep and wake: one actor switching between models
         self.actor_id, self.node_ip, self.node_id = _identity()
         # Ray may hand over a worker process it started before this actor was asked for: the clock then
         # starts at the request, not at the process's birth
@@ -61,6 +63,8 @@ class EvalActor:
         self._cv = threading.Condition()
         self._inflight = 0
         self._starts: list[dict] = []  # profile restarts not yet reported to the driver
+        self.asleep: dict[str, tuple] = {}  # model name -> (model, path, engine, tokenizer), sleeping
+        self.switches = 0
 
     def ready(self) -> dict:
         """Returns once the process is up and its imports are done."""
@@ -68,10 +72,14 @@ class EvalActor:
 
     def start_engine(self, model: ModelSpec, model_path: str, requested_at: float,
                      profile: EngineProfile = EngineProfile()) -> dict:
-        """Run `model` from now on (closing the engine of another model); returns its telemetry/actors row.
-        The scheduler calls this only while no shard is in flight here."""
+        """Run `model` from now on (closing the engine of another model, or, with `sleep_mode`, putting it
+        to sleep for `switch`); returns its telemetry/actors row. Called only while no shard is in flight."""
         with self._cv:
-            if self.engine is not None:
+            if self.engine is not None and self.sleep_mode:
+                self.engine.sleep()
+                self.asleep[self.model.name] = (self.model, self.model_path, self.engine, self.tokenizer)
+                self.engine = None
+            elif self.engine is not None:
                 self.engine.close()
                 self.engine = None
             reason = "model" if self.engine_starts else "first"  # a start that raised does not count
@@ -89,9 +97,34 @@ class EvalActor:
                 self._inflight -= 1
                 self._cv.notify_all()
 
+    def switch(self, model_name: str) -> dict:
+        """Put the running engine to sleep and wake `model_name`'s (started earlier with `sleep_mode`): a
+        model switch without a restart. Waits for the shards in flight; returns the switch's telemetry row."""
+        with self._cv:
+            while self._inflight:
+                self._cv.wait()
+            if model_name not in self.asleep:
+                raise ValueError(f"model {model_name}: no engine of it sleeps here (asleep: {', '.join(self.asleep) or 'none'})")
+            at, started = time.time(), time.perf_counter()
+            slept = self.model.name
+            self.engine.sleep()
+            slept_at = time.perf_counter()
+            self.asleep[slept] = (self.model, self.model_path, self.engine, self.tokenizer)
+            self.model, self.model_path, self.engine, self.tokenizer = self.asleep.pop(model_name)
+            self.engine.wake_up()
+            woke_at = time.perf_counter()
+            self.switches += 1
+            return {"actor_id": self.actor_id, "node_ip": self.node_ip, "gpu_name": self.gpu_name,
+                    "engine": self.engine.kind, "switch_index": self.switches - 1, "slept_model": slept,
+                    "model": model_name, "at": utc(at), "sleep_s": slept_at - started, "wake_s": woke_at - slept_at,
+                    "switch_s": woke_at - started}
+
     def close(self) -> None:
-        """Shut the engine down (vLLM's engine-core process with it) before the actor is killed."""
+        """Shut the engines down (vLLM's engine-core processes with them) before the actor is killed."""
         self.gpu.stop()
+        for _, _, engine, _ in self.asleep.values():
+            engine.close()
+        self.asleep.clear()
         if self.engine is not None:
             self.engine.close()
 
@@ -127,7 +160,7 @@ class EvalActor:
     def _start_engine(self, profile: EngineProfile, engine_requested_at: float, reason: str) -> dict:
         gpu_fraction = self.num_gpus if self.num_gpus else 1.0
         self.engine = make_engine(self.model, self.model_path, profile, num_threads=max(1, int(self.num_cpus)),
-                                  gpu_fraction=gpu_fraction)
+                                  gpu_fraction=gpu_fraction, sleep_mode=self.sleep_mode)
         ready_at = time.time()
         # one tokenizer per engine: the engine's own where it has one (vLLM's, the CPU engine's)
         self.tokenizer = getattr(self.engine, "tokenizer", None) or _load_tokenizer(self.model_path)

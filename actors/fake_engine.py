@@ -38,5 +38,11 @@ class FakeEngine:
         check_requests(requests)
         return [GenResult(r.sample_id, "fake", 1, "stop", None, None) for r in requests]
 
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
     def close(self) -> None:
         pass

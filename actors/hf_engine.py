@@ -56,6 +56,13 @@ class HFEngine:
                 "graph_mode": None, "fallback_reason": None, "chunked_prefill": False,
                 "max_num_batched_tokens": None, "max_num_seqs": self.batch_size}
 
+    def sleep(self) -> None:
+        """Nothing moves: the weights stay in this process's memory, so waking costs no reload. The honest
+        CPU equivalent of vLLM's sleep mode (there is no accelerator memory to give back)."""
+
+    def wake_up(self) -> None:
+        """See sleep."""
+
     def close(self) -> None:
         self.model = None
 

@@ -104,7 +104,8 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
 class VllmEngine:
     kind = "vllm"
 
-    def __init__(self, model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float = 1.0):
+    def __init__(self, model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float = 1.0,
+                 sleep_mode: bool = False):
         vllm_core_process.start()
         try:
             import vllm  # noqa: F401
@@ -113,6 +114,8 @@ class VllmEngine:
         self.profile = profile
         self.args = engine_args(model, model_path, profile, gpu_fraction,
                                 shared_kv_bytes(model, model_path, gpu_fraction, gpu_total_bytes()))
+        if sleep_mode:  # a pool replica switching models: weights to CPU memory and back, no restart
+            self.args["enable_sleep_mode"] = True
         self._fallback_reason: str | None = None
         self.engine_core = vllm_core_process.use_for_engine_core()  # forkserver, spawned or in-process
         self._tee = vllm_core_process.OutputTee.install()
@@ -200,6 +203,21 @@ class VllmEngine:
         batch.done.wait()
         return batch.results
 
+    def sleep(self) -> None:
+        """vLLM's sleep mode, level 1: the weights go to CPU memory, the KV cache is dropped, the GPU memory
+        is given back. Called only while no shard is in flight; run by the engine thread, between steps."""
+        self._on_engine_thread(lambda: self.llm.sleep(level=1))
+
+    def wake_up(self) -> None:
+        self._on_engine_thread(self.llm.wake_up)
+
+    def _on_engine_thread(self, call) -> None:
+        work = _Call(call)
+        self._inbox.put(work)
+        work.done.wait()
+        if work.error is not None:
+            raise work.error
+
     def close(self) -> None:
         self._closing = True
         self._inbox.put(None)
@@ -265,6 +283,9 @@ class VllmEngine:
                 return
             if batch is None:
                 return
+            if isinstance(batch, _Call):
+                batch.run()
+                continue
             prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in batch.requests]
             ids = self.llm.enqueue(prompts, batch.params, use_tqdm=False)
             for i, request_id in enumerate(ids):
@@ -274,6 +295,21 @@ class VllmEngine:
             if not batch.requests:
                 batch.done.set()
             block = False
+
+
+class _Call:
+    """Work for the engine thread other than requests (sleep, wake up): run between steps."""
+
+    def __init__(self, call):
+        self.call, self.error, self.done = call, None, threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.call()
+        except Exception as e:  # raised in the caller's thread
+            self.error = e
+        finally:
+            self.done.set()
 
 
 class _Batch:

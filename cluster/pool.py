@@ -9,6 +9,12 @@ a pool spec: its `models:` and `actors:` are read.
 A sweep finds the pool (`find_pool`) and sends the shards of every model the pool serves there, through a
 `PoolClient` actor of its own (the scheduler waits on plain Ray object refs); a model the pool does not
 serve, or serves with other engine arguments (one line says which), gets the sweep's own actors.
+
+Where the cluster cannot hold a replica of every model at once (`capacity`), or `pool up --switch` asks,
+the models share one deployment (`models-shared`): each replica holds every model's engine, one awake and
+the others asleep (vLLM sleep mode), and switches between them as shards ask (actors/shard_gate.py
+groups them so switches are few). Each replica lets shards wait in it (QUEUED_PER_SLOT per engine slot)
+so that they are ordered there, round robin between sweeps; Serve scales replicas on those queued shards.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from cluster.spec import ModelSpec, SweepSpec
 APP = "raysweep-pool"
 ROUTE = "/raysweep"
 INGRESS = "ingress"
+SHARED_DEPLOYMENT = "models-shared"
+QUEUED_PER_SLOT = 8  # shards a replica accepts per engine slot: the rest of a sweep's queue waits in its client
 
 
 class PoolError(ValueError):
@@ -29,6 +37,10 @@ class PoolError(ValueError):
 
 class PoolGone(RuntimeError):
     """The pool was removed while a sweep sent it shards: the sweep goes on with its own actors."""
+
+
+class ReplicaDied(RuntimeError):
+    """The pool replica running a shard died (Serve replaces it): the shard is retried, as on an actor's death."""
 
 
 def pool_running() -> bool:
@@ -54,7 +66,8 @@ class PooledModel:
     engine: dict
     deployment: str
     max_replicas: int
-    depth: int  # shards each replica holds at once
+    depth: int  # shards each replica's engine runs at once
+    switching: bool = False  # shares its replicas with the pool's other models, switched by sleep and wake
 
     def differences(self, model: ModelSpec, path: str) -> list[str]:
         """What differs from a sweep's model at the same path (empty: the sweep may use the pool)."""
@@ -65,18 +78,22 @@ class PooledModel:
         return diffs
 
 
-def describe(spec: SweepSpec) -> dict:
-    """What a pool built from `spec` serves (kept by the ingress, read by sweeps and `pool status`)."""
+def describe(spec: SweepSpec, switching: bool = False) -> dict:
+    """What a pool built from `spec` serves (kept by the ingress, read by sweeps and `pool status`);
+    `switching`: every model in one deployment whose replicas switch between them."""
     from cluster.run import shards_in_flight
 
-    return {"spec": spec.name, "source": str(spec.source), "models": [
+    depths = [shards_in_flight(spec, m) for m in spec.models]
+    return {"spec": spec.name, "source": str(spec.source), "switching": switching, "models": [
         {"name": m.name, "path": resolve_model_path(spec.model_path(m)), "backend": m.backend,
-         "engine": dict(m.engine), "deployment": deployment_name(m.name), "max_replicas": spec.actors.count,
-         "depth": shards_in_flight(spec, m)} for m in spec.models]}
+         "engine": dict(m.engine), "deployment": SHARED_DEPLOYMENT if switching else deployment_name(m.name),
+         "max_replicas": spec.actors.count, "depth": min(depths) if switching else depth, "switching": switching}
+        for m, depth in zip(spec.models, depths)]}
 
 
-def build_app(spec: SweepSpec, min_replicas: int = 1):
-    """The Serve application for `spec` (not started)."""
+def build_app(spec: SweepSpec, min_replicas: int = 1, switch: bool = False):
+    """The Serve application for `spec` (not started), and what it serves (describe). The models switch
+    on shared replicas where `switch` asks or the cluster cannot hold a replica of each at once."""
     import ray
     from ray import serve
 
@@ -86,29 +103,34 @@ def build_app(spec: SweepSpec, min_replicas: int = 1):
     if min_replicas < 0 or min_replicas > spec.actors.count:
         raise PoolError(f"--min-replicas {min_replicas}: must be from 0 to actors.count ({spec.actors.count})")
     resources = actor_resources(spec.actors, ray.cluster_resources())
-    capacity(resources, [m.name for m in spec.models])  # refuses a spec no node can hold, naming the numbers
-    description = describe(spec)
+    room = capacity(resources, [m.name for m in spec.models])  # refuses a spec no node can hold, naming the numbers
+    switching = len(spec.models) > 1 and (switch or (room is not None and room < len(spec.models)))
+    description = describe(spec, switching)
+    groups = [(description["models"], spec.models)] if switching else \
+        [([info], [model]) for info, model in zip(description["models"], spec.models)]
     deployments = []
-    for model, info in zip(spec.models, description["models"]):
-        options = dict(name=info["deployment"], ray_actor_options=resources.options(),
-                       max_ongoing_requests=info["depth"],
+    for infos, models in groups:
+        depth = infos[0]["depth"]
+        options = dict(name=infos[0]["deployment"], ray_actor_options=resources.options(),
+                       max_ongoing_requests=depth * QUEUED_PER_SLOT,
                        autoscaling_config={"min_replicas": min_replicas, "initial_replicas": max(min_replicas, 1),
                                            "max_replicas": spec.actors.count,
-                                           "target_ongoing_requests": info["depth"],
+                                           "target_ongoing_requests": depth,
                                            "upscale_delay_s": 2.0, "downscale_delay_s": 600.0},
                        health_check_period_s=10.0, graceful_shutdown_timeout_s=5.0)
         deployments.append(serve.deployment(PoolReplica).options(**options).bind(
-            model, info["path"], resources.num_cpus, resources.num_gpus))
+            models, [i["path"] for i in infos], resources.num_cpus, resources.num_gpus, depth))
     ingress = serve.deployment(PoolIngress).options(name=INGRESS, ray_actor_options={"num_cpus": 0})
-    return ingress.bind(description, *deployments)
+    return ingress.bind(description, *deployments), description
 
 
-def pool_up(spec: SweepSpec, min_replicas: int = 1) -> dict:
+def pool_up(spec: SweepSpec, min_replicas: int = 1, switch: bool = False) -> dict:
     """Start (or update) the pool on the connected cluster; returns once every deployment is running."""
     from ray import serve
 
-    serve.run(build_app(spec, min_replicas), name=APP, route_prefix=ROUTE)
-    return describe(spec)
+    app, description = build_app(spec, min_replicas, switch)
+    serve.run(app, name=APP, route_prefix=ROUTE)
+    return description
 
 
 def read_pool() -> dict[str, PooledModel]:
@@ -128,18 +150,19 @@ def find_pool(spec: SweepSpec, paths: dict[str, str], log=print) -> dict[str, Po
     """The sweep's models the pool serves with the same path and engine arguments, by the sweep's model
     name. `paths`: each model's resolved path. A model at a pooled path with other arguments gets one line
     naming them, and the sweep's own actors."""
-    pooled = {m.path: m for m in read_pool().values()}
+    pooled: dict[str, list[PooledModel]] = {}
+    for m in read_pool().values():
+        pooled.setdefault(m.path, []).append(m)
     found = {}
     for model in spec.models:
-        match = pooled.get(paths[model.name])
-        if match is None:
-            continue
-        diffs = match.differences(model, paths[model.name])
-        if diffs:
+        candidates = pooled.get(paths[model.name], [])
+        same = [m for m in candidates if not m.differences(model, paths[model.name])]
+        if same:
+            found[model.name] = same[0]
+        elif candidates:
+            diffs = candidates[0].differences(model, paths[model.name])
             log(f"[raysweep] model {model.name}: the pool serves {paths[model.name]} with other engine "
                 f"arguments ({'; '.join(diffs)}): it runs on the sweep's own actors")
-        else:
-            found[model.name] = match
     return found
 
 
@@ -154,17 +177,28 @@ def pool_status() -> list[dict]:
     for name, model in read_pool().items():
         deployment = status.deployments.get(model.deployment)
         replicas = {str(getattr(k, "value", k)): n for k, n in (deployment.replica_states if deployment else {}).items()}
-        handle = serve.get_deployment_handle(model.deployment, app_name=APP)
-        infos = []
-        for _ in range(sum(replicas.values()) or 0):  # Serve routes each call to some replica: ask a few times
-            try:
-                infos.append(handle.info.remote().result(timeout_s=10))
-            except Exception:
-                break
-        by_replica = {i["replica"]: i for i in infos}
-        rows.append({"model": name, "path": model.path, "state": str(getattr(deployment.status, "value", deployment.status)) if deployment else "?",
-                     "replicas": replicas, "max_replicas": model.max_replicas, "engines": list(by_replica.values())})
+        rows.append({"model": name, "path": model.path, "switching": model.switching,
+                     "state": str(getattr(deployment.status, "value", deployment.status)) if deployment else "?",
+                     "replicas": replicas, "max_replicas": model.max_replicas,
+                     "engines": _replica_infos(model.deployment, sum(replicas.values()))})
     return rows
+
+
+def _replica_infos(deployment: str, count: int) -> list[dict]:
+    """Each replica's `info` (Serve routes each call to some replica: asked a few times per replica)."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(deployment, app_name=APP)
+    found = {}
+    for _ in range(3 * count):
+        try:
+            info = handle.info.remote().result(timeout_s=10)
+        except Exception:
+            break
+        found[info["replica"]] = info
+        if len(found) == count:
+            break
+    return list(found.values())
 
 
 def pool_down(force: bool = False) -> None:
@@ -203,33 +237,41 @@ def client_name(sweep: str) -> str:
 
 class PoolClient:
     """A sweep's way into the pool: an async actor that forwards a shard to the model's deployment and
-    returns its result, so the sweep's scheduler waits on a plain object ref like any actor call."""
+    returns its result, so the sweep's scheduler waits on a plain object ref like any actor call. The
+    replicas take turns between sweeps by the name given here."""
 
-    async def run_shard(self, deployment: str, shard, task, attempt: int):
+    def __init__(self, sweep: str):
+        self.sweep = sweep
+
+    async def run_shard(self, deployment: str, model: str, shard, task, attempt: int):
         from ray import serve
+        from ray.exceptions import RayActorError
 
         try:
             handle = serve.get_deployment_handle(deployment, app_name=APP)
-            return await handle.run_shard.remote(shard, task, attempt)
+            return await handle.run_shard.remote(shard, task, attempt, self.sweep, model)
         except Exception as e:
+            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
             if APP not in serve.status().applications:
-                raise PoolGone(f"the pool was removed: {str(e).strip().splitlines()[-1:] or type(e).__name__}") from None
+                raise PoolGone(f"the pool was removed: {last}") from None
+            if isinstance(e, RayActorError):  # its replica died (killed, OOM, node lost): Serve replaces it
+                raise ReplicaDied(f"the pool replica running the shard died: {type(e).__name__}: {last}") from None
             raise
 
 
 class PoolHandle:
     """What the scheduler holds for a pooled model: `run_shard.remote(shard, task, attempt)`, as on an actor."""
 
-    def __init__(self, client, deployment: str):
-        self.run_shard = _Forward(client, deployment)
+    def __init__(self, client, model: PooledModel):
+        self.run_shard = _Forward(client, model.deployment, model.name)
 
 
 class _Forward:
-    def __init__(self, client, deployment: str):
-        self.client, self.deployment = client, deployment
+    def __init__(self, client, deployment: str, model: str):
+        self.client, self.deployment, self.model = client, deployment, model
 
     def remote(self, shard, task, attempt: int):
-        return self.client.run_shard.remote(self.deployment, shard, task, attempt)
+        return self.client.run_shard.remote(self.deployment, self.model, shard, task, attempt)
 
 
 class SweepRecorder:

@@ -181,10 +181,13 @@ class _Run:
         paths = {m.name: resolve_model_path(self.spec.model_path(m)) for m in self.spec.models}
         found = find_pool(self.spec, paths, self.progress.log)
         if found:
-            client = ray.remote(PoolClient).options(name=client_name(self.spec.name), namespace=CLIENT_NAMESPACE,
-                                                    num_cpus=0, max_concurrency=1000).remote()
-            for name, pooled in found.items():  # enough shards queued at the pool for all its replicas
-                self.scheduler.add_pool(name, PoolHandle(client, pooled.deployment), pooled.depth * pooled.max_replicas)
+            name = client_name(self.spec.name)  # the replicas take turns between sweeps by this name
+            client = ray.remote(PoolClient).options(name=name, namespace=CLIENT_NAMESPACE, num_cpus=0,
+                                                    max_concurrency=1000).remote(name)
+            for model, pooled in found.items():
+                # every replica's engine full and as many shards waiting at it, where turns are taken
+                # between sweeps and Serve sees the queue it scales on
+                self.scheduler.add_pool(model, PoolHandle(client, pooled), 2 * pooled.depth * pooled.max_replicas)
             self.progress.log(f"[raysweep] pool serves model(s) {', '.join(found)}: their shards go to it")
             self.recorder = SweepRecorder(self.spec.name)
         return found
@@ -272,6 +275,8 @@ class _Run:
         """A shard's (or a bisected shard's part's) telemetry row, its GPU readings and engine starts."""
         for start in telemetry.pop("engine_starts"):
             self.add_engine_row(start)
+        for switch in telemetry.pop("switches", []):  # a pool replica's model switch (sleep and wake)
+            self.sink.add_telemetry("switches", dict(switch, sweep_model=job.shard.model))
         self._first_token(telemetry)
         for sample in telemetry.pop("gpu_samples"):
             self.sink.add_telemetry("gpu", sample)

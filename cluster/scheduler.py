@@ -268,6 +268,8 @@ class SweepScheduler:
                 self._model_failed(slot, f"engine did not start: {_first_line(e.cause or e)}")
             elif kind == "shard" and slot.state == "pooled" and type(e.cause).__name__ == "PoolGone":
                 self._unpool(slot, job)
+            elif kind == "shard" and slot.state == "pooled" and type(e.cause).__name__ == "ReplicaDied":
+                self._retry(job, _first_line(e.cause), died=True)  # as an actor's death: retried, never bisected
             elif kind == "shard":
                 self._retry(job, _first_line(e.cause if e.cause is not None else e))
             else:

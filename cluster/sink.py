@@ -44,12 +44,12 @@ SUMMARY_SCHEMA = pa.schema([
 JOURNAL = "manifest.journal"
 LOCK = ".lock"  # held (flock) while a sweep writes the output; removed when it is done
 PENDING = "telemetry/.pending"  # telemetry parts written as shards commit, folded in by finish()
-TELEMETRY = ("shards", "actors", "gpu")  # the tables under telemetry/
+TELEMETRY = ("shards", "actors", "gpu", "switches")  # the tables under telemetry/ (switches: the pool's sleep/wake)
 # updates of telemetry/actors rows already on disk: {actor_id, start_index, first_token_s}, the earliest first
 # token seen on that engine start; finish() folds them into their rows (and drops them)
 FIRST_TOKENS = "first_token"
 # flushed in this order: a shard's row on disk means the engine starts, readings and first tokens before it are
-DURABLE_TELEMETRY = (FIRST_TOKENS, "actors", "gpu", "shards")
+DURABLE_TELEMETRY = (FIRST_TOKENS, "actors", "gpu", "switches", "shards")
 
 
 class SinkError(RuntimeError):

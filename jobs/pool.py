@@ -16,6 +16,9 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     up = sub.add_parser("up", help="start (or update) the pool from a spec's models and actors")
     up.add_argument("spec", help="a sweep spec: its models: and actors: are read")
     up.add_argument("--min-replicas", type=int, default=1, help="replicas per model kept while idle (default 1)")
+    up.add_argument("--switch", action="store_true",
+                    help="every replica holds every model, one awake, switching by sleep and wake (the default "
+                         "where the cluster cannot hold a replica of each model at once)")
     sub.add_parser("status", help="models, replicas, state and each engine's start-up")
     down = sub.add_parser("down", help="remove the pool")
     down.add_argument("--force", action="store_true", help="also while sweeps use it (they go on with their own actors)")
@@ -33,19 +36,29 @@ def pool(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec)
         check_inputs(spec)  # the same checks, and lines, as a sweep's
         _connect(args.address)
-        description = pools.pool_up(spec, args.min_replicas)
+        description = pools.pool_up(spec, args.min_replicas, args.switch)
         for model in description["models"]:
             print(f"[raysweep] pool: model {model['name']} ({model['path']}) up to {model['max_replicas']} replica(s)")
+        if description["switching"]:
+            print(f"[raysweep] pool: models {', '.join(m['name'] for m in description['models'])} share each "
+                  "replica's GPU share: one awake, the others asleep, switched by sleep and wake")
         return 0
     _connect(args.address)
     if args.pool_command == "status":
         for row in pools.pool_status():
             replicas = ", ".join(f"{n} {state.lower()}" for state, n in sorted(row["replicas"].items())) or "none"
-            print(f"{row['model']}: {row['state'].lower()}, replicas {replicas} (max {row['max_replicas']}), {row['path']}")
-            for e in row["engines"]:
-                print(f"  replica {e['replica']}: {e['engine']} on {e['gpu_name'] or 'CPU'} at {e['node_ip']}, "
-                      f"{e['shards']} shard(s) served; start-up {_s(e['startup_s'])} (imports {_s(e['imports_s'])}, "
-                      f"engine {_s(e['engine_init_s'])}), ready {e['ready_at']}")
+            shared = " (switching: replicas shared with the pool's other models)" if row["switching"] else ""
+            print(f"{row['model']}: {row['state'].lower()}, replicas {replicas} (max {row['max_replicas']}), "
+                  f"{row['path']}{shared}")
+            for r in row["engines"]:
+                switches = f"; {r['switches']} switch(es), median {_s(r['switch_median_s'])}" if row["switching"] else ""
+                print(f"  replica {r['replica']}: {r['shards']} shard(s) served, {r['queued']} waiting; "
+                      f"awake {r['awake']}{switches}")
+                for e in r["engines"]:
+                    if e["model"] == row["model"]:
+                        print(f"    {e['engine']} on {e['gpu_name'] or 'CPU'} at {e['node_ip']}: start-up "
+                              f"{_s(e['startup_s'])} (imports {_s(e['imports_s'])}, engine {_s(e['engine_init_s'])}), "
+                              f"ready {e['ready_at']}")
         return 0
     pools.pool_down(force=args.force)
     print("[raysweep] pool removed")

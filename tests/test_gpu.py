@@ -182,3 +182,47 @@ actors: {{count: 1, num_gpus: 1, num_cpus: 1}}
     assert list(starts["reason"]) == ["first", "model"] and starts["actor_id"].nunique() == 1
     assert starts[["engine_init_s", "warmup_s", "startup_s", "first_token_s"]].notna().all().all()
     assert (starts["graph_mode"] != "NONE").all() and starts["fallback_reason"].isna().all()
+
+
+@pytest.mark.slow
+def test_sleep_mode_switch_keeps_each_models_outputs_and_gives_the_memory_back(tiny_path):
+    """Two engines in one actor with vLLM's sleep mode (a switching pool replica): the second starts while
+    the first sleeps, so together they hold about one engine's memory; a switch wakes the first with
+    the same greedy outputs as before it slept, far faster than its start."""
+    import time
+
+    import pynvml
+
+    from actors.engine import GenRequest
+    from actors.evaluator import EvalActor
+    from actors.telemetry import _nvml_handle
+    from cluster.spec import ModelSpec, SamplingSpec
+
+    def used() -> int:
+        return pynvml.nvmlDeviceGetMemoryInfo(_nvml_handle()).used
+
+    def outputs(actor) -> list[str]:
+        reqs = [GenRequest(str(i), list(f"Question {i}: what?".encode()), i) for i in range(8)]
+        return [r.output_text for r in actor.engine.generate(reqs, SamplingSpec(max_tokens=16), None)]
+
+    total, before = pynvml.nvmlDeviceGetMemoryInfo(_nvml_handle()).total, used()
+    actor = EvalActor(time.time(), 1, 1, backends=("vllm",), sleep_mode=True)
+    try:
+        expected, starts = {}, []
+        for name, seqs in (("a", 32), ("b", 64)):  # a sleeps as b starts
+            model = ModelSpec(name, "builtin:tiny", engine={"backend": "vllm", "max_num_seqs": seqs,
+                                                            "gpu_memory_utilization": 0.3})
+            starts.append(actor.start_engine(model, tiny_path, time.time()))
+            expected[name] = outputs(actor)
+        held = used() - before
+        print(f"memory held by both engines: {held / 2**30:.1f} GiB of {total / 2**30:.0f}")
+        assert held < 0.45 * total  # two awake engines would hold 0.6 of the GPU
+        switches = []
+        for name in ("a", "b", "a", "b"):
+            switches.append(actor.switch(name))
+            assert outputs(actor) == expected[name], name
+        print("switches:", json.dumps([{k: r[k] for k in ("slept_model", "model", "sleep_s", "wake_s")} for r in switches]))
+        print("starts:", [round(s["startup_s"], 2) for s in starts])
+        assert max(r["switch_s"] for r in switches) < 0.5 * min(s["startup_s"] for s in starts)
+    finally:
+        actor.close()

@@ -1,12 +1,15 @@
 """The engine pool (cluster/pool.py, jobs/pool.py) on a real `ray start --head` with Ray Serve and the CPU
 engine: pool up / status / down, a sweep that sends a pooled model's shards to the pool and starts its own
-actor for a model the pool serves with other engine arguments, and `pool down` refused while a sweep uses
-the pool."""
+actor for a model the pool serves with other engine arguments, `pool down` refused while a sweep uses
+the pool, two sweeps taking turns on one replica while the HTTP API follows them, a replica killed
+mid-sweep, and two models switching on one replica by sleep and wake."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -19,13 +22,13 @@ from tests.test_cluster import TOKEN_AUTH, ray_head
 ARITHMETIC = ROOT / "sweeps" / "data" / "arithmetic.jsonl"
 
 
-def spec_file(path, models: list, actors: dict) -> str:
-    spec = {"name": "pooled", "output": "out",
+def spec_file(path, models: list, actors: dict, max_samples: int = 50, max_tokens: int = 4, name: str = "pooled") -> str:
+    spec = {"name": name, "output": "out",
             "models": models,
             "tasks": [{"name": "arithmetic", "data": str(ARITHMETIC), "id_column": "id",
                        "prompt": "Question: {question}\nAnswer:", "target": "answer",
-                       "sampling": {"max_tokens": 4, "temperature": 0.0}, "scorer": "numeric_match"}],
-            "shards": {"max_samples": 50}, "actors": actors}
+                       "sampling": {"max_tokens": max_tokens, "temperature": 0.0}, "scorer": "numeric_match"}],
+            "shards": {"max_samples": max_samples}, "actors": actors}
     path.write_text(json.dumps(spec))  # JSON is YAML
     return str(path)
 
@@ -94,7 +97,7 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
              "from cluster.pool import CLIENT_NAMESPACE, PoolClient, sweeps_using_pool\n"
              f"ray.init(address={address!r})\n"
              "client = ray.remote(PoolClient).options(name='pool-client:holder', namespace=CLIENT_NAMESPACE, "
-             "num_cpus=0).remote()\n"
+             "num_cpus=0).remote('holder')\n"
              "while 'holder' not in sweeps_using_pool():\n    time.sleep(0.5)\n"
              "print('up', flush=True)\ntime.sleep(120)\n"],
             cwd=ROOT, env=os.environ | TOKEN_AUTH, stdout=subprocess.PIPE, text=True)
@@ -133,24 +136,119 @@ def test_pool_down_force_while_a_sweep_uses_it_the_sweep_finishes_on_its_own_act
 
 
 @pytest.mark.slow
-def test_two_sweeps_at_once_share_the_pool_and_both_complete_exactly_once(tmp_path):
+def test_two_sweeps_at_once_take_turns_on_the_pool_and_the_http_api_follows_them(tmp_path):
     tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"max_num_seqs": 32}}
-    spec = spec_file(tmp_path / "pool.yaml", [tiny], {"count": 1, "num_cpus": 1})
+    actors = {"count": 1, "num_cpus": 1, "shards_in_flight": 1}  # one replica, one shard at a time: turns show
+    pool = spec_file(tmp_path / "pool.yaml", [tiny], actors)
     with ray_head("--num-cpus=4") as (address, _):
-        assert cli("pool", "up", spec, address=address).returncode == 0
-        sweeps = []
-        for name in ("first", "second"):
-            raw = json.loads(open(spec).read())
-            raw["name"] = name
-            (tmp_path / f"{name}.yaml").write_text(json.dumps(raw))
-            sweeps.append(start_sweep(str(tmp_path / f"{name}.yaml"), tmp_path / name, address))
-        for name, sweep in zip(("first", "second"), sweeps):
-            text, _ = sweep.communicate(timeout=300)
+        assert cli("pool", "up", pool, address=address).returncode == 0
+        sweeps = {name: start_sweep(spec_file(tmp_path / f"{name}.yaml", [tiny], actors, max_samples=10,
+                                              max_tokens=16, name=name), tmp_path / name, address)
+                  for name in ("first", "second")}
+        seen_running = set()  # the HTTP API while the sweeps run: their progress, part done
+        api = "http://127.0.0.1:8000/raysweep/sweeps"
+        while any(p.poll() is None for p in sweeps.values()):
+            try:
+                for s in json.loads(urllib.request.urlopen(api, timeout=5).read()):
+                    if s["state"] == "running" and 0 < s["samples_done"] < s["samples_total"] == 150:
+                        seen_running.add(s["name"])
+            except OSError:
+                pass
+            time.sleep(0.2)
+        order = []
+        for name, sweep in sweeps.items():
+            text = sweep.stdout.read()
             assert sweep.returncode == 0, text[-3000:]
             assert "pool serves model(s) tiny" in text
             ids = pq.read_table(tmp_path / name / "results", columns=["sample_id"])["sample_id"].to_pylist()
             assert len(ids) == len(set(ids)) == 150
-            served = pq.read_table(tmp_path / name / "telemetry" / "shards.parquet")["served_by"].to_pylist()
-            assert served and all(s.startswith("pool:") for s in served)
+            shards = pq.read_table(tmp_path / name / "telemetry" / "shards.parquet").to_pylist()
+            assert shards and all(s["served_by"].startswith("pool:") for s in shards)
+            order += [(s["pool_sequence"], name) for s in shards]
+        assert seen_running == {"first", "second"}
+        final = {s["name"]: s for s in json.loads(urllib.request.urlopen(api, timeout=10).read())}
+        assert {n: (s["state"], s["samples_done"]) for n, s in final.items()} == {"first": ("done", 150),
+                                                                                 "second": ("done", 150)}
+        # turns: while both sweeps had shards at the replica, it ran one of each in turn (first come
+        # first served runs each sweep's two queued shards back to back)
+        names = [name for _, name in sorted(order)]
+        overlap = names[max(names.index("first"), names.index("second")):
+                        min(len(names) - names[::-1].index(n) for n in ("first", "second"))]
+        assert len(overlap) >= 20 and all(a != b for a, b in zip(overlap, overlap[1:])), names
         status = cli("pool", "status", address=address)
-        assert "6 shard(s) served" in status.stdout  # 3 shards of each sweep, on the one replica
+        assert "30 shard(s) served" in status.stdout  # 15 shards of each sweep, on the one replica
+
+
+@pytest.mark.slow
+def test_a_replica_killed_mid_sweep_is_replaced_and_its_shards_run_again_exactly_once(tmp_path):
+    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"max_num_seqs": 32}}
+    actors = {"count": 2, "num_cpus": 1, "shards_in_flight": 1}
+    spec = spec_file(tmp_path / "pool.yaml", [tiny], actors, max_samples=5, max_tokens=24)
+    with ray_head("--num-cpus=4") as (address, _):
+        assert cli("pool", "up", spec, "--min-replicas", "2", address=address).returncode == 0
+        out = tmp_path / "results"
+        sweep = start_sweep(spec, out, address)
+        lines = []
+        for line in sweep.stdout:  # the kill comes once shards run on the replicas
+            lines.append(line)
+            if "samples" in line and "/150" in line and not line.strip().endswith("0/150"):
+                break
+        kill = subprocess.run(
+            [sys.executable, "-c", "import ray\n"
+             f"ray.init(address={address!r})\n"
+             "names = [a['name'] for a in ray.util.list_named_actors(all_namespaces=True)\n"
+             "         if a['name'].startswith('SERVE_REPLICA::raysweep-pool#model-tiny')]\n"
+             "ray.kill(ray.get_actor(names[0], namespace='serve'), no_restart=True)\nprint(names[0])\n"],
+            cwd=ROOT, env=os.environ | TOKEN_AUTH, capture_output=True, text=True, timeout=60)
+        assert kill.returncode == 0, kill.stderr[-2000:]
+        rest, _ = sweep.communicate(timeout=300)
+        text = "".join(lines) + rest
+        assert sweep.returncode == 0, text[-3000:]
+        ids = pq.read_table(out / "results", columns=["sample_id"])["sample_id"].to_pylist()
+        assert len(ids) == len(set(ids)) == 150  # every sample exactly once
+        shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pylist()
+        assert max(s["attempt"] for s in shards) == 2  # the killed replica's shards ran again, once
+        assert len({s["served_by"] for s in shards}) >= 2
+        for _ in range(60):  # Serve replaces the replica
+            status = cli("pool", "status", address=address)
+            if "replicas 2 running" in status.stdout:
+                break
+            time.sleep(2)
+        assert "replicas 2 running" in status.stdout, status.stdout
+
+
+@pytest.mark.slow
+def test_two_models_on_one_replica_switch_by_sleep_and_wake_and_run_grouped(tmp_path):
+    from cluster.builtin_model import resolve_model_path
+
+    copy = tmp_path / "tiny-copy"  # a second model: the built tiny one at another path
+    shutil.copytree(resolve_model_path("builtin:tiny"), copy)
+    models = [{"name": "tiny", "path": "builtin:tiny"}, {"name": "copy", "path": str(copy)}]
+    actors = {"count": 1, "num_cpus": 2, "shards_in_flight": 1}
+    spec = spec_file(tmp_path / "pool.yaml", models, actors, max_samples=25)
+    with ray_head("--num-cpus=2") as (address, _):  # room for one replica: the two models share it
+        up = cli("pool", "up", spec, address=address)
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert "models tiny, copy share each replica's GPU share" in up.stdout
+        out = tmp_path / "results"
+        run = cli("run", spec, "--output", str(out), "--address", address, address=address)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert "pool serves model(s) tiny, copy" in run.stdout
+        results = pq.read_table(out / "results").to_pylist()
+        for model in ("tiny", "copy"):
+            ids = [r["sample_id"] for r in results if r["model"] == model]
+            assert len(ids) == len(set(ids)) == 150
+        assert not (out / "telemetry" / "actors.parquet").exists()  # no engine started for the sweep
+        shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pylist()
+        assert {s["served_by"] for s in shards} == {shards[0]["served_by"]}  # the one replica
+        switches = pq.read_table(out / "telemetry" / "switches.parquet").to_pylist()
+        # grouped: copy (awake after start-up) runs its shards, one switch, then tiny's; a few more where a
+        # model's next shard reached the replica after its last one finished
+        assert 1 <= len(switches) <= 3, [(s["slept_model"], s["model"]) for s in switches]
+        assert switches[0]["slept_model"] == "copy" and switches[0]["model"] == "tiny"
+        assert all(s["sleep_s"] >= 0 and s["wake_s"] >= 0 and s["engine"] == "hf" for s in switches)
+        order = [s["model"] for s in sorted(shards, key=lambda s: s["pool_sequence"])]
+        assert sum(a != b for a, b in zip(order, order[1:])) == len(switches) - (order[0] == "tiny")
+        status = cli("pool", "status", address=address)
+        assert "(switching: replicas shared with the pool's other models)" in status.stdout
+        assert f"{len(switches)} switch(es)" in status.stdout, status.stdout
