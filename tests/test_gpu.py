@@ -210,8 +210,8 @@ def test_sleep_mode_switch_keeps_each_models_outputs_and_gives_the_memory_back(t
     try:
         expected, starts = {}, []
         for name, seqs in (("a", 32), ("b", 64)):  # a sleeps as b starts
-            model = ModelSpec(name, "builtin:tiny", engine={"backend": "vllm", "max_num_seqs": seqs,
-                                                            "gpu_memory_utilization": 0.3})
+            model = ModelSpec(name, "builtin:tiny", backend="vllm",
+                              engine={"max_num_seqs": seqs, "gpu_memory_utilization": 0.3})
             starts.append(actor.start_engine(model, tiny_path, time.time()))
             expected[name] = outputs(actor)
         held = used() - before
