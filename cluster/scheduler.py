@@ -14,7 +14,9 @@
    on its last attempt, is bisected (cluster/bisection.py): its parts run as jobs of their own until the
    rows that fail alone are found, and it is committed with those as error rows. An actor that dies is
    replaced and its shards retried (never bisected); an engine that cannot start fails its model's shards
-   with the engine's own error, and the other models go on. Engines sharing a GPU start together, each KV
+   with the engine's own error, and the other models go on. A pooled model's shard whose pool replica died
+   (ReplicaDied) is retried as on an actor's death; one whose pool went away (PoolGone) goes back to its
+   queue, and the model gets actors of its own. Engines sharing a GPU start together, each KV
    cache sized from its share (`RAYSWEEP_SHARED_GPU_START=serial`: one at a time, vLLM measuring free memory).
 """
 
