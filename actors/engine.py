@@ -10,6 +10,7 @@ sampling and structured-output settings are per call (one task's shard). Backend
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -109,10 +110,32 @@ def preload(backends) -> None:
             getattr(importlib.import_module("vllm"), "LLM")  # `vllm` imports lazily: this is the heavy part
 
 
+BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"  # vLLM 0.26 reads it as its engine starts (engine core and workers)
+MIN_BATCH_INVARIANT_CAPABILITY = (8, 0)  # vLLM's invariant kernels need FlashAttention or Triton: sm80 and up
+
+
+def reproducible_refusal(backends) -> str | None:
+    """Why this process's GPU cannot run vLLM's batch-invariant mode (`reproducible: true`), or None. vLLM
+    0.26 checks nothing itself: on an older GPU the mode stays on and its kernels fail or are not invariant.
+    Read through NVML, so no CUDA context opens in the actor."""
+    if "vllm" not in {choose_backend(ModelSpec("check", "-", backend=b)) for b in backends}:
+        return None  # the CPU engine runs reproducibly anywhere
+    from actors.telemetry import gpu_capability, gpu_name
+
+    capability = gpu_capability()
+    if capability is None or capability >= MIN_BATCH_INVARIANT_CAPABILITY:
+        return None
+    return (f"reproducible: true needs vLLM's batch-invariant mode, which needs a GPU of compute capability "
+            f"{'.'.join(map(str, MIN_BATCH_INVARIANT_CAPABILITY))} or more (A100, L4, H100 and newer); this actor's "
+            f"{gpu_name() or 'GPU'} is {'.'.join(map(str, capability))}")
+
+
 def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_threads: int | None,
-                gpu_fraction: float = 1.0, sleep_mode: bool = False) -> Engine:
+                gpu_fraction: float = 1.0, sleep_mode: bool = False, reproducible: bool = False) -> Engine:
     """`sleep_mode`: the engine can `sleep` and `wake_up` (vLLM's sleep mode; the CPU engines keep their
-    weights in memory either way, so theirs cost nothing)."""
+    weights in memory either way, so theirs cost nothing). `reproducible`: outputs that do not depend on the
+    batch: vLLM's batch-invariant mode (the process's VLLM_BATCH_INVARIANT, set by the actor before its
+    imports), the CPU engine one row at a time."""
     backend = choose_backend(model)
     if backend == "vllm":
         if importlib.util.find_spec("vllm") is None:
@@ -120,6 +143,9 @@ def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_t
                                "on a CUDA machine, or set `engine: hf`")
         from actors.vllm_engine import VllmEngine
 
+        if reproducible and os.environ.get(BATCH_INVARIANT) != "1":
+            raise RuntimeError(f"model {model.name}: reproducible: true, but {BATCH_INVARIANT} was not set in "
+                               "this actor before vLLM started")
         return VllmEngine(model, model_path, profile, gpu_fraction=gpu_fraction, sleep_mode=sleep_mode)
     if backend == "fake":
         from actors.fake_engine import FakeEngine
@@ -127,4 +153,4 @@ def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_t
         return FakeEngine(model, model_path, profile)
     from actors.hf_engine import HFEngine
 
-    return HFEngine(model, model_path, profile, num_threads=num_threads)
+    return HFEngine(model, model_path, profile, num_threads=num_threads, one_row_at_a_time=reproducible)

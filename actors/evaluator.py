@@ -21,7 +21,8 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from actors.engine import EngineProfile, GenRequest, make_engine, preload, runs_profile
+from actors.engine import (BATCH_INVARIANT, EngineProfile, GenRequest, make_engine, preload, reproducible_refusal,
+                           runs_profile)
 from actors.telemetry import GpuSampler, gpu_name
 from cluster.planner import EMPTY_PROMPT, Shard
 from cluster.spec import ModelSpec, TaskSpec
@@ -46,15 +47,19 @@ class EvalActor:
     is done (a counted model change)."""
 
     def __init__(self, requested_at: float, num_cpus: float = 1, num_gpus: float = 0, backends: tuple = ("auto",),
-                 sleep_mode: bool = False):
+                 sleep_mode: bool = False, reproducible: bool = False):
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self.sleep_mode = sleep_mode  # engines that sleep and wake: one actor switching between models
+        self.reproducible = reproducible
+        if reproducible:  # before vLLM and its engine-core forkserver start: every engine here reads it
+            os.environ[BATCH_INVARIANT] = "1"
         self.actor_id, self.node_ip, self.node_id = _identity()
         # Ray may hand over a worker process it started before this actor was asked for: the clock then
         # starts at the request, not at the process's birth
         process_at = max(process_started_at() or requested_at, requested_at)
         preload(backends)  # the imports every engine start would otherwise pay: once per process
         self.gpu_name = gpu_name()
+        self.refusal = reproducible_refusal(backends) if reproducible else None  # the driver stops on it
         self.gpu = GpuSampler().start()  # one sampler for the actor's life; shards read their own windows
         self._imported_at = time.time()
         self._first = {"requested_at": requested_at, "process_started_at": utc(process_at),
@@ -69,7 +74,7 @@ class EvalActor:
 
     def ready(self) -> dict:
         """Returns once the process is up and its imports are done."""
-        return {"actor_id": self.actor_id, "node_id": self.node_id, **self._first}
+        return {"actor_id": self.actor_id, "node_id": self.node_id, "refusal": self.refusal, **self._first}
 
     def start_engine(self, model: ModelSpec, model_path: str, requested_at: float,
                      profile: EngineProfile = EngineProfile()) -> dict:
@@ -161,7 +166,8 @@ class EvalActor:
     def _start_engine(self, profile: EngineProfile, engine_requested_at: float, reason: str) -> dict:
         gpu_fraction = self.num_gpus if self.num_gpus else 1.0
         self.engine = make_engine(self.model, self.model_path, profile, num_threads=max(1, int(self.num_cpus)),
-                                  gpu_fraction=gpu_fraction, sleep_mode=self.sleep_mode)
+                                  gpu_fraction=gpu_fraction, sleep_mode=self.sleep_mode,
+                                  reproducible=self.reproducible)
         ready_at = time.time()
         # one tokenizer per engine: the engine's own where it has one (vLLM's, the CPU engine's)
         self.tokenizer = getattr(self.engine, "tokenizer", None) or _load_tokenizer(self.model_path)

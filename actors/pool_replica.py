@@ -30,10 +30,13 @@ class PoolReplica:
     """A Serve replica with its engines started at construction (Serve marks it ready only then): the
     models in order, each put to sleep as the next starts where there are several; the last stays awake."""
 
-    def __init__(self, models: list[ModelSpec], model_paths: list[str], num_cpus: float, num_gpus: float, depth: int):
+    def __init__(self, models: list[ModelSpec], model_paths: list[str], num_cpus: float, num_gpus: float, depth: int,
+                 reproducible: bool = False):
         requested_at = time.time()
         self.actor = EvalActor(requested_at, num_cpus, num_gpus, backends=tuple({m.backend for m in models}),
-                               sleep_mode=len(models) > 1)
+                               sleep_mode=len(models) > 1, reproducible=reproducible)
+        if self.actor.refusal:  # the replica's GPU cannot run the pool's spec
+            raise RuntimeError(self.actor.refusal)
         self.replica_id = _replica_id()
         self.started = {}
         for model, path in zip(models, model_paths):

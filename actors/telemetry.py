@@ -41,6 +41,19 @@ def gpu_name() -> str | None:
     return name.decode() if isinstance(name, bytes) else name
 
 
+def gpu_capability() -> tuple[int, int] | None:
+    """This process's GPU's CUDA compute capability (9, 0 for an H100), from NVML, or None."""
+    handle = _nvml_handle()
+    if handle is None:
+        return None
+    import pynvml
+
+    try:
+        return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+    except Exception:
+        return None
+
+
 def gpu_total_bytes() -> int | None:
     """This process's GPU's memory in bytes, from NVML (no CUDA context), or None."""
     handle = _nvml_handle()

@@ -101,6 +101,20 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
     return args
 
 
+def sampling_kwargs(sampling: SamplingSpec, seed: int, structured: StructuredSpec | None) -> dict:
+    """`SamplingParams` keyword arguments for one request (structured_outputs: StructuredOutputsParams'
+    arguments). Every field a plain script's `SamplingParams(max_tokens=N, temperature=T)` leaves at vLLM's
+    default is given that default (top_p 1.0, top_k 0, no stop strings); the seed only where sampling (a
+    greedy request needs none, and a plain script gives none)."""
+    guide = None
+    if structured is not None:
+        field = {"json_schema": "json", "choice": "choice", "regex": "regex", "grammar": "grammar"}[structured.kind]
+        guide = {field: list(structured.value) if structured.kind == "choice" else structured.value}
+    return {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "top_k": sampling.top_k, "stop": list(sampling.stop) or None,
+            "seed": seed if sampling.temperature > 0 else None, "structured_outputs": guide}
+
+
 class VllmEngine:
     kind = "vllm"
 
@@ -240,14 +254,9 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        guide = None
-        if structured is not None:
-            field = {"json_schema": "json", "choice": "choice", "regex": "regex", "grammar": "grammar"}[structured.kind]
-            value = list(structured.value) if structured.kind == "choice" else structured.value
-            guide = StructuredOutputsParams(**{field: value})
-        return SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
-                              top_p=sampling.top_p, top_k=sampling.top_k, stop=list(sampling.stop) or None,
-                              seed=req.seed if sampling.temperature > 0 else None, structured_outputs=guide)
+        kwargs = sampling_kwargs(sampling, req.seed, structured)
+        guide = kwargs.pop("structured_outputs")
+        return SamplingParams(**kwargs, structured_outputs=StructuredOutputsParams(**guide) if guide else None)
 
     # -- the engine thread ------------------------------------------------------------------------
     def batch_counters(self) -> tuple[int, int]:

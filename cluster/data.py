@@ -150,6 +150,14 @@ def _ids(task: TaskSpec, rows: list[dict], first: int) -> list[str]:
     return [str(row[task.id_column]) for row in rows]
 
 
+def rows_with_ids(task: TaskSpec, path: str, ids: set[str]) -> Iterator[tuple[str, dict]]:
+    """(sample id, row) of the rows of `path` whose ids are in `ids`, in file order (`raysweep verify`)."""
+    for rows, _, first in _read_batches(path):
+        for sid, row in zip(_ids(task, rows, first), rows):
+            if sid in ids:
+                yield sid, row
+
+
 def _id_hash(sample_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(sample_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 

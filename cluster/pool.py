@@ -68,10 +68,13 @@ class PooledModel:
     max_replicas: int
     depth: int  # shards each replica's engine runs at once
     switching: bool = False  # shares its replicas with the pool's other models, switched by sleep and wake
+    reproducible: bool = False  # the pool's engines run vLLM's batch-invariant mode
 
-    def differences(self, model: ModelSpec, path: str) -> list[str]:
+    def differences(self, model: ModelSpec, path: str, reproducible: bool = False) -> list[str]:
         """What differs from a sweep's model at the same path (empty: the sweep may use the pool)."""
         diffs = [f"backend {model.backend!r} (pool: {self.backend!r})"] if model.backend != self.backend else []
+        if reproducible != self.reproducible:
+            diffs.append(f"reproducible {str(reproducible).lower()} (pool: {str(self.reproducible).lower()})")
         for key in sorted(set(self.engine) | set(model.engine)):
             if self.engine.get(key) != model.engine.get(key):
                 diffs.append(f"engine.{key} {model.engine.get(key)!r} (pool: {self.engine.get(key)!r})")
@@ -87,7 +90,8 @@ def describe(spec: SweepSpec, switching: bool = False) -> dict:
     return {"spec": spec.name, "source": str(spec.source), "switching": switching, "models": [
         {"name": m.name, "path": resolve_model_path(spec.model_path(m)), "backend": m.backend,
          "engine": dict(m.engine), "deployment": SHARED_DEPLOYMENT if switching else deployment_name(m.name),
-         "max_replicas": spec.actors.count, "depth": min(depths) if switching else depth, "switching": switching}
+         "max_replicas": spec.actors.count, "depth": min(depths) if switching else depth, "switching": switching,
+         "reproducible": spec.reproducible}
         for m, depth in zip(spec.models, depths)]}
 
 
@@ -119,7 +123,7 @@ def build_app(spec: SweepSpec, min_replicas: int = 1, switch: bool = False):
                                            "upscale_delay_s": 2.0, "downscale_delay_s": 600.0},
                        health_check_period_s=10.0, graceful_shutdown_timeout_s=5.0)
         deployments.append(serve.deployment(PoolReplica).options(**options).bind(
-            models, [i["path"] for i in infos], resources.num_cpus, resources.num_gpus, depth))
+            models, [i["path"] for i in infos], resources.num_cpus, resources.num_gpus, depth, spec.reproducible))
     ingress = serve.deployment(PoolIngress).options(name=INGRESS, ray_actor_options={"num_cpus": 0})
     return ingress.bind(description, *deployments), description
 
@@ -156,11 +160,11 @@ def find_pool(spec: SweepSpec, paths: dict[str, str], log=print) -> dict[str, Po
     found = {}
     for model in spec.models:
         candidates = pooled.get(paths[model.name], [])
-        same = [m for m in candidates if not m.differences(model, paths[model.name])]
+        same = [m for m in candidates if not m.differences(model, paths[model.name], spec.reproducible)]
         if same:
             found[model.name] = same[0]
         elif candidates:
-            diffs = candidates[0].differences(model, paths[model.name])
+            diffs = candidates[0].differences(model, paths[model.name], spec.reproducible)
             log(f"[raysweep] model {model.name}: the pool serves {paths[model.name]} with other engine "
                 f"arguments ({'; '.join(diffs)}): it runs on the sweep's own actors")
     return found

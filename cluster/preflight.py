@@ -68,11 +68,28 @@ def check_inputs(spec: SweepSpec) -> list[TaskData]:
     return data
 
 
+# attention backends whose vLLM 0.26 kernels are not batch-invariant (vllm/platforms/cuda.py refuses them then)
+NOT_BATCH_INVARIANT = ("FLASHINFER",)
+
+
+def check_batch_invariant(spec: SweepSpec, model: ModelSpec) -> None:
+    """`reproducible: true` with an engine argument vLLM's batch-invariant mode cannot run: one line now,
+    not a failed engine start. (The GPU's own capability is checked on the actor, before its engine starts.)"""
+    attention = model.engine.get("attention_config")
+    backend = model.engine.get("attention_backend") or (attention.get("backend") if isinstance(attention, dict) else None)
+    if isinstance(backend, str) and backend.upper() in NOT_BATCH_INVARIANT:
+        raise PreflightFailure(f"{spec.source}: model {model.name}: reproducible: true needs vLLM's batch-invariant "
+                               f"mode, which the {backend} attention backend does not support (FLASH_ATTN, "
+                               "TRITON_ATTN and FLEX_ATTENTION do): drop engine.attention_backend or choose one of those")
+
+
 def check_model(spec: SweepSpec, model: ModelSpec) -> None:
     """A model found without loading it, and max_tokens against its length where that is known now."""
     if model.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise PreflightFailure(f"{spec.source}: model {model.name}: engine backend vllm needs vLLM, which is not "
                                "installed here: pip install 'raysweep[vllm]' on a CUDA machine, or set `engine: hf`")
+    if spec.reproducible:
+        check_batch_invariant(spec, model)
     path = spec.model_path(model)
     try:
         config = find_model(path)

@@ -146,7 +146,7 @@ class _Run:
             # start_engine / close calls are never queued behind shards
             return remote.options(name=f"raysweep:{spec.name}:{n}", namespace=f"raysweep-{spec.name}",
                                   max_restarts=0, max_concurrency=depth + 2, **resources.options()).remote(
-                requested_at, resources.num_cpus, resources.num_gpus, backends)
+                requested_at, resources.num_cpus, resources.num_gpus, backends, False, spec.reproducible)
 
         events = SchedulerEvents(on_result=self.on_result, on_failed=self.on_failed, on_bisected=self.on_bisected,
                                  on_bisecting=self.on_bisecting, on_attempt_failed=self.on_attempt_failed,

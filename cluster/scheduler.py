@@ -278,6 +278,8 @@ class SweepScheduler:
                 raise
             return
         if kind == "ready":
+            if value.get("refusal"):  # the actor's GPU cannot do what the spec asks (reproducible: true)
+                raise ActorStartError(value["refusal"])
             slot.state = "idle"
         elif kind == "start":
             slot.state = "running"

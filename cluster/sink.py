@@ -253,6 +253,11 @@ class ResultSink:
         if info.type == pafs.FileType.NotFound:
             return self._fresh_manifest(digest)
         manifest = read_manifest(self.output)
+        made = bool(manifest.get("reproducible"))
+        if made != self.spec.reproducible and any(e.get("state") == "committed" for e in manifest["shards"].values()):
+            raise SinkError(f"output {self.output} holds results made with reproducible: {str(made).lower()}; this "
+                            f"spec says reproducible: {str(self.spec.reproducible).lower()}, and one output never "
+                            "mixes the two: use a new output, or --new-run to discard them")
         if manifest.get("spec_hash") not in (digest, self.spec.digest(with_placement=True)) and \
                 not any(e.get("state") == "committed" for e in manifest["shards"].values()):
             # another spec's run that committed nothing (refused or failed early): nothing to keep apart
@@ -276,11 +281,17 @@ class ResultSink:
             # nothing committed from the old data (or an output from before data was recorded): the new holds
             recorded[task] = now
         manifest["spec_hash"] = digest
+        manifest.update(reproducible=self.spec.reproducible, spec_source=self._spec_source())
         return manifest
 
     def _fresh_manifest(self, digest: str) -> dict:
         return {"sweep": self.spec.name, "spec_hash": digest, "created_at": _now(), "versions": _versions(),
-                "shards": {}, "data": self.data_hashes}
+                "shards": {}, "data": self.data_hashes, "reproducible": self.spec.reproducible,
+                "spec_source": self._spec_source()}
+
+    def _spec_source(self) -> str | None:
+        """The spec file's absolute path (`raysweep verify` reads it again), where it came from a file."""
+        return os.path.abspath(self.spec.source) if os.path.isfile(self.spec.source) else None
 
     def _save_manifest(self) -> None:
         """Replace manifest.json with the whole state; the journal's lines are in it now, so it is emptied

@@ -242,6 +242,9 @@ class SweepSpec:
     tasks: tuple[TaskSpec, ...]
     shards: ShardLimits = field(default_factory=ShardLimits)
     actors: ActorSpec = field(default_factory=ActorSpec)
+    # outputs that do not depend on batches: vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1), the CPU
+    # engine one row at a time; greedy and seeded outputs repeat whatever the shards, actors or a resume
+    reproducible: bool = False
     source: str = "<spec>"  # the file it came from, for error messages
     base_dir: str = "."  # relative paths (data, output) are resolved from here: the spec's folder
 
@@ -249,6 +252,8 @@ class SweepSpec:
         _check_name(self.name)
         if not isinstance(self.output, str) or not self.output:
             raise ValueError(f"output: must be a path or a filesystem URI (a string), got {self.output!r}")
+        if not isinstance(self.reproducible, bool):
+            raise ValueError(f"reproducible: must be true or false, got {self.reproducible!r}")
         if not self.models:
             raise ValueError("models: at least one model is required")
         if not self.tasks:
@@ -293,6 +298,8 @@ class SweepSpec:
         body = dataclasses.asdict(self)
         for key in ("output", "source", "base_dir"):
             body.pop(key)
+        if not self.reproducible:  # as before the field existed: outputs made then still resume
+            body.pop("reproducible")
         if not with_placement:  # whether actors have GPUs stays: it decides the engine (vLLM or the CPU one)
             body["actors"] = {"gpus": self.actors.num_gpus > 0}
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -424,6 +431,7 @@ def parse_spec(raw: Any, source: str = "<spec>", base_dir: str = ".") -> SweepSp
             tasks=_listed(f.pop("tasks"), "tasks", _task),
             shards=_build(ShardLimits, "shards", **{k: shards.pop(k) for k in _names(ShardLimits)}),
             actors=_build(ActorSpec, "actors", **{k: actors.pop(k) for k in _names(ActorSpec)}),
+            reproducible=_or(f.pop("reproducible"), False),
             source=source, base_dir=base_dir,
         )
     except ValueError as e:

@@ -1,7 +1,8 @@
 """The `raysweep` command: `raysweep run SPEC` runs a sweep, `raysweep plan SPEC` prints its plan,
 `raysweep report OUTPUT` writes one self-contained HTML report of a sweep's output, `raysweep models`
 lists the builtin models, `raysweep spec-reference` prints the spec reference (sweeps/REFERENCE.md),
-`raysweep pool up|status|down` keeps engines warm between sweeps (jobs/pool.py)."""
+`raysweep pool up|status|down` keeps engines warm between sweeps (jobs/pool.py), `raysweep verify OUTPUT`
+generates a sample of a sweep's rows again and says how many match (jobs/verify.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from jobs.pool import add_pool_arguments, pool
 from jobs.sweep import add_run_arguments, exit_now, guarded, run
+from jobs.verify import add_verify_arguments, verify
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -109,9 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("models", help="list the builtin models (path: builtin:NAME) with their sizes")
     sub.add_parser("spec-reference", help="print the sweep spec reference (Markdown; sweeps/REFERENCE.md)")
     add_pool_arguments(sub.add_parser("pool", help="engines kept warm between sweeps (Ray Serve): up, status, down"))
+    add_verify_arguments(sub.add_parser("verify", help="generate a sample of a sweep's rows again: do they match?"))
     args = parser.parse_args(argv)
     commands = {"run": run, "plan": plan, "report": report, "models": models, "spec-reference": spec_reference,
-                "pool": pool}
+                "pool": pool, "verify": verify}
     return guarded(commands[args.command], args)
 
 

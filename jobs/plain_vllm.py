@@ -20,6 +20,11 @@ def read_texts(path: str) -> list[str]:
         return [json.loads(line)["text"] for line in f if line.strip()]
 
 
+def read_ids(path: str) -> list[str]:
+    with open(path) as f:
+        return [json.loads(line)["id"] for line in f if line.strip()]
+
+
 def add_baseline_arguments(parser: argparse.ArgumentParser, engine_note: str = "") -> None:
     """What every baseline script of bench part (e) takes: the model, the prompts, vLLM's arguments."""
     parser.add_argument("--model", required=True, help="model directory or hub id")
@@ -31,6 +36,7 @@ def add_baseline_arguments(parser: argparse.ArgumentParser, engine_note: str = "
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.plain_vllm", description=__doc__.splitlines()[0])
     add_baseline_arguments(parser)
+    parser.add_argument("--outputs", help="also write each output as a JSONL row {id, text} here (bench part r)")
     args = parser.parse_args(argv)
     texts = read_texts(args.prompts)
     started = time.perf_counter()
@@ -45,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     built = time.perf_counter()
     outs = llm.generate(texts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0), use_tqdm=False)
     done = time.perf_counter()
+    if args.outputs:
+        with open(args.outputs, "w") as f:
+            for sample_id, out in zip(read_ids(args.prompts), outs):
+                f.write(json.dumps({"id": sample_id, "text": out.outputs[0].text}) + "\n")
     # its own clock beside the bench's whole-process one: import, engine construction, generate
     print(json.dumps({"outputs": len(outs), "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
                       "import_s": imported - started, "init_s": built - imported, "generate_s": done - built}))

@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 
-EXPECTED_ERRORS = ("PoolError", "SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError", "ActorStartError",
+EXPECTED_ERRORS = ("PoolError", "VerifyError", "SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError", "ActorStartError",
                    "ReportError", "PlacementError", "RayStartError")
 RAY_PROBE_S = 2.0  # an explicit Ray address must accept a connection this fast (ray.init waits minutes)
 
@@ -40,15 +40,22 @@ def run(args: argparse.Namespace) -> int:
     from cluster.timing import RunClock
 
     clock = RunClock()  # from this process's start: Python and imports count, as on a user's stopwatch
-    import ray
-
-    from cluster.preflight import check_inputs
-    from cluster.run import execute, prepare
     from cluster.spec import load_spec
 
     # 1. Before Ray and before the output is touched, the cheap checks: the spec, every data file (one
     #    pass), structured specs, where each model is, the Ray address. A problem is one line, exit 2.
-    spec = load_spec(args.spec)
+    return run_spec(load_spec(args.spec), args, clock)
+
+
+def run_spec(spec, args: argparse.Namespace, clock=None) -> int:
+    """`run` for a spec already loaded (`raysweep verify` builds one): the checks, Ray, the sweep, the summary."""
+    import ray
+
+    from cluster.preflight import check_inputs
+    from cluster.run import execute, prepare
+    from cluster.timing import RunClock
+
+    clock = clock or RunClock()
     data = check_inputs(spec)
     print(f"[raysweep] inputs checked: {len(data)} task(s), {sum(d.n_rows for d in data)} rows, "
           f"{len(spec.models)} model(s) ({time.time() - clock.started_at:.1f}s after the command started)", flush=True)

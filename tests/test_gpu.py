@@ -226,3 +226,50 @@ def test_sleep_mode_switch_keeps_each_models_outputs_and_gives_the_memory_back(t
         assert max(r["switch_s"] for r in switches) < 0.5 * min(s["startup_s"] for s in starts)
     finally:
         actor.close()
+
+
+@pytest.mark.slow
+def test_raysweep_hands_vllm_what_a_plain_generate_over_the_strings_would(vllm_engine):
+    """The same prompts through a plain `LLM.generate(strings, SamplingParams(max_tokens, temperature))` and
+    through raysweep's path (the planner's token ids, sampling_kwargs, the engine thread's `enqueue`): the
+    requests vLLM builds (its input processor's EngineCoreRequests) carry the same token ids and sampling
+    settings, and the outputs are the same."""
+    from vllm import SamplingParams
+
+    from actors.engine import GenRequest
+    from cluster.planner import tokenize
+    from cluster.spec import SamplingSpec
+
+    prompts = ["Question: 2+2?\nAnswer:", "  leading and trailing spaces  ", "naïve café — ünïcödé ✓ 日本語",
+               "tabs\tand\nnewlines\n\n", "x" * 300, "<|user|>special-looking text<|end|>"]
+    processor = vllm_engine.llm.llm_engine.input_processor
+    seen, process = [], processor.process_inputs
+
+    def spy(*args, **kwargs):
+        request = process(*args, **kwargs)
+        seen.append(request)
+        return request
+
+    processor.process_inputs = spy
+    try:  # the engine thread waits on its inbox meanwhile: this thread may drive the LLM
+        plain = vllm_engine.llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0), use_tqdm=False)
+        ids = tokenize(prompts, vllm_engine.tokenizer, add_special_tokens=True)
+        ours = vllm_engine.generate([GenRequest(str(i), x, 1000 + i) for i, x in enumerate(ids)],
+                                    SamplingSpec(max_tokens=16), None)
+    finally:
+        processor.process_inputs = process
+    fields = ("n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+              "stop_token_ids", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty",
+              "logprobs", "prompt_logprobs", "skip_special_tokens", "spaces_between_special_tokens",
+              "include_stop_str_in_output", "detokenize", "structured_outputs", "logit_bias", "allowed_token_ids",
+              "bad_words")
+
+    def settings(request) -> dict:
+        return {f: getattr(request.sampling_params, f, "(absent)") for f in fields}
+
+    assert len(seen) == 2 * len(prompts)
+    for plain_request, our_request in zip(seen[:len(prompts)], seen[len(prompts):]):
+        assert list(our_request.prompt_token_ids) == list(plain_request.prompt_token_ids)
+        assert settings(our_request) == settings(plain_request)
+    print("sampling settings both ways:", settings(seen[0]))
+    assert [o.outputs[0].text for o in plain] == [r.output_text for r in ours]

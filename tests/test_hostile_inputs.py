@@ -135,6 +135,14 @@ CASES = [
     ("hub-id-while-offline", lambda t: spec_with(t, "builtin:tiny", "raysweep-tests/no-such-model"),
      "{spec}: model tiny: cannot load 'raysweep-tests/no-such-model': not a local directory, not in the Hugging "
      "Face cache, and the hub cannot be reached (HF_HUB_OFFLINE is set)"),
+    ("reproducible-not-a-bool", lambda t: spec_with(t, "shards: {max_samples: 2}\n", "shards: {max_samples: 2}\nreproducible: yes please\n"),
+     "{spec}: reproducible: must be true or false, got 'yes please'"),
+    ("reproducible-with-flashinfer", then(lambda t: spec_with(t, "shards: {max_samples: 2}\n", "shards: {max_samples: 2}\nreproducible: true\n"),
+                                          lambda t: spec_with(t, "    path: builtin:tiny\n", "    path: builtin:tiny\n"
+                                                              "    engine: {attention_backend: FLASHINFER}\n")),
+     "{spec}: model tiny: reproducible: true needs vLLM's batch-invariant mode, which the FLASHINFER attention "
+     "backend does not support (FLASH_ATTN, TRITON_ATTN and FLEX_ATTENTION do): drop engine.attention_backend or "
+     "choose one of those"),
     ("engine-vllm-without-vllm", lambda t: spec_with(t, "    path: builtin:tiny\n", "    path: builtin:tiny\n    engine: vllm\n"),
      "{spec}: model tiny: engine backend vllm needs vLLM, which is not installed here"),
     ("max-tokens-over-the-models-length", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 40000}"),

@@ -1,0 +1,103 @@
+"""`raysweep verify OUTPUT [--samples N]`: generate a random sample of a finished sweep's rows again and
+say how many outputs match what was committed.
+
+The spec comes from the manifest (the path it was run from, checked against the hash it recorded), or
+`--spec`. The sampled rows are read again from the task's data (the data's hash is checked too), written
+to a temporary data file that keeps each row's sample id (so its seed is the same), and run as a sweep of
+their own: the same models, engine arguments, sampling and `reproducible` setting, in shards of another
+size and on new engines. Each differing row is printed. Exit 1 when any row differs in a sweep run with
+`reproducible: true` (its outputs must not depend on batches); without it the rate is reported, exit 0,
+as batch numerics may change a greedy token where two are nearly tied. A team re-runs this after a new
+driver, vLLM or cluster to check that it still gives the same answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import tempfile
+
+ID_COLUMN = "_raysweep_sample_id"
+
+
+class VerifyError(ValueError):
+    """The output cannot be verified as asked; the message says why."""
+
+
+def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("output", help="a sweep's output (its manifest.json and results/)")
+    parser.add_argument("--samples", type=int, default=200, help="rows to generate again (default 200)")
+    parser.add_argument("--seed", type=int, default=0, help="which rows: the random sample's seed")
+    parser.add_argument("--spec", help="the spec the output was made from (default: the path its manifest records)")
+    parser.add_argument("--address", help="Ray cluster (default: RAY_ADDRESS, else a new local Ray)")
+
+
+def verify(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    from cluster.data import data_hashes, rows_with_ids
+    from cluster.sink import read_manifest
+    from cluster.spec import load_spec
+
+    if args.samples < 1:
+        raise VerifyError(f"--samples {args.samples}: must be at least 1")
+    manifest = read_manifest(args.output)
+    source = args.spec or manifest.get("spec_source")
+    if not source:
+        raise VerifyError(f"{args.output}: its manifest does not record the spec it was made from: pass --spec")
+    spec = load_spec(source)
+    if spec.digest() != manifest.get("spec_hash"):
+        raise VerifyError(f"{source}: not the spec {args.output} was made from (hash {spec.digest()}, the "
+                          f"manifest's {manifest.get('spec_hash')}): pass --spec with that one")
+    committed = pq.read_table(os.path.join(args.output, "results"),
+                              columns=["model", "task", "sample_id", "status", "output_text"]).to_pylist()
+    candidates = [r for r in committed if r["status"] in ("ok", "truncated")]
+    if not candidates:
+        raise VerifyError(f"{args.output}: no committed row with an output to verify")
+    chosen = random.Random(args.seed).sample(candidates, min(args.samples, len(candidates)))
+    recorded = manifest.get("data", {})
+    now = data_hashes(spec)
+    tasks = {t.name: t for t in spec.tasks}
+    with tempfile.TemporaryDirectory(prefix="raysweep-verify-") as tmp:
+        new_tasks = []
+        for name in sorted({r["task"] for r in chosen}):
+            task = tasks[name]
+            if recorded.get(name, {}).get("hash") not in (None, now[name]["hash"]):
+                raise VerifyError(f"task {name}: its data ({now[name]['path']}) changed since {args.output} was "
+                                  "made: the rows cannot be generated again")
+            ids = {r["sample_id"] for r in chosen if r["task"] == name}
+            path = os.path.join(tmp, f"{name}.jsonl")
+            with open(path, "w") as f:
+                for sample_id, row in rows_with_ids(task, spec.data_path(task), ids):
+                    f.write(json.dumps({**row, ID_COLUMN: sample_id}, default=str) + "\n")
+            new_tasks.append(dataclasses.replace(task, data=path, id_column=ID_COLUMN))
+        models = tuple(m for m in spec.models if m.name in {r["model"] for r in chosen})
+        again = dataclasses.replace(spec, name=f"{spec.name}-verify", output=os.path.join(tmp, "out"),
+                                    models=models, tasks=tuple(new_tasks))
+        from jobs.sweep import run_spec
+
+        code = run_spec(again, argparse.Namespace(output=None, address=args.address, max_attempts=3,
+                                                  dashboard=False, new_run=True))
+        if code != 0:
+            raise VerifyError("the verify sweep failed (its lines above say why)")
+        fresh = {(r["model"], r["task"], r["sample_id"]): r["output_text"] for r in
+                 pq.read_table(os.path.join(tmp, "out", "results"),
+                               columns=["model", "task", "sample_id", "output_text"]).to_pylist()}
+    differ = [r for r in chosen if fresh.get((r["model"], r["task"], r["sample_id"])) != r["output_text"]]
+    for r in differ:
+        new = fresh.get((r["model"], r["task"], r["sample_id"]))
+        print(f"[raysweep] verify: DIFFERS {r['model']}/{r['task']}/{r['sample_id']}: committed "
+              f"{_clip(r['output_text'])}, now {_clip(new)}")
+    reproducible = bool(manifest.get("reproducible"))
+    print(f"[raysweep] verify: {len(chosen) - len(differ)} of {len(chosen)} sampled outputs match "
+          f"({'reproducible: true' if reproducible else 'reproducible: false: batch numerics may move near-ties'})")
+    return 1 if differ and reproducible else 0
+
+
+def _clip(text: str | None, n: int = 60) -> str:
+    if text is None:
+        return "nothing"
+    return repr(text if len(text) <= n else text[:n] + "…")

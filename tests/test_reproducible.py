@@ -1,0 +1,129 @@
+"""Results that repeat (CPU, the CPU engine, real Ray):
+- raysweep hands the engine the token ids and sampling settings a plain `vllm.LLM.generate` over the prompt
+  strings would use (vLLM 0.26: `tokenizer(prompt, add_special_tokens=True)["input_ids"]`, renderers/base.py;
+  SamplingParams' defaults, sampling_params.py);
+- with `reproducible: true`, greedy and seeded outputs are identical whatever the shard size and actor count,
+  and across a driver killed at about half and resumed;
+- `raysweep verify` reports every sampled row matching, and a row whose result file was altered;
+- a resume never mixes reproducible and non-reproducible results."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tests.conftest import QUICKSTART, ROOT
+from tests.test_reliability import committed, outputs, wait_for
+
+PROMPTS = ["Question: 2+2?\nAnswer:", "  leading and trailing spaces  ", "naïve café — ünïcödé ✓ 日本語",
+           "tabs\tand\nnewlines\n\n", "x" * 500, "<|user|>special-looking text<|end|>"]
+
+
+def test_token_ids_are_those_a_plain_vllm_generate_would_use(tiny_path):
+    from transformers import AutoTokenizer
+
+    from actors.evaluator import EvalActor
+    from cluster.planner import tokenize
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    plain = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in PROMPTS]  # what vLLM's renderer calls
+    assert tokenize(PROMPTS, tokenizer, add_special_tokens=True) == plain  # the driver's measure
+    actor = EvalActor.__new__(EvalActor)  # the actor's own tokenization of a shard's rows
+    actor.tokenizer = tokenizer
+    rows = [{"sample_id": str(i), "prompt": p, "prompt_token_ids": None, "prompt_tokens": len(ids), "seed": i}
+            for i, (p, ids) in enumerate(zip(PROMPTS, plain))]
+    assert [r.prompt_token_ids for r in actor._requests(rows, add_special_tokens=True)] == plain
+
+
+def test_sampling_settings_are_a_plain_scripts_with_vllms_defaults():
+    from actors.vllm_engine import sampling_kwargs
+    from cluster.spec import SamplingSpec
+
+    # the plain script: SamplingParams(max_tokens=N, temperature=0.0); vLLM 0.26's defaults for the rest
+    plain = {"max_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "stop": None, "seed": None,
+             "structured_outputs": None}
+    assert sampling_kwargs(SamplingSpec(max_tokens=64), seed=123, structured=None) == plain
+    sampled = sampling_kwargs(SamplingSpec(max_tokens=8, temperature=0.7, stop=("\n",)), seed=5, structured=None)
+    assert sampled == dict(plain, max_tokens=8, temperature=0.7, stop=["\n"], seed=5)  # a seed per sample
+
+
+def spec_file(tmp_path, name: str, reproducible: bool = True, max_samples: int = 50, count: int = 1) -> str:
+    """The quickstart's greedy and seeded tasks (not the chat one: the slowest on the CPU engine)."""
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw.update(name=name, reproducible=reproducible, output=str(tmp_path / name),
+               shards={"max_samples": max_samples}, actors={"count": count, "num_cpus": 1})
+    raw["tasks"] = [t for t in raw["tasks"] if t["name"] in ("arithmetic", "choice")]
+    for task in raw["tasks"]:
+        task["data"] = str(QUICKSTART.parent / task["data"])
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def sweep(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=os.environ | {"RAY_ADDRESS": "local"}, **kwargs)
+
+
+@pytest.mark.slow
+def test_reproducible_outputs_repeat_across_shards_actors_and_a_resume_and_verify_checks_them(tmp_path):
+    runs = {}
+    for name, max_samples, count in (("big", 64, 1), ("small", 8, 2)):
+        done = sweep("run", spec_file(tmp_path, name, max_samples=max_samples, count=count))
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        runs[name] = outputs(tmp_path / name)
+    assert len(runs["big"]) == 250 and runs["big"] == runs["small"]
+
+    # killed at about half (shards of 10: 25 of them), then resumed
+    spec, out = spec_file(tmp_path, "resumed", max_samples=10), tmp_path / "resumed"
+    driver = subprocess.Popen([sys.executable, "-m", "jobs.sweep", spec], cwd=ROOT, start_new_session=True,
+                              env=os.environ | {"RAY_ADDRESS": "local"}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: committed(out) >= 10), "the sweep never committed a shard"
+        os.killpg(driver.pid, signal.SIGKILL)
+    finally:
+        driver.wait(timeout=60)
+    assert 10 <= committed(out) < 25
+    again = sweep("run", spec)
+    assert again.returncode == 0 and "resuming:" in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]
+    assert outputs(out) == runs["big"]
+    assert json.loads((out / "manifest.json").read_text())["reproducible"] is True
+
+    # verify: a sample generated again matches; an altered result file is found
+    check = sweep("verify", str(tmp_path / "big"), "--samples", "40")
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    assert "verify: 40 of 40 sampled outputs match (reproducible: true" in check.stdout
+    path = next((tmp_path / "big" / "results" / "tiny" / "arithmetic").glob("*.parquet"))
+    table = pq.read_table(path)
+    texts = table["output_text"].to_pylist()
+    texts[0] = texts[0] + " (altered)"
+    pq.write_table(table.set_column(table.schema.get_field_index("output_text"), "output_text",
+                                    __import__("pyarrow").array(texts)), path)
+    altered = table["sample_id"][0].as_py()
+    check = sweep("verify", str(tmp_path / "big"), "--samples", "1000")  # every row
+    assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]
+    assert "verify: 249 of 250 sampled outputs match" in check.stdout
+    assert f"DIFFERS tiny/arithmetic/{altered}: committed" in check.stdout
+
+
+def test_a_resume_never_mixes_reproducible_and_other_results(tmp_path):
+    import pyarrow as pa
+
+    from cluster.run import prepare
+    from cluster.sink import SinkError
+    from cluster.spec import load_spec
+
+    prepared = prepare(load_spec(spec_file(tmp_path, "mixed")))
+    prepared.sink.plan(["tiny/arithmetic/00000"])
+    one_row = pa.table({"sample_id": ["a0"], "model": ["tiny"], "task": ["arithmetic"], "status": ["ok"],
+                        "score": [1.0], "structured_valid": pa.array([None], pa.bool_()), "output_tokens": [3]})
+    prepared.sink.commit("tiny/arithmetic/00000", "tiny", "arithmetic", 0, one_row, 1)
+    prepared.sink.close()
+    with pytest.raises(SinkError, match="made with reproducible: true; this spec says reproducible: false"):
+        prepare(load_spec(spec_file(tmp_path, "mixed", reproducible=False)))
