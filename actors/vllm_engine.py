@@ -166,11 +166,12 @@ class VllmEngine:
         own error, raised as is."""
         from vllm import LLM
 
-        eager, attempt = False, 1
+        args = dict(self.args)
+        eager, attempt = bool(args.pop("enforce_eager", False)), 1  # the spec may ask for eager itself
         while True:
             mark = self._tee.mark()
             try:
-                return LLM(**self.args, enforce_eager=eager)
+                return LLM(**args, enforce_eager=eager)
             except Exception as e:
                 # the engine core's log (a forked or spawned one writes its traceback there) and ours
                 core_log = self._tee.text_since(mark)
