@@ -137,15 +137,22 @@ def pool_up(spec: SweepSpec, min_replicas: int = 1, switch: bool = False) -> dic
     return description
 
 
-def read_pool() -> dict[str, PooledModel]:
-    """The pool on the connected cluster, by model name; empty where there is none."""
+def read_pool(log=None) -> dict[str, PooledModel]:
+    """The pool on the connected cluster, by model name; empty where there is none. A pool that is there
+    but does not answer counts as none, and `log` (where given) says so in one line."""
     from ray import serve
 
     try:
         if APP not in serve.status().applications:
             return {}
+    except Exception:  # no Serve on this cluster
+        return {}
+    try:
         description = serve.get_app_handle(APP).describe.remote().result(timeout_s=30)
-    except Exception:  # no Serve on this cluster, or the pool is going away: no pool
+    except Exception as e:  # the pool is going away, or its ingress is down
+        if log is not None:
+            log(f"[raysweep] the engine pool {APP} is on this cluster but did not answer "
+                f"({type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:200]}): the sweep runs on its own actors")
         return {}
     return {m["name"]: PooledModel(**m) for m in description["models"]}
 
@@ -155,7 +162,7 @@ def find_pool(spec: SweepSpec, paths: dict[str, str], log=print) -> dict[str, Po
     name. `paths`: each model's resolved path. A model at a pooled path with other arguments gets one line
     naming them, and the sweep's own actors."""
     pooled: dict[str, list[PooledModel]] = {}
-    for m in read_pool().values():
+    for m in read_pool(log).values():
         pooled.setdefault(m.path, []).append(m)
     found = {}
     for model in spec.models:

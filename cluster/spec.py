@@ -164,6 +164,9 @@ class TaskSpec:
             raise ValueError("prompt: give exactly one of `prompt` (a template) or `messages` (a column)")
         if self.messages is not None and self.chat:
             raise ValueError("chat: `messages` tasks always use the chat template; drop `chat`")
+        if self.system is not None and self.messages is None and not self.chat:
+            raise ValueError("system: a system message needs the chat template: set `chat: true` (or use "
+                             "`messages`); a plain prompt would drop it")
         if self.scorer is not None and self.target is None:
             raise ValueError(f"target: scorer {self.scorer.name} needs a target column")
         if isinstance(self.fail_on_error, bool):

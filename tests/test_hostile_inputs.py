@@ -135,6 +135,9 @@ CASES = [
     ("hub-id-while-offline", lambda t: spec_with(t, "builtin:tiny", "raysweep-tests/no-such-model"),
      "{spec}: model tiny: cannot load 'raysweep-tests/no-such-model': not a local directory, not in the Hugging "
      "Face cache, and the hub cannot be reached (HF_HUB_OFFLINE is set)"),
+    ("system-message-without-chat", lambda t: spec_with(t, "    target: answer\n", "    target: answer\n    system: Be brief.\n"),
+     "{spec}: tasks[0].system: a system message needs the chat template: set `chat: true` (or use "
+     "`messages`); a plain prompt would drop it"),
     ("reproducible-not-a-bool", lambda t: spec_with(t, "shards: {max_samples: 2}\n", "shards: {max_samples: 2}\nreproducible: yes please\n"),
      "{spec}: reproducible: must be true or false, got 'yes please'"),
     ("reproducible-with-flashinfer", then(lambda t: spec_with(t, "shards: {max_samples: 2}\n", "shards: {max_samples: 2}\nreproducible: true\n"),

@@ -252,3 +252,24 @@ def test_two_models_on_one_replica_switch_by_sleep_and_wake_and_run_grouped(tmp_
         status = cli("pool", "status", address=address)
         assert "(switching: replicas shared with the pool's other models)" in status.stdout
         assert f"{len(switches)} switch(es)" in status.stdout, status.stdout
+
+
+def test_a_pool_that_does_not_answer_is_said_in_one_line_and_counts_as_none(monkeypatch):
+    """Serve lists the pool but its ingress does not answer (a fake of Serve's two calls: a broken ingress
+    cannot be made to order here): the sweep is told, and runs on its own actors."""
+    from ray import serve
+
+    from cluster import pool
+
+    class Status:
+        applications = {pool.APP: None}
+
+    def no_answer(name):
+        raise RuntimeError("ingress down\nTimeoutError: no reply in 30 s")
+
+    monkeypatch.setattr(serve, "status", lambda: Status())
+    monkeypatch.setattr(serve, "get_app_handle", no_answer)
+    lines = []
+    assert pool.read_pool(lines.append) == {}
+    assert lines == ["[raysweep] the engine pool raysweep-pool is on this cluster but did not answer (RuntimeError: "
+                     "TimeoutError: no reply in 30 s): the sweep runs on its own actors"]
