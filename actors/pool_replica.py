@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from actors.evaluator import EvalActor
 from actors.shard_gate import ShardGate
 from cluster.planner import Shard
-from cluster.pool import ROUTE
+from cluster.pool import ROUTE, ReplicaBroken
 from cluster.spec import ModelSpec, TaskSpec
 
 
@@ -44,7 +44,8 @@ class PoolReplica:
             self.started[model.name] = dict(row, served_by=f"pool:{self.replica_id}")
         self.models = [m.name for m in models]
         self.executor = ThreadPoolExecutor(max_workers=depth + 1, thread_name_prefix="shard")
-        self.gate = ShardGate(depth, awake=self.models[-1], switch=self._switch)
+        # turns are taken per (model, engine profile): a model switch or a profile restart waits for an idle engine
+        self.gate = ShardGate(depth, awake=(self.models[-1], "short"), switch=self._switch)
         self._lock = threading.Lock()
         self.shards, self.switch_rows, self.broken = 0, [], None
 
@@ -54,12 +55,21 @@ class PoolReplica:
         model = model or self.models[0]
         if model not in self.models:
             raise ValueError(f"model {model}: this replica serves {', '.join(self.models)}")
-        admission = await self.gate.enter(sweep, model)
+        admission = await self.gate.enter(sweep, (model, shard.profile))
+        loop = asyncio.get_running_loop()
+        job = None
         try:
-            table, telemetry = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self.actor.run_shard, shard, task, attempt)
+            if self.broken:
+                raise ReplicaBroken(self.broken)
+            if self.actor.model.name != model:  # never a shard on another model's engine
+                raise ReplicaBroken(f"model {model}'s shard found model {self.actor.model.name}'s engine awake")
+            job = loop.run_in_executor(self.executor, self.actor.run_shard, shard, task, attempt)
+            table, telemetry = await asyncio.shield(job)  # a cancelled caller leaves the engine's work running
         finally:
-            self.gate.leave()
+            if job is not None and not job.done():  # cancelled: the turn ends when the engine's work does
+                job.add_done_callback(lambda _: self.gate.leave())
+            else:
+                self.gate.leave()
         with self._lock:
             self.shards += 1
         # the pool's engine starts are not the sweep's (`raysweep pool status` shows them); a profile restart
@@ -70,23 +80,28 @@ class PoolReplica:
         telemetry["switches"] = [dict(admission.switch, served_by=telemetry["served_by"])] if admission.switch else []
         return table, telemetry
 
-    async def _switch(self, model: str) -> dict:
+    async def _switch(self, group: tuple) -> dict | None:
+        """The gate's switch to (model, profile): a model switch by sleep and wake (its telemetry row); a
+        profile change alone is the engine's restart, done as the shard runs (EvalActor._acquire)."""
+        model = group[0]
+        if model == self.actor.model.name:
+            return None
         try:
             row = await asyncio.get_running_loop().run_in_executor(self.executor, self.actor.switch, model)
         except Exception as e:  # the engines' state is unknown now: Serve replaces the replica
             self.broken = f"model switch to {model} failed: {type(e).__name__}: {e}"
-            raise
+            raise ReplicaBroken(self.broken) from None
         with self._lock:
             self.switch_rows.append(row)
         return row
 
-    def info(self) -> dict:
+    async def info(self) -> dict:
         """What `raysweep pool status` prints for this replica: per model its engine's start-up, and the
-        model switches (sleep and wake) it made."""
+        model switches (sleep and wake) it made. (Async: it reads the gate in the gate's own event loop.)"""
         with self._lock:
             shards, switches = self.shards, [r["switch_s"] for r in self.switch_rows]
         keys = ("model", "engine", "node_ip", "gpu_name", "startup_s", "imports_s", "engine_init_s", "ready_at")
-        return {"replica": self.replica_id, "shards": shards, "awake": self.gate.awake, "queued": self.gate.queued(),
+        return {"replica": self.replica_id, "shards": shards, "awake": self.gate.awake[0], "queued": self.gate.queued(),
                 "switches": len(switches), "switch_median_s": statistics.median(switches) if switches else None,
                 "engines": [{k: row.get(k) for k in keys} for row in self.started.values()]}
 

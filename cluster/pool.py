@@ -43,6 +43,14 @@ class ReplicaDied(RuntimeError):
     """The pool replica running a shard died (Serve replaces it): the shard is retried, as on an actor's death."""
 
 
+class ReplicaBroken(RuntimeError):
+    """Raised by a replica whose engines are in an unknown state (a model switch failed): its health check
+    fails too, so Serve replaces it; a sweep retries the shard as on a replica's death."""
+
+
+PROTOCOL = 2  # what PoolClient and PoolReplica.run_shard agree on; a pool of another raysweep is not used
+
+
 def pool_running() -> bool:
     """Whether the connected cluster runs Ray Serve at all (a cheap look, without importing Serve)."""
     import ray
@@ -87,7 +95,7 @@ def describe(spec: SweepSpec, switching: bool = False) -> dict:
     from cluster.run import shards_in_flight
 
     depths = [shards_in_flight(spec, m) for m in spec.models]
-    return {"spec": spec.name, "source": str(spec.source), "switching": switching, "models": [
+    return {"spec": spec.name, "source": str(spec.source), "switching": switching, "protocol": PROTOCOL, "models": [
         {"name": m.name, "path": resolve_model_path(spec.model_path(m)), "backend": m.backend,
          "engine": dict(m.engine), "deployment": SHARED_DEPLOYMENT if switching else deployment_name(m.name),
          "max_replicas": spec.actors.count, "depth": min(depths) if switching else depth, "switching": switching,
@@ -153,6 +161,11 @@ def read_pool(log=None) -> dict[str, PooledModel]:
         if log is not None:
             log(f"[raysweep] the engine pool {APP} is on this cluster but did not answer "
                 f"({type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:200]}): the sweep runs on its own actors")
+        return {}
+    if description.get("protocol") != PROTOCOL:
+        if log is not None:
+            log(f"[raysweep] the engine pool {APP} was started by another raysweep version: the sweep runs on its "
+                "own actors (`raysweep pool up SPEC` again starts it as this version)")
         return {}
     return {m["name"]: PooledModel(**m) for m in description["models"]}
 
@@ -263,9 +276,13 @@ class PoolClient:
             return await handle.run_shard.remote(shard, task, attempt, self.sweep, model)
         except Exception as e:
             last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-            if APP not in serve.status().applications:
+            try:
+                gone = APP not in serve.status().applications
+            except Exception:  # Serve cannot say: the error is classified by itself
+                gone = False
+            if gone:
                 raise PoolGone(f"the pool was removed: {last}") from None
-            if isinstance(e, RayActorError):  # its replica died (killed, OOM, node lost): Serve replaces it
+            if isinstance(e, (RayActorError, ReplicaBroken)):  # the replica died or broke: Serve replaces it
                 raise ReplicaDied(f"the pool replica running the shard died: {type(e).__name__}: {last}") from None
             raise
 

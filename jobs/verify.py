@@ -5,7 +5,8 @@ The spec comes from the manifest (the path it was run from, checked against the 
 `--spec`. The sampled rows are read again from the task's data (the data's hash is checked too), written
 to a temporary data file that keeps each row's sample id (so its seed is the same), and run as a sweep of
 their own: the same models, engine arguments, sampling and `reproducible` setting, in shards of another
-size and on new engines. Each differing row is printed. Exit 1 when any row differs in a sweep run with
+size and on new engines (a long-prompt task's chunked-prefill setting is planned from the sampled rows,
+so it may differ from the sweep's). Each differing row is printed. Exit 1 when any row differs in a sweep run with
 `reproducible: true` (its outputs must not depend on batches); without it the rate is reported, exit 0,
 as batch numerics may change a greedy token where two are nearly tied. A team re-runs this after a new
 driver, vLLM or cluster to check that it still gives the same answers.
@@ -44,10 +45,16 @@ def verify(args: argparse.Namespace) -> int:
 
     if args.samples < 1:
         raise VerifyError(f"--samples {args.samples}: must be at least 1")
-    manifest = read_manifest(args.output)
+    try:
+        manifest = read_manifest(args.output)
+    except (OSError, ValueError) as e:
+        raise VerifyError(f"{args.output}: no sweep output to verify here ({type(e).__name__}: {e})") from None
     source = args.spec or manifest.get("spec_source")
     if not source:
         raise VerifyError(f"{args.output}: its manifest does not record the spec it was made from: pass --spec")
+    if not os.path.isfile(source):  # e.g. a job's working dir, which Ray deleted after the job
+        raise VerifyError(f"{source}: the spec {args.output} was made from is not there any more: pass --spec "
+                          "with a copy of it")
     spec = load_spec(source)
     if spec.digest() != manifest.get("spec_hash"):
         raise VerifyError(f"{source}: not the spec {args.output} was made from (hash {spec.digest()}, the "

@@ -106,3 +106,22 @@ def test_a_cancelled_waiter_gives_its_place_up():
 
     asyncio.run(scenario())
     assert len(replica.order) == 2
+
+
+def test_after_a_failed_switch_no_shard_runs_on_the_engine_left_awake():
+    replica = Replica(slots=1, awake="a")
+
+    async def broken(model: str) -> dict:
+        raise RuntimeError(f"wake_up of {model} failed")
+
+    replica.gate._switch = broken
+
+    async def scenario():
+        shards = [asyncio.ensure_future(replica.shard("s", "b")) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        late = asyncio.ensure_future(replica.shard("s", "b"))  # admitted after the switch had failed
+        return await asyncio.gather(*shards, late, return_exceptions=True)
+
+    results = asyncio.run(scenario())
+    assert [str(r) for r in results] == ["wake_up of b failed"] * 4
+    assert replica.order == [] and replica.gate.running == 0
