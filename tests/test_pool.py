@@ -273,3 +273,30 @@ def test_a_pool_that_does_not_answer_is_said_in_one_line_and_counts_as_none(monk
     assert pool.read_pool(lines.append) == {}
     assert lines == ["[raysweep] the engine pool raysweep-pool is on this cluster but did not answer (RuntimeError: "
                      "TimeoutError: no reply in 30 s): the sweep runs on its own actors"]
+
+
+def test_a_pool_of_another_raysweep_version_is_not_used(monkeypatch):
+    """Its replicas take other arguments: a sweep would fail every pooled shard. (Fakes of Serve's calls.)"""
+    from ray import serve
+
+    from cluster import pool
+
+    class Status:
+        applications = {pool.APP: None}
+
+    class Handle:
+        class describe:
+            @staticmethod
+            def remote():
+                class Response:
+                    @staticmethod
+                    def result(timeout_s):
+                        return {"spec": "old", "models": []}  # no `protocol`: before this version
+                return Response()
+
+    monkeypatch.setattr(serve, "status", lambda: Status())
+    monkeypatch.setattr(serve, "get_app_handle", lambda name: Handle())
+    lines = []
+    assert pool.read_pool(lines.append) == {}
+    assert lines == ["[raysweep] the engine pool raysweep-pool was started by another raysweep version: the sweep "
+                     "runs on its own actors (`raysweep pool up SPEC` again starts it as this version)"]
