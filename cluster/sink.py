@@ -213,6 +213,14 @@ class ResultSink:
             self._telemetry[name].clear()
         return (pa.concat_tables(tables, promote_options="permissive") if tables else None), parts
 
+    def _drop_torn_parts(self) -> None:
+        """Parts a killed run was writing (`.tmp`, never moved into place: their rows were in no committed
+        shard's telemetry yet, as a shard commits only after its parts are in place)."""
+        selector = pafs.FileSelector(self._path(PENDING), allow_not_found=True)
+        for info in self.fs.get_file_info(selector):
+            if info.base_name.endswith(".tmp"):
+                self.fs.delete_file(info.path)
+
     def _pending_parts(self, name: str) -> list[str]:
         selector = pafs.FileSelector(self._path(PENDING), allow_not_found=True)
         return sorted(i.path for i in self.fs.get_file_info(selector)
@@ -232,6 +240,7 @@ class ResultSink:
                 self.fs.delete_file(part)
         for part in update_parts:  # once the rows they update are written
             self.fs.delete_file(part)
+        self._drop_torn_parts()
         for sid in sorted(self.committed() - self._summarized):  # committed by an earlier run
             with self.fs.open_input_file(self._path(self.manifest["shards"][sid]["file"])) as f:
                 self._summary.add(pq.read_table(f, columns=list(SummaryAccumulator.COLUMNS)))

@@ -121,6 +121,23 @@ def test_engine_starts_are_on_disk_as_they_happen_and_their_first_tokens_fold_in
     assert not (out / "telemetry" / f"{FIRST_TOKENS}.parquet").exists()  # updates are folded in, not a table
 
 
+def test_a_part_torn_by_a_killed_driver_is_dropped_when_the_next_run_finishes(tmp_path):
+    """kill -9 while a telemetry part is being written leaves its `.tmp` (seen once in the kill-and-resume
+    test): the resume's finish() deletes it; its rows belonged to no committed shard."""
+    spec, out = load_spec(QUICKSTART), tmp_path / "out"
+    sink = ResultSink(str(out), spec)
+    sink.add_telemetry("shards", {"shard_id": "tiny/arithmetic/00000", "wall_s": 1.0})
+    sink.flush_telemetry()
+    pending = out / "telemetry" / ".pending"
+    (pending / "shards-01795363731876701308-beb37c89.parquet.tmp").write_bytes(b"")  # torn mid-write
+    sink._lock.close()  # the driver dies: no finish()
+
+    with ResultSink(str(out), spec) as again:
+        again.finish()
+    assert not list(pending.iterdir())
+    assert pq.read_table(out / "telemetry" / "shards.parquet").num_rows == 1
+
+
 def test_a_bisected_shard_over_its_policy_is_committed_and_fails_the_sweep_on_every_run(tmp_path):
     spec, out = load_spec(QUICKSTART), tmp_path / "out"
     table = shard_table("free", 0, random.Random(1))
