@@ -35,6 +35,23 @@ class GenResult:
 
 
 @dataclass(frozen=True)
+class LoglikRequest:
+    """One multiple-choice row: its context and each choice's continuation, as token ids
+    (cluster/loglikelihood.py: encode_pairs). Each choice is scored on context + continuation."""
+    sample_id: str
+    context_ids: list[int]
+    continuations: list[list[int]]
+
+
+@dataclass
+class LoglikResult:
+    sample_id: str
+    logprobs: list[float]  # per choice: the sum of its tokens' log-probabilities given what precedes them
+    greedy: list[bool]  # per choice: every one of its tokens was the most likely one
+    latency_s: float | None  # request submitted -> every choice scored
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """How an engine is configured for a class of shards (DESIGN §3)."""
     name: str = "short"  # short | long
@@ -49,6 +66,10 @@ class Engine(Protocol):
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingSpec,
                  structured: StructuredSpec | None) -> list[GenResult]:
         """Completions in the order of `requests`."""
+
+    def loglikelihood(self, requests: Sequence[LoglikRequest]) -> list[LoglikResult]:
+        """Each choice's log-likelihood given its context, in the order of `requests` (raw log-softmax of
+        the model's logits: no temperature or other processing)."""
 
     def startup(self) -> dict:
         """Measured start-up figures: engine_init_s (construction), warmup_s, load_s (both), compile_s,
@@ -75,6 +96,17 @@ def check_requests(requests: Sequence[GenRequest]) -> None:
     for r in requests:
         if not r.prompt_token_ids:
             raise ValueError(f"sample {r.sample_id}: the prompt is empty (0 tokens)")
+
+
+def check_loglik_requests(requests: Sequence[LoglikRequest]) -> None:
+    """A choice is scored on the tokens before it: the context must hold one, and each choice a token."""
+    for r in requests:
+        if not r.context_ids:
+            raise ValueError(f"sample {r.sample_id}: the context is empty (0 tokens): a choice's first token has "
+                             "nothing to be predicted from")
+        empty = next((j for j, c in enumerate(r.continuations) if not c), None)
+        if empty is not None:
+            raise ValueError(f"sample {r.sample_id}: choice {empty} is 0 tokens after the context")
 
 
 def cuda_and_vllm_available() -> bool:

@@ -21,19 +21,14 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from actors.engine import (BATCH_INVARIANT, EngineProfile, GenRequest, make_engine, preload, reproducible_refusal,
+from actors.engine import (BATCH_INVARIANT, EngineProfile, make_engine, preload, reproducible_refusal,
                            runs_profile)
 from actors.telemetry import GpuSampler, gpu_name
-from cluster.planner import EMPTY_PROMPT, Shard
+from actors.shard_work import run_rows
+from cluster.planner import Shard
+from cluster.results_schema import actor_table
 from cluster.spec import ModelSpec, TaskSpec
 from cluster.timing import process_started_at, since, utc
-
-RESULT_SCHEMA = pa.schema([
-    ("sample_id", pa.string()), ("output_text", pa.string()), ("output_tokens", pa.int32()),
-    ("finish_reason", pa.string()), ("status", pa.string()), ("latency_s", pa.float64()),
-    ("ttft_s", pa.float64()), ("error", pa.string()),
-])
-
 
 def shard_profile(shard: Shard) -> EngineProfile:
     return EngineProfile(name=shard.profile, chunked_prefill=shard.profile == "long",
@@ -138,19 +133,6 @@ class EvalActor:
         """Test hook: die as a crashed engine would."""
         os._exit(1)
 
-    def _requests(self, rows: list[dict], add_special_tokens: bool) -> list[GenRequest]:
-        """Token ids for each row: carried for truncated rows, else tokenized here and checked
-        against the length the driver measured (a different tokenizer on this node would show)."""
-        from cluster.planner import tokenize
-
-        todo = [r for r in rows if r["prompt_token_ids"] is None]
-        for r, ids in zip(todo, tokenize([r["prompt"] for r in todo], self.tokenizer, add_special_tokens)):
-            if len(ids) != r["prompt_tokens"]:
-                raise ValueError(f"sample {r['sample_id']}: the driver measured {r['prompt_tokens']} prompt tokens, "
-                                 f"this actor {len(ids)}; the tokenizers differ between nodes")
-            r["prompt_token_ids"] = ids
-        return [GenRequest(r["sample_id"], r["prompt_token_ids"], r["seed"]) for r in rows]
-
     def _acquire(self, profile: EngineProfile):
         with self._cv:
             while not runs_profile(self.engine, profile) and self._inflight > 0:
@@ -189,25 +171,15 @@ class EvalActor:
     def _run(self, engine, shard: Shard, task: TaskSpec, attempt: int) -> tuple[pa.Table, dict]:
         started_at, started, t0 = datetime.now(timezone.utc), time.perf_counter(), time.time()
         rows = shard.rows.to_pylist()
-        runnable = [r for r in rows if r["status"] not in ("skipped", "error")]  # error: refused in planning
-        requests = self._requests(runnable, shard.add_special_tokens)
         counters = getattr(engine, "batch_counters", None)  # vLLM only: how full the engine's batch was
         before = counters() if counters else None
-        generated, errors = _generate(engine, requests, task)
+        done = run_rows(engine, rows, task, self.tokenizer, shard.add_special_tokens)
         after = counters() if counters else None
         steps = after[0] - before[0] if counters else 0
         wall = time.perf_counter() - started
         self.gpu.sample_now()  # a reading at the shard's end, so a short shard has one too
-        out = []
-        for r in rows:
-            g = generated.get(r["sample_id"])
-            error = errors.get(r["sample_id"]) or (EMPTY_PROMPT if r["status"] == "error" else None)
-            out.append({"sample_id": r["sample_id"], "status": "error" if error else r["status"], "error": error,
-                        "output_text": g.output_text if g else None, "output_tokens": g.output_tokens if g else None,
-                        "finish_reason": g.finish_reason if g else None, "latency_s": g.latency_s if g else None,
-                        "ttft_s": g.ttft_s if g else None})
-        output_tokens = sum(g.output_tokens for g in generated.values())
-        ttfts = [g.ttft_s for g in generated.values() if g.ttft_s is not None]
+        output_tokens, ttfts = done.output_tokens, done.ttfts
+        runnable = [r for r in rows if r["status"] not in ("skipped", "error")]
         info = engine.startup()
         with self._cv:
             engine_starts, self._starts = self._starts, []
@@ -221,7 +193,7 @@ class EvalActor:
             "max_num_batched_tokens": info.get("max_num_batched_tokens"),
             "n_samples": len(rows), "prompt_tokens": int(sum(r["prompt_tokens"] for r in runnable)),
             "output_tokens": output_tokens, "wall_s": wall,
-            "output_tok_per_s": output_tokens / wall if wall > 0 else None,
+            "output_tok_per_s": output_tokens / wall if wall > 0 and not task.loglikelihood else None,
             # mean requests in the engine per step while this shard ran (all shards in flight counted)
             "engine_batch_mean": (after[1] - before[1]) / steps if steps else None,
             **self.gpu.aggregates(since=t0),  # NVML over this shard's run; None where there is no GPU
@@ -235,43 +207,7 @@ class EvalActor:
             "gpu_samples": [dict(sample, actor_id=self.actor_id, node_id=self.node_id, gpu_name=self.gpu_name)
                             for sample in self.gpu.drain()],  # for telemetry/gpu.parquet
         }
-        return pa.Table.from_pylist(out, schema=RESULT_SCHEMA), telemetry
-
-
-# Failure injection, for tests only: RAYSWEEP_TEST_FAIL_SAMPLES (sample ids, comma-separated) makes every engine
-# call that holds one of those samples raise, as an engine that breaks on a row would
-# (tests/test_reliability.py: bisection). Actors inherit it from the driver that started Ray; unset, nothing.
-FAIL_SAMPLES_ENV = "RAYSWEEP_TEST_FAIL_SAMPLES"
-
-
-def _engine_generate(engine, requests: list[GenRequest], task: TaskSpec) -> list:
-    poisoned = set(filter(None, os.environ.get(FAIL_SAMPLES_ENV, "").split(",")))
-    if poisoned and any(r.sample_id in poisoned for r in requests):
-        raise RuntimeError(f"injected engine failure ({FAIL_SAMPLES_ENV})")
-    return engine.generate(requests, task.sampling, task.structured)
-
-
-def _generate(engine, requests: list[GenRequest], task: TaskSpec) -> tuple[dict, dict]:
-    """Results and per-row errors by sample id. If the batch raises and the task tolerates row errors
-    (`fail_on_error` not True), the rows are run one by one so that only the rows that break are
-    marked; more broken rows than the task allows fail the shard."""
-    try:
-        return {g.sample_id: g for g in _engine_generate(engine, requests, task)}, {}
-    except Exception:
-        if task.fail_on_error is True:
-            raise
-    generated, errors = {}, {}
-    for request in requests:
-        try:
-            generated[request.sample_id] = _engine_generate(engine, [request], task)[0]
-        except Exception as e:  # recorded in the row's `error` column; the limit below decides the shard
-            errors[request.sample_id] = f"{type(e).__name__}: {e}"
-    allowed = len(requests) if task.fail_on_error is False else task.fail_on_error * len(requests)
-    if len(errors) > allowed:
-        first = next(iter(errors.items()))
-        raise RuntimeError(f"{len(errors)} of {len(requests)} rows failed, more than fail_on_error="
-                           f"{task.fail_on_error} allows; first: sample {first[0]}: {first[1]}")
-    return generated, errors
+        return actor_table(done.rows), telemetry
 
 
 def _identity() -> tuple[str, str | None, str | None]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from actors.engine import EngineProfile, GenRequest, GenResult, check_requests
+from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, LoglikResult, check_loglik_requests,
+                           check_requests)
 from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 
@@ -37,6 +38,12 @@ class FakeEngine:
                  structured: StructuredSpec | None) -> list[GenResult]:
         check_requests(requests)
         return [GenResult(r.sample_id, "fake", 1, "stop", None, None) for r in requests]
+
+    def loglikelihood(self, requests: Sequence[LoglikRequest]) -> list[LoglikResult]:
+        """-1 per token: no model's figure."""
+        check_loglik_requests(requests)
+        return [LoglikResult(r.sample_id, [-float(len(c)) for c in r.continuations], [False] * len(r.continuations),
+                             None) for r in requests]
 
     def sleep(self) -> None:
         pass

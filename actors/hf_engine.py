@@ -14,7 +14,8 @@ import threading
 import time
 from typing import Sequence
 
-from actors.engine import EngineProfile, GenRequest, GenResult, check_requests
+from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, LoglikResult, check_loglik_requests,
+                           check_requests)
 from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 DEFAULT_BATCH = 32
@@ -81,6 +82,35 @@ class HFEngine:
                 batch = requests[start:start + self.batch_size]
                 results.extend(self._generate_batch(batch, sampling, grammar, submitted))
         return results
+
+    def loglikelihood(self, requests: Sequence[LoglikRequest]) -> list[LoglikResult]:
+        """Each (context + choice) sequence through the model once, longest first in batches, right-padded;
+        a choice's tokens are read from the log-softmax (fp32) at the positions before them."""
+        import torch
+
+        check_loglik_requests(requests)
+        submitted = time.perf_counter()
+        seqs = [(i, j, r.context_ids + cont, len(cont)) for i, r in enumerate(requests)
+                for j, cont in enumerate(r.continuations)]
+        sums = [[0.0] * len(r.continuations) for r in requests]
+        greedy = [[False] * len(r.continuations) for r in requests]
+        order = sorted(range(len(seqs)), key=lambda k: -len(seqs[k][2]))
+        with self._lock, torch.inference_mode():
+            for start in range(0, len(order), self.batch_size):
+                batch = [seqs[k] for k in order[start:start + self.batch_size]]
+                width = max(len(seq) for _, _, seq, _ in batch)
+                ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+                mask = torch.zeros((len(batch), width), dtype=torch.long)
+                for b, (_, _, seq, _) in enumerate(batch):
+                    ids[b, :len(seq)], mask[b, :len(seq)] = torch.tensor(seq), 1
+                logits = self.model(input_ids=ids, attention_mask=mask).logits
+                for b, (i, j, seq, n) in enumerate(batch):
+                    logprobs = torch.log_softmax(logits[b, len(seq) - n - 1:len(seq) - 1].float(), dim=-1)
+                    wanted = torch.tensor(seq[len(seq) - n:])
+                    sums[i][j] = float(logprobs.gather(1, wanted[:, None]).sum())
+                    greedy[i][j] = bool((logprobs.argmax(-1) == wanted).all())
+        latency = time.perf_counter() - submitted
+        return [LoglikResult(r.sample_id, sums[i], greedy[i], latency) for i, r in enumerate(requests)]
 
     def _grammar(self, spec: StructuredSpec):
         """Compiled once per spec for this engine's tokenizer."""

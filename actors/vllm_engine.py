@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Sequence
 
 from actors import vllm_core_process
-from actors.engine import EngineProfile, GenRequest, GenResult, check_requests
+from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, LoglikResult, check_loglik_requests,
+                           check_requests)
 from actors.telemetry import gpu_total_bytes
 from cluster.placement import shared_starts_together
 from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
@@ -218,6 +219,31 @@ class VllmEngine:
         batch.done.wait()
         return batch.results
 
+    def loglikelihood(self, requests: Sequence[LoglikRequest]) -> list[LoglikResult]:
+        """One request per (row, choice): context + choice ids with `prompt_logprobs=0` (each position's own
+        token, its raw log-probability and rank; rank 1 = the strict argmax) and one token generated, as
+        lm-eval's vLLM backend asks (it asks for the top 1 too, which the rank makes unneeded). vLLM 0.26 reads
+        no prefix cache for a request with prompt_logprobs (sampling_params.py: skip_reading_prefix_cache),
+        so a row's context is computed once per choice, as in a plain script."""
+        from vllm import SamplingParams
+
+        check_loglik_requests(requests)
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        flat = [GenRequest(f"{r.sample_id}#{j}", r.context_ids + cont, 0)
+                for r in requests for j, cont in enumerate(r.continuations)]
+        submitted = time.perf_counter()
+        batch = _Batch(flat, [params] * len(flat), convert=_prompt_logprobs)
+        self._inbox.put(batch)
+        batch.done.wait()
+        latency = time.perf_counter() - submitted
+        results, k = [], 0
+        for r in requests:
+            scored = [batch.results[k + j][len(r.context_ids) - 1:] for j in range(len(r.continuations))]
+            k += len(r.continuations)
+            results.append(LoglikResult(r.sample_id, [sum(lp for lp, _ in s) for s in scored],
+                                        [all(rank == 1 for _, rank in s) for s in scored], latency))
+        return results
+
     def sleep(self) -> None:
         """vLLM's sleep mode, level 1: the weights go to CPU memory, the KV cache is dropped, the GPU memory
         is given back. Called only while no shard is in flight; run by the engine thread, between steps."""
@@ -279,7 +305,7 @@ class VllmEngine:
                 for out in engine.step():
                     if out.finished:
                         batch, i = pending.pop(out.request_id)
-                        batch.finish(i, _result(batch.requests[i], out))
+                        batch.finish(i, batch.convert(batch.requests[i], out))
         except BaseException:  # the engine is broken: exit so Ray reports the actor dead and shards are retried
             traceback.print_exc()
             self._tee.drain()  # the traceback out to the actor's log before the process goes
@@ -323,10 +349,11 @@ class _Call:
 
 
 class _Batch:
-    """One generate() call: its requests, and the results the engine thread fills in."""
+    """One generate() or loglikelihood() call: its requests, and the results the engine thread fills in."""
 
-    def __init__(self, requests: Sequence[GenRequest], params: list):
+    def __init__(self, requests: Sequence[GenRequest], params: list, convert=None):
         self.requests, self.params = list(requests), params
+        self.convert = convert or _result  # (request, vLLM's RequestOutput) -> what the caller gets
         self.results: list[GenResult | None] = [None] * len(self.requests)
         self.remaining = len(self.requests)
         self.done = threading.Event()
@@ -345,6 +372,13 @@ def _result(req: GenRequest, out) -> GenResult:
     latency = ttft + max(0.0, m.last_token_ts - m.first_token_ts) if ttft is not None else None
     return GenResult(sample_id=req.sample_id, output_text=completion.text, output_tokens=len(completion.token_ids),
                      finish_reason=completion.finish_reason or "length", latency_s=latency, ttft_s=ttft)
+
+
+def _prompt_logprobs(req: GenRequest, out) -> list[tuple[float, int]]:
+    """(log-probability, rank) of each prompt token after the first, read from `out.prompt_logprobs` (a list:
+    None for the first token, then {token id: Logprob}, which always holds the prompt's own token)."""
+    ids = req.prompt_token_ids
+    return [(out.prompt_logprobs[p][ids[p]].logprob, out.prompt_logprobs[p][ids[p]].rank) for p in range(1, len(ids))]
 
 
 def _error_lines(log: str) -> str:

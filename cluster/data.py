@@ -16,13 +16,14 @@ import hashlib
 import json
 import os
 import re
-import string
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 
 from cluster.spec import SweepSpec, TaskSpec
+from cluster.loglikelihood import choices_problem, row_choices, target_index
+from cluster.task_spec import template_fields
 
 
 class DataError(ValueError):
@@ -57,6 +58,22 @@ class TaskData:
     def target_of(self, row: dict) -> Any:
         return row.get(self.task.target) if self.task.target else None
 
+    def extra_of(self, row: dict) -> dict | None:
+        """What a row carries beside its prompt and target, for the engine or the scorer: a loglikelihood
+        row's choices, the columns a code_exec program reads, a replay task's completions."""
+        return row_extra(self.task, row)
+
+
+def row_extra(task: TaskSpec, row: dict) -> dict | None:
+    extra = {}
+    if task.loglikelihood:
+        extra["choices"] = row_choices(task, row)
+    if task.scorer is not None and task.scorer.columns():
+        extra["columns"] = {c: row[c] for c in task.scorer.columns()}
+    if task.replay is not None:
+        extra["replay"] = row[task.replay.column]
+    return extra or None
+
 
 def content_hash(path: str) -> str:
     """A hash of the file's bytes, read in 1 MiB blocks: a resume checks that its data is what its committed
@@ -79,22 +96,6 @@ def data_hashes(spec: SweepSpec) -> dict[str, dict]:
     """Per task, its data file and that file's content hash (the manifest keeps them)."""
     return {task.name: {"path": spec.data_path(task), "hash": content_hash(spec.data_path(task))}
             for task in spec.tasks}
-
-
-def template_fields(template: str) -> list[str]:
-    """The column names a str.format template reads: 'Q: {question[0]}' -> ['question']."""
-    names = []
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as e:  # "expected '}' before end of string", "Single '}' encountered ..."
-        raise ValueError(f"prompt: {template!r} is not a valid template: {e}") from None
-    for _, field, _, _ in parsed:
-        if field is not None:
-            root = field.split(".")[0].split("[")[0]
-            if not root or root.isdigit():
-                raise ValueError(f"prompt: placeholder {{{field}}} must name a column")
-            names.append(root)
-    return names
 
 
 def load_task(spec: SweepSpec, task: TaskSpec) -> TaskData:
@@ -283,6 +284,12 @@ def _check_columns(task: TaskSpec, path: str, rows: list[dict], where: list[str]
         column = getattr(task, field_name)
         if column is not None:
             needed[column] = f"`{field_name}` column"
+    if isinstance(task.choices, str):
+        needed[task.choices] = "`choices` column"
+    if task.replay is not None:
+        needed[task.replay.column] = "`replay.column` (its completions)"
+    for column in task.scorer.columns() if task.scorer is not None else ():
+        needed.setdefault(column, f"code_exec program placeholder {{{column}}}")
     for i, row in enumerate(rows):
         for column, why in needed.items():
             if column not in row:
@@ -295,6 +302,37 @@ def _check_columns(task: TaskSpec, path: str, rows: list[dict], where: list[str]
             problem = _messages_problem(row[task.messages])
             if problem:
                 raise DataError(f"{path}:{where[i]}: column {task.messages!r} (tasks.{task.name}.messages) {problem}")
+        if task.loglikelihood:
+            _check_choices(task, path, row, where[i])
+        if task.replay is not None:
+            _check_replayed(task, path, row[task.replay.column], where[i])
+
+
+def _check_replayed(task: TaskSpec, path: str, value: Any, where: str) -> None:
+    """A replay column holds the completion (a string) or completions (a non-empty list of them), as many
+    as the task's largest pass@k needs."""
+    what = f"column {task.replay.column!r} (tasks.{task.name}.replay.column)"
+    if not (isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value))):
+        raise DataError(f"{path}:{where}: {what} must hold the completion (a string) or a non-empty list of "
+                        f"completions, got {_json_type(value)}")
+    n = 1 if isinstance(value, str) else len(value)
+    if task.pass_at and max(task.pass_at) > n:
+        raise DataError(f"{path}:{where}: {what} holds {n} completion(s), fewer than tasks.{task.name}.pass_at's "
+                        f"k={max(task.pass_at)}")
+
+
+def _check_choices(task: TaskSpec, path: str, row: dict, where: str) -> None:
+    """A loglikelihood row's choices are texts and its target names one of them."""
+    choices = row_choices(task, row)
+    problem = choices_problem(choices)
+    what = f"column {task.choices!r} (tasks.{task.name}.choices)" if isinstance(task.choices, str) \
+        else f"tasks.{task.name}.choices"
+    if problem:
+        raise DataError(f"{path}:{where}: {what} {problem}")
+    try:
+        target_index(row[task.target], choices)
+    except ValueError as e:
+        raise DataError(f"{path}:{where}: column {task.target!r} (tasks.{task.name}.target): {e}") from None
 
 
 def _messages_problem(value: Any) -> str | None:

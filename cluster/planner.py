@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from cluster.data import TaskData, render_prompts
+from cluster.loglikelihood import encode_pairs, pair_lengths
 from cluster.spec import ModelSpec, ShardLimits, TaskSpec
 from cluster.staging import StagedRows, StagingFolder
 from cluster.token_cache import TokenCache
@@ -59,7 +60,8 @@ class Shard:
 
     @property
     def rows(self) -> pa.Table:
-        """sample_id, prompt, prompt_token_ids (truncated rows only), prompt_tokens, seed, status."""
+        """sample_id, prompt, prompt_token_ids (truncated rows only), prompt_tokens, seed, status, choices
+        (loglikelihood rows only)."""
         if isinstance(self.source, pa.Table):
             return self.source
         records = self.source.read(self.positions)
@@ -71,11 +73,16 @@ class Shard:
             "prompt_tokens": pa.array(self.prompt_tokens, pa.int32()),
             "seed": pa.array([sample_seed(self.seed_base, self.task, sid) for sid in ids], pa.int64()),
             "status": pa.array([STATUSES[c] for c in self.status], pa.string()),
+            "choices": pa.array([(r[4] or {}).get("choices") for r in records], pa.list_(pa.string())),
         })
 
     def targets(self) -> list:
         """Targets in shard order, for scoring on the driver (where the rows are staged)."""
         return [r[2] for r in self.source.read(self.positions)]
+
+    def extras(self) -> list[dict]:
+        """What each row carries beside its prompt (cluster/data.py: row_extra), in shard order, on the driver."""
+        return [r[4] or {} for r in self.source.read(self.positions)]
 
     def piece(self, start: int, stop: int) -> "Shard":
         """Rows [start, stop) of this shard, in its order, as a shard of their own with the same id: a
@@ -115,6 +122,15 @@ def chunk_threshold(lengths: np.ndarray) -> int | None:
 
 def sample_seed(base: int, task: str, sample_id: str) -> int:
     digest = hashlib.blake2b(f"{base}\0{task}\0{sample_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+
+
+def completion_seed(seed: int, completion: int) -> int:
+    """The seed of a sample's completion `completion` (of sampling.n): the sample's own for the first, so a
+    task with n = 1 samples as it always did, and one derived from it for each other."""
+    if completion == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}\0{completion}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
@@ -158,7 +174,11 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
     add_special = True
     for batch in data.batches():
         prompts, add_special = render_prompts(task, batch, tokenizer, data.path)
-        if cache is not None:
+        extras = [data.extra_of(row) for row in batch.rows]
+        if task.loglikelihood:  # the longest context + choice the engine runs (no cache: keyed by prompt alone)
+            counts = np.asarray(pair_lengths(encode_pairs(prompts, [e["choices"] for e in extras], tokenizer,
+                                                          add_special)), dtype=np.int64)
+        elif cache is not None:
             counts = cache.lengths(prompts, add_special, lambda ps: count_tokens(ps, tokenizer, add_special))
         else:
             counts = np.asarray(count_tokens(prompts, tokenizer, add_special), dtype=np.int64)
@@ -177,7 +197,7 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
         if len(empty):  # no engine runs an empty prompt: an error row now, not a shard failing three times
             codes[empty] = 3
             empty_list.extend((batch.ids[k], batch.where[k]) for k in empty)
-        staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], truncated)
+        staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], truncated, extras)
         lengths.append(counts.astype(np.int32))
         status.append(codes)
     staged.close()
@@ -198,6 +218,25 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
     return TaskPlan(model=model, task=task, shards=shards, lengths=lengths_all, threshold=threshold,
                     n_truncated=int((status_all == 1).sum()), n_skipped=int((status_all == 2).sum()),
                     n_refused=len(over_list), n_empty=len(empty_list), limit=limit)
+
+
+def plan_replay(data: TaskData, limits: ShardLimits, staging: StagingFolder | None = None) -> TaskPlan:
+    """A replay task's plan: its completions come from the data, so nothing is measured in tokens and no
+    model's tokenizer is needed; shards of `max_samples` rows in file order, under `replay.model`."""
+    task = data.task
+    model = ModelSpec(task.replay.model, "replay")
+    staged = StagedRows(staging or StagingFolder(), f"{model.name}+{task.name}")
+    for batch in data.batches():
+        prompts = [task.prompt.format(**row) if task.prompt else "" for row in batch.rows]
+        staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], {},
+                      [data.extra_of(row) for row in batch.rows])
+    staged.close()
+    n = data.n_rows
+    zeros = np.zeros(n, np.int32)
+    shards = [_make_shard(model, task, k, np.arange(start, min(n, start + limits.max_samples)), staged, zeros,
+                          np.zeros(n, np.uint8), None, True)
+              for k, start in enumerate(range(0, n, limits.max_samples))]
+    return TaskPlan(model=model, task=task, shards=shards, lengths=zeros, threshold=None)
 
 
 def no_room(model: ModelSpec, task: TaskSpec, max_model_len: int) -> str:

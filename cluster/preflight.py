@@ -26,7 +26,7 @@ from typing import Iterator
 
 from cluster.builtin_model import find_model, resolve_model_path
 from cluster.data import TaskData, load_task
-from cluster.planner import TaskPlan, no_room, plan_task
+from cluster.planner import TaskPlan, no_room, plan_replay, plan_task
 from cluster.spec import ModelSpec, SweepSpec
 from cluster.staging import StagingFolder
 from cluster.structured import check as check_structured
@@ -98,7 +98,7 @@ def check_model(spec: SweepSpec, model: ModelSpec) -> None:
         raise PreflightFailure(f"{spec.source}: model {model.name}: cannot load {model.path!r}{where}: {e}") from None
     max_len = model.engine.get("max_model_len") or (config or {}).get("max_position_embeddings")
     for task in spec.tasks:
-        if isinstance(max_len, int) and task.sampling.max_tokens >= max_len:
+        if task.replay is None and isinstance(max_len, int) and task.sampling.max_tokens >= max_len:
             raise PreflightFailure(f"{spec.source}: {no_room(model, task, max_len)}")
 
 
@@ -109,27 +109,30 @@ def plan_events(spec: SweepSpec, strict: bool = True,
     `data`: what `check_inputs` returned, where the caller ran it already."""
     if data is None:
         data = check_inputs(spec)
+    staging = StagingFolder()  # rendered prompts on local disk until their shards are dispatched
+    for d in data:  # completions read from the data: no model, no tokenizer
+        if d.task.replay is not None:
+            yield plan_replay(d, spec.shards, staging)
     models = []
     for model in spec.models:
         path, tokenizer, max_len = _load_model_meta(model, spec.model_path(model), spec.source)
         _compile_for(model, tokenizer, spec)
         models.append((ModelReady(model, path), tokenizer, max_len))
     yield from (ready for ready, _, _ in models)
-    staging = StagingFolder()  # rendered prompts on local disk until their shards are dispatched
     for ready, tokenizer, max_len in models:
         cache = TokenCache(tokenizer)
-        for d in data:
+        for d in (d for d in data if d.task.replay is None):
             yield plan_task(ready.model, d, tokenizer, max_len, spec.shards, cache, strict, staging)
 
 
 def preflight(spec: SweepSpec, strict: bool = True) -> list[ModelPlan]:
-    """Every check and every plan, at once."""
+    """Every check and every plan, at once (a replay task's plan under its replay.model, with no path)."""
     plans: dict[str, ModelPlan] = {}
     for event in plan_events(spec, strict):
         if isinstance(event, ModelReady):
             plans[event.model.name] = ModelPlan(event.model, event.path, [])
         else:
-            plans[event.model.name].tasks.append(event)
+            plans.setdefault(event.model.name, ModelPlan(event.model, "", [])).tasks.append(event)
     return list(plans.values())
 
 

@@ -23,11 +23,10 @@ from cluster.placement import actor_resources, capacity, requested_capacity, sha
 from cluster.planner import TaskPlan
 from cluster.preflight import ModelPlan, ModelReady, PlanSource, PreflightFailure, preflight  # noqa: F401
 from cluster.progress import make_progress
+from cluster.shard_scoring import ShardScorer, replay_table
 from cluster.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
-from cluster.scoring import scorer_for
 from cluster.sink import FIRST_TOKENS, ResultSink
 from cluster.spec import ModelSpec, SweepSpec
-from cluster.structured import is_valid
 from cluster.timing import RunClock
 
 MIN_SHARDS_IN_FLIGHT, MAX_SHARDS_IN_FLIGHT = 2, 8
@@ -130,6 +129,8 @@ class _Run:
         self.n_shards = 0
         self._ticked = 0.0  # when on_tick last reported
         self.recorder = None  # sends the sweep's state to the engine pool, where the sweep uses one
+        self.scorer = ShardScorer(self.spec)
+        self.scoring: list[tuple] = []  # (job, telemetry, future of its scored table), in the order they came
 
     def schedule(self, max_attempts: int) -> None:
         from actors.evaluator import EvalActor
@@ -137,7 +138,7 @@ class _Run:
         spec = self.spec
         resources = actor_resources(spec.actors, ray.cluster_resources())
         holds = capacity(resources, [m.name for m in spec.models])  # refuses a spec no node can hold
-        depth = max(shards_in_flight(spec, m) for m in spec.models)
+        depth = max((shards_in_flight(spec, m) for m in spec.models), default=MIN_SHARDS_IN_FLIGHT)
         remote = ray.remote(EvalActor)
         backends = tuple(sorted({m.backend for m in spec.models}))
 
@@ -161,8 +162,12 @@ class _Run:
             self.scheduler.add_model(ModelWork(model.name, spec.actors.count, shards_in_flight(spec, model)))
         pooled = self._use_pool()  # models the cluster's engine pool serves: their shards go there
         wanted = spec.actors.count * (len(spec.models) - len(pooled))
-        with requested_capacity(resources, wanted if holds is None else min(wanted, holds)):
-            self.scheduler.run(self.feed)
+        try:
+            with requested_capacity(resources, wanted if holds is None else min(wanted, holds)):
+                self.scheduler.run(self.feed)
+            self.commit_scored(wait=True)
+        finally:
+            self.scorer.close()
         self.report.model_changes = self.scheduler.model_changes
         if self.scheduler.pool_lost:
             self.log(f"[raysweep] the engine pool went away during the sweep: model(s) "
@@ -221,6 +226,9 @@ class _Run:
 
     def add_plan(self, plan: TaskPlan) -> None:
         ids = [s.shard_id for s in plan.shards]
+        if plan.task.replay is not None:
+            self.add_replay(plan, ids)
+            return
         self.progress.log(f"[raysweep] planned {plan.model.name}/{plan.task.name}: {len(plan.lengths)} samples in "
                           f"{len(ids)} shard(s)")
         self.sink.plan(ids)
@@ -231,9 +239,29 @@ class _Run:
         self.progress.grow(sum(job.shard.n_samples for job in jobs))
         self.scheduler.add_jobs(jobs)
 
+    def add_replay(self, plan: TaskPlan, ids: list[str]) -> None:
+        """A replay task's shards are scored and committed from the data here: no actor, no engine."""
+        self.progress.log(f"[raysweep] replaying {plan.task.name} as model {plan.model.name}: "
+                          f"{len(plan.lengths)} samples in {len(ids)} shard(s), no engine")
+        self.sink.plan(ids)
+        self.n_shards += len(ids)
+        shards = [s for s in plan.shards if s.shard_id not in self.done]
+        self.report.shards_skipped += len(ids) - len(shards)
+        self.report.shards_run += len(shards)
+        self.progress.grow(sum(s.n_samples for s in shards))
+        for shard in shards:
+            table = replay_table(shard)
+            telemetry = {"actor_id": "driver", "n_samples": shard.n_samples, "output_tokens": 0,
+                         "output_tok_per_s": None}  # for the Ray metrics: nothing ran
+            self.scoring.append((Job(shard, plan.task), telemetry, self.scorer.submit(plan.model.name, plan.task,
+                                                                                       shard, table)))
+        self.commit_scored()
+
     def on_tick(self, scheduler: SweepScheduler) -> None:
-        """Between results: what the sweep is doing, for the progress line (once a second at most: the
-        scheduler's loop turns every 50 ms while planning, and once per result)."""
+        """Between results: shards whose scoring finished are committed; what the sweep is doing, for the
+        progress line (once a second at most: the scheduler's loop turns every 50 ms while planning, and
+        once per result)."""
+        self.commit_scored()
         now = time.perf_counter()
         if now - self._ticked < TICK_EVERY_S:
             return
@@ -262,14 +290,30 @@ class _Run:
         if job.piece is not None:  # a part of a shard being bisected: committed with the shard (on_bisected)
             self.part_actors[job.shard.shard_id] = telemetry["actor_id"]
             return
-        scored = _score(self.spec, self.models[model], job, table)
-        # the shard's telemetry is on disk before its commit: a driver killed after the commit loses none
-        # of it (killed between the two, the shard runs again and both attempts' rows stay)
-        self.sink.flush_telemetry()
-        self.sink.commit(job.shard.shard_id, model, task, job.shard.index, scored, job.attempt)
-        self.clock.mark("last_result")
-        self.metrics.committed(model, task, telemetry)
-        self.progress.add(job.shard.n_samples, job.shard.shard_id)
+        scoring = self.scorer.submit(model, job.task, job.shard, table)
+        self.scoring.append((job, telemetry, scoring))
+        self.commit_scored()
+
+    def commit_scored(self, wait: bool = False) -> None:
+        """Commit the shards whose scoring is done (all of them, waiting, with `wait`): in the order they came
+        back. A code_exec shard's programs run in the sandbox pool meanwhile; the scheduler goes on."""
+        while self.scoring and (wait or self.scoring[0][2].done()):
+            job, telemetry, scoring = self.scoring.pop(0)
+            try:
+                scored = scoring.result()
+            except Exception as e:  # the scorer itself broke (not a program: those are rows' outcomes)
+                self.on_attempt_failed(job, f"scoring failed: {type(e).__name__}: {e}")
+                job.errors.append(f"scoring failed: {type(e).__name__}: {e}")
+                self.on_failed(job)
+                continue
+            model, task = job.shard.model, job.task.name
+            # the shard's telemetry is on disk before its commit: a driver killed after the commit loses none
+            # of it (killed between the two, the shard runs again and both attempts' rows stay)
+            self.sink.flush_telemetry()
+            self.sink.commit(job.shard.shard_id, model, task, job.shard.index, scored, job.attempt)
+            self.clock.mark("last_result")
+            self.metrics.committed(model, task, telemetry)
+            self.progress.add(job.shard.n_samples, job.shard.shard_id)
 
     def _add_shard_telemetry(self, job: Job, telemetry: dict) -> None:
         """A shard's (or a bisected shard's part's) telemetry row, its GPU readings and engine starts."""
@@ -314,7 +358,7 @@ class _Run:
     def on_bisected(self, job: Job, table: pa.Table, row_errors: dict) -> None:
         """A bisected shard: its parts' results and its error rows, committed as the shard, once."""
         shard, model, task = job.shard, job.shard.model, job.task.name
-        scored = _score(self.spec, self.models[model], job, table)
+        scored = self.scorer.submit(model, job.task, shard, table).result()  # rare: waited for here
         excess = row_error_excess(job.task, table)  # its error rows judged by the task's fail_on_error
         self.sink.flush_telemetry()
         self.sink.commit(shard.shard_id, model, task, shard.index, scored, job.attempt,
@@ -338,32 +382,3 @@ class _Run:
         self.sink.fail(job.shard.shard_id, job.errors)
         self.progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED after {job.attempt} attempt(s): "
                           f"{job.errors[-1]}")
-
-
-def _score(spec: SweepSpec, model: ModelSpec, job: Job, table: pa.Table) -> pa.Table:
-    """Add the driver-side columns: identity, prompt tokens, target, structured validity, score."""
-    task, shard = job.task, job.shard
-    scorer = scorer_for(task)
-    outputs, statuses = table["output_text"].to_pylist(), table["status"].to_pylist()
-    targets = shard.targets() if task.target else [None] * table.num_rows  # read from the staged rows
-    generated = [s in ("ok", "truncated") and o is not None for o, s in zip(outputs, statuses)]
-    valid = [is_valid(task.structured, o) if g and task.structured else None for o, g in zip(outputs, generated)]
-    scores = [scorer(o, t) if g and scorer else None for o, t, g in zip(outputs, targets, generated)]
-    n = table.num_rows
-    # model and task: plain string columns (cluster/sink.py lays files out so that no reader infers them)
-    return table.add_column(0, "sweep", pa.array([spec.name] * n)) \
-        .add_column(1, "model", pa.array([model.name] * n, pa.string())) \
-        .add_column(2, "task", pa.array([task.name] * n, pa.string())) \
-        .add_column(4, "shard_id", pa.array([shard.shard_id] * n)) \
-        .append_column("prompt_tokens", pa.array(shard.prompt_tokens, pa.int32())) \
-        .append_column("structured", pa.array([task.structured.kind if task.structured else None] * n, pa.string())) \
-        .append_column("structured_valid", pa.array(valid, pa.bool_())) \
-        .append_column("target", pa.array([None if t is None else t if isinstance(t, str) else _json(t)
-                                           for t in targets], pa.string())) \
-        .append_column("score", pa.array(scores, pa.float64()))
-
-
-def _json(value) -> str:
-    import json
-
-    return json.dumps(value, sort_keys=True)

@@ -20,7 +20,6 @@ does not grow with the number of results.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import time
@@ -32,14 +31,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from cluster.spec import SweepSpec
-
-SUMMARY_SCHEMA = pa.schema([
-    ("model", pa.string()), ("task", pa.string()), ("n", pa.int64()), ("n_scored", pa.int64()),
-    ("score", pa.float64()), ("stderr", pa.float64()), ("n_ok", pa.int64()), ("n_truncated", pa.int64()),
-    ("n_skipped", pa.int64()), ("n_error", pa.int64()), ("structured_valid_rate", pa.float64()),
-    ("output_tokens", pa.int64()),
-])
-
+from cluster.summary import COLUMNS as SUMMARY_COLUMNS
+from cluster.summary import SummaryAccumulator, summarize  # noqa: F401 (tests read summarize from here)
 
 JOURNAL = "manifest.journal"
 LOCK = ".lock"  # held (flock) while a sweep writes the output; removed when it is done
@@ -85,7 +78,7 @@ class ResultSink:
             raise
         self._telemetry: dict[str, list[dict]] = {name: [] for name in DURABLE_TELEMETRY}
         self.gpu_samples = 0  # NVML readings written by this run
-        self._summary = SummaryAccumulator()
+        self._summary = SummaryAccumulator({t.name: t.pass_at for t in spec.tasks if t.pass_at})
         self._summarized: set[str] = set()  # shards whose rows are in self._summary
 
     def __enter__(self) -> "ResultSink":
@@ -243,7 +236,8 @@ class ResultSink:
         self._drop_torn_parts()
         for sid in sorted(self.committed() - self._summarized):  # committed by an earlier run
             with self.fs.open_input_file(self._path(self.manifest["shards"][sid]["file"])) as f:
-                self._summary.add(pq.read_table(f, columns=list(SummaryAccumulator.COLUMNS)))
+                shard = pq.ParquetFile(f)  # an older output's files lack the newer columns: those read as null
+                self._summary.add(shard.read(columns=[c for c in SUMMARY_COLUMNS if c in shard.schema_arrow.names]))
             self._summarized.add(sid)
         summary = self._summary.table()
         with self.fs.open_output_stream(self._path("summary.parquet")) as f:
@@ -331,58 +325,6 @@ class ResultSink:
         self.fs.move(tmp, path)
 
 
-class SummaryAccumulator:
-    """Per model x task: sample counts by status, mean score and its standard error (sample std / sqrt n),
-    structured-valid rate and output tokens, merged shard by shard (Chan et al.'s pairwise update for
-    the mean and the sum of squared deviations, so no row is kept)."""
-
-    COLUMNS = ("model", "task", "status", "score", "structured_valid", "output_tokens")
-    STATUSES = ("ok", "truncated", "skipped", "error")
-
-    def __init__(self):
-        self.groups: dict[tuple[str, str], dict] = {}
-
-    def add(self, table: pa.Table) -> None:
-        if table.num_rows == 0:
-            return
-        columns = {c: table[c].to_pylist() for c in self.COLUMNS}
-        for model, task in set(zip(columns["model"], columns["task"])):
-            idx = [i for i, (m, t) in enumerate(zip(columns["model"], columns["task"])) if m == model and t == task]
-            g = self.groups.setdefault((model, task), {"n": 0, "n_scored": 0, "mean": 0.0, "m2": 0.0, "valid": 0,
-                                                       "n_valid": 0, "output_tokens": 0,
-                                                       **{s: 0 for s in self.STATUSES}})
-            scores = [columns["score"][i] for i in idx if columns["score"][i] is not None]
-            if scores:
-                n_b = len(scores)
-                mean_b = sum(scores) / n_b
-                m2_b = sum((x - mean_b) ** 2 for x in scores)
-                n_a, n = g["n_scored"], g["n_scored"] + n_b
-                delta = mean_b - g["mean"]
-                g["mean"] += delta * n_b / n
-                g["m2"] += m2_b + delta * delta * n_a * n_b / n
-                g["n_scored"] = n
-            g["n"] += len(idx)
-            for i in idx:
-                if columns["status"][i] in self.STATUSES:
-                    g[columns["status"][i]] += 1
-                if columns["structured_valid"][i] is not None:
-                    g["n_valid"] += 1
-                    g["valid"] += bool(columns["structured_valid"][i])
-                g["output_tokens"] += columns["output_tokens"][i] or 0
-
-    def table(self) -> pa.Table:
-        rows = []
-        for (model, task), g in sorted(self.groups.items()):
-            n = g["n_scored"]
-            rows.append({"model": model, "task": task, "n": g["n"], "n_scored": n,
-                         "score": g["mean"] if n else None,
-                         "stderr": math.sqrt(max(g["m2"], 0.0) / (n - 1) / n) if n > 1 else None,
-                         **{f"n_{s}": g[s] for s in self.STATUSES},
-                         "structured_valid_rate": g["valid"] / g["n_valid"] if g["n_valid"] else None,
-                         "output_tokens": g["output_tokens"]})
-        return pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
-
-
 def result_file(model: str, task: str, index: int) -> str:
     """A shard's results file, relative to the output: results/<model>/<task>/shard-NNNNN.parquet.
 
@@ -427,14 +369,6 @@ def _with_first_tokens(actors: pa.Table, updates: pa.Table | None) -> pa.Table:
                  if t is not None]
         row["first_token_s"] = min(found) if found else None
     return _rows_table(rows)
-
-
-def summarize(results: pa.Table | None) -> pa.Table:
-    """The summary of a results table (all rows at once; the sink accumulates shard by shard instead)."""
-    acc = SummaryAccumulator()
-    if results is not None:
-        acc.add(results)
-    return acc.table()
 
 
 def read_manifest(output: str) -> dict:

@@ -22,161 +22,19 @@ from typing import Any
 
 import yaml
 
-BACKENDS = ("auto", "vllm", "hf", "fake")  # fake: returns at once, for orchestration benchmarks
-STRUCTURED_KINDS = ("json_schema", "choice", "regex", "grammar")
-SCORERS = ("exact_match", "numeric_match", "choice", "json_match", "regex_match")
-LENGTH_POLICIES = ("error", "truncate_left", "skip")
-CHUNKED_PREFILL = ("auto", "on", "off")
-# names become directory names and actor names; \Z, not $ (which lets a trailing newline through)
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+from cluster.task_spec import (CHUNKED_PREFILL, LENGTH_POLICIES, NAME_RE, SCORERS, STRUCTURED_KINDS,  # noqa: F401
+                               TASK_TYPES, ReplaySpec, SamplingSpec, ScorerSpec, StructuredSpec, TaskSpec,
+                               _check_name, _is_int, _is_number, _suggest)
+
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a code point of a UTF-16 pair: alone, not text
+
+BACKENDS = ("auto", "vllm", "hf", "fake")  # fake: returns at once, for orchestration benchmarks
 MAX_DEPTH = 100  # nesting levels in a spec, at most
 MAX_VALUES = 1_000_000  # values in a spec with every YAML alias expanded, at most
 
 
 class SpecError(ValueError):
     """A sweep spec that cannot run; the message names the file and the field."""
-
-
-def _is_int(value: Any) -> bool:
-    """An integer, and not a YAML boolean (`max_tokens: yes` is not 1, though bool subclasses int)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    """A finite int or float, not a boolean (`.nan` and `.inf` are YAML floats, and no setting's value)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_name(value: str, what: str = "name") -> None:
-    if _is_int(value) or isinstance(value, float):  # `name: 13` is a YAML integer
-        raise ValueError(f"{what}: {value!r} is a number in YAML; quote it (\"{value}\") to use it as a name")
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
-        raise ValueError(f"{what}: {value!r} must be letters, digits, '.', '_' or '-'")
-
-
-@dataclass(frozen=True)
-class SamplingSpec:
-    max_tokens: int = 256  # generated tokens at most, per sample
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = no top-k cut
-    stop: tuple[str, ...] = ()  # output ends before the first of these strings
-    seed: int = 0  # per-sample seeds are derived from this and the sample id
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
-        if not _is_number(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature: must be a finite number >= 0, got {self.temperature!r}")
-        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k: must be an integer >= 0, got {self.top_k!r}")
-        if not _is_int(self.seed):
-            raise ValueError(f"seed: must be an integer, got {self.seed!r}")
-        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
-        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
-            raise ValueError(f"stop: must be non-empty strings, got {self.stop!r}")
-        object.__setattr__(self, "stop", tuple(stop))
-
-
-@dataclass(frozen=True)
-class StructuredSpec:
-    kind: str  # json_schema | choice | regex | grammar (xgrammar EBNF)
-    value: Any  # the schema (dict), the choices (tuple of str), the pattern or the grammar text
-
-    def __post_init__(self) -> None:
-        if self.kind not in STRUCTURED_KINDS:
-            raise ValueError(f"{self.kind}: unknown structured kind; use one of {', '.join(STRUCTURED_KINDS)}")
-        if self.kind == "json_schema" and not isinstance(self.value, dict):
-            raise ValueError(f"json_schema: must be a mapping (a JSON schema), got {type(self.value).__name__}")
-        if self.kind == "choice":
-            if not isinstance(self.value, (list, tuple)) or not self.value:
-                raise ValueError("choice: must be a non-empty list of strings")
-            if not all(isinstance(c, str) and c for c in self.value):
-                raise ValueError(f"choice: every choice must be a non-empty string, got {self.value!r}")
-            object.__setattr__(self, "value", tuple(self.value))
-        if self.kind in ("regex", "grammar") and (not isinstance(self.value, str) or not self.value):
-            raise ValueError(f"{self.kind}: must be a non-empty string")
-
-    def key(self) -> str:
-        """A stable text key (grammar caches, spec hash)."""
-        return json.dumps([self.kind, self.value], sort_keys=True)
-
-
-@dataclass(frozen=True)
-class ScorerSpec:
-    name: str  # one of SCORERS
-    args: dict = field(default_factory=dict)  # e.g. json_match {fields: [...]}, regex_match {pattern: ...}
-
-    def __post_init__(self) -> None:
-        if self.name not in SCORERS:
-            raise ValueError(f"{self.name}: unknown scorer; use one of {', '.join(SCORERS)}")
-        allowed = {"json_match": {"fields"}, "regex_match": {"pattern", "group"}, "choice": {"choices"}}
-        extra = set(self.args) - allowed.get(self.name, set())
-        if extra:
-            raise ValueError(f"{sorted(extra)[0]}: not an argument of scorer {self.name}"
-                             f"{_suggest(sorted(extra)[0], sorted(allowed.get(self.name, ())))}")
-        if self.name == "regex_match":
-            pattern = self.args.get("pattern")
-            if not isinstance(pattern, str):
-                raise ValueError("pattern: regex_match needs a `pattern` (a regular expression)")
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise ValueError(f"pattern: does not compile: {e}") from None
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    name: str
-    data: str  # JSONL or Parquet file, one row per sample (relative paths: from the spec's folder)
-    prompt: str | None = None  # str.format template over the row's columns
-    messages: str | None = None  # or: the column holding chat messages, rendered by the model's chat template
-    chat: bool = False  # wrap the rendered `prompt` as a user message and apply the chat template
-    system: str | None = None  # system message when `chat` or `messages` is used
-    target: str | None = None  # column holding the reference answer
-    id_column: str | None = None  # column holding sample ids; default: the row number
-    sampling: SamplingSpec = field(default_factory=SamplingSpec)
-    structured: StructuredSpec | None = None
-    scorer: ScorerSpec | None = None
-    length_policy: str = "error"  # prompt + max_tokens over max_model_len: error | truncate_left | skip
-    # a row whose generation raises: True fails its shard (default); False keeps every such row as
-    # status=error; a fraction in (0, 1) fails the shard only if more than that share of its rows fail
-    fail_on_error: bool | float = True
-    chunked_prefill: str = "auto"  # auto: the long/short profile from the data (DESIGN §3); on | off: every shard
-
-    def __post_init__(self) -> None:
-        _check_name(self.name)
-        if not isinstance(self.data, str) or not self.data:
-            raise ValueError("data: a JSONL or Parquet file is required")
-        if "://" in self.data:
-            raise ValueError(f"data: {self.data!r} must be a local file (copy it here first: a URI is not read)")
-        if not self.data.endswith((".jsonl", ".parquet")):
-            raise ValueError(f"data: {self.data!r} must end in .jsonl or .parquet")
-        for name in ("prompt", "messages", "system", "target", "id_column"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
-                raise ValueError(f"{name}: must be a string, got {getattr(self, name)!r}")
-        if not isinstance(self.chat, bool):
-            raise ValueError(f"chat: must be true or false, got {self.chat!r}")
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("prompt: give exactly one of `prompt` (a template) or `messages` (a column)")
-        if self.messages is not None and self.chat:
-            raise ValueError("chat: `messages` tasks always use the chat template; drop `chat`")
-        if self.system is not None and self.messages is None and not self.chat:
-            raise ValueError("system: a system message needs the chat template: set `chat: true` (or use "
-                             "`messages`); a plain prompt would drop it")
-        if self.scorer is not None and self.target is None:
-            raise ValueError(f"target: scorer {self.scorer.name} needs a target column")
-        if isinstance(self.fail_on_error, bool):
-            pass
-        elif not _is_number(self.fail_on_error) or not 0 < self.fail_on_error < 1:
-            raise ValueError(f"fail_on_error: must be true, false or a fraction in (0, 1), got {self.fail_on_error!r}")
-        if self.chunked_prefill not in CHUNKED_PREFILL:
-            raise ValueError(f"chunked_prefill: must be one of {', '.join(CHUNKED_PREFILL)}, got {self.chunked_prefill!r}")
-        if self.length_policy not in LENGTH_POLICIES:
-            raise ValueError(f"length_policy: must be one of {', '.join(LENGTH_POLICIES)}, got {self.length_policy!r}")
 
 
 @dataclass(frozen=True)
@@ -257,8 +115,8 @@ class SweepSpec:
             raise ValueError(f"output: must be a path or a filesystem URI (a string), got {self.output!r}")
         if not isinstance(self.reproducible, bool):
             raise ValueError(f"reproducible: must be true or false, got {self.reproducible!r}")
-        if not self.models:
-            raise ValueError("models: at least one model is required")
+        if not self.models and (not self.tasks or any(t.replay is None for t in self.tasks)):
+            raise ValueError("models: at least one model is required (only a sweep of replay tasks needs none)")
         if not self.tasks:
             raise ValueError("tasks: at least one task is required")
         for what, items in (("models", self.models), ("tasks", self.tasks)):
@@ -303,14 +161,15 @@ class SweepSpec:
             body.pop(key)
         if not self.reproducible:  # as before the field existed: outputs made then still resume
             body.pop("reproducible")
+        for task in body["tasks"]:  # fields added later, at their defaults: the hash of a spec made before
+            for key, default in (("type", "generate"), ("choices", None), ("pass_at", ()), ("replay", None)):
+                if task[key] == default:
+                    task.pop(key)
+            if task["sampling"]["n"] == 1:
+                task["sampling"].pop("n")
         if not with_placement:  # whether actors have GPUs stays: it decides the engine (vLLM or the CPU one)
             body["actors"] = {"gpus": self.actors.num_gpus > 0}
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _suggest(key: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(key, known, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class _Fields:
@@ -389,8 +248,16 @@ def _task(raw: Any, path: str) -> TaskSpec:
         structured=_structured(f.pop("structured"), f.at("structured")),
         scorer=_scorer(f.pop("scorer"), f.at("scorer")),
         length_policy=f.pop("length_policy"), fail_on_error=f.pop("fail_on_error"),
-        chunked_prefill=_on_off(f.pop("chunked_prefill")),
+        chunked_prefill=_on_off(f.pop("chunked_prefill")), type=f.pop("type"), choices=f.pop("choices"),
+        pass_at=f.pop("pass_at"), replay=_replay(f.pop("replay"), f.at("replay")),
     )
+
+
+def _replay(raw: Any, path: str) -> ReplaySpec | None:
+    if raw is None:
+        return None
+    f = _Fields(raw, path, _names(ReplaySpec))
+    return _build(ReplaySpec, path, **{k: f.pop(k) for k in _names(ReplaySpec)})
 
 
 def _on_off(value: Any) -> Any:

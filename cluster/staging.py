@@ -1,7 +1,7 @@
 """Staged rows: what planning rendered for one model x task, on the driver's local disk, read back by
 position when a shard is dispatched, so the driver does not hold a sweep's prompts in memory.
 
-One JSON record per sample, `[sample_id, prompt, target, truncated_token_ids | null]`, appended in the
+One JSON record per sample, `[sample_id, prompt, target, truncated_token_ids | null, extra | null]`, appended in the
 data file's order; a numpy array of byte offsets finds a record. The folder is a temporary one, removed
 when the last object that can read it is gone.
 """
@@ -54,12 +54,15 @@ class StagedRows:
         self._offsets: np.ndarray | None = None
 
     def append(self, sample_ids: Sequence[str], prompts: Sequence[str], targets: Sequence[Any],
-               truncated: dict[int, list[int]]) -> None:
-        """One batch; `truncated` maps a position in this batch to its truncated token ids."""
+               truncated: dict[int, list[int]], extras: Sequence[dict | None] | None = None) -> None:
+        """One batch; `truncated` maps a position in this batch to its truncated token ids; `extras`: what
+        each row carries beside (cluster/data.py: row_extra)."""
         end = self._ends[-1] if self._ends else 0
         lines = []
-        for k, (sid, prompt, target) in enumerate(zip(sample_ids, prompts, targets)):
-            line = json.dumps([sid, prompt, target, truncated.get(k)], ensure_ascii=False, default=str).encode() + b"\n"
+        extras = extras or [None] * len(sample_ids)
+        for k, (sid, prompt, target, extra) in enumerate(zip(sample_ids, prompts, targets, extras)):
+            line = json.dumps([sid, prompt, target, truncated.get(k), extra], ensure_ascii=False,
+                              default=str).encode() + b"\n"
             end += len(line)
             self._ends.append(end)
             lines.append(line)

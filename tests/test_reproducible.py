@@ -27,17 +27,24 @@ PROMPTS = ["Question: 2+2?\nAnswer:", "  leading and trailing spaces  ", "naïve
 def test_token_ids_are_those_a_plain_vllm_generate_would_use(tiny_path):
     from transformers import AutoTokenizer
 
-    from actors.evaluator import EvalActor
+    from actors.engine import GenResult
+    from actors.shard_work import run_rows
     from cluster.planner import tokenize
+    from cluster.spec import TaskSpec
+
+    class Recorder:  # an engine that keeps what the actor hands it
+        def generate(self, requests, sampling, structured):
+            self.ids = [r.prompt_token_ids for r in requests]
+            return [GenResult(r.sample_id, "", 0, "stop", None, None) for r in requests]
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_path)
     plain = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in PROMPTS]  # what vLLM's renderer calls
     assert tokenize(PROMPTS, tokenizer, add_special_tokens=True) == plain  # the driver's measure
-    actor = EvalActor.__new__(EvalActor)  # the actor's own tokenization of a shard's rows
-    actor.tokenizer = tokenizer
-    rows = [{"sample_id": str(i), "prompt": p, "prompt_token_ids": None, "prompt_tokens": len(ids), "seed": i}
-            for i, (p, ids) in enumerate(zip(PROMPTS, plain))]
-    assert [r.prompt_token_ids for r in actor._requests(rows, add_special_tokens=True)] == plain
+    rows = [{"sample_id": str(i), "prompt": p, "prompt_token_ids": None, "prompt_tokens": len(ids), "seed": i,
+             "status": "ok"} for i, (p, ids) in enumerate(zip(PROMPTS, plain))]
+    engine = Recorder()  # the actor's own tokenization of a shard's rows
+    run_rows(engine, rows, TaskSpec("t", "d.jsonl", prompt="{q}"), tokenizer, add_special_tokens=True)
+    assert engine.ids == plain
 
 
 def test_sampling_settings_are_a_plain_scripts_with_vllms_defaults():

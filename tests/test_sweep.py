@@ -100,7 +100,8 @@ def test_cli_run_exits_on_bad_spec_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "jobs.sweep", str(bad)], cwd=ROOT, capture_output=True, text=True,
                           env=os.environ | {"RAY_ADDRESS": "local"}, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"raysweep: error: {bad}: models: at least one model is required"
+    assert proc.stderr.strip() == (f"raysweep: error: {bad}: models: at least one model is required (only a sweep "
+                                   "of replay tasks needs none)")
 
 
 @pytest.mark.slow

@@ -1,0 +1,129 @@
+"""A shard's rows through an engine, on the actor: requests built, the engine called, results rows made
+(columns from cluster/results_schema.py).
+
+1. Token ids: each row's prompt tokenized here (checked against the length the driver measured), or, for a
+   loglikelihood task, its context and choices encoded as the driver planned them (cluster/loglikelihood.py).
+2. A generate task with `sampling.n` > 1 sends n requests per row, completion c with its own seed.
+3. The engine is called once for the shard; where that raises and the task tolerates row errors
+   (`fail_on_error` not True), the requests run one by one, so only the rows that break are error rows.
+4. One results row per completion (per row for loglikelihood, with one value per choice).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from actors.engine import GenRequest, LoglikRequest
+from cluster.planner import EMPTY_PROMPT, completion_seed, tokenize
+from cluster.task_spec import TaskSpec
+
+# Failure injection, for tests only: RAYSWEEP_TEST_FAIL_SAMPLES (sample ids, comma-separated) makes every engine
+# call that holds one of those samples raise, as an engine that breaks on a row would
+# (tests/test_reliability.py: bisection). Actors inherit it from the driver that started Ray; unset, nothing.
+FAIL_SAMPLES_ENV = "RAYSWEEP_TEST_FAIL_SAMPLES"
+
+
+@dataclass
+class ShardOutcome:
+    rows: list[dict]  # the actor's results columns, one dict per results row
+    output_tokens: int = 0
+    ttfts: list[float] = field(default_factory=list)
+
+
+def run_rows(engine, rows: list[dict], task: TaskSpec, tokenizer, add_special_tokens: bool) -> ShardOutcome:
+    runnable = [r for r in rows if r["status"] not in ("skipped", "error")]  # error: refused in planning
+    if task.loglikelihood:
+        return _choices(engine, rows, runnable, task, tokenizer, add_special_tokens)
+    return _completions(engine, rows, runnable, task, tokenizer, add_special_tokens)
+
+
+def _completions(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_tokens: bool) -> ShardOutcome:
+    n = task.sampling.n
+    _prompt_ids(runnable, tokenizer, add_special_tokens)
+    requests = [GenRequest(_key(r["sample_id"], c, n), r["prompt_token_ids"], completion_seed(r["seed"], c))
+                for r in runnable for c in range(n)]
+    generated, errors = _tolerant(lambda reqs: engine.generate(reqs, task.sampling, task.structured), requests, task)
+    out = ShardOutcome([])
+    for r in rows:
+        for c in range(n):
+            key = _key(r["sample_id"], c, n)
+            g = generated.get(key)
+            error = errors.get(key) or (EMPTY_PROMPT if r["status"] == "error" else None)
+            out.rows.append({"sample_id": r["sample_id"], "completion": c, "status": "error" if error else r["status"],
+                             "error": error, "output_text": g.output_text if g else None,
+                             "output_tokens": g.output_tokens if g else None,
+                             "finish_reason": g.finish_reason if g else None,
+                             "latency_s": g.latency_s if g else None, "ttft_s": g.ttft_s if g else None})
+    out.output_tokens = sum(g.output_tokens for g in generated.values())
+    out.ttfts = [g.ttft_s for g in generated.values() if g.ttft_s is not None]
+    return out
+
+
+def _choices(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_tokens: bool) -> ShardOutcome:
+    from cluster.loglikelihood import encode_pairs, pair_lengths
+
+    encoded = encode_pairs([r["prompt"] for r in runnable], [r["choices"] for r in runnable], tokenizer,
+                           add_special_tokens)
+    for r, length in zip(runnable, pair_lengths(encoded)):
+        _same_length(r, length)
+    requests = [LoglikRequest(r["sample_id"], ctx, conts) for r, (ctx, conts) in zip(runnable, encoded)]
+    scored, errors = _tolerant(engine.loglikelihood, requests, task)
+    out = ShardOutcome([])
+    for r in rows:
+        s = scored.get(r["sample_id"])
+        error = errors.get(r["sample_id"]) or (EMPTY_PROMPT if r["status"] == "error" else None)
+        out.rows.append({"sample_id": r["sample_id"], "completion": 0, "status": "error" if error else r["status"],
+                         "error": error, "latency_s": s.latency_s if s else None,
+                         "choice_logprobs": s.logprobs if s else None, "choice_greedy": s.greedy if s else None})
+    return out
+
+
+def _key(sample_id: str, completion: int, n: int) -> str:
+    """A request's id: the sample's, with the completion's index where there are several."""
+    return sample_id if n == 1 else f"{sample_id}#{completion}"
+
+
+def _prompt_ids(rows: list[dict], tokenizer, add_special_tokens: bool) -> None:
+    """Token ids for each row: carried for truncated rows, else tokenized here and checked against the
+    length the driver measured (a different tokenizer on this node would show)."""
+    todo = [r for r in rows if r["prompt_token_ids"] is None]
+    for r, ids in zip(todo, tokenize([r["prompt"] for r in todo], tokenizer, add_special_tokens)):
+        _same_length(r, len(ids))
+        r["prompt_token_ids"] = ids
+
+
+def _same_length(row: dict, length: int) -> None:
+    if length != row["prompt_tokens"]:
+        raise ValueError(f"sample {row['sample_id']}: the driver measured {row['prompt_tokens']} prompt tokens, "
+                         f"this actor {length}; the tokenizers differ between nodes")
+
+
+def _call(call, requests: list) -> list:
+    poisoned = set(filter(None, os.environ.get(FAIL_SAMPLES_ENV, "").split(",")))
+    if poisoned and any(r.sample_id in poisoned for r in requests):
+        raise RuntimeError(f"injected engine failure ({FAIL_SAMPLES_ENV})")
+    return call(requests)
+
+
+def _tolerant(call, requests: list, task: TaskSpec) -> tuple[dict, dict]:
+    """Results and per-request errors by request id. If the batch raises and the task tolerates row errors
+    (`fail_on_error` not True), the requests are run one by one so that only those that break are marked;
+    more broken requests than the task allows fail the shard."""
+    try:
+        return {g.sample_id: g for g in _call(call, requests)}, {}
+    except Exception:
+        if task.fail_on_error is True:
+            raise
+    done, errors = {}, {}
+    for request in requests:
+        try:
+            done[request.sample_id] = _call(call, [request])[0]
+        except Exception as e:  # recorded in the row's `error` column; the limit below decides the shard
+            errors[request.sample_id] = f"{type(e).__name__}: {e}"
+    allowed = len(requests) if task.fail_on_error is False else task.fail_on_error * len(requests)
+    if len(errors) > allowed:
+        first = next(iter(errors.items()))
+        raise RuntimeError(f"{len(errors)} of {len(requests)} rows failed, more than fail_on_error="
+                           f"{task.fail_on_error} allows; first: sample {first[0]}: {first[1]}")
+    return done, errors

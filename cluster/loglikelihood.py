@@ -1,0 +1,84 @@
+"""Multiple choice by log-likelihood, as lm-evaluation-harness does it (`type: loglikelihood` tasks).
+
+1. Each row's choices come from a column (a list per row) or from the task (one list for every row); its
+   target is the right choice's index or its text.
+2. Context and choice are tokenized as lm-eval's `_encode_pair`: whitespace at the end of the context moves
+   to the front of the choice, the context is encoded alone, the pair encoded whole, and the choice's tokens
+   are the whole's tokens past the context's length; the engine is given context tokens + those tokens.
+3. An engine returns, per choice, the summed log-probability of its tokens given what precedes them and
+   whether each token was the most likely one (lm-eval's `is_greedy`).
+4. acc: the choice with the highest sum is the target; acc_norm: the highest sum per UTF-8 byte of the
+   choice's text. Ties go to the first choice (numpy's argmax, as lm-eval).
+The driver plans with `pair_lengths` and the actor builds its requests with `encode_pairs`: one function
+for both, so the length the driver measured is the length the engine runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from cluster.task_spec import TaskSpec
+
+
+def row_choices(task: TaskSpec, row: dict) -> Any:
+    """The row's choices as read (a column's value, or the task's list): checked by `choices_problem`."""
+    return list(task.choices) if isinstance(task.choices, tuple) else row.get(task.choices)
+
+
+def choices_problem(choices: Any) -> str | None:
+    """Why a row's choices cannot be scored, or None."""
+    if not isinstance(choices, list) or not choices:
+        return f"must be a non-empty list of choice texts, got {'an empty list' if choices == [] else repr(choices)[:60]}"
+    bad = next((i for i, c in enumerate(choices) if not isinstance(c, str) or not c), None)
+    if bad is not None:
+        return f"choice {bad} must be a non-empty string, got {choices[bad]!r}"
+    return None
+
+
+def target_index(target: Any, choices: Sequence[str]) -> int:
+    """The right choice's index from a target that is an index (an integer, or its digits as text) or one of
+    the choices' texts; ValueError saying why otherwise."""
+    if isinstance(target, str) and target in choices:
+        return list(choices).index(target)
+    index = int(target) if isinstance(target, str) and target.strip().isdigit() else target
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ValueError(f"target {target!r} is neither a choice's index nor one of the choices {list(choices)!r}")
+    if not 0 <= index < len(choices):
+        raise ValueError(f"target index {index} is out of range for {len(choices)} choices")
+    return index
+
+
+def split_pair(context: str, choice: str) -> tuple[str, str]:
+    """lm-eval's rule: trailing whitespace of the context belongs to the choice."""
+    spaces = len(context) - len(context.rstrip())
+    return (context[:-spaces], context[-spaces:] + choice) if spaces else (context, choice)
+
+
+def encode_pairs(contexts: Sequence[str], choices: Sequence[Sequence[str]], tokenizer,
+                 add_special_tokens: bool) -> list[tuple[list[int], list[list[int]]]]:
+    """Per row: the context's token ids and each choice's continuation ids (step 2 above); the context
+    (less its trailing whitespace) is the same for each of a row's choices, so it is encoded once."""
+    from cluster.planner import tokenize
+
+    pairs = [[split_pair(ctx, choice) for choice in row] for ctx, row in zip(contexts, choices)]
+    wholes = iter(tokenize([c + x for row in pairs for c, x in row], tokenizer, add_special_tokens))
+    ctx_ids = tokenize([row[0][0] if row else "" for row in pairs], tokenizer, add_special_tokens)
+    return [(list(ids), [list(next(wholes)[len(ids):]) for _ in row]) for ids, row in zip(ctx_ids, pairs)]
+
+
+def pair_lengths(encoded: Sequence[tuple[list[int], list[list[int]]]]) -> list[int]:
+    """The longest sequence (context + choice) the engine runs for each row."""
+    return [len(ctx) + max((len(c) for c in conts), default=0) for ctx, conts in encoded]
+
+
+def acc(logprobs: Sequence[float], target: int) -> float:
+    return float(_argmax(logprobs) == target)
+
+
+def acc_norm(logprobs: Sequence[float], choices: Sequence[str], target: int) -> float:
+    """acc with each choice's sum divided by its length in UTF-8 bytes (lm-eval's byte-length normalisation)."""
+    return float(_argmax([lp / max(1, len(c.encode("utf-8"))) for lp, c in zip(logprobs, choices)]) == target)
+
+
+def _argmax(values: Sequence[float]) -> int:
+    return max(range(len(values)), key=lambda i: (values[i], -i))

@@ -1,0 +1,123 @@
+"""A shard's results scored on the driver: the actor's table in, the full results table out (columns from
+cluster/results_schema.py), off the scheduler's path where scoring is slow.
+
+1. The shard's staged rows give each sample's target, prompt tokens and extras (choices, a code_exec
+   program's columns, replayed completions); a sample's values go on each of its completions' rows.
+2. Per task kind:
+   - loglikelihood: acc and acc_norm from the rows' choice log-probabilities (cluster/loglikelihood.py);
+   - code_exec: each completion's program (the template formatted over the row's columns and the
+     completion) runs in the sandbox pool (cluster/sandbox.py): the shard is handed back as a pending
+     future, and the scheduler keeps dispatching while the programs run; score 1 where it passed;
+   - any other scorer: a function of the output and the target (cluster/scoring.py), here and now.
+3. Structured validity for generated rows; the table assembled by column name.
+`replay_table` makes the actor's part of a replay task's shard from its data, with no engine.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import Future
+
+import pyarrow as pa
+
+from cluster.loglikelihood import acc, acc_norm, target_index
+from cluster.planner import Shard
+from cluster.results_schema import actor_table, assemble
+from cluster.scoring import scorer_for
+from cluster.spec import SweepSpec
+from cluster.structured import is_valid
+from cluster.task_spec import COMPLETION, TaskSpec
+
+
+class ShardScorer:
+    def __init__(self, spec: SweepSpec):
+        self.spec = spec
+        self._sandbox = None  # the sandbox pool, started with the first code_exec shard
+
+    def submit(self, model: str, task: TaskSpec, shard: Shard, table: pa.Table) -> Future:
+        """A future of the scored table: done at once unless the task runs programs (code_exec)."""
+        staged = shard.source.read(shard.positions)  # [sample_id, prompt, target, truncated ids, extra]
+        by_id = {r[0]: k for k, r in enumerate(staged)}
+        rows = [by_id[sid] for sid in table["sample_id"].to_pylist()]  # each results row's sample
+        targets = [staged[k][2] for k in rows]
+        extras = [staged[k][4] or {} for k in rows]
+        outputs, statuses = table["output_text"].to_pylist(), table["status"].to_pylist()
+        generated = [s in ("ok", "truncated") and o is not None for o, s in zip(outputs, statuses)]
+        lengths = None if task.replay is not None else [int(shard.prompt_tokens[k]) for k in rows]
+        n = table.num_rows
+        driver = {
+            "sweep": [self.spec.name] * n, "model": [model] * n, "task": [task.name] * n,
+            "shard_id": [shard.shard_id] * n, "prompt_tokens": lengths,
+            "structured": [task.structured.kind if task.structured else None] * n,
+            "structured_valid": [is_valid(task.structured, o) if g and task.structured else None
+                                 for o, g in zip(outputs, generated)],
+            "target": [None if t is None else t if isinstance(t, str) else json.dumps(t, sort_keys=True)
+                       for t in targets],
+            "score": None, "score_norm": None, "exec_status": None, "exec_error": None,
+        }
+        if task.loglikelihood:
+            _choice_scores(driver, table, targets, extras)
+        elif task.scorer is not None and task.scorer.name == "code_exec":
+            return self._programs(task, driver, table, outputs, generated, extras)
+        elif task.scorer is not None:
+            scorer = scorer_for(task)
+            driver["score"] = [scorer(o, t) if g else None for o, t, g in zip(outputs, targets, generated)]
+        done: Future = Future()
+        done.set_result(assemble(table, driver))
+        return done
+
+    def _programs(self, task: TaskSpec, driver: dict, table: pa.Table, outputs: list, generated: list,
+                  extras: list) -> Future:
+        from cluster.sandbox import SandboxLimits, SandboxPool
+
+        if self._sandbox is None:
+            self._sandbox = SandboxPool()
+        args = task.scorer.args
+        limits = SandboxLimits(timeout_s=float(args.get("timeout_s", 10)), memory_mb=int(args.get("memory_mb", 1024)))
+        todo = [i for i, g in enumerate(generated) if g]
+        programs = [args["program"].format(**extras[i]["columns"], **{COMPLETION: outputs[i]}) for i in todo]
+        scored: Future = Future()
+
+        def finish(ran: Future) -> None:
+            try:
+                outcomes = ran.result()
+                status, error, score = [None] * table.num_rows, [None] * table.num_rows, [None] * table.num_rows
+                for i, outcome in zip(todo, outcomes):
+                    status[i], error[i] = outcome.status, outcome.error
+                    score[i] = 1.0 if outcome.status == "passed" else 0.0
+                scored.set_result(assemble(table, dict(driver, score=score, exec_status=status, exec_error=error)))
+            except BaseException as e:  # handed to the driver's thread, which commits or fails the shard
+                scored.set_exception(e)
+
+        self._sandbox.submit(programs, limits).add_done_callback(finish)
+        return scored
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None
+
+
+def _choice_scores(driver: dict, table: pa.Table, targets: list, extras: list) -> None:
+    """acc and acc_norm of each loglikelihood row that was scored."""
+    logprobs = table["choice_logprobs"].to_pylist()
+    driver["score"], driver["score_norm"] = [], []
+    for lps, target, extra in zip(logprobs, targets, extras):
+        if lps is None:
+            driver["score"].append(None)
+            driver["score_norm"].append(None)
+            continue
+        right = target_index(target, extra["choices"])
+        driver["score"].append(acc(lps, right))
+        driver["score_norm"].append(acc_norm(lps, extra["choices"], right))
+
+
+def replay_table(shard: Shard) -> pa.Table:
+    """A replay task's shard as an actor would return it: each row's completions from its data column
+    (a string, or a list: one results row per completion), status ok; nothing timed or counted."""
+    rows = []
+    for sample_id, _, _, _, extra in shard.source.read(shard.positions):
+        replayed = extra["replay"]
+        for c, text in enumerate([replayed] if isinstance(replayed, str) else replayed):
+            rows.append({"sample_id": sample_id, "completion": c, "output_text": text, "status": "ok"})
+    return actor_table(rows)

@@ -1,0 +1,131 @@
+"""summary.parquet: per model x task, counts by status and each metric's mean with its standard error.
+
+Metrics are aggregated per prompt first, then over prompts, so the standard error (sample std / sqrt n) is
+over prompts, never over a prompt's completions:
+- `score`: per prompt, the mean score of its scored completions (with n = 1, the row's score; a
+  loglikelihood task's acc);
+- `acc_norm` (loglikelihood): the rows' score_norm (cluster/loglikelihood.py: normalised by UTF-8 bytes);
+- `pass@k` (tasks with `pass_at`): per prompt with n scored completions of which c passed (score 1),
+  1 - C(n - c, k) / C(n, k) (Chen et al., 2021, the unbiased estimator); a prompt with fewer than k
+  scored completions does not count towards pass@k.
+Every metric other than `score` is a row of the `metrics` column (name, value, stderr, n).
+Each shard holds every completion of its prompts, so prompts are complete within the table `add` is given;
+the state kept is a few numbers per metric (Chan et al.'s pairwise update), not the rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import pyarrow as pa
+
+
+METRIC = pa.struct([("name", pa.string()), ("value", pa.float64()), ("stderr", pa.float64()), ("n", pa.int64())])
+SUMMARY_SCHEMA = pa.schema([
+    ("model", pa.string()), ("task", pa.string()), ("n", pa.int64()), ("n_scored", pa.int64()),
+    ("score", pa.float64()), ("stderr", pa.float64()), ("n_ok", pa.int64()), ("n_truncated", pa.int64()),
+    ("n_skipped", pa.int64()), ("n_error", pa.int64()), ("structured_valid_rate", pa.float64()),
+    ("output_tokens", pa.int64()), ("metrics", pa.list_(METRIC)),
+])
+# the results columns the summary reads (cluster/results_schema.py); those an older output lacks read as null
+COLUMNS = ("model", "task", "sample_id", "status", "score", "structured_valid", "output_tokens", "score_norm")
+STATUSES = ("ok", "truncated", "skipped", "error")
+
+
+class _Mean:
+    """Count, mean and sum of squared deviations, merged a batch at a time (Chan et al.)."""
+
+    def __init__(self) -> None:
+        self.n, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def add(self, values: list[float]) -> None:
+        if not values:
+            return
+        n_b = len(values)
+        mean_b = sum(values) / n_b
+        m2_b = sum((x - mean_b) ** 2 for x in values)
+        n = self.n + n_b
+        delta = mean_b - self.mean
+        self.mean += delta * n_b / n
+        self.m2 += m2_b + delta * delta * self.n * n_b / n
+        self.n = n
+
+    def stderr(self) -> float | None:
+        return math.sqrt(max(self.m2, 0.0) / (self.n - 1) / self.n) if self.n > 1 else None
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of one prompt with n completions of which c passed (Chen et al., 2021, eq. 1)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+class SummaryAccumulator:
+    def __init__(self, pass_at: dict[str, tuple[int, ...]] | None = None):
+        """`pass_at`: per task name, its k values."""
+        self.pass_at = pass_at or {}
+        self.groups: dict[tuple[str, str], dict] = {}
+
+    def add(self, table: pa.Table) -> None:
+        """Results rows holding every completion of their prompts (one shard's, or a whole sweep's)."""
+        if table.num_rows == 0:
+            return
+        cols = {c: table[c].to_pylist() if c in table.column_names else [None] * table.num_rows for c in COLUMNS}
+        if "sample_id" not in table.column_names:  # rows of no known sample: each its own prompt
+            cols["sample_id"] = list(range(table.num_rows))
+        prompts: dict[tuple, list[int]] = defaultdict(list)
+        for i, key in enumerate(zip(cols["model"], cols["task"], cols["sample_id"])):
+            prompts[key].append(i)
+        for (model, task, _), idx in prompts.items():
+            g = self._group(model, task)
+            g["n"] += len(idx)
+            for i in idx:
+                if cols["status"][i] in STATUSES:
+                    g[cols["status"][i]] += 1
+                if cols["structured_valid"][i] is not None:
+                    g["n_valid"] += 1
+                    g["valid"] += bool(cols["structured_valid"][i])
+                g["output_tokens"] += cols["output_tokens"][i] or 0
+            scores = [cols["score"][i] for i in idx if cols["score"][i] is not None]
+            if scores:
+                g["metrics"]["score"].add([sum(scores) / len(scores)])
+                for k in self.pass_at.get(task, ()):
+                    if len(scores) >= k:
+                        g["metrics"][f"pass@{k}"].add([pass_at_k(len(scores), sum(s == 1.0 for s in scores), k)])
+            norm = [cols["score_norm"][i] for i in idx if cols["score_norm"][i] is not None]
+            if norm:
+                g["metrics"]["acc_norm"].add([norm[0]])
+
+    def _group(self, model: str, task: str) -> dict:
+        return self.groups.setdefault((model, task), {
+            "n": 0, "valid": 0, "n_valid": 0, "output_tokens": 0, "metrics": defaultdict(_Mean),
+            **{s: 0 for s in STATUSES}})
+
+    def table(self) -> pa.Table:
+        rows = []
+        for (model, task), g in sorted(self.groups.items()):
+            score = g["metrics"].get("score") or _Mean()
+            rows.append({"model": model, "task": task, "n": g["n"], "n_scored": score.n,
+                         "score": score.mean if score.n else None, "stderr": score.stderr(),
+                         **{f"n_{s}": g[s] for s in STATUSES},
+                         "structured_valid_rate": g["valid"] / g["n_valid"] if g["n_valid"] else None,
+                         "output_tokens": g["output_tokens"],
+                         "metrics": [{"name": name, "value": m.mean, "stderr": m.stderr(), "n": m.n}
+                                     for name, m in sorted(g["metrics"].items(), key=_metric_order)
+                                     if name != "score" and m.n]})
+        return pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
+
+
+def _metric_order(item: tuple[str, _Mean]) -> tuple:
+    name = item[0]
+    return (0, int(name[5:])) if name.startswith("pass@") else (1, name)
+
+
+def summarize(results: pa.Table | None, pass_at: dict[str, tuple[int, ...]] | None = None) -> pa.Table:
+    """The summary of a results table (all rows at once; the sink accumulates shard by shard instead)."""
+    acc = SummaryAccumulator(pass_at)
+    if results is not None:
+        acc.add(results)
+    return acc.table()
