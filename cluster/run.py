@@ -129,7 +129,7 @@ class _Run:
         self.n_shards = 0
         self._ticked = 0.0  # when on_tick last reported
         self.recorder = None  # sends the sweep's state to the engine pool, where the sweep uses one
-        self.scorer = ShardScorer(self.spec)
+        self.scorer = ShardScorer(self.spec, on_sandbox=self.on_sandbox)
         self.scoring: list[tuple] = []  # (job, telemetry, future of its scored table), in the order they came
 
     def schedule(self, max_attempts: int) -> None:
@@ -238,6 +238,11 @@ class _Run:
         self.report.shards_run += len(jobs)
         self.progress.grow(sum(job.shard.n_samples for job in jobs))
         self.scheduler.add_jobs(jobs)
+
+    def on_sandbox(self, isolation: str) -> None:
+        """Where code_exec programs run, said in the log and kept in the manifest beside the results."""
+        self.sink.manifest["sandbox"] = isolation
+        self.progress.log(f"[raysweep] code_exec programs run sandboxed: {isolation}")
 
     def add_replay(self, plan: TaskPlan, ids: list[str]) -> None:
         """A replay task's shards are scored and committed from the data here: no actor, no engine."""

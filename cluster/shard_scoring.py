@@ -30,8 +30,9 @@ from cluster.task_spec import COMPLETION, TaskSpec
 
 
 class ShardScorer:
-    def __init__(self, spec: SweepSpec):
-        self.spec = spec
+    def __init__(self, spec: SweepSpec, on_sandbox=lambda isolation: None):
+        """`on_sandbox(isolation)`: told once, as the sandbox pool starts, which isolation applies here."""
+        self.spec, self.on_sandbox = spec, on_sandbox
         self._sandbox = None  # the sandbox pool, started with the first code_exec shard
 
     def submit(self, model: str, task: TaskSpec, shard: Shard, table: pa.Table) -> Future:
@@ -68,14 +69,15 @@ class ShardScorer:
 
     def _programs(self, task: TaskSpec, driver: dict, table: pa.Table, outputs: list, generated: list,
                   extras: list) -> Future:
-        from cluster.sandbox import SandboxLimits, SandboxPool
+        from cluster.sandbox import SandboxLimits, SandboxPool, isolation
 
         if self._sandbox is None:
-            self._sandbox = SandboxPool()
+            self._sandbox = SandboxPool()  # probes the isolation first: a machine with none fails here
+            self.on_sandbox(isolation())
         args = task.scorer.args
         limits = SandboxLimits(timeout_s=float(args.get("timeout_s", 10)), memory_mb=int(args.get("memory_mb", 1024)))
         todo = [i for i, g in enumerate(generated) if g]
-        programs = [args["program"].format(**extras[i]["columns"], **{COMPLETION: outputs[i]}) for i in todo]
+        programs = [args["program"].format(**extras[i].get("columns", {}), **{COMPLETION: outputs[i]}) for i in todo]
         scored: Future = Future()
 
         def finish(ran: Future) -> None:

@@ -34,7 +34,7 @@ TEXT_CHARS = 200  # output text shown per problem row
 PROBLEM_COLUMNS = ["model", "task", "shard_id", "sample_id", "status", "finish_reason", "prompt_tokens",
                    "output_tokens", "error", "output_text"]
 SUMMARY_COLUMNS = ["model", "task", "n", "n_scored", "score", "stderr", "n_ok", "n_truncated", "n_skipped",
-                   "n_error", "structured_valid_rate", "output_tokens"]
+                   "n_error", "structured_valid_rate", "output_tokens", "metrics"]
 ACTOR_COLUMNS = ["actor_id", "reason", "model", "profile", "engine", "node_ip", "gpu_name", "cuda_graphs",
                  "graph_mode", "fallback_reason"]
 STARTUP_COLUMNS = ["startup_s", "process_s", "imports_s", "waiting_s", "engine_init_s", "load_s", "compile_s",
@@ -108,9 +108,9 @@ def _scores(root: Path) -> str:
         return _section("Scores", "scores", _note("No summary.parquet: the sweep has not reached its end."))
     rows = [[r["model"], r["task"], _score(r["score"], r["stderr"]), r["n"], r["n_scored"], r["n_ok"],
              r["n_truncated"], r["n_skipped"], r["n_error"], _percent(r["structured_valid_rate"]),
-             r["output_tokens"]] for r in summary.to_pylist()]
+             r["output_tokens"], metrics_text(r["metrics"])] for r in summary.to_pylist()]
     headers = ["model", "task", "score ± stderr", "n", "scored", "ok", "truncated", "skipped", "error",
-               "structured valid", "output tokens"]
+               "structured valid", "output tokens", "other metrics"]
     return _section("Scores", None, _table(headers, rows, "scores"))
 
 
@@ -363,6 +363,11 @@ def _fmt(v) -> str:
     if isinstance(v, datetime):
         return v.strftime("%Y-%m-%d %H:%M:%S")
     return str(v)
+
+
+def metrics_text(metrics: list | None) -> str:
+    """A summary row's other metrics (acc_norm, pass@k) as `name value ± stderr`, comma-separated."""
+    return ", ".join(f"{m['name']} {_score(m['value'], m['stderr'])}" for m in metrics or ())
 
 
 def _score(score: float | None, stderr: float | None) -> str:

@@ -155,14 +155,16 @@ def lasting_output(output: str, cwd: str | None = None) -> str:
 
 
 def format_summary(summary) -> str:
-    header = "| model | task | n | score | ± stderr | structured valid | ok/trunc/skip/err |"
-    lines = [header, "|---|---|---:|---:|---:|---:|---|"]
+    from jobs.report import metrics_text
+
+    header = "| model | task | n | score | ± stderr | structured valid | ok/trunc/skip/err | other metrics |"
+    lines = [header, "|---|---|---:|---:|---:|---:|---|---|"]
     for r in summary.to_pylist():
         score = "—" if r["score"] is None else f"{r['score']:.3f}"
         err = "—" if r["stderr"] is None else f"{r['stderr']:.3f}"
         valid = "—" if r["structured_valid_rate"] is None else f"{100 * r['structured_valid_rate']:.1f}%"
         lines.append(f"| {r['model']} | {r['task']} | {r['n']} | {score} | {err} | {valid} | "
-                     f"{r['n_ok']}/{r['n_truncated']}/{r['n_skipped']}/{r['n_error']} |")
+                     f"{r['n_ok']}/{r['n_truncated']}/{r['n_skipped']}/{r['n_error']} | {metrics_text(r['metrics'])} |")
     return "\n".join(lines)
 
 

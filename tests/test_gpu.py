@@ -273,3 +273,57 @@ def test_raysweep_hands_vllm_what_a_plain_generate_over_the_strings_would(vllm_e
         assert settings(our_request) == settings(plain_request)
     print("sampling settings both ways:", settings(seen[0]))
     assert [o.outputs[0].text for o in plain] == [r.output_text for r in ours]
+
+
+@pytest.mark.slow
+def test_loglikelihood_vllm_agrees_with_the_cpu_engine(vllm_engine, hf_engine, tiny_path):
+    """The same rows (sweeps/data/mc.jsonl, tokenized as the actors do) through vLLM (bf16, prompt_logprobs)
+    and the CPU engine (fp32, from the logits). Tolerance: bf16 keeps 8 bits of mantissa (a relative
+    rounding of 2^-9 per value), which moves a log-softmax by a few hundredths of a nat per token over four
+    layers; a mean above 0.05 nats per token or any token above 0.25 would be a wrong token or position, not
+    rounding (those move a byte-vocabulary token's log-probability by nats)."""
+    from transformers import AutoTokenizer
+
+    from actors.engine import LoglikRequest
+    from cluster.loglikelihood import encode_pairs
+
+    rows = [json.loads(line) for line in open(ROOT / "sweeps" / "data" / "mc.jsonl")]
+    contexts = [f"Question: {r['question']}\nAnswer:" for r in rows]
+    encoded = encode_pairs(contexts, [r["choices"] for r in rows], AutoTokenizer.from_pretrained(tiny_path), True)
+    requests = [LoglikRequest(str(i), ctx, conts) for i, (ctx, conts) in enumerate(encoded)]
+    gpu, cpu = vllm_engine.loglikelihood(requests), hf_engine.loglikelihood(requests)
+    per_token = [abs(a - b) / len(c) for g, h, (_, conts) in zip(gpu, cpu, encoded)
+                 for a, b, c in zip(g.logprobs, h.logprobs, conts)]
+    argmax = [max(range(4), key=r.logprobs.__getitem__) for r in gpu], [max(range(4), key=r.logprobs.__getitem__) for r in cpu]
+    same = sum(a == b for a, b in zip(*argmax))
+    print(f"loglikelihood vLLM bf16 vs CPU fp32 over {len(rows)} rows x 4 choices: max {max(per_token):.4f} "
+          f"mean {sum(per_token) / len(per_token):.4f} nats per token; argmax choice the same in {same} of {len(rows)}")
+    assert sum(per_token) / len(per_token) <= 0.05 and max(per_token) <= 0.25
+    assert all(len(r.greedy) == 4 for r in gpu)
+
+
+@pytest.mark.slow
+def test_scoring_sweep_on_vllm(ray_local, tmp_path):
+    """sweeps/scoring.yaml with vLLM: loglikelihood, four sampled completions per problem run in the
+    sandbox, and the replayed task; every row once, every completion with its own seed."""
+    import pyarrow.parquet as pq
+    import yaml
+
+    from cluster.run import run_sweep
+    from cluster.spec import load_spec
+
+    raw = yaml.safe_load((ROOT / "sweeps" / "scoring.yaml").read_text())
+    raw["output"] = str(tmp_path / "out")
+    raw["models"][0]["engine"] = {"backend": "vllm", "gpu_memory_utilization": 0.3}
+    for task in raw["tasks"]:
+        task["data"] = str(ROOT / "sweeps" / task["data"])
+    (tmp_path / "scoring.yaml").write_text(yaml.safe_dump(raw))
+    report = run_sweep(load_spec(tmp_path / "scoring.yaml"), log=print)
+    assert not report.failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas()
+    print(pq.read_table(tmp_path / "out" / "summary.parquet").to_pandas().to_string())
+    assert len(results) == 40 + 8 * 4 + 8 * 3
+    assert not results.duplicated(["model", "task", "sample_id", "completion"]).any()
+    code = results[results.task == "code"]
+    assert code.exec_status.notna().all() and code.groupby("sample_id").output_text.nunique().min() > 1
+    assert results[results.task == "mc"].choice_logprobs.map(len).eq(4).all()

@@ -62,6 +62,13 @@ def messages_rows(value):
     return setup
 
 
+def loglik(tmp: Path, lines: list[str]) -> list[str]:
+    """The task as `type: loglikelihood` over a `choices` column, with these rows."""
+    spec_with(tmp, "    scorer: exact_match\n", "    type: loglikelihood\n    choices: choices\n")
+    spec_with(tmp, "    sampling: {max_tokens: 4}\n", "")
+    return rows_with(tmp, lines)
+
+
 def laughs(indent: str) -> str:
     """A "billion laughs" alias chain: `i` expands to 10**9 values (a..i under `indent`, in block style)."""
     lines = [f"{indent}a: &a [x, x, x, x, x, x, x, x, x, x]"]
@@ -237,6 +244,31 @@ CASES = [
     ("model-dir-without-a-tokenizer", then(lambda t: spec_with(t, "builtin:tiny", "./m"), config_only_model),
      "{spec}: model tiny: cannot load './m' ({dir}/m): no tokenizer files in {dir}/m (tokenizer.json, "
      "tokenizer_config.json, tokenizer.model or vocab files): not a complete Hugging Face model directory"),
+    # issue 16: log-likelihood, n completions and pass@k, code_exec, replay
+    ("loglikelihood-row-without-choices", lambda t: loglik(t, [row(choices=["2", "3"]), row(id="r1")]),
+     "{data}:2: missing column 'choices' (the task 'qa' needs it as its `choices` column)"),
+    ("loglikelihood-choices-empty", lambda t: loglik(t, [row(choices=["2", "3"]), row(id="r1", choices=[])]),
+     "{data}:2: column 'choices' (tasks.qa.choices) must be a non-empty list of choice texts, got an empty list"),
+    ("loglikelihood-target-index-out-of-range", lambda t: loglik(t, [row(choices=["2", "3"], answer=2)]),
+     "{data}:1: column 'answer' (tasks.qa.target): target index 2 is out of range for 2 choices"),
+    ("loglikelihood-target-not-a-choice", lambda t: loglik(t, [row(choices=["2", "3"], answer="four")]),
+     "{data}:1: column 'answer' (tasks.qa.target): target 'four' is neither a choice's index nor one of the choices"),
+    ("loglikelihood-with-a-scorer", lambda t: spec_with(t, "    target: answer\n", "    target: answer\n"
+                                                         "    type: loglikelihood\n    choices: [a, b]\n"),
+     "{spec}: tasks[0].scorer: not for a loglikelihood task (it is scored acc and acc_norm); drop it"),
+    ("n-below-one", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 4, n: 0}"),
+     "{spec}: tasks[0].sampling.n: must be an integer >= 1, got 0"),
+    ("pass-at-k-above-n", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 4, n: 4}\n    pass_at: [1, 10]"),
+     "{spec}: tasks[0].pass_at: k=10 is above sampling.n=4 (pass@k needs n >= k completions per prompt)"),
+    ("code-exec-program-names-a-missing-column", lambda t: spec_with(
+        t, "scorer: exact_match", 'scorer: {name: code_exec, program: "{completion}\\n{tests}"}'),
+     "{data}:1: missing column 'tests' (the task 'qa' needs it as its code_exec program placeholder {tests})"),
+    ("code-exec-program-without-the-completion", lambda t: spec_with(
+        t, "scorer: exact_match", 'scorer: {name: code_exec, program: "{question}"}'),
+     "{spec}: tasks[0].scorer.program: '{question}' never places the model's output: it needs {completion}"),
+    ("replay-column-missing", lambda t: spec_with(t, "    target: answer\n", "    target: answer\n"
+                                                  "    replay: {column: output}\n"),
+     "{data}:1: missing column 'output' (the task 'qa' needs it as its `replay.column` (its completions))"),
     ("ray-that-does-not-start", lambda t: ["--address", "127.0.0.1:1"],
      "--address 127.0.0.1:1: no Ray there to connect to (Connection refused)"),
 ]

@@ -1,0 +1,206 @@
+"""Scoring beyond one generated string (issue 16): log-likelihood multiple choice, n completions with pass@k,
+code_exec, replay; the per-prompt summary. Engines and sweeps are real (the CPU engine, a local Ray)."""
+
+import itertools
+import os
+import json
+import math
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+
+def test_pass_at_k_is_the_chance_that_k_drawn_completions_hold_a_pass():
+    """Chen et al.'s estimator against counting every k-subset of n completions, c of which pass."""
+    from cluster.summary import pass_at_k
+
+    for n, c, k in [(5, 0, 1), (5, 1, 1), (5, 2, 3), (10, 3, 5), (4, 4, 2), (6, 1, 6)]:
+        passing = [i < c for i in range(n)]
+        subsets = list(itertools.combinations(range(n), k))
+        brute = sum(any(passing[i] for i in s) for s in subsets) / len(subsets)
+        assert pass_at_k(n, c, k) == pytest.approx(brute), (n, c, k)
+
+
+def test_summary_aggregates_completions_per_prompt_and_its_stderr_is_over_prompts():
+    """Two prompts x three completions, scores 1,1,0 and 0,0,0: score is the mean of the prompts' means
+    (1/3), stderr over the two prompts, pass@k per prompt."""
+    from cluster.summary import pass_at_k, summarize
+
+    t = pa.table({"model": ["m"] * 6, "task": ["t"] * 6, "sample_id": ["a"] * 3 + ["b"] * 3,
+                  "completion": [0, 1, 2] * 2, "status": ["ok"] * 6, "score": [1.0, 1.0, 0.0, 0.0, 0.0, 0.0],
+                  "structured_valid": [None] * 6, "output_tokens": [1] * 6})
+    row = summarize(t, {"t": (1, 2)}).to_pylist()[0]
+    means = [2 / 3, 0.0]
+    assert row["n"] == 6 and row["n_scored"] == 2 and row["score"] == pytest.approx(1 / 3)
+    sd = math.sqrt(sum((m - 1 / 3) ** 2 for m in means) / 1)
+    assert row["stderr"] == pytest.approx(sd / math.sqrt(2))
+    metrics = {m["name"]: m for m in row["metrics"]}
+    assert metrics["pass@1"]["value"] == pytest.approx(1 / 3) and metrics["pass@1"]["n"] == 2
+    assert metrics["pass@2"]["value"] == pytest.approx((pass_at_k(3, 2, 2) + 0) / 2)
+
+
+def test_context_and_choice_split_as_lm_eval_does(tiny_path):
+    from transformers import AutoTokenizer
+
+    from cluster.loglikelihood import encode_pairs, pair_lengths
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    (ctx, conts), = encode_pairs(["Answer: "], [["4", " 5"]], tok, True)
+    assert ctx == tok("Answer:")["input_ids"]  # the trailing space moved to the choices
+    assert conts == [tok("Answer: 4")["input_ids"][len(ctx):], tok("Answer:  5")["input_ids"][len(ctx):]]
+    assert pair_lengths([(ctx, conts)]) == [len(ctx) + max(map(len, conts))]
+
+
+def test_acc_norm_divides_by_utf8_bytes():
+    from cluster.loglikelihood import acc, acc_norm, target_index
+
+    assert acc([-4.0, -5.0], 0) == 1.0 and acc_norm([-4.0, -5.0], ["ab", "éééé"], 1) == 1.0  # -2/B vs -0.625/B
+    assert target_index("1", ["x", "y"]) == 1 and target_index("y", ["x", "y"]) == 1
+    with pytest.raises(ValueError, match="out of range"):
+        target_index(2, ["x", "y"])
+
+
+def test_cpu_engine_loglikelihood_is_the_models_own_log_softmax_whatever_the_batch(hf_engine):
+    """Each choice's sum equals a forward of that one sequence alone (no padding, no neighbours), and its
+    greedy flag says whether every token was the argmax; batches of mixed lengths change nothing."""
+    import torch
+
+    from actors.engine import LoglikRequest
+
+    requests = [LoglikRequest("a", [5, 6, 7, 8, 9], [[10, 11], [12], [13, 14, 15]]),
+                LoglikRequest("b", list(range(20, 60)), [[61], [62, 63]])]
+    got = hf_engine.loglikelihood(requests)
+    for request, result in zip(requests, got):
+        for cont, lp, greedy in zip(request.continuations, result.logprobs, result.greedy):
+            seq = request.context_ids + cont
+            with torch.inference_mode():
+                logits = hf_engine.model(input_ids=torch.tensor([seq])).logits[0].float()
+            logprobs = torch.log_softmax(logits[len(seq) - len(cont) - 1:-1], -1)
+            want = logprobs.gather(1, torch.tensor(cont)[:, None]).sum().item()
+            assert lp == pytest.approx(want, abs=1e-4)
+            assert greedy == bool((logprobs.argmax(-1) == torch.tensor(cont)).all())
+    alone = hf_engine.loglikelihood(requests[1:])[0]
+    assert alone.logprobs == pytest.approx(got[1].logprobs, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_the_scoring_example_sweep(ray_local, tmp_path):
+    """sweeps/scoring.yaml on the CPU engine: multiple choice by log-likelihood, four sampled completions per
+    code problem run in the sandbox, and replayed completions (right, wrong, never returning) scored with
+    no engine; every completion once, pass@k from the replayed ones' known outcomes."""
+    from cluster.run import run_sweep
+    from cluster.spec import load_spec
+
+    raw = yaml.safe_load((ROOT / "sweeps" / "scoring.yaml").read_text())
+    raw["output"] = str(tmp_path / "out")
+    for task in raw["tasks"]:
+        task["data"] = str(ROOT / "sweeps" / task["data"])
+    (tmp_path / "scoring.yaml").write_text(yaml.safe_dump(raw))
+    report = run_sweep(load_spec(tmp_path / "scoring.yaml"), log=print)
+    assert not report.failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas()
+    assert len(results) == 40 + 8 * 4 + 8 * 3
+    assert not results.duplicated(["model", "task", "sample_id", "completion"]).any()
+
+    mc = results[results.task == "mc"]
+    assert mc.choice_logprobs.map(len).eq(4).all() and mc.choice_greedy.map(len).eq(4).all()
+    best = mc.choice_logprobs.map(lambda lps: max(range(4), key=list(lps).__getitem__))
+    assert (mc.score == (best == mc.target.astype(int)).astype(float)).all()
+    assert mc.score_norm.notna().all() and mc.output_text.isna().all()
+
+    code = results[results.task == "code"]
+    assert all(sorted(c) == [0, 1, 2, 3] for c in code.groupby("sample_id").completion.apply(list))
+    assert code.groupby("sample_id").output_text.nunique().min() > 1  # a seed per completion
+    assert code.exec_status.isin(["passed", "failed", "timeout", "error"]).all()
+
+    replay = results[results.task == "code-replay"]
+    assert set(replay.model) == {"handwritten"}
+    by_completion = replay.groupby("completion").exec_status.agg(set).to_dict()
+    assert by_completion == {0: {"passed"}, 1: {"failed"}, 2: {"timeout"}}
+    assert replay[replay.completion == 2].exec_error.str.contains("timed out").all()
+    summary = {(r["model"], r["task"]): r for r in pq.read_table(tmp_path / "out" / "summary.parquet").to_pylist()}
+    metrics = {m["name"]: m["value"] for m in summary[("handwritten", "code-replay")]["metrics"]}
+    assert metrics == {"pass@1": pytest.approx(1 / 3), "pass@3": 1.0}
+    assert {m["name"] for m in summary[("tiny", "mc")]["metrics"]} == {"acc_norm"}
+    assert summary[("tiny", "code")]["n_scored"] == 8  # prompts, not completions
+
+
+@pytest.mark.slow
+def test_a_replay_only_sweep_starts_no_engine(ray_local, tmp_path):
+    """Completions made elsewhere, scored with exact_match and no model in the spec: no actor, no engine."""
+    from cluster.run import run_sweep
+    from cluster.spec import load_spec
+
+    rows = [{"id": i, "q": f"{i}+{i}", "a": str(2 * i), "out": str(2 * i if i % 2 else i)} for i in range(6)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.yaml").write_text(f"""
+name: replayed
+output: {tmp_path / 'out'}
+models: []
+tasks:
+  - {{name: sums, data: d.jsonl, id_column: id, prompt: "{{q}}=", target: a, scorer: exact_match,
+      replay: {{column: out, model: api-model}}}}
+""")
+    report = run_sweep(load_spec(tmp_path / "s.yaml"), log=print)
+    assert not report.failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas().sort_values("sample_id")
+    assert list(results.score) == [1.0, 1.0, 0.0, 1.0, 0.0, 1.0]  # id 0: 0 == 0; even ids else replay i
+    assert results.prompt_tokens.isna().all() and set(results.model) == {"api-model"}
+    assert not (tmp_path / "out" / "telemetry" / "actors.parquet").exists()
+
+
+@pytest.mark.slow
+def test_hostile_completions_are_recorded_and_the_sweep_completes(ray_local, tmp_path, monkeypatch):
+    """Seven hostile completions, replayed through code_exec in a real sweep: each is recorded as not passed,
+    the sweep ends, the driver lives, nothing is written outside, no connection reaches a real listener on
+    127.0.0.1, the driver's secret is not read."""
+    import socket
+
+    from cluster.run import run_sweep
+    from cluster.spec import load_spec
+
+    monkeypatch.setenv("RAYSWEEP_TEST_SECRET", "s3cr3t-value")
+    outside = tmp_path / "escaped.txt"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    hostile = {
+        "fork-bomb": "import os\nwhile True:\n    os.fork()",
+        "spin": "while True:\n    pass",
+        "ten-gb": "x = bytearray(10 * 2**30)",
+        "write-outside": f"open({str(outside)!r}, 'w').write('out')",
+        "socket": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)",
+        "secret": "import os\nassert os.environ.get('RAYSWEEP_TEST_SECRET') == 's3cr3t-value'",
+        "kill-parent": "import os\nos.kill(os.getppid(), 9)\nimport time\ntime.sleep(5)\nraise SystemExit(3)",
+    }
+    (tmp_path / "h.jsonl").write_text("".join(json.dumps({"id": k, "code": v}) + "\n" for k, v in hostile.items()))
+    (tmp_path / "s.yaml").write_text(f"""
+name: hostile-code
+output: {tmp_path / 'out'}
+models: []
+tasks:
+  - name: hostile
+    data: h.jsonl
+    id_column: id
+    prompt: "{{id}}"
+    replay: {{column: code}}
+    scorer: {{name: code_exec, program: "{{completion}}\\n", timeout_s: 3, memory_mb: 512}}
+""")
+    report = run_sweep(load_spec(tmp_path / "s.yaml"), log=print)
+    assert not report.failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas().set_index("sample_id")
+    print(results[["exec_status", "exec_error"]].to_string())
+    assert set(results.index) == set(hostile)
+    assert (results.exec_status != "passed").all() and (results.score == 0).all()
+    assert results.loc["spin", "exec_status"] == "timeout"
+    assert not outside.exists()
+    with pytest.raises(BlockingIOError):
+        listener.accept()  # nothing connected
+    listener.close()
+    assert os.environ["RAYSWEEP_TEST_SECRET"] == "s3cr3t-value"  # and this process lives on
