@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="builtin:small")
     parser.add_argument("--rows", type=int, default=8000)
     parser.add_argument("--cpu-rows", type=int, default=32)
+    parser.add_argument("--no-warm", action="store_true", help="skip the untimed runs (caches warm already)")
     args = parser.parse_args(argv)
     from cluster.builtin_model import resolve_model_path
 
@@ -115,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     def plain(rows: Path, dest: Path) -> list[str]:
         return [sys.executable, "-m", "jobs.plain_vllm_loglik", model_path, str(rows), "--out", str(dest)]
 
-    timed(sweep("l_warm"), out / "l_warm_sweep")
-    timed(plain(warm, out / "l_warm_plain.jsonl"), out / "l_warm_plain")
+    if not args.no_warm:
+        timed(sweep("l_warm"), out / "l_warm_sweep")
+        timed(plain(warm, out / "l_warm_plain.jsonl"), out / "l_warm_plain")
     plain_s = timed(plain(data, out / "l_plain.jsonl"), out / "l_plain")
     sweep_s = timed(sweep("l_sweep"), out / "l_sweep")
     figures = {"model": args.model, "rows": args.rows, "choices": 4 * args.rows, "plain_s": plain_s,

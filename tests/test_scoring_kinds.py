@@ -127,6 +127,10 @@ def test_the_scoring_example_sweep(ray_local, tmp_path):
     assert metrics == {"pass@1": pytest.approx(1 / 3), "pass@3": 1.0}
     assert {m["name"] for m in summary[("tiny", "mc")]["metrics"]} == {"acc_norm"}
     assert summary[("tiny", "code")]["n_scored"] == 8  # prompts, not completions
+    from jobs.report import write_report
+
+    page = write_report(str(tmp_path / "out")).read_text()
+    assert "pass@1 0.333 ± 0.000, pass@3 1.000 ± 0.000" in page and "acc_norm " in page
 
 
 @pytest.mark.slow
