@@ -37,8 +37,6 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def verify(args: argparse.Namespace) -> int:
-    import pyarrow.parquet as pq
-
     from cluster.data import data_hashes, rows_with_ids
     from cluster.sink import read_manifest
     from cluster.spec import load_spec
@@ -59,9 +57,9 @@ def verify(args: argparse.Namespace) -> int:
     if spec.digest() != manifest.get("spec_hash"):
         raise VerifyError(f"{source}: not the spec {args.output} was made from (hash {spec.digest()}, the "
                           f"manifest's {manifest.get('spec_hash')}): pass --spec with that one")
-    committed = pq.read_table(os.path.join(args.output, "results"),
-                              columns=["model", "task", "sample_id", "status", "output_text"]).to_pylist()
-    candidates = [r for r in committed if r["status"] in ("ok", "truncated")]
+    committed = _outputs(os.path.join(args.output, "results"), with_status=True)
+    generated = {t.name for t in spec.tasks if t.replay is None}  # a replay task's outputs were read, not made
+    candidates = [r for r in committed if r["status"] in ("ok", "truncated") and r["task"] in generated]
     if not candidates:
         raise VerifyError(f"{args.output}: no committed row with an output to verify")
     chosen = random.Random(args.seed).sample(candidates, min(args.samples, len(candidates)))
@@ -90,21 +88,42 @@ def verify(args: argparse.Namespace) -> int:
                                                   dashboard=False, new_run=True))
         if code != 0:
             raise VerifyError("the verify sweep failed (its lines above say why)")
-        fresh = {(r["model"], r["task"], r["sample_id"]): r["output_text"] for r in
-                 pq.read_table(os.path.join(tmp, "out", "results"),
-                               columns=["model", "task", "sample_id", "output_text"]).to_pylist()}
-    differ = [r for r in chosen if fresh.get((r["model"], r["task"], r["sample_id"])) != r["output_text"]]
+        fresh = {_key(r): r["output"] for r in _outputs(os.path.join(tmp, "out", "results"))}
+    differ = [r for r in chosen if fresh.get(_key(r)) != r["output"]]
     for r in differ:
-        new = fresh.get((r["model"], r["task"], r["sample_id"]))
-        print(f"[raysweep] verify: DIFFERS {r['model']}/{r['task']}/{r['sample_id']}: committed "
-              f"{_clip(r['output_text'])}, now {_clip(new)}")
+        completion = f"#{r['completion']}" if r["completion"] else ""
+        print(f"[raysweep] verify: DIFFERS {r['model']}/{r['task']}/{r['sample_id']}{completion}: committed "
+              f"{_clip(r['output'])}, now {_clip(fresh.get(_key(r)))}")
     reproducible = bool(manifest.get("reproducible"))
     print(f"[raysweep] verify: {len(chosen) - len(differ)} of {len(chosen)} sampled outputs match "
           f"({'reproducible: true' if reproducible else 'reproducible: false: batch numerics may move near-ties'})")
     return 1 if differ and reproducible else 0
 
 
-def _clip(text: str | None, n: int = 60) -> str:
+def _outputs(results: str, with_status: bool = False) -> list[dict]:
+    """Each committed row's key and output: its text, or for a loglikelihood row its choices' log-probabilities
+    (as committed: a reproducible engine gives the same floats). An output made before `completion` and the
+    per-choice columns existed reads them as none."""
+    import pyarrow.dataset as ds
+
+    dataset = ds.dataset(results, format="parquet")
+    wanted = ["model", "task", "sample_id", "output_text", "completion", "choice_logprobs"] + ["status"] * with_status
+    have = set(dataset.schema.names)
+    rows = dataset.to_table(columns=[c for c in wanted if c in have]).to_pylist()
+    for r in rows:
+        logprobs = r.pop("choice_logprobs", None)
+        r["output"] = tuple(logprobs) if logprobs is not None else r.pop("output_text")
+        r["completion"] = r.get("completion") or 0
+    return rows
+
+
+def _key(row: dict) -> tuple:
+    return row["model"], row["task"], row["sample_id"], row["completion"]
+
+
+def _clip(text, n: int = 60) -> str:
     if text is None:
         return "nothing"
+    if not isinstance(text, str):
+        text = ", ".join(f"{x:.4f}" for x in text)  # a loglikelihood row's choices
     return repr(text if len(text) <= n else text[:n] + "…")
