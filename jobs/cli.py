@@ -25,10 +25,12 @@ def plan(args: argparse.Namespace) -> int:
     for mp in preflight(load_spec(args.spec), strict=False):
         for tp in mp.tasks:
             lengths = tp.lengths
+            measured = tp.task.replay is None  # a replay task's prompts are measured by no tokenizer
             rows.append({
                 "model": mp.model.name, "task": tp.task.name, "samples": int(len(lengths)), "shards": len(tp.shards),
-                "tokens_p50": int(np.percentile(lengths, 50)), "tokens_p95": int(np.percentile(lengths, 95)),
-                "tokens_max": int(lengths.max()), "threshold": tp.threshold,
+                "tokens_p50": int(np.percentile(lengths, 50)) if measured else None,
+                "tokens_p95": int(np.percentile(lengths, 95)) if measured else None,
+                "tokens_max": int(lengths.max()) if measured else None, "threshold": tp.threshold,
                 "short_shards": sum(s.profile == "short" for s in tp.shards),
                 "long_shards": sum(s.profile == "long" for s in tp.shards),
                 "truncated": tp.n_truncated, "skipped": tp.n_skipped, "refused": tp.n_refused, "empty": tp.n_empty, "limit": tp.limit,
