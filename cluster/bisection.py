@@ -120,7 +120,9 @@ class Bisection:
                 parts.append(self.tables[start])
             else:
                 sample_id, error = self.errors[start]
-                row = dict.fromkeys(schema.names) | {"sample_id": sample_id, "status": "error", "error": error}
+                # one error row for the sample (completion 0, whatever sampling.n): none of its completions ran
+                row = dict.fromkeys(schema.names) | {"sample_id": sample_id, "completion": 0, "status": "error",
+                                                     "error": error}
                 parts.append(pa.Table.from_pylist([row], schema=schema))
         return pa.concat_tables(parts)
 
