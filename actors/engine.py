@@ -162,6 +162,31 @@ def reproducible_refusal(backends) -> str | None:
             f"{gpu_name() or 'GPU'} is {'.'.join(map(str, capability))}")
 
 
+def check_gpus(model: ModelSpec, model_path: str, gpu_fraction: float) -> None:
+    """Before vLLM starts: this actor sees the GPUs its model's engine spans (tensor x pipeline parallel),
+    and the model's weights fit them (cluster/model_memory.py, against NVML's figure for this GPU)."""
+    import json
+
+    from actors.telemetry import gpu_name, gpu_total_bytes
+    from cluster.model_memory import refusal, weights
+
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if model.gpus_per_engine > 1 and len(visible) < model.gpus_per_engine:
+        raise RuntimeError(f"model {model.name}: its engine spans {model.gpus_per_engine} GPUs (tensor x pipeline "
+                           f"parallel), and this actor was given {len(visible)} (CUDA_VISIBLE_DEVICES={','.join(visible)})")
+    total = gpu_total_bytes()
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return  # vLLM says what is wrong with the model itself
+    found = weights(model_path, config, model.engine)
+    why = total and found and refusal(model.name, model.engine, found, total, f"this actor's {gpu_name() or 'GPU'}",
+                                      gpu_fraction, config.get("num_attention_heads"))
+    if why:
+        raise RuntimeError(why)
+
+
 def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_threads: int | None,
                 gpu_fraction: float = 1.0, sleep_mode: bool = False, reproducible: bool = False) -> Engine:
     """`sleep_mode`: the engine can `sleep` and `wake_up` (vLLM's sleep mode; the CPU engines keep their
@@ -175,10 +200,12 @@ def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_t
                                "on a CUDA machine, or set `engine: hf`")
         from actors.vllm_engine import VllmEngine
 
+        check_gpus(model, model_path, gpu_fraction)
         if reproducible and os.environ.get(BATCH_INVARIANT) != "1":
             raise RuntimeError(f"model {model.name}: reproducible: true, but {BATCH_INVARIANT} was not set in "
                                "this actor before vLLM started")
-        return VllmEngine(model, model_path, profile, gpu_fraction=gpu_fraction, sleep_mode=sleep_mode)
+        return VllmEngine(model, model_path, profile, gpu_fraction=gpu_fraction, sleep_mode=sleep_mode,
+                          reproducible=reproducible)
     if backend == "fake":
         from actors.fake_engine import FakeEngine
 

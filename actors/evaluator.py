@@ -49,6 +49,7 @@ class EvalActor:
         if reproducible:  # before vLLM and its engine-core forkserver start: every engine here reads it
             os.environ[BATCH_INVARIANT] = "1"
         self.actor_id, self.node_ip, self.node_id = _identity()
+        self.gpu_ids = _gpu_ids()  # the GPUs Ray gave it (several for an engine across GPUs)
         # Ray may hand over a worker process it started before this actor was asked for: the clock then
         # starts at the request, not at the process's birth
         process_at = max(process_started_at() or requested_at, requested_at)
@@ -160,7 +161,8 @@ class EvalActor:
             first["waiting_s"] = since(self._imported_at, engine_requested_at)
         self.engine_starts += 1
         return {"actor_id": self.actor_id, "node_ip": self.node_ip, "node_id": self.node_id,
-                "gpu_name": self.gpu_name, "model": self.model.name, "engine": self.engine.kind,
+                "gpu_name": self.gpu_name, "gpus": len(self.gpu_ids), "gpu_ids": ",".join(self.gpu_ids),
+                "model": self.model.name, "engine": self.engine.kind,
                 "profile": profile.name, "start_index": self.engine_starts - 1, "reason": reason,
                 "restart": self.restarts, "model_change": self.model_changes,
                 "requested_at": utc(requested_at), "ready_at": utc(ready_at),
@@ -222,6 +224,16 @@ def _identity() -> tuple[str, str | None, str | None]:
     except ImportError:
         pass
     return f"local-{os.getpid()}", None, None
+
+
+def _gpu_ids() -> list[str]:
+    """The ids of the GPUs Ray assigned this actor (as strings), [] outside Ray or without GPUs."""
+    try:
+        import ray
+
+        return [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
+    except ImportError:
+        return []
 
 
 def _load_tokenizer(model_path: str):

@@ -1,7 +1,8 @@
 """GPU telemetry from NVML (the `pynvml` module of nvidia-ml-py), sampled on a background thread.
 
-`GpuSampler` reads the actor's own GPU — the first device in CUDA_VISIBLE_DEVICES, matched to NVML by
-UUID where Ray gives UUIDs, else by index — every `interval_s`. Where NVML or a GPU is absent it
+`GpuSampler` reads the actor's own GPUs — the devices in CUDA_VISIBLE_DEVICES, matched to NVML by UUID
+where Ray gives UUIDs, else by index — every `interval_s` (an actor of a tensor-parallel engine holds
+several: one reading sums or averages them). Where NVML or a GPU is absent it
 samples nothing and every aggregate is None: a missing reading is never reported as zero.
 """
 
@@ -12,21 +13,32 @@ import threading
 import time
 
 
-def _nvml_handle():
-    """The NVML handle of this process's first visible GPU, or None."""
+def _nvml_handles() -> list:
+    """NVML handles of this process's visible GPUs, in CUDA_VISIBLE_DEVICES order ([] without NVML; the
+    first GPU where the variable is unset)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:  # no library, no driver, no GPU: NVML is simply absent here
-        return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    try:
-        if visible.startswith(("GPU-", "MIG-")):
-            return pynvml.nvmlDeviceGetHandleByUUID(visible)
-        return pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)
-    except Exception:
-        return None
+        return []
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()] or ["0"]
+    handles = []
+    for device in visible:
+        try:
+            if device.startswith(("GPU-", "MIG-")):
+                handles.append(pynvml.nvmlDeviceGetHandleByUUID(device))
+            else:
+                handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(device) if device.isdigit() else 0))
+        except Exception:
+            continue
+    return handles
+
+
+def _nvml_handle():
+    """The NVML handle of this process's first visible GPU, or None."""
+    handles = _nvml_handles()
+    return handles[0] if handles else None
 
 
 def gpu_name() -> str | None:
@@ -69,7 +81,7 @@ class GpuSampler:
 
     def __init__(self, interval_s: float = 0.5):
         self.interval_s = interval_s
-        self.handle = _nvml_handle()
+        self.handles = _nvml_handles()  # an actor of several GPUs (tensor parallel) reads all of them
         self.samples: list[dict] = []  # time, mem_used_mib, util_pct, power_w, sm_clock_mhz, temp_c
         self._drained = 0
         self._lock = threading.Lock()
@@ -78,22 +90,25 @@ class GpuSampler:
 
     @property
     def available(self) -> bool:
-        return self.handle is not None
+        return bool(self.handles)
 
     def read(self) -> dict | None:
-        if self.handle is None:
+        """One reading of the actor's GPUs: memory and power summed over them, utilisation and SM clock
+        their mean, temperature the hottest's (one GPU: its own readings)."""
+        if not self.handles:
             return None
         import pynvml
 
-        h = self.handle
-        return {"time": time.time(), "mem_used_mib": pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20,
-                "util_pct": float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
-                "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                "sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
-                "temp_c": float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))}
+        each = [(pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20, float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                 pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0, float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                 float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))) for h in self.handles]
+        n = len(each)
+        return {"time": time.time(), "mem_used_mib": sum(e[0] for e in each), "util_pct": sum(e[1] for e in each) / n,
+                "power_w": sum(e[2] for e in each), "sm_clock_mhz": sum(e[3] for e in each) / n,
+                "temp_c": max(e[4] for e in each)}
 
     def start(self) -> "GpuSampler":
-        if self.handle is not None and self._thread is None:
+        if self.handles and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
             self._thread.start()
         return self

@@ -77,10 +77,20 @@ def shared_kv_bytes(model: ModelSpec, model_path: str, gpu_fraction: float, tota
     return kv if kv >= MIN_SHARED_KV_BYTES else None
 
 
+# `reproducible: true` (with VLLM_BATCH_INVARIANT=1): on an H100, vLLM 0.26 repeated greedy outputs across batch
+# sizes (groups of 256, 64, 100 reversed: 1,312 of 1,312 each) only with these, CUDA graphs and torch.compile
+# on. FLASH_ATTN (the default) differed even between two identical passes; eager mode (C++ kernels) differed
+# between batch sizes with every attention backend (bench/h100-2026-11-23-s10-r.md). Chunked prefill is off:
+# whether a prompt is chunked would depend on its neighbours in the shard.
+REPRODUCIBLE_ARGS = {"attention_config": {"backend": "TRITON_ATTN"}, "enable_prefix_caching": False,
+                     "enable_chunked_prefill": False}
+
+
 def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float,
-                kv_bytes: int | None = None) -> dict:
+                kv_bytes: int | None = None, reproducible: bool = False) -> dict:
     """vLLM `LLM(...)` arguments: the spec's `engine` mapping as is, the profile's scheduling on top;
-    `kv_bytes` (shared_kv_bytes) fixes the KV cache's size on a shared GPU."""
+    `kv_bytes` (shared_kv_bytes) fixes the KV cache's size on a shared GPU; `reproducible`: REPRODUCIBLE_ARGS
+    on top of all (preflight refused a spec that asks otherwise: cluster/preflight.py check_batch_invariant)."""
     args = {"model": model_path, "tokenizer": model_path, "seed": 0,
             "gpu_memory_utilization": round(0.9 * min(gpu_fraction, 1.0), 3),  # actors sharing a GPU split it
             "disable_log_stats": False,  # per-request metrics (TTFT) exist only with stats on
@@ -88,6 +98,9 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
             "max_num_seqs": DEFAULT_MAX_SEQS}
     if kv_bytes is not None:
         args["kv_cache_memory_bytes"] = kv_bytes
+    if model.gpus_per_engine > 1:
+        # the actor holds the engine's GPUs (one node's): vLLM's workers run as its processes, not Ray tasks
+        args["distributed_executor_backend"] = "mp"
     args.update(model.engine)
     if profile.chunked_prefill:
         args["enable_chunked_prefill"] = True
@@ -96,6 +109,10 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
     else:
         args["enable_chunked_prefill"] = False  # batched tokens default to max_model_len: nothing is chunked
         args.pop("max_num_batched_tokens", None)
+    if reproducible:
+        args.pop("max_num_batched_tokens", None)
+        args.update(REPRODUCIBLE_ARGS, attention_config={**(args.get("attention_config") or {}),
+                                                         **REPRODUCIBLE_ARGS["attention_config"]})
     compilation = dict(args.pop("compilation_config", None) or {})
     compilation.setdefault("max_cudagraph_capture_size", args["max_num_seqs"])
     args["compilation_config"] = compilation
@@ -120,15 +137,16 @@ class VllmEngine:
     kind = "vllm"
 
     def __init__(self, model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float = 1.0,
-                 sleep_mode: bool = False):
+                 sleep_mode: bool = False, reproducible: bool = False):
         vllm_core_process.start()
         try:
             import vllm  # noqa: F401
         except ImportError as e:
             raise RuntimeError(f"model {model.name}: vLLM is not installed: pip install 'raysweep[vllm]' ({e})") from e
         self.profile = profile
+        self.reproducible = reproducible
         self.args = engine_args(model, model_path, profile, gpu_fraction,
-                                shared_kv_bytes(model, model_path, gpu_fraction, gpu_total_bytes()))
+                                shared_kv_bytes(model, model_path, gpu_fraction, gpu_total_bytes()), reproducible)
         if sleep_mode:  # a pool replica switching models: weights to CPU memory and back, no restart
             self.args["enable_sleep_mode"] = True
         self._fallback_reason: str | None = None
@@ -185,6 +203,9 @@ class VllmEngine:
                     continue
                 if eager or not _GRAPH_FAILURE.search(cause):
                     raise
+                if self.reproducible:  # eager kernels are not batch-invariant: no silent fallback
+                    raise RuntimeError(f"reproducible: true needs CUDA graphs and torch.compile, and the engine "
+                                       f"could not start with them: {_failure_line(e, core_log)}") from e
                 self._fallback_reason = _failure_line(e, core_log)
                 print(f"[raysweep] CUDA graph start failed ({self._fallback_reason}); starting eager", file=sys.stderr)
                 eager = True

@@ -94,7 +94,7 @@ def find_model(path: str) -> dict | None:
         name = path[len(BUILTIN_PREFIX):]
         if name not in CONFIGS:
             raise ValueError(f"unknown builtin model; known: {', '.join(BUILTIN_PREFIX + n for n in CONFIGS)}")
-        return {"max_position_embeddings": CONFIGS[name]["max_position_embeddings"]}
+        return builtin_config(name)
     path = os.path.expanduser(path)
     if is_local_path(path) or path.startswith(".") or os.path.exists(path):
         if not os.path.exists(path):
@@ -165,7 +165,7 @@ def build(name: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        _write_model(CONFIGS[name], tmp)
+        _write_model(name, tmp)
         try:
             os.rename(tmp, target)
         except OSError:  # another process finished the same build first; its copy is identical
@@ -175,10 +175,12 @@ def build(name: str, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_model(cfg: dict, out: Path) -> None:
+def builtin_config(name: str) -> dict:
+    """The config.json of builtin model `name` (a key of CONFIGS), without building it."""
+    cfg = CONFIGS[name]
     vocab_size = 256 + len(SPECIAL_TOKENS)
     end_id, pad_id, bos_id = 256, 257, 258
-    config = {
+    return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": vocab_size, "hidden_size": cfg["hidden_size"],
         "intermediate_size": cfg["intermediate_size"], "num_hidden_layers": cfg["num_hidden_layers"],
@@ -190,6 +192,11 @@ def _write_model(cfg: dict, out: Path) -> None:
         "bos_token_id": bos_id, "eos_token_id": end_id, "pad_token_id": pad_id,
         "torch_dtype": "bfloat16",  # vLLM runs it in bf16; the CPU engine loads it as float32
     }
+
+
+def _write_model(name: str, out: Path) -> None:
+    cfg, config = CONFIGS[name], builtin_config(name)
+    end_id, pad_id, bos_id = config["eos_token_id"], config["pad_token_id"], config["bos_token_id"]
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": bos_id, "eos_token_id": end_id, "pad_token_id": pad_id}, indent=2, sort_keys=True) + "\n")

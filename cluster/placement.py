@@ -4,6 +4,8 @@ cluster can hold, and the capacity the driver asks the autoscaler for up front
 
 - GPUs: `actors.num_gpus` per actor where the cluster has GPUs now, or where the spec names an
   `accelerator_type` (an autoscaled GPU group may be at zero nodes); otherwise the actors run on CPUs.
+  A model whose engine spans N GPUs (tensor_parallel_size x pipeline_parallel_size) has actors of N whole
+  GPUs, on one node.
 - `accelerator_type: L4` adds Ray's `accelerator_type:L4` resource, so actors land only on L4 nodes.
 """
 
@@ -58,10 +60,19 @@ class ActorResources:
         return bundle
 
 
-def actor_resources(actors: ActorSpec, cluster_resources: dict) -> ActorResources:
+def actor_resources(actors: ActorSpec, cluster_resources: dict, gpus_per_engine: int = 1) -> ActorResources:
+    """What one actor asks Ray for. A model whose engine spans several GPUs (tensor x pipeline parallel)
+    gets actors of that many whole GPUs: one actor's resources always come from one node, so its engine's
+    GPUs are one node's (the placement a STRICT_PACK group would give), and vLLM runs its workers inside it."""
     wants_gpus = actors.accelerator_type is not None or cluster_resources.get("GPU", 0) > 0
-    return ActorResources(num_cpus=actors.num_cpus, num_gpus=actors.num_gpus if wants_gpus else 0.0,
+    num_gpus = float(gpus_per_engine) if gpus_per_engine > 1 else actors.num_gpus
+    return ActorResources(num_cpus=actors.num_cpus, num_gpus=num_gpus if wants_gpus else 0.0,
                           accelerator_type=actors.accelerator_type)
+
+
+def model_resources(actors: ActorSpec, models, cluster_resources: dict) -> dict:
+    """{model name: its actors' ActorResources}: one shape per GPU count an engine spans."""
+    return {m.name: actor_resources(actors, cluster_resources, m.gpus_per_engine) for m in models}
 
 
 def node_shapes(bundle: dict) -> tuple[list[dict], bool]:
@@ -132,12 +143,13 @@ def _read_node_types() -> list[dict]:
 
 
 @contextmanager
-def requested_capacity(resources: ActorResources, count: int):
-    """Ask the autoscaler for `count` actors' worth of resources; withdraw the request on exit.
-    Without an autoscaler (a local Ray) the request is recorded and nothing happens."""
+def requested_capacity(wanted: dict):
+    """Ask the autoscaler for {ActorResources: count} actors' worth of resources (an N-GPU actor is one
+    N-GPU bundle: a node that holds it whole); withdraw the request on exit. Without an autoscaler (a
+    local Ray) the request is recorded and nothing happens."""
     from ray.autoscaler.sdk import request_resources
 
-    request_resources(bundles=[resources.bundle()] * count)
+    request_resources(bundles=[r.bundle() for r, count in wanted.items() for _ in range(count)])
     try:
         yield
     finally:

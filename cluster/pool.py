@@ -114,15 +114,21 @@ def build_app(spec: SweepSpec, min_replicas: int = 1, switch: bool = False):
 
     if min_replicas < 0 or min_replicas > spec.actors.count:
         raise PoolError(f"--min-replicas {min_replicas}: must be from 0 to actors.count ({spec.actors.count})")
-    resources = actor_resources(spec.actors, ray.cluster_resources())
+    spans = {m.gpus_per_engine for m in spec.models}
+    resources = actor_resources(spec.actors, ray.cluster_resources(), max(spans))
     room = capacity(resources, [m.name for m in spec.models])  # refuses a spec no node can hold, naming the numbers
     switching = len(spec.models) > 1 and (switch or (room is not None and room < len(spec.models)))
+    if switching and len(spans) > 1:
+        raise PoolError(f"models {', '.join(m.name for m in spec.models)} would share pool replicas (switching), and "
+                        f"their engines span different GPU counts ({', '.join(map(str, sorted(spans)))}): one replica "
+                        "runs engines of one size; start a pool per size")
     description = describe(spec, switching)
     groups = [(description["models"], spec.models)] if switching else \
         [([info], [model]) for info, model in zip(description["models"], spec.models)]
     deployments = []
     for infos, models in groups:
         depth = infos[0]["depth"]
+        resources = actor_resources(spec.actors, ray.cluster_resources(), models[0].gpus_per_engine)
         options = dict(name=infos[0]["deployment"], ray_actor_options=resources.options(),
                        max_ongoing_requests=depth * QUEUED_PER_SLOT,
                        autoscaling_config={"min_replicas": min_replicas, "initial_replicas": max(min_replicas, 1),

@@ -24,8 +24,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from cluster.builtin_model import find_model, resolve_model_path
+from cluster.builtin_model import find_model, is_builtin, resolve_model_path
 from cluster.data import TaskData, load_task
+from cluster.model_memory import accelerator_memory, refusal, weights
 from cluster.planner import TaskPlan, no_room, plan_replay, plan_task
 from cluster.spec import ModelSpec, SweepSpec
 from cluster.staging import StagingFolder
@@ -68,19 +69,47 @@ def check_inputs(spec: SweepSpec) -> list[TaskData]:
     return data
 
 
-# attention backends whose vLLM 0.26 kernels are not batch-invariant (vllm/platforms/cuda.py refuses them then)
-NOT_BATCH_INVARIANT = ("FLASHINFER",)
+# `reproducible: true` runs vLLM with actors/vllm_engine.py REPRODUCIBLE_ARGS: the one setting under which
+# vLLM 0.26 gave identical greedy outputs across batch sizes on an H100 (bench/h100-2026-11-23-s10-r.md)
+REPRODUCIBLE_BACKEND = "TRITON_ATTN"
 
 
 def check_batch_invariant(spec: SweepSpec, model: ModelSpec) -> None:
-    """`reproducible: true` with an engine argument vLLM's batch-invariant mode cannot run: one line now,
-    not a failed engine start. (The GPU's own capability is checked on the actor, before its engine starts.)"""
-    attention = model.engine.get("attention_config")
-    backend = model.engine.get("attention_backend") or (attention.get("backend") if isinstance(attention, dict) else None)
-    if isinstance(backend, str) and backend.upper() in NOT_BATCH_INVARIANT:
-        raise PreflightFailure(f"{spec.source}: model {model.name}: reproducible: true needs vLLM's batch-invariant "
-                               f"mode, which the {backend} attention backend does not support (FLASH_ATTN, "
-                               "TRITON_ATTN and FLEX_ATTENTION do): drop engine.attention_backend or choose one of those")
+    """`reproducible: true` with an engine argument or task setting under which vLLM's outputs were seen to
+    change with the batch: one line now, not a sweep whose outputs do not repeat. (The GPU's own capability
+    is checked on the actor, before its engine starts.)"""
+    engine, why = model.engine, None
+    attention = engine.get("attention_config")
+    backend = engine.get("attention_backend") or (attention.get("backend") if isinstance(attention, dict) else None)
+    if isinstance(backend, str) and backend.upper() != REPRODUCIBLE_BACKEND:
+        why = (f"the {backend} attention backend (on an H100 only {REPRODUCIBLE_BACKEND} repeated its outputs across "
+               "batches; FLASH_ATTN differed even between identical batches): drop engine.attention_config")
+    elif engine.get("enforce_eager"):
+        why = ("enforce_eager (vLLM 0.26's eager kernels gave other outputs in other batches, on an H100; CUDA "
+               "graphs and torch.compile did not): drop engine.enforce_eager")
+    elif engine.get("enable_prefix_caching") or engine.get("enable_chunked_prefill"):
+        key = "enable_prefix_caching" if engine.get("enable_prefix_caching") else "enable_chunked_prefill"
+        why = f"{key} (whether a prompt's tokens are cached or chunked depends on its neighbours): drop engine.{key}"
+    if why:
+        raise PreflightFailure(f"{spec.source}: model {model.name}: reproducible: true cannot run with {why}")
+    chunked = next((t for t in spec.tasks if t.chunked_prefill == "on"), None)
+    if chunked is not None:
+        raise PreflightFailure(f"{spec.source}: tasks.{chunked.name}.chunked_prefill: on cannot run with reproducible: "
+                               "true (whether a prompt is chunked depends on its neighbours): use auto or off")
+
+
+def check_memory(spec: SweepSpec, model: ModelSpec, path: str, config: dict | None) -> None:
+    """A model whose weights cannot fit the GPUs of the spec's `accelerator_type`, at its tensor- and
+    pipeline-parallel sizes: one line now, with the smallest tensor_parallel_size that fits (each actor
+    checks its own GPU again before its engine starts: actors/evaluator.py)."""
+    gpu_bytes = accelerator_memory(spec.actors.accelerator_type)
+    if gpu_bytes is None or config is None or model.backend in ("hf", "fake"):
+        return
+    found = weights(None if is_builtin(path) else path, config, model.engine)
+    why = found and refusal(model.name, model.engine, found, gpu_bytes, f"an {spec.actors.accelerator_type}",
+                            spec.actors.num_gpus, config.get("num_attention_heads"))
+    if why:
+        raise PreflightFailure(f"{spec.source}: {why}")
 
 
 def check_model(spec: SweepSpec, model: ModelSpec) -> None:
@@ -96,6 +125,7 @@ def check_model(spec: SweepSpec, model: ModelSpec) -> None:
     except ValueError as e:
         where = f" ({path})" if path != model.path else ""
         raise PreflightFailure(f"{spec.source}: model {model.name}: cannot load {model.path!r}{where}: {e}") from None
+    check_memory(spec, model, path, config)
     max_len = model.engine.get("max_model_len") or (config or {}).get("max_position_embeddings")
     for task in spec.tasks:
         if task.replay is None and isinstance(max_len, int) and task.sampling.max_tokens >= max_len:

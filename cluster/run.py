@@ -19,7 +19,7 @@ import ray
 
 from cluster.bisection import row_error_excess
 from cluster.metrics import SweepMetrics
-from cluster.placement import actor_resources, capacity, requested_capacity, shared_starts_together
+from cluster.placement import capacity, model_resources, requested_capacity, shared_starts_together
 from cluster.planner import TaskPlan
 from cluster.preflight import ModelPlan, ModelReady, PlanSource, PreflightFailure, preflight  # noqa: F401
 from cluster.progress import make_progress
@@ -59,6 +59,7 @@ class SweepReport:
     shards_run: int = 0
     shards_skipped: int = 0  # committed by an earlier run
     model_changes: int = 0  # actors that went from one model to another
+    tail: dict = field(default_factory=dict)  # tail_idle_gpu_s, tail_idle_share, tail_splits (cluster/tail_split.py)
 
 
 @dataclass
@@ -100,7 +101,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
         finally:  # what was measured before a failure is kept
             run.progress.close()
             run.metrics.close()
-            sink.add_run(clock.record())
+            sink.add_run({**clock.record(), **run.tail_record()})
             run.report.summary = sink.finish()
             run.record("failed" if sink.failed() else "done", run.report.summary.to_pylist())
         run.report.failed = sink.failed()
@@ -136,42 +137,63 @@ class _Run:
         from actors.evaluator import EvalActor
 
         spec = self.spec
-        resources = actor_resources(spec.actors, ray.cluster_resources())
-        holds = capacity(resources, [m.name for m in spec.models])  # refuses a spec no node can hold
+        shapes = model_resources(spec.actors, spec.models, ray.cluster_resources())  # per model: its actors' shape
+        holds = {}  # per shape: how many actors the cluster holds at once; refuses a shape no node can hold
+        for shape in dict.fromkeys(shapes.values()):
+            holds[shape] = capacity(shape, [name for name, s in shapes.items() if s == shape])
         depth = max((shards_in_flight(spec, m) for m in spec.models), default=MIN_SHARDS_IN_FLIGHT)
         remote = ray.remote(EvalActor)
         backends = tuple(sorted({m.backend for m in spec.models}))
 
-        def spawn(n: int, requested_at: float):
+        def spawn(n: int, requested_at: float, shape):
             # max_concurrency above the shards in flight: the next shard is admitted early, and
             # start_engine / close calls are never queued behind shards
             return remote.options(name=f"raysweep:{spec.name}:{n}", namespace=f"raysweep-{spec.name}",
-                                  max_restarts=0, max_concurrency=depth + 2, **resources.options()).remote(
-                requested_at, resources.num_cpus, resources.num_gpus, backends, False, spec.reproducible)
+                                  max_restarts=0, max_concurrency=depth + 2, **shape.options()).remote(
+                requested_at, shape.num_cpus, shape.num_gpus, backends, False, spec.reproducible)
 
         events = SchedulerEvents(on_result=self.on_result, on_failed=self.on_failed, on_bisected=self.on_bisected,
-                                 on_bisecting=self.on_bisecting, on_attempt_failed=self.on_attempt_failed,
+                                 on_bisecting=self.on_bisecting, on_split=self.on_split, on_attempt_failed=self.on_attempt_failed,
                                  on_actor_started=self.add_engine_row,
                                  on_dispatched=lambda job: self.metrics.dispatched(job.shard.model, job.task.name),
                                  on_tick=self.on_tick)
+        shared = any(0 < shape.num_gpus < 1 for shape in holds)
         self.scheduler = SweepScheduler(spawn, events, capacity=holds, max_attempts=max_attempts,
-                                        start_one_by_one=0 < resources.num_gpus < 1 and not shared_starts_together())
+                                        start_one_by_one=shared and not shared_starts_together())
         # every model from the spec now, so its actors start (process, imports) while the checks run;
         # each gets its engine start only once it passed them (ModelReady, in feed)
         for model in spec.models:
-            self.scheduler.add_model(ModelWork(model.name, spec.actors.count, shards_in_flight(spec, model)))
-        pooled = self._use_pool()  # models the cluster's engine pool serves: their shards go there
-        wanted = spec.actors.count * (len(spec.models) - len(pooled))
+            self.scheduler.add_model(ModelWork(model.name, spec.actors.count, shards_in_flight(spec, model),
+                                               shape=shapes[model.name]))
+        pooled = self._use_pool()  # models the cluster's engine pool serves: their shards go to it
+        wanted: dict = {}
+        for model in spec.models:
+            if model.name not in pooled:
+                wanted[shapes[model.name]] = wanted.get(shapes[model.name], 0) + spec.actors.count
+        wanted = {shape: n if holds[shape] is None else min(n, holds[shape]) for shape, n in wanted.items()}
         try:
-            with requested_capacity(resources, wanted if holds is None else min(wanted, holds)):
+            with requested_capacity(wanted):
                 self.scheduler.run(self.feed)
             self.commit_scored(wait=True)
         finally:
             self.scorer.close()
         self.report.model_changes = self.scheduler.model_changes
+        tail = self.tail_record()
+        if tail["tail_idle_share"] is not None:
+            self.log(f"[raysweep] tail: actors idle {tail['tail_idle_share']:.1%} of their GPU-seconds "
+                     f"({tail['tail_idle_gpu_s']:.1f}) while others finished; {tail['tail_splits']} shard(s) cut at "
+                     "their model's tail")
         if self.scheduler.pool_lost:
             self.log(f"[raysweep] the engine pool went away during the sweep: model(s) "
                      f"{', '.join(self.scheduler.pool_lost)} went on with the sweep's own actors")
+
+    def tail_record(self) -> dict:
+        """How long actors idled at the run's tail (cluster/tail_split.py), kept in the run's record."""
+        scheduler = getattr(self, "scheduler", None)
+        if scheduler is None:
+            return {"tail_idle_gpu_s": None, "tail_idle_share": None, "tail_splits": 0}
+        self.report.tail = {**scheduler.tail.record(), "tail_splits": scheduler.tail_splits}
+        return self.report.tail
 
     def _use_pool(self) -> dict:
         """The sweep's models that the cluster's engine pool serves with the same path and engine arguments
@@ -360,8 +382,20 @@ class _Run:
         self.progress.log(f"[raysweep] shard {job.shard.shard_id} raised on {job.attempt} attempt(s): bisecting its "
                           f"{job.shard.n_samples} rows to run those that can and find those that fail")
 
+    def on_split(self, job: Job, table: pa.Table) -> None:
+        """A shard cut in parts at its model's tail (cluster/tail_split.py): committed as the shard, once."""
+        self._commit_parts(job, table, {})
+
     def on_bisected(self, job: Job, table: pa.Table, row_errors: dict) -> None:
         """A bisected shard: its parts' results and its error rows, committed as the shard, once."""
+        self._commit_parts(job, table, row_errors)
+        shard = job.shard
+        listed = "; ".join(f"sample {sid}: {error}" for sid, error in list(row_errors.items())[:3])
+        self.progress.log(f"[raysweep] shard {shard.shard_id}: " + (
+            f"{len(row_errors)} row(s) fail alone and are error rows ({listed}); its other "
+            f"{table.num_rows - len(row_errors)} rows ran" if row_errors else "every part ran: no row fails alone"))
+
+    def _commit_parts(self, job: Job, table: pa.Table, row_errors: dict) -> None:
         shard, model, task = job.shard, job.shard.model, job.task.name
         scored = self.scorer.submit(model, job.task, shard, table).result()  # rare: waited for here
         excess = row_error_excess(job.task, table)  # its error rows judged by the task's fail_on_error
@@ -374,10 +408,6 @@ class _Run:
         self.metrics.committed(model, task, {"actor_id": self.part_actors.pop(shard.shard_id), "output_tokens": tokens,
                                              "n_samples": table.num_rows, "output_tok_per_s": None})
         self.progress.add(shard.n_samples, shard.shard_id)
-        listed = "; ".join(f"sample {sid}: {error}" for sid, error in list(row_errors.items())[:3])
-        self.progress.log(f"[raysweep] shard {shard.shard_id}: " + (
-            f"{len(row_errors)} row(s) fail alone and are error rows ({listed}); its other "
-            f"{table.num_rows - len(row_errors)} rows ran" if row_errors else "every part ran: no row fails alone"))
         if excess:
             self.progress.log(f"[raysweep] shard {shard.shard_id} FAILED: {excess}")
 

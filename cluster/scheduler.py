@@ -31,6 +31,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from cluster.bisection import DIED, Bisection, Piece, should_bisect
+from cluster.tail_split import TailClock, TailSplit, splittable
 from cluster.planner import Shard
 from cluster.spec import TaskSpec
 
@@ -60,6 +61,9 @@ class ModelWork:
     queues: dict[str, deque] = field(default_factory=dict)  # shards waiting, one queue per profile
     assigned: int = 0  # actors running or starting it
     failed: str | None = None  # the engine's error, if it could not start
+    # the kind of actor it runs on (cluster/placement.py ActorResources: an engine of N GPUs needs actors of
+    # N GPUs); models of one shape share actors, one of another shape gets actors of its own
+    shape: Any = None
 
     def add(self, job: Job, first: bool = False) -> None:
         queue = self.queues.setdefault(job.shard.profile, deque())
@@ -99,6 +103,7 @@ class _Slot:
     refused: set = field(default_factory=set)  # models whose engine failed to start here
     depth: int | None = None  # shards it holds at once, where not its model's per-actor depth (the pool)
     actors: int = 0  # a pool slot: the model's own actors should the pool go away
+    shape: Any = None  # the resources it holds (ModelWork.shape): it runs only models of that shape
 
 
 TICK_S = 1.0  # the longest the loop waits for a result before it reports in (progress lines)
@@ -113,6 +118,9 @@ class SchedulerEvents:
     # the rows that failed alone); None: no bisection, a shard that fails every attempt fails
     on_bisected: Callable[[Job, Any, dict], None] | None = None
     on_bisecting: Callable[[Job], None] = lambda job: None  # a shard is about to be bisected
+    # a shard cut in parts at its model's tail (cluster/tail_split.py): (its job, its parts' results in its order);
+    # None: no tail splitting
+    on_split: Callable[[Job, Any], None] | None = None
     on_attempt_failed: Callable[[Job, str], None] = lambda job, error: None
     on_actor_started: Callable[[dict], None] = lambda row: None  # an engine started: its telemetry row
     on_dispatched: Callable[[Job], None] = lambda job: None  # sent to an actor; comes back as one of the above
@@ -120,9 +128,12 @@ class SchedulerEvents:
 
 
 class SweepScheduler:
-    def __init__(self, spawn: Callable[[int, float], Any], events: SchedulerEvents, capacity: int | None = None,
-                 max_attempts: int = 3, start_one_by_one: bool = False):
-        if max_attempts < 1 or (capacity is not None and capacity < 1):
+    def __init__(self, spawn: Callable[[int, float, Any], Any], events: SchedulerEvents,
+                 capacity: int | None | dict = None, max_attempts: int = 3, start_one_by_one: bool = False):
+        """`spawn(number, requested_at, shape)` starts an actor of a model shape; `capacity`: how many actors
+        the cluster holds at once (None: no bound), or {shape: that} where models differ in shape."""
+        bounds = capacity.values() if isinstance(capacity, dict) else [capacity]
+        if max_attempts < 1 or any(c is not None and c < 1 for c in bounds):
             raise ValueError("max_attempts and capacity must be >= 1")
         self.spawn, self.events, self.capacity, self.max_attempts = spawn, events, capacity, max_attempts
         self.start_one_by_one = start_one_by_one  # engines sharing a GPU must not size their memory at once
@@ -132,6 +143,8 @@ class SweepScheduler:
         self.actors_started = self.actor_deaths = self.model_changes = 0
         self.pool_lost: list[str] = []  # models whose pool went away during the sweep
         self._most_slots = 1
+        self.tail = TailClock()  # each actor's first and last shard: the run's tail idle
+        self.tail_splits = 0  # shards cut in parts at their model's tail
 
     # -- what planning hands in ------------------------------------------------------------------------
     def add_model(self, model: ModelWork) -> None:
@@ -164,7 +177,7 @@ class SweepScheduler:
                     planning = not feed(0.0 if self.inflight else 0.05)
                 self._grow(planning)
                 self._assign(planning)
-                self._dispatch()
+                self._dispatch(planning)
                 if not planning and not self._work_left():
                     return
                 if not self.inflight:
@@ -190,26 +203,31 @@ class SweepScheduler:
         return any(m and not m.failed for m in self.models.values()) or any(
             kind == "shard" for kind, _, _ in self.inflight.values())
 
-    def _wanted(self, planning: bool) -> int:
-        """Actors the work left can use: per model up to its maximum (while it plans, its maximum)."""
-        wanted = 0
+    def _wanted(self, planning: bool) -> dict:
+        """{shape: actors} the work left can use: per model up to its maximum (while it plans, its maximum),
+        bounded per shape by what the cluster holds."""
+        wanted: dict = {}
         for m in self.models.values():
             if m.failed:
                 continue
             shards = sum(len(q) for q in m.queues.values()) + sum(
                 1 for kind, job, _ in self.inflight.values() if kind == "shard" and job.shard.model == m.name)
-            wanted += m.max_actors if planning else min(m.max_actors, shards)
-        return wanted if self.capacity is None else min(wanted, self.capacity)
+            wanted[m.shape] = wanted.get(m.shape, 0) + (m.max_actors if planning else min(m.max_actors, shards))
+        for shape, count in wanted.items():
+            bound = self.capacity.get(shape) if isinstance(self.capacity, dict) else self.capacity
+            wanted[shape] = count if bound is None else min(count, bound)
+        return wanted
 
     def _grow(self, planning: bool) -> None:
         wanted = self._wanted(planning)
-        self._most_slots = max(self._most_slots, wanted)
-        while sum(s.state != "pooled" for s in self.slots) < wanted:
-            number = self.actors_started
-            self.actors_started += 1
-            slot = _Slot(handle=self.spawn(number, time.time()), number=number)
-            self.slots.append(slot)
-            self.inflight[slot.handle.ready.remote()] = ("ready", None, slot)
+        self._most_slots = max(self._most_slots, sum(wanted.values()))
+        for shape, count in wanted.items():
+            while sum(s.state != "pooled" and s.shape == shape for s in self.slots) < count:
+                number = self.actors_started
+                self.actors_started += 1
+                slot = _Slot(handle=self.spawn(number, time.time(), shape), number=number, shape=shape)
+                self.slots.append(slot)
+                self.inflight[slot.handle.ready.remote()] = ("ready", None, slot)
 
     def _assign(self, planning: bool) -> None:
         for slot in list(self.slots):
@@ -238,24 +256,49 @@ class SweepScheduler:
     def _next_model(self, slot: _Slot) -> ModelWork | None:
         """The model with the most samples left per actor, among those with work below their maximum."""
         candidates = [m for m in self.models.values() if m and not m.failed and m.start is not None
-                      and m.assigned < m.max_actors and m.name != slot.model and m.name not in slot.refused]
+                      and m.assigned < m.max_actors and m.name != slot.model and m.name not in slot.refused
+                      and m.shape == slot.shape]
         return max(candidates, key=lambda m: m.samples_left() / (m.assigned + 1), default=None)
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, planning: bool = False) -> None:
         for slot in self.slots:
             if slot.state not in ("running", "pooled"):
                 continue
             model = self.models[slot.model]
+            if not planning and self.events.on_split is not None:
+                self._split_tail(model)
             while slot.inflight < (slot.depth or model.depth) and (job := model.take(slot, self.slots)) is not None:
                 self.inflight[slot.handle.run_shard.remote(job.shard, job.task, job.attempt)] = ("shard", job, slot)
                 slot.inflight += 1
                 slot.profile = job.shard.profile
+                if slot.state != "pooled":
+                    self.tail.sent(slot.number, slot.shape.num_gpus if getattr(slot.shape, "num_gpus", 0) else 1.0)
                 self.events.on_dispatched(job)
+
+    def _split_tail(self, model: ModelWork) -> None:
+        """Cut the model's largest waiting shards in halves while fewer wait than its actors hold at once
+        (cluster/tail_split.py, step 1)."""
+        serving = [s for s in self.slots if s.model == model.name and s.state in ("running", "pooled")]
+        if len(serving) < 2 and not any(s.state == "pooled" for s in serving):
+            return
+        holds = sum(s.depth or model.depth for s in serving)
+        while (waiting := [j for q in model.queues.values() for j in q]) and len(waiting) < holds:
+            whole = max((j for j in waiting if splittable(j)), key=lambda j: j.shard.n_samples, default=None)
+            if whole is None:
+                return
+            queue = model.queues[whole.shard.profile]
+            at = queue.index(whole)
+            del queue[at]
+            for offset, piece in enumerate(TailSplit(whole).start()):
+                queue.insert(at + offset, Job(piece.shard, whole.task, piece=piece))
+            self.tail_splits += 1
 
     # -- what comes back --------------------------------------------------------------------------------
     def _collect(self, ref, kind: str, job: Job | None, slot: _Slot) -> None:
         if kind == "shard":
             slot.inflight -= 1
+            if slot.state != "pooled":
+                self.tail.back(slot.number)
         try:
             value = ray.get(ref)
         except RayActorError as e:
@@ -316,7 +359,9 @@ class SweepScheduler:
     def _retry(self, job: Job, error: str, died: bool = False) -> None:
         job.errors.append(error)
         self.events.on_attempt_failed(job, error)
-        if job.piece is not None and not died:  # a part is not tried again: its failure is known to repeat
+        if job.piece is not None and not died and isinstance(job.piece.bisection, TailSplit):
+            self._unsplit(job.piece.bisection, error)
+        elif job.piece is not None and not died:  # a part is not tried again: its failure is known to repeat
             self._bisect_step(job.piece.bisection, job.piece.bisection.part_failed(job.piece, error))
         elif self.events.on_bisected is not None and should_bisect(job, died, self.max_attempts):
             self.events.on_bisecting(job)
@@ -328,9 +373,21 @@ class SweepScheduler:
             job.attempt += 1
             self.models[job.shard.model].add(job, first=True)
 
-    def _bisect_step(self, bisection: Bisection, parts: list[Piece]) -> None:
+    def _unsplit(self, split: TailSplit, error: str) -> None:
+        """A part of a shard cut at the tail raised: the split ends (its other parts' results, in flight or
+        back, are dropped; its waiting parts leave the queue) and the whole shard has a failed attempt."""
+        split.abandon(error)
+        split.reported = True
+        model = self.models[split.job.shard.model]
+        for queue in model.queues.values():
+            for job in [j for j in queue if j.piece is not None and j.piece.bisection is split]:
+                queue.remove(job)
+        self._retry(split.job, error)
+
+    def _bisect_step(self, bisection: Bisection | TailSplit, parts: list[Piece]) -> None:
         """Queue a bisection's next parts (first: they finish a shard already started); once it is settled,
-        report its shard, once: committed with its error rows, or failed whole."""
+        report its shard, once: committed with its error rows, or failed whole. A shard cut at the tail
+        (TailSplit) is reported the same way once its parts are back."""
         model = self.models[bisection.job.shard.model]
         for piece in reversed(parts):
             if model.failed:
@@ -343,6 +400,8 @@ class SweepScheduler:
         if bisection.gave_up:
             bisection.job.errors.append(bisection.gave_up)
             self.events.on_failed(bisection.job)
+        elif isinstance(bisection, TailSplit):
+            self.events.on_split(bisection.job, bisection.table())
         else:
             self.events.on_bisected(bisection.job, bisection.table(), bisection.row_errors())
 

@@ -31,6 +31,9 @@ _SURROGATE = re.compile("[\ud800-\udfff]")  # a code point of a UTF-16 pair: alo
 BACKENDS = ("auto", "vllm", "hf", "fake")  # fake: returns at once, for orchestration benchmarks
 MAX_DEPTH = 100  # nesting levels in a spec, at most
 MAX_VALUES = 1_000_000  # values in a spec with every YAML alias expanded, at most
+# an engine across several GPUs of one node (vLLM's names); their product is the GPUs its actor holds
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size")
+MAX_PARALLEL = 16
 
 
 class SpecError(ValueError):
@@ -55,6 +58,17 @@ class ModelSpec:
         max_len = self.engine.get("max_model_len")
         if max_len is not None and (not _is_int(max_len) or max_len < 1):
             raise ValueError(f"engine.max_model_len: must be an integer >= 1, got {max_len!r}")
+        for key in PARALLEL_SIZES:
+            size = self.engine.get(key, 1)
+            if not _is_int(size) or not 1 <= size <= MAX_PARALLEL:
+                raise ValueError(f"engine.{key}: must be an integer from 1 to {MAX_PARALLEL} (GPUs of one node), "
+                                 f"got {size!r}")
+
+    @property
+    def gpus_per_engine(self) -> int:
+        """GPUs one engine spans: tensor_parallel_size x pipeline_parallel_size (1 for most models)."""
+        tensor, pipeline = (self.engine.get(key, 1) for key in PARALLEL_SIZES)
+        return tensor * pipeline
 
 
 @dataclass(frozen=True)

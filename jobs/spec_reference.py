@@ -41,7 +41,9 @@ SHAPES = {
 }
 # cluster/spec.py's _model: a shorthand the loader reads
 NOTES = {"ModelSpec": "`engine: NAME` is short for `engine: {backend: NAME}`; every other `engine` key goes to the "
-                      "engine as is (vLLM's or transformers' own arguments)."}
+                      "engine as is (vLLM's or transformers' own arguments). `tensor_parallel_size` and "
+                      "`pipeline_parallel_size` (integers from 1 to 16) also place the model: each of its actors "
+                      "holds their product of whole GPUs, on one node."}
 MINIMAL = {"name": "NAME", "models": [{"name": "m", "path": "builtin:tiny"}],
            "tasks": [{"name": "t", "data": "data.jsonl", "prompt": "{q}"}]}
 

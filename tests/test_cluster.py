@@ -158,3 +158,38 @@ def test_autoscaling_l4_group_from_zero_to_two(tmp_path):
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     assert actors["node_id"].nunique() == 2, actors[["actor_id", "node_id"]]  # two L4 nodes came up
     assert set(actors["engine"]) == {"hf"}  # no CUDA on the fake nodes: the CPU engine ran
+
+
+@pytest.mark.slow
+def test_autoscaling_starts_a_four_gpu_node_for_a_tensor_parallel_4_model(tmp_path):
+    """A model of tensor_parallel_size 4 on an autoscaled cluster at zero workers, with node types of 1 L4
+    and of 4 L4s: the driver asks for a 4-GPU bundle, the autoscaler starts a 4-GPU node (no 1-GPU node can
+    hold it), and the actor holds that node's 4 GPUs."""
+    from ray._private.services import get_node_ip_address
+
+    port = free_port()
+    config = tmp_path / "fake-cluster.yaml"
+    provider = dict(FAKE_CLUSTER["provider"], gcs_address=f"{get_node_ip_address()}:{port}")
+    types = dict(FAKE_CLUSTER["available_node_types"],
+                 l4x4={"resources": {"CPU": 1, "GPU": 4, "accelerator_type:L4": 1}, "node_config": {},
+                       "min_workers": 0, "max_workers": 1})
+    config.write_text(yaml.safe_dump(dict(FAKE_CLUSTER, provider=provider, available_node_types=types)))
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw["models"] = [dict(raw["models"][0], engine={"tensor_parallel_size": 4})]
+    raw["tasks"] = raw["tasks"][:1]
+    raw["actors"] = {"count": 1, "num_cpus": 1, "accelerator_type": "L4"}
+    for task in raw["tasks"]:
+        task["data"] = str(QUICKSTART.parent / task["data"])
+    spec = tmp_path / "tp4.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    with ray_head(f"--autoscaling-config={config}", "--num-cpus=1", "--num-gpus=0",
+                  env={"RAY_FAKE_CLUSTER": "1"}, port=port) as (gcs, _):
+        proc = subprocess.run([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(out)], cwd=ROOT,
+                              env=os.environ | TOKEN_AUTH | {"RAY_ADDRESS": gcs}, capture_output=True, text=True,
+                              timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
+    assert len(actors) == 1 and actors["gpus"].tolist() == [4], actors[["actor_id", "node_id", "gpus"]]
+    results = pq.read_table(out / "results").to_pandas()
+    assert len(results) == len(set(results["sample_id"]))

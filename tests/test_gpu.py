@@ -327,3 +327,35 @@ def test_scoring_sweep_on_vllm(ray_local, tmp_path):
     code = results[results.task == "code"]
     assert code.exec_status.notna().all() and code.groupby("sample_id").output_text.nunique().min() > 1
     assert results[results.task == "mc"].choice_logprobs.map(len).eq(4).all()
+
+
+@pytest.mark.slow
+def test_reproducible_sweep_repeats_across_shard_sizes_and_actors_on_vllm(ray_local, tmp_path):
+    """`reproducible: true` on vLLM: 400 prompts, greedy, one actor in shards of 128 and two actors sharing
+    the GPU in shards of 16 give the same outputs, every one."""
+    import pyarrow.parquet as pq
+
+    from cluster.run import run_sweep
+    from cluster.spec import load_spec
+    from jobs.bench import prompts_of
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"id": f"p{i}", "text": t}) + "\n"
+                            for i, t in enumerate(prompts_of(400, 64, 1024, seed=13))))
+
+    def run(name: str, actors: dict, shard: int) -> dict:
+        spec = {"name": name, "output": str(tmp_path / name), "reproducible": True,
+                "models": [{"name": "tiny", "path": "builtin:tiny", "engine": {"backend": "vllm"}}],
+                "tasks": [{"name": "t", "data": str(data), "id_column": "id", "prompt": "{text}",
+                           "sampling": {"max_tokens": 32, "temperature": 0.0}}],
+                "shards": {"max_samples": shard}, "actors": actors}
+        (tmp_path / f"{name}.yaml").write_text(json.dumps(spec))
+        assert not run_sweep(load_spec(tmp_path / f"{name}.yaml"), log=print).failed
+        rows = pq.read_table(tmp_path / name / "results", columns=["sample_id", "output_text"]).to_pylist()
+        return {r["sample_id"]: r["output_text"] for r in rows}
+
+    one = run("one", {"count": 1, "num_gpus": 1}, 128)
+    two = run("two", {"count": 2, "num_gpus": 0.5}, 16)
+    same = sum(one[k] == two[k] for k in one)
+    print(f"reproducible: {same} of {len(one)} outputs equal between (1 actor, shards of 128) and (2 actors, shards of 16)")
+    assert len(one) == len(two) == 400 and same == 400

@@ -150,9 +150,19 @@ CASES = [
     ("reproducible-with-flashinfer", then(lambda t: spec_with(t, "shards: {max_samples: 2}\n", "shards: {max_samples: 2}\nreproducible: true\n"),
                                           lambda t: spec_with(t, "    path: builtin:tiny\n", "    path: builtin:tiny\n"
                                                               "    engine: {attention_backend: FLASHINFER}\n")),
-     "{spec}: model tiny: reproducible: true needs vLLM's batch-invariant mode, which the FLASHINFER attention "
-     "backend does not support (FLASH_ATTN, TRITON_ATTN and FLEX_ATTENTION do): drop engine.attention_backend or "
-     "choose one of those"),
+     "{spec}: model tiny: reproducible: true cannot run with the FLASHINFER attention backend (on an H100 only "
+     "TRITON_ATTN repeated its outputs across batches; FLASH_ATTN differed even between identical batches): drop "
+     "engine.attention_config"),
+    ("reproducible-with-eager", then(lambda t: spec_with(t, "shards: {max_samples: 2}\n", "shards: {max_samples: 2}\nreproducible: true\n"),
+                                     lambda t: spec_with(t, "    path: builtin:tiny\n", "    path: builtin:tiny\n"
+                                                         "    engine: {enforce_eager: true}\n")),
+     "{spec}: model tiny: reproducible: true cannot run with enforce_eager (vLLM 0.26's eager kernels gave other "
+     "outputs in other batches, on an H100; CUDA graphs and torch.compile did not): drop engine.enforce_eager"),
+    ("reproducible-with-chunked-prefill-on", then(lambda t: spec_with(t, "shards: {max_samples: 2}\n", "shards: {max_samples: 2}\nreproducible: true\n"),
+                                                  lambda t: spec_with(t, "    target: answer\n", "    target: answer\n"
+                                                                      "    chunked_prefill: \"on\"\n")),
+     "{spec}: tasks.qa.chunked_prefill: on cannot run with reproducible: true (whether a prompt is chunked depends "
+     "on its neighbours): use auto or off"),
     ("engine-vllm-without-vllm", lambda t: spec_with(t, "    path: builtin:tiny\n", "    path: builtin:tiny\n    engine: vllm\n"),
      "{spec}: model tiny: engine backend vllm needs vLLM, which is not installed here"),
     ("max-tokens-over-the-models-length", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 40000}"),

@@ -59,6 +59,22 @@ def test_sampling_settings_are_a_plain_scripts_with_vllms_defaults():
     assert sampled == dict(plain, max_tokens=8, temperature=0.7, stop=["\n"], seed=5)  # a seed per sample
 
 
+def test_reproducible_engine_arguments_are_the_batch_invariant_setting():
+    """`reproducible: true` gives vLLM the setting measured batch-invariant on an H100 (TRITON_ATTN, no prefix
+    caching, no chunked prefill, graphs and compile on), for long shards too, over what the spec's engine says."""
+    from actors.engine import EngineProfile
+    from actors.vllm_engine import REPRODUCIBLE_ARGS, engine_args
+    from cluster.spec import ModelSpec
+
+    model = ModelSpec("m", "/m", engine={"max_num_seqs": 32, "attention_config": {"backend": "TRITON_ATTN"}})
+    for profile in (EngineProfile(), EngineProfile("long", True, 2048)):
+        args = engine_args(model, "/m", profile, 1.0, reproducible=True)
+        assert {k: args[k] for k in REPRODUCIBLE_ARGS} == REPRODUCIBLE_ARGS
+        assert "max_num_batched_tokens" not in args and "enforce_eager" not in args
+    plain = engine_args(ModelSpec("m", "/m"), "/m", EngineProfile("long", True, 2048), 1.0)
+    assert plain["enable_chunked_prefill"] is True and "attention_config" not in plain
+
+
 def spec_file(tmp_path, name: str, reproducible: bool = True, max_samples: int = 50, count: int = 1) -> str:
     """The quickstart's greedy and seeded tasks (not the chat one: the slowest on the CPU engine)."""
     raw = yaml.safe_load(QUICKSTART.read_text())

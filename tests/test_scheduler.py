@@ -95,7 +95,7 @@ def _scheduler(ray_local, broken_engine: bool, results: list, one_by_one: bool =
     remote = ray_local.remote(_StartsThenServes).options(num_cpus=0.1, max_restarts=0)
     events = SchedulerEvents(on_result=lambda job, value, telemetry: results.append(value),
                              on_failed=lambda job: results.append(("failed", job.shard.name, job.errors[-1])))
-    scheduler = SweepScheduler(lambda n, at: remote.remote(n), events, capacity=2, start_one_by_one=one_by_one)
+    scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2, start_one_by_one=one_by_one)
     models = ["good", "broken"] if broken_engine else ["good"]
     for name in models:
         scheduler.add_model(ModelWork(name, max_actors=1 if broken_engine else 2, depth=2,
@@ -187,7 +187,7 @@ def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_
     results = []
     events = SchedulerEvents(on_result=lambda job, value, telemetry: results.append(value),
                              on_failed=lambda job: results.append(("failed", job.errors)))
-    scheduler = SweepScheduler(lambda n, at: remote.remote(n), events, capacity=2)
+    scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2)
     scheduler.add_model(ModelWork("m", max_actors=2, depth=2,
                                   start=lambda handle, at: handle.start_engine.remote("m", at)))
     jobs = [Job(SimpleNamespace(name=f"s{i}", model="m", profile="short", n_samples=1), None) for i in range(12)]
@@ -241,7 +241,7 @@ def test_on_a_shared_gpu_an_actor_is_released_only_once_no_engine_is_starting(ra
     results = []
     events = SchedulerEvents(on_result=lambda job, value, telemetry: results.append(value),
                              on_failed=lambda job: results.append(("failed", job.errors)))
-    scheduler = SweepScheduler(lambda n, at: remote.remote(n), events, capacity=2, start_one_by_one=True)
+    scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2, start_one_by_one=True)
     for name in ("a", "b"):
         scheduler.add_model(ModelWork(name, max_actors=1, depth=2,
                                       start=lambda handle, at, name=name: handle.start_engine.remote(name, at)))
@@ -295,7 +295,7 @@ def test_a_shard_that_raises_the_same_way_is_bisected_and_reported_once(ray_loca
         on_failed=lambda job: failed.append((job.shard.shard_id, job.errors[-1])),
         on_attempt_failed=lambda job, error: attempts.append((job.piece is not None, error)),
         on_bisected=lambda job, table, errors: bisected.append((job.shard.shard_id, table, errors)))
-    scheduler = SweepScheduler(lambda n, at: remote.remote(n), events, capacity=2)
+    scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2)
     scheduler.add_model(ModelWork("m", max_actors=2, depth=2,
                                   start=lambda handle, at: handle.start_engine.remote("m", at)))
     shards = [Shard(f"m/t/{k:05d}", k, "m", "t", "short", None, True, 0,

@@ -1,0 +1,91 @@
+"""Balanced tails (issue 17): as a model's work runs out, its last shards are cut smaller, so that no actor
+idles while another finishes a long shard; and how long actors did idle at the tail, per run.
+
+1. When: planning is over, the model runs on two actors or more, and fewer shards wait in its queues than
+   its actors hold at once (their shards in flight). The largest waiting whole shard (MIN_PART_ROWS rows or
+   more per half) is cut in halves, again until the queues fill the actors or nothing is left to cut.
+2. Parts run as jobs of their own (same shard id, `Shard.piece`, as bisection's parts do) and are
+   committed together as the shard, once, under its id: a driver killed meanwhile commits nothing of it,
+   and the resume runs it again. A part that raises ends the split: the whole shard goes back to its queue
+   as a failed attempt (retried or bisected as any shard is); a part whose actor died is retried alone.
+3. Tail idle (`TailClock`): for each actor, the time from its last shard's end to the end of the run's last
+   shard, weighted by its GPUs (an actor on CPUs counts 1), against the same actors' time from their first
+   shard to that end: the share of the sweep's GPU-seconds left idle while others finished.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from cluster.bisection import Piece
+
+MIN_PART_ROWS = 16  # no part of a split shard is smaller
+
+
+@dataclass(eq=False)
+class TailSplit:
+    """One shard cut in parts at its model's tail; the interface bisection's parts use (`Piece.bisection`)."""
+    job: Any  # the whole shard's Job
+    pending: int = 0
+    tables: dict[int, pa.Table] = field(default_factory=dict)  # start -> the part's results
+    gave_up: str | None = None  # a part raised: the whole shard is retried instead
+    reported: bool = False
+
+    def start(self, parts: int = 2) -> list[Piece]:
+        n = self.job.shard.n_samples
+        bounds = [round(i * n / parts) for i in range(parts + 1)]
+        self.pending = parts
+        return [Piece(self, a, b, 1, self.job.shard.piece(a, b)) for a, b in zip(bounds, bounds[1:])]
+
+    @property
+    def settled(self) -> bool:
+        return self.gave_up is not None or self.pending == 0
+
+    def part_ran(self, piece: Piece, table: pa.Table) -> list[Piece]:
+        self.pending -= 1
+        if not self.gave_up:
+            self.tables[piece.start] = table
+        return []
+
+    def abandon(self, error: str) -> None:
+        self.gave_up = self.gave_up or error
+
+    def table(self) -> pa.Table:
+        return pa.concat_tables([self.tables[start] for start in sorted(self.tables)])
+
+    def row_errors(self) -> dict[str, str]:
+        return {}
+
+
+def splittable(job) -> bool:
+    """A whole shard on its first attempt (a retried one runs whole: its failure may repeat), large enough."""
+    return job.piece is None and job.attempt == 1 and job.shard.n_samples >= 2 * MIN_PART_ROWS
+
+
+class TailClock:
+    """When each actor ran its first and its last shard; the run's tail idle from those."""
+
+    def __init__(self) -> None:
+        self.actors: dict[int, list] = {}  # actor number -> [weight, first shard sent, last shard back]
+
+    def sent(self, number: int, weight: float) -> None:
+        self.actors.setdefault(number, [weight, time.time(), None])
+
+    def back(self, number: int) -> None:
+        if number in self.actors:
+            self.actors[number][2] = time.time()
+
+    def record(self) -> dict:
+        """tail_idle_gpu_s (GPU-seconds, actor-seconds on CPUs) and tail_idle_share of the actors' time from
+        their first shard to the run's last; None where no shard came back."""
+        done = [(w, first, last) for w, first, last in self.actors.values() if last is not None]
+        if not done:
+            return {"tail_idle_gpu_s": None, "tail_idle_share": None}
+        end = max(last for _, _, last in done)
+        held = sum(w * (end - first) for w, first, _ in done)
+        idle = sum(w * (end - last) for w, _, last in done)
+        return {"tail_idle_gpu_s": round(idle, 3), "tail_idle_share": round(idle / held, 4) if held > 0 else 0.0}

@@ -1,0 +1,253 @@
+"""Engines across GPUs and balanced tails (issue 17), on CPUs: tensor/pipeline-parallel sizes in the spec,
+the memory refusal before any engine starts, actors of N GPUs on one node of a fake multi-node cluster,
+and shards cut at a model's tail committed exactly once."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from cluster.builtin_model import builtin_config, resolve_model_path
+from cluster.model_memory import ACCELERATOR_MEMORY, config_parameters, refusal, weights
+from cluster.preflight import PreflightFailure, check_inputs
+from cluster.spec import SpecError, load_spec
+from cluster.tail_split import MIN_PART_ROWS
+
+ROOT = Path(__file__).resolve().parents[1]
+# Llama-3-70B's shapes (its config.json): 70.6B parameters
+LLAMA_70B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+             "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+             "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
+             "torch_dtype": "bfloat16", "max_position_embeddings": 8192}
+
+
+def write_spec(tmp_path, models: list[dict], rows: int = 40, actors: dict | None = None, max_samples: int = 10,
+               name: str = "par") -> Path:
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"id": f"s{i}", "text": f"sample {i}"}) + "\n"
+                                              for i in range(rows)))
+    (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({
+        "name": name, "output": str(tmp_path / "out"), "models": models,
+        "tasks": [{"name": "t", "data": "d.jsonl", "id_column": "id", "prompt": "{text}", "sampling": {"max_tokens": 2}}],
+        "shards": {"max_samples": max_samples}, "actors": actors or {"count": 1, "num_cpus": 1}}))
+    return tmp_path / f"{name}.yaml"
+
+
+@pytest.mark.parametrize("engine, message", [
+    ({"tensor_parallel_size": 0}, "engine.tensor_parallel_size: must be an integer from 1 to 16 (GPUs of one node), got 0"),
+    ({"pipeline_parallel_size": "2"}, "engine.pipeline_parallel_size: must be an integer from 1 to 16 (GPUs of one node), got '2'"),
+    ({"tensor_parallel_size": 32}, "engine.tensor_parallel_size: must be an integer from 1 to 16 (GPUs of one node), got 32"),
+])
+def test_parallel_sizes_are_checked_in_the_spec(tmp_path, engine, message):
+    spec = write_spec(tmp_path, [{"name": "m", "path": "builtin:tiny", "engine": engine}])
+    with pytest.raises(SpecError) as err:
+        load_spec(spec)
+    assert str(err.value) == f"{spec}: models[0].{message}"
+
+
+def test_an_engine_spans_tensor_times_pipeline_gpus(tmp_path):
+    spec = load_spec(write_spec(tmp_path, [{"name": "m", "path": "builtin:tiny",
+                                            "engine": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}}]))
+    assert spec.models[0].gpus_per_engine == 4
+
+
+def test_parameters_from_safetensors_headers_equal_the_config_formula(model_cache):
+    """The two ways of counting agree on a model at hand (builtin:tiny, tied embeddings), and the formula
+    gives Llama-3-70B's published size."""
+    path = resolve_model_path("builtin:tiny")
+    counted = weights(path, json.loads(Path(path, "config.json").read_text()), {})
+    assert counted.parameters == config_parameters(builtin_config("tiny"))
+    assert counted.bytes == 2 * counted.parameters and counted.dtype == "bfloat16"  # stored fp32, loaded half
+    assert round(config_parameters(LLAMA_70B) / 1e9, 2) == 70.55
+
+
+def big_model(tmp_path) -> Path:
+    """A model folder with Llama-3-70B's config.json and a tokenizer, no weights: counted from its config."""
+    folder = tmp_path / "llama70"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_70B))
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+def test_a_model_too_big_for_its_gpus_is_refused_before_ray_naming_the_smallest_tp_that_fits(tmp_path):
+    spec = write_spec(tmp_path, [{"name": "big", "path": str(big_model(tmp_path)),
+                                  "engine": {"tensor_parallel_size": 4}}],
+                      actors={"count": 1, "num_cpus": 1, "accelerator_type": "L4"})
+    with pytest.raises(PreflightFailure) as err:
+        check_inputs(load_spec(spec))
+    assert str(err.value) == (
+        f"{spec}: model big: its weights take 131.4 GiB (70.55B parameters, bfloat16); with tensor_parallel_size 4 "
+        "and pipeline_parallel_size 1 each GPU holds 32.9 GiB, and an L4 has 22.5 GiB, of which vLLM uses 0.9 less "
+        "1 GiB for activations and the KV cache: 19.2 GiB. tensor_parallel_size 8 is the smallest that fits")
+
+
+def test_the_same_model_at_the_tp_that_fits_passes_and_a_gpu_share_counts(tmp_path):
+    found = weights(None, LLAMA_70B, {})
+    assert refusal("big", {"tensor_parallel_size": 8}, found, ACCELERATOR_MEMORY["L4"], "an L4") is None
+    assert refusal("big", {"tensor_parallel_size": 2}, found, ACCELERATOR_MEMORY["H200"], "an H200") is None
+    # builtin:large (7B, 13.0 GiB in bf16) fits a whole L4, not half of one
+    large = weights(None, builtin_config("large"), {})
+    assert refusal("large", {}, large, ACCELERATOR_MEMORY["L4"], "an L4") is None
+    half = refusal("large", {}, large, ACCELERATOR_MEMORY["L4"], "an L4", gpu_share=0.5, heads=32)
+    assert "an L4 (0.5 of it) has 11.2 GiB" in half and half.endswith("tensor_parallel_size 2 is the smallest that fits")
+
+
+@pytest.fixture
+def two_nodes_of_four_gpus(model_cache):
+    """A fake multi-node Ray on this machine: a head without GPUs and two nodes of 4 (fake) GPUs each."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    nodes = [cluster.add_node(num_cpus=2, num_gpus=4) for _ in range(2)]
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.wait_for_nodes()
+    yield cluster, nodes
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_a_tp4_actor_holds_four_gpus_of_one_node(two_nodes_of_four_gpus, tmp_path):
+    """Two TP=4 actors on two nodes of 4 GPUs: each holds 4 GPUs of its own node (never 2 + 2 across the
+    two), and a TP=1 model beside them gets actors of one GPU. Every sample once."""
+    from cluster.run import run_sweep
+
+    _, nodes = two_nodes_of_four_gpus
+    spec = load_spec(write_spec(tmp_path, [
+        {"name": "wide", "path": "builtin:tiny", "engine": {"backend": "fake", "tensor_parallel_size": 4}},
+        {"name": "narrow", "path": "builtin:tiny", "engine": "fake"}], rows=40,
+        actors={"count": 2, "num_cpus": 0.5}))
+    report = run_sweep(spec, log=lambda line: None)
+    assert not report.failed and report.samples == 80
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas()
+    assert len(results) == 80 and not results.duplicated(["model", "sample_id"]).any()
+    actors = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
+    wide = actors[actors["model"] == "wide"].drop_duplicates("actor_id")
+    assert (wide["gpus"] == 4).all() and wide["gpu_ids"].map(lambda ids: len(set(ids.split(",")))).eq(4).all()
+    assert set(wide["node_id"]) <= {n.node_id for n in nodes}
+    if len(wide) == 2:  # both TP=4 actors at once: one per node
+        assert wide["node_id"].nunique() == 2
+    assert (actors[actors["model"] == "narrow"]["gpus"] == 1).all()
+
+
+@pytest.fixture
+def two_nodes_of_two_gpus(model_cache):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1, num_gpus=2)
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.wait_for_nodes()
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_four_gpus_on_two_nodes_never_hold_a_tp4_engine(two_nodes_of_two_gpus, tmp_path):
+    """The cluster has 4 GPUs, but 2 per node: a TP=4 actor cannot be placed, and the sweep says so in one
+    line before any actor starts."""
+    from cluster.placement import PlacementError
+    from cluster.run import run_sweep
+
+    spec = load_spec(write_spec(tmp_path, [{"name": "wide", "path": "builtin:tiny",
+                                            "engine": {"backend": "fake", "tensor_parallel_size": 4}}]))
+    with pytest.raises(PlacementError) as err:
+        run_sweep(spec, log=lambda line: None)
+    assert str(err.value) == ("models wide: an actor needs {CPU: 1, GPU: 4} (actors: in the spec), and no node of "
+                              "the cluster has that; the largest has {CPU: 1, GPU: 2}")
+
+
+@pytest.mark.slow
+def test_shards_cut_at_the_tail_are_committed_once_each(ray_local, tmp_path):
+    """Two actors, one shard each at a time, three shards of 64: the last waiting ones are cut in halves
+    (parts of at least MIN_PART_ROWS rows), run apart, and committed whole under their own ids; every
+    sample once, and the run's record keeps the tail's idle share and how many shards were cut."""
+    from cluster.run import run_sweep
+    from cluster.sink import read_manifest
+
+    spec = load_spec(write_spec(tmp_path, [{"name": "m", "path": "builtin:tiny", "engine": "fake"}], rows=192,
+                                max_samples=64, actors={"count": 2, "num_cpus": 1, "shards_in_flight": 1}))
+    report = run_sweep(spec, log=lambda line: None)
+    assert not report.failed and report.samples == 192
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas()
+    assert sorted(results["sample_id"]) == sorted(f"s{i}" for i in range(192))
+    manifest = read_manifest(str(tmp_path / "out"))
+    assert sorted(manifest["shards"]) == [f"m/t/{i:05d}" for i in range(3)]
+    assert all(e["state"] == "committed" and e["rows"] == 64 for e in manifest["shards"].values())
+    shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
+    parts = shards[shards["piece"].notna()]
+    assert report.tail["tail_splits"] >= 1 and len(parts) >= 2
+    assert parts["n_samples"].min() >= MIN_PART_ROWS
+    run = manifest["runs"][-1]
+    assert run["tail_splits"] == report.tail["tail_splits"] and 0 <= run["tail_idle_share"] < 1
+
+
+def _tail_scheduler(ray_local, events):
+    """A scheduler of one model on two stand-in actors (one shard at a time each) and three 32-row shards:
+    the third waits alone while both actors run, so it is cut in halves. Any batch holding s90 raises."""
+    import pyarrow as pa
+
+    from cluster.planner import Shard
+    from cluster.scheduler import Job, ModelWork, SweepScheduler
+
+    class _Actor:  # defined here so Ray ships the class by value
+        def ready(self) -> dict:
+            return {}
+
+        def start_engine(self) -> dict:
+            return {}
+
+        def run_shard(self, shard, task, attempt):
+            import time
+
+            import pyarrow as pa
+
+            time.sleep(0.5)
+            ids = shard.rows["sample_id"].to_pylist()
+            if "s90" in ids:
+                raise RuntimeError("engine broke on s90")
+            return shard.rows.append_column("status", pa.array(["ok"] * len(ids))), {}
+
+        def close(self) -> None:
+            pass
+
+    remote = ray_local.remote(_Actor).options(num_cpus=0.1, max_restarts=0)
+    scheduler = SweepScheduler(lambda n, at, shape: remote.remote(), events, capacity=2)
+    scheduler.add_model(ModelWork("m", max_actors=2, depth=1, start=lambda handle, at: handle.start_engine.remote()))
+    shards = [Shard(f"m/t/{k:05d}", k, "m", "t", "short", None, True, 0,
+                    pa.table({"sample_id": [f"s{i}" for i in range(32 * k, 32 * k + 32)]})) for k in range(3)]
+    return scheduler, [Job(s, None) for s in shards]
+
+
+@pytest.mark.slow
+def test_a_tail_part_that_raises_sends_its_whole_shard_back(ray_local):
+    """The part holding s90 raises: the split ends (its other part's result is dropped), the whole shard is
+    retried whole, then bisected as any shard that raises alike twice, and reported once, with s90 the one
+    row that fails alone. The shards that ran whole are reported once each."""
+    from cluster.scheduler import SchedulerEvents
+
+    reported, attempts = [], []
+    events = SchedulerEvents(
+        on_result=lambda job, table, telemetry: reported.append(("result", job.shard.shard_id, job.piece is not None)),
+        on_failed=lambda job: reported.append(("failed", job.shard.shard_id)),
+        on_bisected=lambda job, table, errors: reported.append(("bisected", job.shard.shard_id, table.num_rows, errors)),
+        on_split=lambda job, table: reported.append(("split", job.shard.shard_id)),
+        on_attempt_failed=lambda job, error: attempts.append((job.shard.shard_id, job.piece is not None, job.attempt)))
+    scheduler, jobs = _tail_scheduler(ray_local, events)
+    scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
+    wholes = [r for r in reported if r[0] == "result" and not r[2]]
+    assert sorted(r[1] for r in wholes) == ["m/t/00000", "m/t/00001"]
+    assert scheduler.tail_splits == 1 and not [r for r in reported if r[0] in ("split", "failed")]
+    bisected = [r for r in reported if r[0] == "bisected"]
+    assert bisected == [("bisected", "m/t/00002", 32, {"s90": "RuntimeError: engine broke on s90"})]
+    # the part that raised, then the whole shard's first attempt (the split's), its second (run whole)
+    assert attempts[:3] == [("m/t/00002", True, 1), ("m/t/00002", False, 1), ("m/t/00002", False, 2)]
