@@ -10,6 +10,9 @@ repro: raysweep with `reproducible: true` three ways: one actor in shards of 256
   were committed, then resumed. Printed: outputs identical between them, and the throughput (output tokens
   over first to last result, and over the whole process) of the first against raysweep's `identity` run,
   which differs only in `reproducible`.
+cost: raysweep (one actor, shards of 256) without and with `reproducible: true`, each twice, alternating
+  (the second of each on warm compile caches). Printed: output tokens per second over first to last result
+  and the whole process's wall time of each, and their ratios per turn.
 Every run's log is in DIR. Greedy decoding, synthetic prompts (`jobs.bench.prompts_of`).
 """
 
@@ -87,6 +90,18 @@ def main(argv: list[str] | None = None) -> int:
             record("RATIO reproducible/not, output tok/s first to last result",
                    speed["tok_per_s_span"] / plain_speed["tok_per_s_span"])
             record("RATIO reproducible/not, whole-process wall", speed["wall_s"] / plain_speed["wall_s"])
+    if "cost" in steps:  # each mode twice, alternating: the second of each runs on warm compile caches
+        runs = {}
+        for turn in (1, 2):
+            for reproducible in (False, True):
+                label = f"cost_{'repro' if reproducible else 'plain'}_{turn}"
+                runs[label] = sweep(label, reproducible, one, 256)[1]
+                record(f"cost: {'reproducible' if reproducible else 'not reproducible'}, run {turn}", runs[label])
+        for turn in (1, 2):
+            plain_run, repro_run = runs[f"cost_plain_{turn}"], runs[f"cost_repro_{turn}"]
+            record(f"RATIO cost run {turn}: reproducible/not output tok/s first to last result",
+                   repro_run["tok_per_s_span"] / plain_run["tok_per_s_span"])
+            record(f"RATIO cost run {turn}: reproducible/not whole-process wall", repro_run["wall_s"] / plain_run["wall_s"])
     (out / "r_figures.json").write_text(json.dumps(figures, indent=1, default=str))
     return 0
 
