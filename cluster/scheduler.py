@@ -278,8 +278,8 @@ class SweepScheduler:
     def _split_tail(self, model: ModelWork) -> None:
         """Cut the model's largest waiting shards in halves while fewer wait than its actors hold at once
         (cluster/tail_split.py, step 1)."""
-        serving = [s for s in self.slots if s.model == model.name and s.state in ("running", "pooled")]
-        if len(serving) < 2 and not any(s.state == "pooled" for s in serving):
+        serving = [s for s in self.slots if s.model == model.name and s.state == "running"]
+        if len(serving) < 2:  # one actor takes every shard anyway; a pool balances its replicas itself
             return
         holds = sum(s.depth or model.depth for s in serving)
         while (waiting := [j for q in model.queues.values() for j in q]) and len(waiting) < holds:

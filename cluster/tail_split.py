@@ -1,9 +1,10 @@
 """Balanced tails (issue 17): as a model's work runs out, its last shards are cut smaller, so that no actor
 idles while another finishes a long shard; and how long actors did idle at the tail, per run.
 
-1. When: planning is over, the model runs on two actors or more, and fewer shards wait in its queues than
-   its actors hold at once (their shards in flight). The largest waiting whole shard (MIN_PART_ROWS rows or
-   more per half) is cut in halves, again until the queues fill the actors or nothing is left to cut.
+1. When: planning is over, the model runs on two actors or more (not on the pool), and fewer shards wait
+   in its queues than its actors hold at once (their shards in flight). The largest waiting whole shard
+   on its first attempt (MIN_PART_ROWS rows or more per half) is cut in halves, again until the queues
+   fill the actors or nothing is left to cut.
 2. Parts run as jobs of their own (same shard id, `Shard.piece`, as bisection's parts do) and are
    committed together as the shard, once, under its id: a driver killed meanwhile commits nothing of it,
    and the resume runs it again. A part that raises ends the split: the whole shard goes back to its queue

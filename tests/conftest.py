@@ -38,8 +38,7 @@ def hf_engine(tiny_path):
     return HFEngine(ModelSpec("tiny", "builtin:tiny"), tiny_path, EngineProfile(), num_threads=1)
 
 
-@pytest.fixture(scope="session")
-def ray_local(model_cache):
+def start_local_ray():
     import ray
 
     # actors' output is noise in CPU runs; RAYSWEEP_TEST_RAY_LOGS=1 shows it (device runs)
@@ -48,5 +47,39 @@ def ray_local(model_cache):
     ray.init(address="local", num_cpus=2, include_dashboard=False,
              log_to_driver=bool(os.environ.get("RAYSWEEP_TEST_RAY_LOGS")),
              _system_config={"metrics_report_interval_ms": 1000})
+    return ray
+
+
+@pytest.fixture(scope="session")
+def ray_local(model_cache):
+    ray = start_local_ray()
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def fake_cluster(model_cache):
+    """`ray.cluster_utils.Cluster` for one test: `make(nodes)` starts a head without GPUs and one node per
+    {num_cpus, num_gpus} and connects this process to it. The session's local Ray (ray_local), if it was
+    up, is started again afterwards for the tests that follow."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    was_up = ray.is_initialized()
+    ray.shutdown()
+    made = []
+
+    def make(nodes: list[dict]):
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+        made.append(cluster)
+        added = [cluster.add_node(**node) for node in nodes]
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        return added
+
+    yield make
+    ray.shutdown()
+    for cluster in made:
+        cluster.shutdown()
+    if was_up:
+        start_local_ray()

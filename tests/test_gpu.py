@@ -359,3 +359,39 @@ def test_reproducible_sweep_repeats_across_shard_sizes_and_actors_on_vllm(ray_lo
     same = sum(one[k] == two[k] for k in one)
     print(f"reproducible: {same} of {len(one)} outputs equal between (1 actor, shards of 128) and (2 actors, shards of 16)")
     assert len(one) == len(two) == 400 and same == 400
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if cuda_and_vllm_available() else 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs 2 GPUs")
+def test_tensor_parallel_2_sweep_beside_a_one_gpu_model(ray_local, tmp_path):
+    """builtin:small at tensor_parallel_size 2 (one actor holding both GPUs, vLLM's workers inside it) and
+    builtin:tiny on one GPU, in one sweep: every sample of each exactly once; the TP actor held 2 GPUs."""
+    import pyarrow.parquet as pq
+
+    from cluster.run import run_sweep
+    from cluster.spec import load_spec
+    from jobs.bench import prompts_of
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"id": f"p{i}", "text": t}) + "\n"
+                            for i, t in enumerate(prompts_of(300, 64, 1024, seed=13))))
+    spec = {"name": "tp2", "output": str(tmp_path / "out"),
+            "models": [{"name": "wide", "path": "builtin:small", "engine": {"backend": "vllm", "tensor_parallel_size": 2}},
+                       {"name": "narrow", "path": "builtin:tiny", "engine": {"backend": "vllm"}}],
+            "tasks": [{"name": "t", "data": str(data), "id_column": "id", "prompt": "{text}",
+                       "sampling": {"max_tokens": 32}}],
+            "shards": {"max_samples": 50}, "actors": {"count": 1, "num_gpus": 1}}
+    (tmp_path / "tp2.yaml").write_text(json.dumps(spec))
+    report = run_sweep(load_spec(tmp_path / "tp2.yaml"), log=print)
+    assert not report.failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas()
+    assert len(results) == 600 and not results.duplicated(["model", "sample_id"]).any()
+    actors = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
+    print(actors[["model", "gpus", "gpu_ids", "startup_s"]].to_string())
+    assert set(actors[actors.model == "wide"]["gpus"]) == {2} and set(actors[actors.model == "narrow"]["gpus"]) == {1}

@@ -97,28 +97,13 @@ def test_the_same_model_at_the_tp_that_fits_passes_and_a_gpu_share_counts(tmp_pa
     assert "an L4 (0.5 of it) has 11.2 GiB" in half and half.endswith("tensor_parallel_size 2 is the smallest that fits")
 
 
-@pytest.fixture
-def two_nodes_of_four_gpus(model_cache):
-    """A fake multi-node Ray on this machine: a head without GPUs and two nodes of 4 (fake) GPUs each."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    nodes = [cluster.add_node(num_cpus=2, num_gpus=4) for _ in range(2)]
-    ray.init(address=cluster.address, log_to_driver=False)
-    cluster.wait_for_nodes()
-    yield cluster, nodes
-    ray.shutdown()
-    cluster.shutdown()
-
-
 @pytest.mark.slow
-def test_a_tp4_actor_holds_four_gpus_of_one_node(two_nodes_of_four_gpus, tmp_path):
+def test_a_tp4_actor_holds_four_gpus_of_one_node(fake_cluster, tmp_path):
     """Two TP=4 actors on two nodes of 4 GPUs: each holds 4 GPUs of its own node (never 2 + 2 across the
     two), and a TP=1 model beside them gets actors of one GPU. Every sample once."""
     from cluster.run import run_sweep
 
-    _, nodes = two_nodes_of_four_gpus
+    nodes = fake_cluster([{"num_cpus": 2, "num_gpus": 4}] * 2)
     spec = load_spec(write_spec(tmp_path, [
         {"name": "wide", "path": "builtin:tiny", "engine": {"backend": "fake", "tensor_parallel_size": 4}},
         {"name": "narrow", "path": "builtin:tiny", "engine": "fake"}], rows=40,
@@ -136,28 +121,14 @@ def test_a_tp4_actor_holds_four_gpus_of_one_node(two_nodes_of_four_gpus, tmp_pat
     assert (actors[actors["model"] == "narrow"]["gpus"] == 1).all()
 
 
-@pytest.fixture
-def two_nodes_of_two_gpus(model_cache):
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1, num_gpus=2)
-    ray.init(address=cluster.address, log_to_driver=False)
-    cluster.wait_for_nodes()
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-
-
 @pytest.mark.slow
-def test_four_gpus_on_two_nodes_never_hold_a_tp4_engine(two_nodes_of_two_gpus, tmp_path):
+def test_four_gpus_on_two_nodes_never_hold_a_tp4_engine(fake_cluster, tmp_path):
     """The cluster has 4 GPUs, but 2 per node: a TP=4 actor cannot be placed, and the sweep says so in one
     line before any actor starts."""
     from cluster.placement import PlacementError
     from cluster.run import run_sweep
 
+    fake_cluster([{"num_cpus": 1, "num_gpus": 2}] * 2)
     spec = load_spec(write_spec(tmp_path, [{"name": "wide", "path": "builtin:tiny",
                                             "engine": {"backend": "fake", "tensor_parallel_size": 4}}]))
     with pytest.raises(PlacementError) as err:
