@@ -180,7 +180,8 @@ class _Run:
         self.report.model_changes = self.scheduler.model_changes
         tail = self.tail_record()
         if tail["tail_idle_share"] is not None:
-            self.log(f"[raysweep] tail: actors idle {tail['tail_idle_share']:.1%} of their GPU-seconds "
+            unit = "GPU-seconds" if any(shape.num_gpus for shape in holds) else "actor-seconds"
+            self.log(f"[raysweep] tail: actors idle {tail['tail_idle_share']:.1%} of their {unit} "
                      f"({tail['tail_idle_gpu_s']:.1f}) while others finished; {tail['tail_splits']} shard(s) cut at "
                      "their model's tail")
         if self.scheduler.pool_lost:
