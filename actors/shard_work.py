@@ -101,7 +101,8 @@ def _same_length(row: dict, length: int) -> None:
 
 def _call(call, requests: list) -> list:
     poisoned = set(filter(None, os.environ.get(FAIL_SAMPLES_ENV, "").split(",")))
-    if poisoned and any(r.sample_id in poisoned for r in requests):
+    # a request's id is its sample's, or `<sample>#<completion>` when sampling.n > 1: either names it
+    if poisoned and any({r.sample_id, r.sample_id.rpartition("#")[0]} & poisoned for r in requests):
         raise RuntimeError(f"injected engine failure ({FAIL_SAMPLES_ENV})")
     return call(requests)
 

@@ -114,16 +114,19 @@ class Bisection:
     def table(self) -> pa.Table:
         """The shard's rows in its order: the parts' results, and an error row for each row that failed alone."""
         schema = next(iter(self.tables.values())).schema
+        sampling = getattr(self.job.task, "sampling", None)
+        completions = getattr(sampling, "n", 1) if getattr(self.job.task, "type", None) != "loglikelihood" else 1
         parts = []
         for start in sorted(self.tables.keys() | self.errors.keys()):
             if start in self.tables:
                 parts.append(self.tables[start])
             else:
                 sample_id, error = self.errors[start]
-                # one error row for the sample (completion 0, whatever sampling.n): none of its completions ran
-                row = dict.fromkeys(schema.names) | {"sample_id": sample_id, "completion": 0, "status": "error",
-                                                     "error": error}
-                parts.append(pa.Table.from_pylist([row], schema=schema))
+                # an error row per completion (sampling.n), as the rows that ran have: none of them ran, and
+                # fail_on_error counts completions, as the actor does (actors/shard_work.py)
+                rows = [dict.fromkeys(schema.names) | {"sample_id": sample_id, "completion": c, "status": "error",
+                                                       "error": error} for c in range(completions)]
+                parts.append(pa.Table.from_pylist(rows, schema=schema))
         return pa.concat_tables(parts)
 
     def row_errors(self) -> dict[str, str]:

@@ -5,7 +5,8 @@ bytes that are not UTF-8, a line that is not a JSON object, a lone surrogate ("\
 JSON parser accepts), a missing column, a null where the task needs a value (the id column, a prompt
 placeholder's column, the target column: a null answer would be scored 0, a null question rendered as
 "None"), a `messages` value that is not a non-empty list of {role, content} strings, a duplicate id, a
-row the prompt template cannot render. A UTF-8 byte order mark at the start of a JSONL file is skipped.
+row the prompt template or a code_exec program template cannot render. A UTF-8 byte order mark at the
+start of a JSONL file is skipped.
 Prompts are rendered once per model (chat templates differ between models) by `render_prompts`.
 """
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from cluster.spec import SweepSpec, TaskSpec
 from cluster.loglikelihood import choices_problem, row_choices, target_index
-from cluster.task_spec import template_fields
+from cluster.task_spec import COMPLETION, template_fields
 
 
 class DataError(ValueError):
@@ -263,16 +264,25 @@ def _first_line(e: Exception) -> str:
 
 
 def _check_rendering(task: TaskSpec, path: str, rows: list[dict], where: list[str]) -> None:
-    """Render the prompt template on every row, as planning will: a format spec or an index the row's
-    value does not take ("{question:d}" on text, "{question[999]}") fails here, naming the row."""
-    if task.prompt is None:
-        return
+    """Render the prompt template on every row, as planning will, and a code_exec program as scoring will
+    (with an empty completion, which a model may return): a format spec or an index the row's value does
+    not take ("{question:d}" on text, "{question[999]}", "{meta[fn]}" where a row's meta has no fn) fails
+    here, naming the row, not at scoring time after the GPU work."""
+    program = task.scorer.args["program"] if task.scorer is not None and task.scorer.name == "code_exec" else None
     for row, w in zip(rows, where):
         try:
-            task.prompt.format(**row)
+            if task.prompt is not None:
+                task.prompt.format(**row)
         except RENDER_ERRORS as e:
             raise DataError(f"{path}:{w}: tasks.{task.name}.prompt {task.prompt!r} cannot be rendered from this "
                             f"row: {type(e).__name__}: {_first_line(e)}") from None
+        if program is None:
+            continue
+        try:  # the mapping cluster/shard_scoring.py formats it from
+            program.format(**{c: row[c] for c in task.scorer.columns()}, **{COMPLETION: ""})
+        except RENDER_ERRORS as e:
+            raise DataError(f"{path}:{w}: tasks.{task.name}.scorer.program {program!r} cannot be rendered from "
+                            f"this row and an empty completion: {type(e).__name__}: {_first_line(e)}") from None
 
 
 def _check_columns(task: TaskSpec, path: str, rows: list[dict], where: list[str]) -> None:

@@ -5,6 +5,8 @@
 2. Context and choice are tokenized as lm-eval's `_encode_pair`: whitespace at the end of the context moves
    to the front of the choice, the context is encoded alone, the pair encoded whole, and the choice's tokens
    are the whole's tokens past the context's length; the engine is given context tokens + those tokens.
+   A context that is "" (before the split) is, as lm-eval has it, the tokenizer's BOS token (else EOS),
+   and each choice its own tokens. A context or a choice that is still 0 tokens is refused in planning.
 3. An engine returns, per choice, the summed log-probability of its tokens given what precedes them and
    whether each token was the most likely one (lm-eval's `is_greedy`).
 4. acc: the choice with the highest sum is the target; acc_norm: the highest sum per UTF-8 byte of the
@@ -63,7 +65,28 @@ def encode_pairs(contexts: Sequence[str], choices: Sequence[Sequence[str]], toke
     pairs = [[split_pair(ctx, choice) for choice in row] for ctx, row in zip(contexts, choices)]
     wholes = iter(tokenize([c + x for row in pairs for c, x in row], tokenizer, add_special_tokens))
     ctx_ids = tokenize([row[0][0] if row else "" for row in pairs], tokenizer, add_special_tokens)
-    return [(list(ids), [list(next(wholes)[len(ids):]) for _ in row]) for ids, row in zip(ctx_ids, pairs)]
+    encoded = [(list(ids), [list(next(wholes)[len(ids):]) for _ in row]) for ids, row in zip(ctx_ids, pairs)]
+    empty = [k for k, ctx in enumerate(contexts) if ctx == ""]
+    if empty:
+        alone = iter(tokenize([c for k in empty for c in choices[k]], tokenizer, False))
+        for k in empty:
+            encoded[k] = _prefixed([list(next(alone)) for _ in choices[k]], prefix_token(tokenizer))
+    return encoded
+
+
+def prefix_token(tokenizer) -> int | None:
+    """The token an empty context is replaced with, as lm-eval's `prefix_token_id`: BOS, else EOS."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return bos if bos is not None else getattr(tokenizer, "eos_token_id", None)
+
+
+def _prefixed(alone: list[list[int]], prefix: int | None) -> tuple[list[int], list[list[int]]]:
+    """A row whose context is "" (step 2's exception, lm-eval's `loglikelihood` at v0.4.13): the context is
+    the prefix token and each choice is its own tokens (no special tokens, no split); a choice that already
+    starts with the prefix token gives it as the context. No prefix token: an empty context (refused)."""
+    if prefix is None:
+        return [], alone
+    return [prefix], [ids[1:] if ids[:1] == [prefix] else ids for ids in alone]
 
 
 def pair_lengths(encoded: Sequence[tuple[list[int], list[list[int]]]]) -> list[int]:
@@ -76,7 +99,10 @@ def acc(logprobs: Sequence[float], target: int) -> float:
 
 
 def acc_norm(logprobs: Sequence[float], choices: Sequence[str], target: int) -> float:
-    """acc with each choice's sum divided by its length in UTF-8 bytes (lm-eval's byte-length normalisation)."""
+    """acc with each choice's sum divided by its length in UTF-8 bytes: what lm-eval calls acc_bytes (its
+    acc_norm divides by characters; the two agree for ASCII). The length is of the choice's text as given:
+    lm-eval measures a choice without the target_delimiter it adds, so a choice written " silver" here
+    counts 7 bytes where lm-eval's would count 6 (put the space at the end of the prompt instead)."""
     return float(_argmax([lp / max(1, len(c.encode("utf-8"))) for lp, c in zip(logprobs, choices)]) == target)
 
 

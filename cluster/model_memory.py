@@ -61,7 +61,7 @@ def weights(path: str | None, config: dict, engine: dict) -> Weights | None:
     """The model's weights as loaded (see the module's doc), or None where neither its files nor its
     config say enough."""
     dtype = load_dtype(engine, config)
-    files = sorted(Path(path).glob("*.safetensors")) if path and os.path.isdir(path) else []
+    files = weight_files(path) if path and os.path.isdir(path) else []
     if config.get("quantization_config") or engine.get("quantization"):
         stored = sum(f.stat().st_size for f in files)
         return Weights(None, stored, "as stored, quantized") if stored else None
@@ -69,6 +69,22 @@ def weights(path: str | None, config: dict, engine: dict) -> Weights | None:
     if not count or dtype not in DTYPE_BYTES:
         return None
     return Weights(count, count * DTYPE_BYTES[dtype], dtype)
+
+
+def weight_files(path: str) -> list[Path]:
+    """The safetensors files vLLM loads from a model folder: those its index names where there is one
+    (Mistral's folders hold `consolidated.safetensors` beside the same weights in shards: one set is loaded),
+    else all of them but a `consolidated` copy beside other files."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    index = Path(path) / "model.safetensors.index.json"
+    try:
+        named = set(json.loads(index.read_text())["weight_map"].values()) if index.exists() else None
+    except (OSError, ValueError, KeyError, AttributeError):
+        named = None
+    if named:
+        return [f for f in files if f.name in named]
+    sharded = [f for f in files if not f.name.startswith("consolidated")]
+    return sharded or files
 
 
 def _safetensors_parameters(path: Path) -> int:
@@ -79,20 +95,35 @@ def _safetensors_parameters(path: Path) -> int:
     return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
 
 
+# config keys of shapes the formula does not know (DeepSeek's latent attention and routed experts, among
+# others): such a model is not counted from its config (no check) rather than counted wrong
+UNKNOWN_SHAPES = ("kv_lora_rank", "q_lora_rank", "n_routed_experts", "first_k_dense_replace", "mlp_only_layers")
+
+
 def config_parameters(config: dict) -> int | None:
-    """Parameters of a Llama-family decoder from its config.json (Mistral, Qwen, Mixtral-style experts
-    alike, biases left out); None where a size it needs is missing."""
+    """Parameters of a Llama-family decoder from its config.json (Mistral, Qwen, Mixtral- and Qwen-MoE-style
+    experts alike, biases left out); None where a size it needs is missing or a shape it does not know
+    (UNKNOWN_SHAPES) is there."""
     try:
         hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
         heads = config["num_attention_heads"]
         inter = config["intermediate_size"]
     except KeyError:
         return None
+    if any(config.get(key) for key in UNKNOWN_SHAPES) or config.get("decoder_sparse_step", 1) != 1:
+        return None
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or hidden // heads
     experts = config.get("num_local_experts") or config.get("num_experts") or 1
     attention = hidden * heads * head_dim * 2 + 2 * hidden * kv_heads * head_dim
-    mlp = 3 * hidden * inter * experts + (hidden * experts if experts > 1 else 0)
+    if experts > 1:
+        # Qwen-MoE's experts are moe_intermediate_size wide (intermediate_size is the dense size); Mixtral's
+        # are intermediate_size; a router per layer, and Qwen2-MoE's shared expert with its gate
+        expert = config.get("moe_intermediate_size") or inter
+        shared = config.get("shared_expert_intermediate_size") or 0
+        mlp = 3 * hidden * expert * experts + hidden * experts + (3 * hidden * shared + hidden if shared else 0)
+    else:
+        mlp = 3 * hidden * inter
     head = 0 if config.get("tie_word_embeddings", False) else vocab * hidden
     return vocab * hidden + layers * (attention + mlp + 2 * hidden) + hidden + head
 
@@ -111,20 +142,23 @@ def refusal(model_name: str, engine: dict, found: Weights, gpu_bytes: int, gpu_l
     one-GPU engine gets (actors.num_gpus below 1)."""
     tensor, pipeline = engine.get("tensor_parallel_size", 1), engine.get("pipeline_parallel_size", 1)
     utilization = engine.get("gpu_memory_utilization", DEFAULT_UTILIZATION)
-    share = gpu_share if tensor * pipeline == 1 else 1.0
+    share = min(gpu_share, 1.0) if tensor * pipeline == 1 else 1.0  # more GPUs than its engine spans: unused
+    offload = float(engine.get("cpu_offload_gb") or 0) * GIB  # vLLM keeps this much of each GPU's weights in CPU memory
 
     def room(tp: int) -> float:
-        return utilization * share * gpu_bytes - RESERVE_BYTES - found.bytes / (tp * pipeline)
+        return utilization * share * gpu_bytes - RESERVE_BYTES - max(found.bytes / (tp * pipeline) - offload, 0)
 
     if room(tensor) >= 0:
         return None
     usable = utilization * share * gpu_bytes - RESERVE_BYTES
     fitting = next((tp for tp in (1, 2, 4, 8, 16) if tp * pipeline <= MAX_TP and (not heads or heads % tp == 0)
                     and room(tp) >= 0), None)
-    advice = (f"tensor_parallel_size {fitting} is the smallest that fits" if fitting else
+    advice = (f"engine.tensor_parallel_size {fitting} is the smallest that fits" if fitting else
               f"no tensor_parallel_size up to {MAX_TP // pipeline} fits: use more pipeline_parallel_size or a larger GPU")
     shared = f" ({share:g} of it)" if share < 1 else ""
+    offloaded = f" ({offload / GIB:g} GiB of them offloaded to CPU memory)" if offload else ""
     return (f"model {model_name}: its weights take {found.show()}; with tensor_parallel_size {tensor} and "
-            f"pipeline_parallel_size {pipeline} each GPU holds {found.bytes / (tensor * pipeline) / GIB:.1f} GiB, and "
+            f"pipeline_parallel_size {pipeline} each GPU holds {found.bytes / (tensor * pipeline) / GIB:.1f} GiB"
+            f"{offloaded}, and "
             f"{gpu_label}{shared} has {gpu_bytes * share / GIB:.1f} GiB, of which vLLM uses {utilization:g} less "
             f"{RESERVE_BYTES / GIB:g} GiB for activations and the KV cache: {max(usable, 0) / GIB:.1f} GiB. {advice}")

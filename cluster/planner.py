@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 
-from cluster.data import TaskData, render_prompts
-from cluster.loglikelihood import encode_pairs, pair_lengths
+from cluster.data import RowBatch, TaskData, render_prompts
+from cluster.loglikelihood import encode_pairs, pair_lengths, row_choices
 from cluster.spec import ModelSpec, ShardLimits, TaskSpec
 from cluster.staging import StagedRows, StagingFolder
 from cluster.token_cache import TokenCache
@@ -176,8 +176,9 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
         prompts, add_special = render_prompts(task, batch, tokenizer, data.path)
         extras = [data.extra_of(row) for row in batch.rows]
         if task.loglikelihood:  # the longest context + choice the engine runs (no cache: keyed by prompt alone)
-            counts = np.asarray(pair_lengths(encode_pairs(prompts, [e["choices"] for e in extras], tokenizer,
-                                                          add_special)), dtype=np.int64)
+            encoded = encode_pairs(prompts, [e["choices"] for e in extras], tokenizer, add_special)
+            _check_pairs(model, task, data.path, batch, prompts, encoded)
+            counts = np.asarray(pair_lengths(encoded), dtype=np.int64)
         elif cache is not None:
             counts = cache.lengths(prompts, add_special, lambda ps: count_tokens(ps, tokenizer, add_special))
         else:
@@ -259,6 +260,28 @@ def _empty_refusal(task: TaskSpec, path: str, empty: list[tuple[str, str]], allo
     policy = ("set the task's fail_on_error to false (or a fraction) to record them as error rows"
               if task.fail_on_error is True else f"more than fail_on_error={task.fail_on_error} allows")
     return f"task {task.name}: {len(empty)} prompt(s) empty after rendering (0 tokens): {listed}{more}; {policy}"
+
+
+def _check_pairs(model: ModelSpec, task: TaskSpec, path: str, batch: RowBatch, prompts: list[str],
+                 encoded: list[tuple[list[int], list[list[int]]]]) -> None:
+    """A choice is scored on the tokens before it: the context must hold one and each choice one of its own
+    (lm-eval asserts both). Refused here, naming the row, rather than failing its shard at the engine."""
+    for k, (ctx, conts) in enumerate(encoded):
+        at = f"{path}:{batch.where[k]}: tasks.{task.name}"
+        if not ctx and prompts[k] == "":
+            raise PreflightError(f"{at}.prompt renders an empty context, which lm-eval replaces with the BOS or "
+                                 f"EOS token, and model {model.name}'s tokenizer has neither")
+        if not ctx:
+            raise PreflightError(f"{at}.prompt renders {prompts[k]!r}, a context of 0 tokens for model "
+                                 f"{model.name} once its trailing whitespace moves to the choices (as lm-eval "
+                                 "splits them): give it some text, or render it as \"\" (then BOS or EOS stands "
+                                 "for it)")
+        empty = next((j for j, c in enumerate(conts) if not c), None)
+        if empty is not None:
+            choice = row_choices(task, batch.rows[k])[empty]
+            raise PreflightError(f"{at}.choices: choice {empty} ({choice!r}) is 0 tokens after the context "
+                                 f"{prompts[k][-20:]!r} for model {model.name} (its tokenizer merges the choice "
+                                 "into the context's end): it leaves nothing to score")
 
 
 def _threshold(task: TaskSpec, lengths: np.ndarray) -> int | None:

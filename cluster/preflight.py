@@ -64,9 +64,22 @@ def check_inputs(spec: SweepSpec) -> list[TaskData]:
             except ValueError as e:
                 raise PreflightFailure(f"{spec.source}: tasks.{task.name}.structured.{e}") from None
         data.append(load_task(spec, task))
+        if task.scorer is not None and task.scorer.name == "code_exec":
+            check_sandbox(spec, task)
     for model in spec.models:
         check_model(spec, model)
     return data
+
+
+def check_sandbox(spec: SweepSpec, task) -> None:
+    """A code_exec task on a driver where no sandbox can run its programs (or only one that keeps the driver's
+    uid, not asked for): one line now, not after the engines ran (the programs run on this node)."""
+    from cluster.sandbox import SandboxError, check_available
+
+    try:
+        check_available(bool(task.scorer.args.get("unsafe_fallback", False)))
+    except SandboxError as e:
+        raise PreflightFailure(f"{spec.source}: tasks.{task.name}.scorer: {e}") from None
 
 
 # `reproducible: true` runs vLLM with actors/vllm_engine.py REPRODUCIBLE_ARGS: the one setting under which
@@ -87,6 +100,12 @@ def check_batch_invariant(spec: SweepSpec, model: ModelSpec) -> None:
     elif engine.get("enforce_eager"):
         why = ("enforce_eager (vLLM 0.26's eager kernels gave other outputs in other batches, on an H100; CUDA "
                "graphs and torch.compile did not): drop engine.enforce_eager")
+    elif _graphs_or_compile_off(engine.get("compilation_config")):
+        why = ("a compilation_config that turns CUDA graphs or torch.compile off (vLLM 0.26's eager kernels gave "
+               "other outputs in other batches, on an H100): drop engine.compilation_config's mode and cudagraph_mode")
+    elif model.gpus_per_engine > 1:
+        why = (f"an engine across {model.gpus_per_engine} GPUs (tensor/pipeline parallel): the batch-invariant "
+               "setting was measured on one GPU only, and a cross-GPU all-reduce is another batch-dependent sum")
     elif engine.get("enable_prefix_caching") or engine.get("enable_chunked_prefill"):
         key = "enable_prefix_caching" if engine.get("enable_prefix_caching") else "enable_chunked_prefill"
         why = f"{key} (whether a prompt's tokens are cached or chunked depends on its neighbours): drop engine.{key}"
@@ -98,6 +117,33 @@ def check_batch_invariant(spec: SweepSpec, model: ModelSpec) -> None:
                                "true (whether a prompt is chunked depends on its neighbours): use auto or off")
 
 
+def _graphs_or_compile_off(compilation) -> bool:
+    """A compilation_config that turns CUDA graphs (cudagraph_mode NONE) or torch.compile (mode 0/NONE) off."""
+    if isinstance(compilation, int):
+        return compilation == 0  # vLLM reads a bare integer as the compilation mode
+    if not isinstance(compilation, dict):
+        return False
+    graphs, mode = compilation.get("cudagraph_mode"), compilation.get("mode", compilation.get("level"))
+    return str(graphs).upper() == "NONE" or mode == 0 or str(mode).upper() == "NONE"
+
+
+def check_parallel(spec: SweepSpec, model: ModelSpec, config: dict | None) -> None:
+    """An engine across GPUs that vLLM would refuse once its GPUs are held, refused now: a tensor-parallel
+    size that does not divide the attention heads, or another executor than the processes inside the
+    actor that holds the engine's GPUs (vLLM's Ray executor would ask Ray for the GPUs again)."""
+    tensor, executor = model.engine.get("tensor_parallel_size", 1), model.engine.get("distributed_executor_backend")
+    heads = (config or {}).get("num_attention_heads")
+    where = f"{spec.source}: model {model.name}: engine"
+    if isinstance(heads, int) and heads > 0 and heads % tensor:
+        fits = ", ".join(str(tp) for tp in (1, 2, 4, 8, 16) if heads % tp == 0)
+        raise PreflightFailure(f"{where}.tensor_parallel_size {tensor} does not divide the model's {heads} attention "
+                               f"heads (vLLM refuses it): use one of {fits}")
+    if model.gpus_per_engine > 1 and executor not in (None, "mp"):
+        raise PreflightFailure(f"{where}.distributed_executor_backend {executor!r}: raysweep's actor holds the engine's "
+                               f"{model.gpus_per_engine} GPUs and runs vLLM's workers as its own processes (mp); "
+                               "drop the field")
+
+
 def check_memory(spec: SweepSpec, model: ModelSpec, path: str, config: dict | None) -> None:
     """A model whose weights cannot fit the GPUs of the spec's `accelerator_type`, at its tensor- and
     pipeline-parallel sizes: one line now, with the smallest tensor_parallel_size that fits (each actor
@@ -106,7 +152,7 @@ def check_memory(spec: SweepSpec, model: ModelSpec, path: str, config: dict | No
     if gpu_bytes is None or config is None or model.backend in ("hf", "fake"):
         return
     found = weights(None if is_builtin(path) else path, config, model.engine)
-    why = found and refusal(model.name, model.engine, found, gpu_bytes, f"an {spec.actors.accelerator_type}",
+    why = found and refusal(model.name, model.engine, found, gpu_bytes, f"one {spec.actors.accelerator_type}",
                             spec.actors.num_gpus, config.get("num_attention_heads"))
     if why:
         raise PreflightFailure(f"{spec.source}: {why}")
@@ -125,6 +171,7 @@ def check_model(spec: SweepSpec, model: ModelSpec) -> None:
     except ValueError as e:
         where = f" ({path})" if path != model.path else ""
         raise PreflightFailure(f"{spec.source}: model {model.name}: cannot load {model.path!r}{where}: {e}") from None
+    check_parallel(spec, model, config)
     check_memory(spec, model, path, config)
     max_len = model.engine.get("max_model_len") or (config or {}).get("max_position_embeddings")
     for task in spec.tasks:

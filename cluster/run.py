@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import pyarrow as pa
 import ray
@@ -46,6 +46,15 @@ def shards_in_flight(spec: SweepSpec, model: ModelSpec) -> int:
     batch = model.engine.get("max_num_seqs", DEFAULT_MAX_SEQS)
     wanted = -(-4 * batch // spec.shards.max_samples)
     return max(MIN_SHARDS_IN_FLIGHT, min(MAX_SHARDS_IN_FLIGHT, wanted))
+
+
+@dataclass
+class Scoring:
+    """A shard on its way from the scorer to the sink."""
+    job: Job
+    telemetry: dict  # what the Ray metrics count when it is committed
+    future: Any  # its scored results table
+    extra: dict | None = None  # a shard put together from parts: more of its manifest entry (sink.commit)
 
 
 @dataclass
@@ -131,7 +140,7 @@ class _Run:
         self._ticked = 0.0  # when on_tick last reported
         self.recorder = None  # sends the sweep's state to the engine pool, where the sweep uses one
         self.scorer = ShardScorer(self.spec, on_sandbox=self.on_sandbox)
-        self.scoring: list[tuple] = []  # (job, telemetry, future of its scored table), in the order they came
+        self.scoring: list[Scoring] = []  # shards being scored, committed each as soon as its scoring is done
 
     def schedule(self, max_attempts: int) -> None:
         from actors.evaluator import EvalActor
@@ -243,8 +252,11 @@ class _Run:
         if self.plans.done:
             self.clock.marks.setdefault("planning", self.plans.finished_at)
             if self.report.shards_skipped:
+                widened = self.sink.widened
                 self.log(f"[raysweep] resuming: {self.report.shards_skipped} of {self.n_shards} shards "
-                         "already committed")
+                         "already committed" + (f"; {widened} of their files, written by an earlier raysweep, "
+                                                "now hold this one's columns (null where they had none)"
+                                                if widened else ""))
         return self.plans.done
 
     def add_plan(self, plan: TaskPlan) -> None:
@@ -281,8 +293,8 @@ class _Run:
             table = replay_table(shard)
             telemetry = {"actor_id": "driver", "n_samples": shard.n_samples, "output_tokens": 0,
                          "output_tok_per_s": None}  # for the Ray metrics: nothing ran
-            self.scoring.append((Job(shard, plan.task), telemetry, self.scorer.submit(plan.model.name, plan.task,
-                                                                                       shard, table)))
+            self.scoring.append(Scoring(Job(shard, plan.task), telemetry,
+                                        self.scorer.submit(plan.model.name, plan.task, shard, table)))
         self.commit_scored()
 
     def on_tick(self, scheduler: SweepScheduler) -> None:
@@ -318,17 +330,18 @@ class _Run:
         if job.piece is not None:  # a part of a shard being bisected: committed with the shard (on_bisected)
             self.part_actors[job.shard.shard_id] = telemetry["actor_id"]
             return
-        scoring = self.scorer.submit(model, job.task, job.shard, table)
-        self.scoring.append((job, telemetry, scoring))
+        self.scoring.append(Scoring(job, telemetry, self.scorer.submit(model, job.task, job.shard, table)))
         self.commit_scored()
 
     def commit_scored(self, wait: bool = False) -> None:
-        """Commit the shards whose scoring is done (all of them, waiting, with `wait`): in the order they came
-        back. A code_exec shard's programs run in the sandbox pool meanwhile; the scheduler goes on."""
-        while self.scoring and (wait or self.scoring[0][2].done()):
-            job, telemetry, scoring = self.scoring.pop(0)
+        """Commit the shards whose scoring is done (all of them, waiting, with `wait`), each as soon as its own
+        is: a code_exec shard's programs run in the sandbox pool meanwhile, the scheduler goes on, and shards
+        scored sooner (another task's, a later one's) are not held in memory behind it."""
+        for entry in [e for e in self.scoring if wait or e.future.done()]:
+            self.scoring.remove(entry)
+            job = entry.job
             try:
-                scored = scoring.result()
+                scored = entry.future.result()
             except Exception as e:  # the scorer itself broke (not a program: those are rows' outcomes)
                 self.on_attempt_failed(job, f"scoring failed: {type(e).__name__}: {e}")
                 job.errors.append(f"scoring failed: {type(e).__name__}: {e}")
@@ -338,10 +351,12 @@ class _Run:
             # the shard's telemetry is on disk before its commit: a driver killed after the commit loses none
             # of it (killed between the two, the shard runs again and both attempts' rows stay)
             self.sink.flush_telemetry()
-            self.sink.commit(job.shard.shard_id, model, task, job.shard.index, scored, job.attempt)
+            self.sink.commit(job.shard.shard_id, model, task, job.shard.index, scored, job.attempt, entry.extra)
             self.clock.mark("last_result")
-            self.metrics.committed(model, task, telemetry)
+            self.metrics.committed(model, task, entry.telemetry)
             self.progress.add(job.shard.n_samples, job.shard.shard_id)
+            if entry.extra and entry.extra.get("errors"):
+                self.progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED: {entry.extra['errors'][0]}")
 
     def _add_shard_telemetry(self, job: Job, telemetry: dict) -> None:
         """A shard's (or a bisected shard's part's) telemetry row, its GPU readings and engine starts."""
@@ -397,20 +412,17 @@ class _Run:
             f"{table.num_rows - len(row_errors)} rows ran" if row_errors else "every part ran: no row fails alone"))
 
     def _commit_parts(self, job: Job, table: pa.Table, row_errors: dict) -> None:
-        shard, model, task = job.shard, job.shard.model, job.task.name
-        scored = self.scorer.submit(model, job.task, shard, table).result()  # rare: waited for here
+        """A shard put together from its parts goes to the scorer as any shard does (committed by
+        commit_scored, the scheduler not waiting on its programs), with its manifest extras."""
+        shard = job.shard
         excess = row_error_excess(job.task, table)  # its error rows judged by the task's fail_on_error
-        self.sink.flush_telemetry()
-        self.sink.commit(shard.shard_id, model, task, shard.index, scored, job.attempt,
-                         {"row_errors": row_errors, **({"errors": [excess]} if excess else {})})
-        self.clock.mark("last_result")
         # counted once, as the shard, under the actor of its last part that ran; tok/s is not one shard's run here
         tokens = sum(filter(None, table["output_tokens"].to_pylist()))
-        self.metrics.committed(model, task, {"actor_id": self.part_actors.pop(shard.shard_id), "output_tokens": tokens,
-                                             "n_samples": table.num_rows, "output_tok_per_s": None})
-        self.progress.add(shard.n_samples, shard.shard_id)
-        if excess:
-            self.progress.log(f"[raysweep] shard {shard.shard_id} FAILED: {excess}")
+        telemetry = {"actor_id": self.part_actors.pop(shard.shard_id), "output_tokens": tokens,
+                     "n_samples": table.num_rows, "output_tok_per_s": None}
+        extra = {"row_errors": row_errors, **({"errors": [excess]} if excess else {})}
+        self.scoring.append(Scoring(job, telemetry, self.scorer.submit(shard.model, job.task, shard, table), extra))
+        self.commit_scored()
 
     def on_failed(self, job: Job) -> None:
         self.part_actors.pop(job.shard.shard_id, None)

@@ -359,6 +359,8 @@ class SweepScheduler:
     def _retry(self, job: Job, error: str, died: bool = False) -> None:
         job.errors.append(error)
         self.events.on_attempt_failed(job, error)
+        if job.piece is not None and job.piece.bisection.gave_up:
+            return  # its split or bisection already ended (another part raised): the part is not run again
         if job.piece is not None and not died and isinstance(job.piece.bisection, TailSplit):
             self._unsplit(job.piece.bisection, error)
         elif job.piece is not None and not died:  # a part is not tried again: its failure is known to repeat
@@ -425,6 +427,7 @@ class SweepScheduler:
         self.slots.remove(slot)
         if slot.model is not None and slot.state in ("starting", "running", "idle"):
             self.models[slot.model].assigned -= 1
+        self.tail.died(slot.number)
         self.actor_deaths += 1
         if self.actor_deaths > self._most_slots * self.max_attempts:
             raise RuntimeError(f"{self.actor_deaths} actors died; the last: {_first_line(error)}") from error

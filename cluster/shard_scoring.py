@@ -7,7 +7,8 @@ cluster/results_schema.py), off the scheduler's path where scoring is slow.
    - loglikelihood: acc and acc_norm from the rows' choice log-probabilities (cluster/loglikelihood.py);
    - code_exec: each completion's program (the template formatted over the row's columns and the
      completion) runs in the sandbox pool (cluster/sandbox.py): the shard is handed back as a pending
-     future, and the scheduler keeps dispatching while the programs run; score 1 where it passed;
+     future, and the scheduler keeps dispatching while the programs run; score 1 where it passed, 0 where
+     not, null where its sandbox never started (exec_status error, exec_error why);
    - any other scorer: a function of the output and the target (cluster/scoring.py), here and now.
 3. Structured validity for generated rows; the table assembled by column name.
 `replay_table` makes the actor's part of a replay task's shard from its data, with no engine.
@@ -31,9 +32,11 @@ from cluster.task_spec import COMPLETION, TaskSpec
 
 class ShardScorer:
     def __init__(self, spec: SweepSpec, on_sandbox=lambda isolation: None):
-        """`on_sandbox(isolation)`: told once, as the sandbox pool starts, which isolation applies here."""
+        """`on_sandbox(isolation)`: told which isolation applies here, as the first code_exec shard is scored
+        (and again should a task with another `unsafe_fallback` get another)."""
         self.spec, self.on_sandbox = spec, on_sandbox
         self._sandbox = None  # the sandbox pool, started with the first code_exec shard
+        self._told: set[str] = set()  # the isolation lines told to on_sandbox
 
     def submit(self, model: str, task: TaskSpec, shard: Shard, table: pa.Table) -> Future:
         """A future of the scored table: done at once unless the task runs programs (code_exec)."""
@@ -69,12 +72,16 @@ class ShardScorer:
 
     def _programs(self, task: TaskSpec, driver: dict, table: pa.Table, outputs: list, generated: list,
                   extras: list) -> Future:
-        from cluster.sandbox import SandboxLimits, SandboxPool, isolation
+        from cluster.sandbox import SandboxLimits, SandboxPool, check_available
 
-        if self._sandbox is None:
-            self._sandbox = SandboxPool()  # probes the isolation first: a machine with none fails here
-            self.on_sandbox(isolation())
         args = task.scorer.args
+        unsafe = args.get("unsafe_fallback", False)
+        isolation = check_available(unsafe)  # a machine with no sandbox for this task fails here
+        if isolation not in self._told:
+            self._told.add(isolation)
+            self.on_sandbox(isolation)
+        if self._sandbox is None:
+            self._sandbox = SandboxPool()
         limits = SandboxLimits(timeout_s=float(args.get("timeout_s", 10)), memory_mb=int(args.get("memory_mb", 1024)))
         todo = [i for i, g in enumerate(generated) if g]
         programs = [args["program"].format(**extras[i].get("columns", {}), **{COMPLETION: outputs[i]}) for i in todo]
@@ -86,12 +93,12 @@ class ShardScorer:
                 status, error, score = [None] * table.num_rows, [None] * table.num_rows, [None] * table.num_rows
                 for i, outcome in zip(todo, outcomes):
                     status[i], error[i] = outcome.status, outcome.error
-                    score[i] = 1.0 if outcome.status == "passed" else 0.0
+                    score[i] = None if not outcome.started else 1.0 if outcome.status == "passed" else 0.0
                 scored.set_result(assemble(table, dict(driver, score=score, exec_status=status, exec_error=error)))
             except BaseException as e:  # handed to the driver's thread, which commits or fails the shard
                 scored.set_exception(e)
 
-        self._sandbox.submit(programs, limits).add_done_callback(finish)
+        self._sandbox.submit(programs, limits, unsafe).add_done_callback(finish)
         return scored
 
     def close(self) -> None:

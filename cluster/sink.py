@@ -30,7 +30,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from cluster.results_schema import RESULT_SCHEMA
 from cluster.spec import SweepSpec
+
+# what `reproducible: true` runs (actors/vllm_engine.py REPRODUCIBLE_ARGS; the CPU engine runs one row at a
+# time), kept in the manifest: a resume adds to reproducible results only under the same setting. It changes
+# with REPRODUCIBLE_ARGS.
+REPRODUCIBLE_SETTING = ("vLLM batch-invariant mode with TRITON_ATTN, no prefix caching, no chunked prefill, CUDA "
+                        "graphs and torch.compile on")
 from cluster.summary import COLUMNS as SUMMARY_COLUMNS
 from cluster.summary import SummaryAccumulator, summarize  # noqa: F401 (tests read summarize from here)
 
@@ -73,6 +80,7 @@ class ResultSink:
             if new_run:
                 self._discard_earlier_run()
             self.manifest = self._load_manifest()
+            self.widened = self._widen_older_results()  # files rewritten with the columns they lacked
         except BaseException:
             self.close()
             raise
@@ -144,17 +152,48 @@ class ResultSink:
         """`extra`: more of the manifest entry; a bisected shard's `row_errors` ({sample id: error} of its rows
         that failed alone) and, where they are more than its task allows, `errors` (see `failed`)."""
         rel = result_file(model, task, index)
-        final = self._path(rel)
-        tmp = f"{os.path.dirname(final)}/.shard-{index:05d}.{uuid.uuid4().hex[:8]}.tmp"
-        self.fs.create_dir(os.path.dirname(final), recursive=True)
         table = _plain_strings(table, ("model", "task"))
-        with self.fs.open_output_stream(tmp) as f:
-            pq.write_table(table, f)
-        self.fs.move(tmp, final)
+        self._write_results(rel, table)
         self._record(shard_id, {"state": "committed", "file": rel, "rows": table.num_rows, "attempts": attempts,
                                 **(extra or {})})
         self._summary.add(table)
         self._summarized.add(shard_id)
+
+    def _write_results(self, rel: str, table: pa.Table) -> None:
+        """Written under a temporary name, then renamed: a reader never sees half a file."""
+        final = self._path(rel)
+        tmp = f"{os.path.dirname(final)}/.{os.path.basename(final)}.{uuid.uuid4().hex[:8]}.tmp"
+        self.fs.create_dir(os.path.dirname(final), recursive=True)
+        with self.fs.open_output_stream(tmp) as f:
+            pq.write_table(table, f)
+        self.fs.move(tmp, final)
+
+    def _widen_older_results(self) -> int:
+        """Result files an earlier raysweep committed with fewer columns (an output resumed across a change of
+        the results' schema) get the missing columns as nulls, in RESULT_SCHEMA's order: polars and DuckDB
+        read a folder with the first file's schema and fail on (or miss) columns only later files have.
+        Looked at only when the manifest records another column list; returns the files rewritten."""
+        columns = list(RESULT_SCHEMA.names)
+        if self.manifest.get("results_columns") == columns:
+            return 0
+        widened, committed = 0, [e for e in self.manifest["shards"].values() if e.get("state") == "committed"]
+        for entry in committed:
+            if not entry.get("file"):
+                continue
+            with self.fs.open_input_file(self._path(entry["file"])) as f:
+                table = pq.read_table(f)
+            missing = [name for name in columns if name not in table.column_names]
+            if not missing:
+                continue
+            for name in missing:
+                table = table.append_column(RESULT_SCHEMA.field(name), pa.nulls(table.num_rows, RESULT_SCHEMA.field(name).type))
+            extra = [name for name in table.column_names if name not in columns]  # kept, after the schema's
+            self._write_results(entry["file"], table.select([n for n in columns if n in table.column_names] + extra))
+            widened += 1
+        self.manifest["results_columns"] = columns
+        if committed:
+            self._save_manifest()
+        return widened
 
     def fail(self, shard_id: str, errors: list[str]) -> None:
         self._record(shard_id, {"state": "failed", "attempts": len(errors), "errors": errors})
@@ -261,6 +300,13 @@ class ResultSink:
             raise SinkError(f"output {self.output} holds results made with reproducible: {str(made).lower()}; this "
                             f"spec says reproducible: {str(self.spec.reproducible).lower()}, and one output never "
                             "mixes the two: use a new output, or --new-run to discard them")
+        setting = manifest.get("reproducible_setting")
+        if made and self.spec.reproducible and setting != REPRODUCIBLE_SETTING and \
+                any(e.get("state") == "committed" for e in manifest["shards"].values()):
+            raise SinkError(f"output {self.output} holds reproducible results made with another setting "
+                            f"({setting or 'one from before settings were recorded'}); this raysweep runs "
+                            f"{REPRODUCIBLE_SETTING}, and one output never mixes the two: use a new output, or "
+                            "--new-run to discard them")
         if manifest.get("spec_hash") not in (digest, self.spec.digest(with_placement=True)) and \
                 not any(e.get("state") == "committed" for e in manifest["shards"].values()):
             # another spec's run that committed nothing (refused or failed early): nothing to keep apart
@@ -284,13 +330,15 @@ class ResultSink:
             # nothing committed from the old data (or an output from before data was recorded): the new holds
             recorded[task] = now
         manifest["spec_hash"] = digest
-        manifest.update(reproducible=self.spec.reproducible, spec_source=self._spec_source())
+        manifest.update(reproducible=self.spec.reproducible, spec_source=self._spec_source(),
+                        reproducible_setting=REPRODUCIBLE_SETTING if self.spec.reproducible else None)
         return manifest
 
     def _fresh_manifest(self, digest: str) -> dict:
         return {"sweep": self.spec.name, "spec_hash": digest, "created_at": _now(), "versions": _versions(),
                 "shards": {}, "data": self.data_hashes, "reproducible": self.spec.reproducible,
-                "spec_source": self._spec_source()}
+                "reproducible_setting": REPRODUCIBLE_SETTING if self.spec.reproducible else None,
+                "results_columns": list(RESULT_SCHEMA.names), "spec_source": self._spec_source()}
 
     def _spec_source(self) -> str | None:
         """The spec file's absolute path (`raysweep verify` reads it again), where it came from a file."""

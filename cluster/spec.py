@@ -138,6 +138,12 @@ class SweepSpec:
             dup = next((n for n in names if names.count(n) > 1), None)
             if dup:
                 raise ValueError(f"{what}: name {dup!r} is used twice")
+        models = [m.name for m in self.models]
+        for i, task in enumerate(self.tasks):  # replayed results would be filed (and planned) as that model's
+            if task.replay is not None and task.replay.model in models:
+                raise ValueError(f"tasks[{i}].replay.model: {task.replay.model!r} is the name of models"
+                                 f"[{models.index(task.replay.model)}]; replayed completions are not that model's: "
+                                 "give them a name of their own")
 
     def data_path(self, task: TaskSpec) -> str:
         return self._from_base(task.data)

@@ -11,7 +11,9 @@ idles while another finishes a long shard; and how long actors did idle at the t
    as a failed attempt (retried or bisected as any shard is); a part whose actor died is retried alone.
 3. Tail idle (`TailClock`): for each actor, the time from its last shard's end to the end of the run's last
    shard, weighted by its GPUs (an actor on CPUs counts 1), against the same actors' time from their first
-   shard to that end: the share of the sweep's GPU-seconds left idle while others finished.
+   shard to that end: the share of the sweep's GPU-seconds left idle while others finished. An actor
+   released because no model needs it counts as idle to the end (on a fixed cluster its GPU idles); one that
+   died counts only up to its death (its replacement is an actor of its own).
 """
 
 from __future__ import annotations
@@ -71,10 +73,14 @@ class TailClock:
     """When each actor ran its first and its last shard; the run's tail idle from those."""
 
     def __init__(self) -> None:
-        self.actors: dict[int, list] = {}  # actor number -> [weight, first shard sent, last shard back]
+        self.actors: dict[int, list] = {}  # actor number -> [weight, first shard sent, last shard back, died]
 
     def sent(self, number: int, weight: float) -> None:
-        self.actors.setdefault(number, [weight, time.time(), None])
+        self.actors.setdefault(number, [weight, time.time(), None, None])
+
+    def died(self, number: int) -> None:
+        if number in self.actors:
+            self.actors[number][3] = time.time()
 
     def back(self, number: int) -> None:
         if number in self.actors:
@@ -83,10 +89,11 @@ class TailClock:
     def record(self) -> dict:
         """tail_idle_gpu_s (GPU-seconds, actor-seconds on CPUs) and tail_idle_share of the actors' time from
         their first shard to the run's last; None where no shard came back."""
-        done = [(w, first, last) for w, first, last in self.actors.values() if last is not None]
+        done = [(w, first, last, died) for w, first, last, died in self.actors.values() if last is not None]
         if not done:
             return {"tail_idle_gpu_s": None, "tail_idle_share": None}
-        end = max(last for _, _, last in done)
-        held = sum(w * (end - first) for w, first, _ in done)
-        idle = sum(w * (end - last) for w, _, last in done)
+        end = max(last for _, _, last, _ in done)
+        stops = [(w, first, last, min(end, died) if died is not None else end) for w, first, last, died in done]
+        held = sum(w * (stop - first) for w, first, _, stop in stops)
+        idle = sum(w * max(stop - last, 0.0) for w, _, last, stop in stops)
         return {"tail_idle_gpu_s": round(idle, 3), "tail_idle_share": round(idle / held, 4) if held > 0 else 0.0}

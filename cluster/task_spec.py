@@ -62,6 +62,9 @@ class SamplingSpec:
             raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
         if not _is_number(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature: must be a finite number >= 0, got {self.temperature!r}")
+        if self.n > 1 and self.temperature == 0:  # greedy: every seed gives the same completion
+            raise ValueError(f"n: {self.n} completions at temperature 0 (greedy) would all be the same "
+                             "completion; set a temperature > 0, or n: 1")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < 0:
@@ -107,7 +110,7 @@ class ScorerSpec:
         if self.name not in SCORERS:
             raise ValueError(f"{self.name}: unknown scorer; use one of {', '.join(SCORERS)}")
         allowed = {"json_match": {"fields"}, "regex_match": {"pattern", "group"}, "choice": {"choices"},
-                   "code_exec": {"program", "timeout_s", "memory_mb"}}
+                   "code_exec": {"program", "timeout_s", "memory_mb", "unsafe_fallback"}}
         extra = set(self.args) - allowed.get(self.name, set())
         if extra:
             raise ValueError(f"{sorted(extra)[0]}: not an argument of scorer {self.name}"
@@ -143,8 +146,11 @@ def _check_code_exec(args: dict) -> None:
     if not _is_number(timeout) or not 0 < timeout <= 600:
         raise ValueError(f"timeout_s: must be a number of seconds in (0, 600], got {timeout!r}")
     memory = args.get("memory_mb", 1024)
-    if not _is_int(memory) or not 16 <= memory <= 65536:
-        raise ValueError(f"memory_mb: must be an integer from 16 to 65536, got {memory!r}")
+    if not _is_int(memory) or not 64 <= memory <= 65536:  # below 64 MB the interpreter cannot start
+        raise ValueError(f"memory_mb: must be an integer from 64 to 65536, got {memory!r}")
+    # true: a driver that is not root may run programs under its own uid where bubblewrap fails (cluster/sandbox.py)
+    if not isinstance(args.get("unsafe_fallback", False), bool):
+        raise ValueError(f"unsafe_fallback: must be true or false, got {args['unsafe_fallback']!r}")
 
 
 def template_fields(template: str, what: str = "prompt") -> list[str]:

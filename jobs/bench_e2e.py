@@ -40,6 +40,9 @@ VARIANTS = ("raysweep", "plain", "ray_data", "multi")
 WARM_PROMPTS = 256  # one shard: every code path runs once, the compile and page caches fill
 SHARD_SAMPLES = 256
 MANIFEST_FIELDS = ("ray_start_s", "planning_s", "first_result_s", "last_result_s")
+TAIL_FIELDS = {"tail_idle_share": "of the actors' GPU-seconds idle at the tail (manifest runs[-1])",
+               "tail_idle_gpu_s": "GPU-seconds idle at the tail (manifest runs[-1])",
+               "tail_splits": "shards cut at the model's tail (manifest runs[-1])"}
 ACTOR_COLUMNS = ("process_s", "imports_s", "engine_init_s", "warmup_s", "first_token_s", "startup_s")
 REPO = Path(__file__).resolve().parent.parent
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -208,6 +211,7 @@ def raysweep_figures(output: Path) -> dict:
 
     runs = read_manifest(str(output)).get("runs") or [{}]
     figures = {f: (runs[-1][f], "s (manifest runs[-1])") for f in MANIFEST_FIELDS if runs[-1].get(f) is not None}
+    figures.update({f: (runs[-1][f], unit) for f, unit in TAIL_FIELDS.items() if runs[-1].get(f) is not None})
     actors = output / "telemetry" / "actors.parquet"
     table = pq.read_table(actors) if actors.exists() else None
     for column in ACTOR_COLUMNS:

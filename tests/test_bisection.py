@@ -22,7 +22,7 @@ def shard(n: int) -> Shard:
 
 def bisect(n: int, fails) -> tuple[Bisection, int]:
     """Runs a bisection of an n-row shard to its end, parts one at a time; `fails(ids)`: whether a part raises."""
-    b = Bisection(SimpleNamespace(shard=shard(n), errors=[BOOM, BOOM]))
+    b = Bisection(SimpleNamespace(shard=shard(n), errors=[BOOM, BOOM], task=None))
     queue, parts = deque(b.start()), 0
     while queue and not b.settled:
         piece = queue.popleft()
@@ -118,3 +118,26 @@ def test_a_failure_that_does_not_repeat_on_the_parts_leaves_no_error_row():
     b, parts = bisect(12, lambda ids: len(ids) == 12)  # e.g. a batch too large for the engine: halves run
     assert b.gave_up is None and not b.row_errors() and parts == 2
     assert b.table()["status"].to_pylist() == ["ok"] * 12
+
+
+def test_a_sample_that_fails_alone_has_an_error_row_per_completion_and_fail_on_error_counts_them():
+    """sampling.n = 4: the rows that ran are 4 per sample, so a sample that failed alone has 4 error rows (the
+    results' grain, one row per completion), and fail_on_error: 0.25 judges 8 of 16 completions as the
+    actor would, not 2 of 10 (review of issue 16: a sweep with half its prompts failed exited 0)."""
+    schema = RESULTS.append(pa.field("completion", pa.int32()))
+    task = SimpleNamespace(sampling=SimpleNamespace(n=4), type="generate", fail_on_error=0.25)
+    b = Bisection(SimpleNamespace(shard=shard(4), errors=[BOOM, BOOM], task=task))
+    queue = deque(b.start())
+    while queue and not b.settled:
+        piece = queue.popleft()
+        ids = piece.shard.rows["sample_id"].to_pylist()
+        if {"r1", "r2"} & set(ids):
+            queue.extend(b.part_failed(piece, BOOM))
+        else:
+            rows = [{"sample_id": i, "output_text": "x", "status": "ok", "error": None, "completion": c}
+                    for i in ids for c in range(4)]
+            queue.extend(b.part_ran(piece, pa.Table.from_pylist(rows, schema=schema)))
+    table = b.table()
+    assert [(r["sample_id"], r["completion"], r["status"]) for r in table.to_pylist()] == [
+        (f"r{i}", c, "error" if i in (1, 2) else "ok") for i in range(4) for c in range(4)]
+    assert row_error_excess(task, table).startswith("8 of 16 rows failed, more than fail_on_error=0.25 allows")

@@ -308,3 +308,75 @@ def test_a_model_that_fails_after_the_checks_names_the_spec_and_the_whole_reason
     assert text.startswith("sweep.yaml: model m: cannot load './m': ") and "\n" not in text
     if "Couldn't instantiate the backend tokenizer" in text:
         assert "from one of: (1) a `tokenizers` library serialization file, (2)" in text
+
+
+def loglik(tmp_path, rows: list[dict]):
+    """A `type: loglikelihood` task over these rows: the context is `q`, the choices `c`, the target `a`."""
+    return make(tmp_path, [json.dumps(r) for r in rows], prompt="{q}", type="loglikelihood", choices="c")
+
+
+def test_an_empty_context_is_the_prefix_token_as_lm_eval_has_it(tmp_path, tiny_path):
+    """lm-eval (v0.4.13, TemplateLM.loglikelihood, prefix_token_id): a context of "" becomes [BOS] (EOS where
+    there is no BOS) and each choice its own tokens, no special tokens added; planning measures the same."""
+    from transformers import AutoTokenizer
+
+    from cluster.loglikelihood import encode_pairs
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    alone = [tok.encode(c, add_special_tokens=False) for c in ("yes", " no")]
+    assert encode_pairs(["", "Q:"], [["yes", " no"], [" a"]], tok, True)[0] == ([tok.bos_token_id], alone)
+    spec, task = loglik(tmp_path, [{"q": "", "c": ["yes", " no"], "a": 0}, {"q": "Q:", "c": [" a"], "a": 0}])
+    plan = plan_task(spec.models[0], load_task(spec, task), tok, None, ShardLimits())
+    lengths = {r["sample_id"]: r["prompt_tokens"] for s in plan.shards for r in s.rows.to_pylist()}
+    assert lengths == {"0": 1 + 3, "1": 2 + 2}
+    tok.bos_token = None  # Qwen's tokenizers have none: lm-eval's prefix is then EOS
+    assert encode_pairs([""], [["yes", " no"]], tok, True) == [([tok.eos_token_id], alone)]
+
+
+def zero_token_choice_tokenizer():
+    """A BPE whose merges make "hel" + "lo" one token ("hello"): the choice "lo" after "hel" is 0 tokens."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate("helo")} | {"he": 4, "hel": 5, "hell": 6, "hello": 7}
+    bpe = models.BPE(vocab=vocab, merges=[("h", "e"), ("he", "l"), ("hel", "l"), ("hell", "o")])
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(bpe))
+
+
+@pytest.mark.parametrize("rows, tokenizer, message", [
+    ([{"q": "Q:", "c": [" a"], "a": 0}, {"q": "  ", "c": ["a"], "a": 0}], "tiny",
+     "d.jsonl:2: tasks.t.prompt renders '  ', a context of 0 tokens for model m once its trailing whitespace moves "
+     "to the choices (as lm-eval splits them): give it some text, or render it as \"\" (then BOS or EOS stands "
+     "for it)"),
+    ([{"q": "", "c": ["a"], "a": 0}], "tiny without BOS or EOS",
+     "d.jsonl:1: tasks.t.prompt renders an empty context, which lm-eval replaces with the BOS or EOS token, and "
+     "model m's tokenizer has neither"),
+    ([{"q": "hel", "c": ["o", "lo"], "a": 0}], "merging",
+     "d.jsonl:1: tasks.t.choices: choice 1 ('lo') is 0 tokens after the context 'hel' for model m (its tokenizer "
+     "merges the choice into the context's end): it leaves nothing to score"),
+])
+def test_a_context_or_a_choice_of_0_tokens_is_refused_in_planning(tmp_path, tiny_path, rows, tokenizer, message):
+    """The engine refuses both (actors/engine.py: check_loglik_requests), as lm-eval asserts; planning says
+    so first, naming the file and line, instead of a shard failing at the engine, bisected, then FAILED."""
+    from transformers import AutoTokenizer
+
+    tok = zero_token_choice_tokenizer() if tokenizer == "merging" else AutoTokenizer.from_pretrained(tiny_path)
+    if tokenizer == "tiny without BOS or EOS":
+        tok.bos_token = tok.eos_token = None
+    spec, task = loglik(tmp_path, rows)
+    with pytest.raises(PreflightError) as err:
+        plan_task(spec.models[0], load_task(spec, task), tok, None, ShardLimits())
+    assert str(err.value) == f"{tmp_path}/{message}"
+
+
+def test_raysweep_plan_says_a_0_token_context_in_one_line(tmp_path, capsys):
+    from jobs.cli import main
+
+    (tmp_path / "d.jsonl").write_text(json.dumps({"q": " ", "c": ["a", "b"], "a": 1}) + "\n")
+    (tmp_path / "s.yaml").write_text("name: s\nmodels: [{name: tiny, path: 'builtin:tiny'}]\ntasks:\n"
+                                     "  - {name: mc, type: loglikelihood, data: d.jsonl, prompt: '{q}', choices: c, "
+                                     "target: a}\n")
+    assert main(["plan", str(tmp_path / "s.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"raysweep: error: {tmp_path}/d.jsonl:1: tasks.mc.prompt renders ' ', a context of 0 "
+                          "tokens for model tiny") and len(err.splitlines()) == 1

@@ -268,7 +268,8 @@ CASES = [
      "{spec}: tasks[0].scorer: not for a loglikelihood task (it is scored acc and acc_norm); drop it"),
     ("n-below-one", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 4, n: 0}"),
      "{spec}: tasks[0].sampling.n: must be an integer >= 1, got 0"),
-    ("pass-at-k-above-n", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 4, n: 4}\n    pass_at: [1, 10]"),
+    ("pass-at-k-above-n", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 4, n: 4, temperature: 0.8}\n"
+                                              "    pass_at: [1, 10]"),
      "{spec}: tasks[0].pass_at: k=10 is above sampling.n=4 (pass@k needs n >= k completions per prompt)"),
     ("code-exec-program-names-a-missing-column", lambda t: spec_with(
         t, "scorer: exact_match", 'scorer: {name: code_exec, program: "{completion}\\n{tests}"}'),
@@ -279,6 +280,20 @@ CASES = [
     ("replay-column-missing", lambda t: spec_with(t, "    target: answer\n", "    target: answer\n"
                                                   "    replay: {column: output}\n"),
      "{data}:1: missing column 'output' (the task 'qa' needs it as its `replay.column` (its completions))"),
+    # found in review (issue 16): a bare KeyError after the GPU work, a silent waste, results filed under a model
+    ("code-exec-program-that-cannot-render-a-row", then(
+        lambda t: spec_with(t, "scorer: exact_match", 'scorer: {name: code_exec, program: "{completion}\\nassert '
+                            '{meta[fn]}() == 1"}'),
+        lambda t: rows_with(t, [row(meta={"fn": "f"}), row(id="r1", meta={})])),
+     "{data}:2: tasks.qa.scorer.program '{completion}\\nassert {meta[fn]}() == 1' cannot be rendered from this row "
+     "and an empty completion: KeyError: 'fn'"),
+    ("n-above-one-at-temperature-0", lambda t: spec_with(t, "{max_tokens: 4}", "{max_tokens: 4, n: 4}"),
+     "{spec}: tasks[0].sampling.n: 4 completions at temperature 0 (greedy) would all be the same completion; set a "
+     "temperature > 0, or n: 1"),
+    ("replay-model-named-as-a-spec-model", lambda t: spec_with(t, "    target: answer\n", "    target: answer\n"
+                                                               "    replay: {column: output, model: tiny}\n"),
+     "{spec}: tasks[0].replay.model: 'tiny' is the name of models[0]; replayed completions are not that model's: "
+     "give them a name of their own"),
     ("ray-that-does-not-start", lambda t: ["--address", "127.0.0.1:1"],
      "--address 127.0.0.1:1: no Ray there to connect to (Connection refused)"),
 ]

@@ -82,8 +82,8 @@ def test_a_model_too_big_for_its_gpus_is_refused_before_ray_naming_the_smallest_
         check_inputs(load_spec(spec))
     assert str(err.value) == (
         f"{spec}: model big: its weights take 131.4 GiB (70.55B parameters, bfloat16); with tensor_parallel_size 4 "
-        "and pipeline_parallel_size 1 each GPU holds 32.9 GiB, and an L4 has 22.5 GiB, of which vLLM uses 0.9 less "
-        "1 GiB for activations and the KV cache: 19.2 GiB. tensor_parallel_size 8 is the smallest that fits")
+        "and pipeline_parallel_size 1 each GPU holds 32.9 GiB, and one L4 has 22.5 GiB, of which vLLM uses 0.9 less "
+        "1 GiB for activations and the KV cache: 19.2 GiB. engine.tensor_parallel_size 8 is the smallest that fits")
 
 
 def test_the_same_model_at_the_tp_that_fits_passes_and_a_gpu_share_counts(tmp_path):
@@ -95,12 +95,68 @@ def test_the_same_model_at_the_tp_that_fits_passes_and_a_gpu_share_counts(tmp_pa
     assert refusal("large", {}, large, ACCELERATOR_MEMORY["L4"], "an L4") is None
     half = refusal("large", {}, large, ACCELERATOR_MEMORY["L4"], "an L4", gpu_share=0.5, heads=32)
     assert "an L4 (0.5 of it) has 11.2 GiB" in half and half.endswith("tensor_parallel_size 2 is the smallest that fits")
+    # two GPUs given to a one-GPU engine: it uses one (review of issue 17: the room was doubled)
+    assert refusal("large", {}, large, ACCELERATOR_MEMORY["T4"], "a T4", gpu_share=2.0) is not None
+    # weights vLLM keeps in CPU memory (cpu_offload_gb, per GPU) are not on the GPU
+    assert refusal("large", {"cpu_offload_gb": 8}, large, ACCELERATOR_MEMORY["T4"], "a T4") is None
+
+
+# Qwen3-30B-A3B's and Qwen1.5-MoE-A2.7B's shapes (their config.json): 30.5B and 14.3B parameters published
+QWEN3_30B_A3B = {"hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+                 "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                 "vocab_size": 151936, "tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": []}
+QWEN15_MOE = {"hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408, "num_experts": 60,
+              "shared_expert_intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 16,
+              "num_key_value_heads": 16, "vocab_size": 151936, "tie_word_embeddings": False}
+
+
+def test_expert_models_are_counted_at_their_experts_width_and_unknown_shapes_not_at_all():
+    """Qwen-MoE experts are moe_intermediate_size wide (review of issue 17: counted at intermediate_size,
+    Qwen3-30B-A3B came out at 233B and was refused on an H100); DeepSeek's latent attention is not a shape
+    the formula knows: no count, so no check, rather than a wrong one."""
+    assert round(config_parameters(QWEN3_30B_A3B) / 1e9, 1) == 30.5
+    assert round(config_parameters(QWEN15_MOE) / 1e9, 1) == 14.3
+    assert refusal("moe", {}, weights(None, QWEN3_30B_A3B, {}), ACCELERATOR_MEMORY["H100"], "one H100") is None
+    assert config_parameters(dict(QWEN3_30B_A3B, kv_lora_rank=512, n_routed_experts=64)) is None
+
+
+def test_a_folder_with_two_copies_of_its_weights_is_counted_once(tmp_path, model_cache):
+    """Mistral's folders hold consolidated.safetensors beside the same weights in shards; vLLM loads one set
+    (the index's), and so does the count."""
+    import shutil
+
+    tiny = Path(resolve_model_path("builtin:tiny"))
+    config = json.loads((tiny / "config.json").read_text())
+    once = weights(str(tiny), config, {}).parameters
+    shutil.copy(tiny / "model.safetensors", tmp_path / "model-00001-of-00001.safetensors")
+    shutil.copy(tiny / "model.safetensors", tmp_path / "consolidated.safetensors")
+    assert weights(str(tmp_path), config, {}).parameters == once  # no index: the copy beside shards is left out
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"lm_head.weight": "model-00001-of-00001.safetensors"}}))
+    assert weights(str(tmp_path), config, {}).parameters == once
+
+
+@pytest.mark.parametrize("engine, message", [
+    ({"tensor_parallel_size": 3}, "engine.tensor_parallel_size 3 does not divide the model's 64 attention heads "
+                                  "(vLLM refuses it): use one of 1, 2, 4, 8, 16"),
+    ({"tensor_parallel_size": 8, "distributed_executor_backend": "ray"},
+     "engine.distributed_executor_backend 'ray': raysweep's actor holds the engine's 8 GPUs and runs vLLM's "
+     "workers as its own processes (mp); drop the field"),
+])
+def test_parallel_settings_vllm_would_refuse_on_held_gpus_are_refused_before_ray(tmp_path, engine, message):
+    spec = write_spec(tmp_path, [{"name": "big", "path": str(big_model(tmp_path)), "engine": engine}],
+                      actors={"count": 1, "num_cpus": 1, "accelerator_type": "H200"})
+    with pytest.raises(PreflightFailure) as err:
+        check_inputs(load_spec(spec))
+    assert str(err.value) == f"{spec}: model big: {message}"
 
 
 @pytest.mark.slow
 def test_a_tp4_actor_holds_four_gpus_of_one_node(fake_cluster, tmp_path):
-    """Two TP=4 actors on two nodes of 4 GPUs: each holds 4 GPUs of its own node (never 2 + 2 across the
-    two), and a TP=1 model beside them gets actors of one GPU. Every sample once."""
+    """Two TP=4 actors on two nodes of 4 GPUs: each holds 4 distinct GPUs (one Ray actor always sits on one
+    node, so its GPUs are that node's; what this checks is that raysweep asks for all 4 in one actor, and
+    that two such actors run on the two nodes), and a TP=1 model beside them gets actors of one GPU. Every
+    sample once. (2 + 2 GPUs across two nodes are refused: next test.)"""
     from cluster.run import run_sweep
 
     nodes = fake_cluster([{"num_cpus": 2, "num_gpus": 4}] * 2)
@@ -162,9 +218,11 @@ def test_shards_cut_at_the_tail_are_committed_once_each(ray_local, tmp_path):
     assert run["tail_splits"] == report.tail["tail_splits"] and 0 <= run["tail_idle_share"] < 1
 
 
-def _tail_scheduler(ray_local, events):
+def _tail_scheduler(ray_local, events, raising=("s90",), dies_once: str | None = None):
     """A scheduler of one model on two stand-in actors (one shard at a time each) and three 32-row shards:
-    the third waits alone while both actors run, so it is cut in halves. Any batch holding s90 raises."""
+    the third waits alone while both actors run, so it is cut in halves. Any batch holding a `raising` id
+    raises; the first actor to run a 16-row part holding `dies_once` (a marker file's path, then the id)
+    exits, once."""
     import pyarrow as pa
 
     from cluster.planner import Shard
@@ -182,10 +240,18 @@ def _tail_scheduler(ray_local, events):
 
             import pyarrow as pa
 
+            import os
+
             time.sleep(0.5)
             ids = shard.rows["sample_id"].to_pylist()
-            if "s90" in ids:
-                raise RuntimeError("engine broke on s90")
+            if dies_once and dies_once.split("|")[1] in ids and len(ids) == 16 \
+                    and not os.path.exists(dies_once.split("|")[0]):
+                time.sleep(0.7)  # the other part has raised meanwhile: the split is over
+                open(dies_once.split("|")[0], "w").close()
+                os._exit(1)
+            for bad in raising:
+                if bad in ids:
+                    raise RuntimeError(f"engine broke on {bad}")
             return shard.rows.append_column("status", pa.array(["ok"] * len(ids))), {}
 
         def close(self) -> None:
@@ -222,3 +288,62 @@ def test_a_tail_part_that_raises_sends_its_whole_shard_back(ray_local):
     assert bisected == [("bisected", "m/t/00002", 32, {"s90": "RuntimeError: engine broke on s90"})]
     # the part that raised, then the whole shard's first attempt (the split's), its second (run whole)
     assert attempts[:3] == [("m/t/00002", True, 1), ("m/t/00002", False, 1), ("m/t/00002", False, 2)]
+
+
+def _recorder():
+    from cluster.scheduler import SchedulerEvents
+
+    reported = []
+    events = SchedulerEvents(
+        on_result=lambda job, table, telemetry: reported.append(
+            ("result", job.shard.shard_id, job.piece.rows if job.piece else None,
+             type(job.piece.bisection).__name__ if job.piece else None)),
+        on_failed=lambda job: reported.append(("failed", job.shard.shard_id)),
+        on_bisected=lambda job, table, errors: reported.append(("bisected", job.shard.shard_id, table.num_rows,
+                                                               tuple(sorted(errors)))),
+        on_split=lambda job, table: reported.append(("split", job.shard.shard_id)),
+        on_attempt_failed=lambda job, error: reported.append(
+            ("attempt", job.shard.shard_id, job.piece.rows if job.piece else None)))
+    return reported, events
+
+
+@pytest.mark.slow
+def test_both_parts_of_a_tail_split_raising_send_the_shard_back_once(ray_local):
+    """Both halves raise (an error in each, run at once on the two actors): the whole shard is retried once,
+    bisected once and reported once (review of issue 17: it was retried, bisected and committed twice)."""
+    reported, events = _recorder()
+    scheduler, jobs = _tail_scheduler(ray_local, events, raising=("s70", "s90"))
+    scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
+    ends = [r for r in reported if r[0] in ("bisected", "failed", "split") or r[:3] == ("result", "m/t/00002", None)]
+    assert ends == [("bisected", "m/t/00002", 32, ("s70", "s90"))]
+    assert [r for r in reported if r[0] == "attempt" and r[2] is None] == [("attempt", "m/t/00002", None)] * 2
+
+
+@pytest.mark.slow
+def test_a_part_of_an_ended_split_whose_actor_died_is_not_run_again(ray_local, tmp_path):
+    """Part 0:16 raises, ending the split; part 16:32's actor then dies: that part is dropped, not queued
+    again on a new actor (its shard is already running whole), and the shard is reported once."""
+    reported, events = _recorder()
+    scheduler, jobs = _tail_scheduler(ray_local, events, raising=("s70",), dies_once=f"{tmp_path / 'died'}|s90")
+    scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
+    assert (tmp_path / "died").exists()
+    assert not [r for r in reported if r[0] == "result" and r[3] == "TailSplit"], reported
+    ends = [r for r in reported if r[0] in ("bisected", "failed", "split") or r[:3] == ("result", "m/t/00002", None)]
+    assert ends == [("bisected", "m/t/00002", 32, ("s70",))]
+
+
+def test_tail_idle_counts_gpu_seconds_after_each_actors_last_shard_and_none_after_a_death(monkeypatch):
+    """Three 1-GPU actors from t=0, their last shards back at 40, 90 and 100 (the run's end): 60 + 10 of 300
+    GPU-seconds idle. Once the first is known to have died at 50, it adds 10 idle of 50 held, not 60 of 100."""
+    import cluster.tail_split as tail_split
+
+    now = [0.0]
+    monkeypatch.setattr(tail_split.time, "time", lambda: now[0])
+    clock = tail_split.TailClock()
+    clock.sent(0, 1.0), clock.sent(1, 1.0), clock.sent(2, 1.0)
+    for at, number in ((40.0, 2), (90.0, 0), (100.0, 1)):
+        now[0] = at
+        clock.back(number)
+    assert clock.record() == {"tail_idle_gpu_s": 70.0, "tail_idle_share": 0.2333}  # 10 + 60 of 300: death unseen
+    clock.actors[2][3] = 50.0  # as clock.died(2) at t=50
+    assert clock.record() == {"tail_idle_gpu_s": 20.0, "tail_idle_share": 0.08}  # 10 + 10 of 250

@@ -150,3 +150,48 @@ def test_a_resume_never_mixes_reproducible_and_other_results(tmp_path):
     prepared.sink.close()
     with pytest.raises(SinkError, match="made with reproducible: true; this spec says reproducible: false"):
         prepare(load_spec(spec_file(tmp_path, "mixed", reproducible=False)))
+
+
+def test_a_resume_never_adds_to_reproducible_results_of_another_setting(tmp_path):
+    """An output made under another `reproducible: true` setting (an earlier raysweep's: FLASH_ATTN, prefix
+    caching) is refused, as the mode's flag alone would not tell (review of issue 17)."""
+    import json
+
+    import pyarrow as pa
+
+    from cluster.run import prepare
+    from cluster.sink import SinkError
+    from cluster.spec import load_spec
+
+    prepared = prepare(load_spec(spec_file(tmp_path, "older")))
+    prepared.sink.plan(["tiny/arithmetic/00000"])
+    one_row = pa.table({"sample_id": ["a0"], "model": ["tiny"], "task": ["arithmetic"], "status": ["ok"],
+                        "score": [1.0], "structured_valid": pa.array([None], pa.bool_()), "output_tokens": [3]})
+    prepared.sink.commit("tiny/arithmetic/00000", "tiny", "arithmetic", 0, one_row, 1)
+    prepared.sink.close()
+    prepare(load_spec(spec_file(tmp_path, "older"))).sink.close()  # the same setting resumes
+    manifest = tmp_path / "older" / "manifest.json"
+    older = json.loads(manifest.read_text())
+    del older["reproducible_setting"]  # as a raysweep before this one wrote it
+    manifest.write_text(json.dumps(older))
+    with pytest.raises(SinkError, match="holds reproducible results made with another setting \\(one from before"):
+        prepare(load_spec(spec_file(tmp_path, "older")))
+
+
+@pytest.mark.parametrize("engine, message", [
+    ({"compilation_config": {"cudagraph_mode": "NONE"}}, "a compilation_config that turns CUDA graphs or torch.compile"),
+    ({"compilation_config": {"mode": 0}}, "a compilation_config that turns CUDA graphs or torch.compile"),
+    ({"tensor_parallel_size": 2}, "an engine across 2 GPUs (tensor/pipeline parallel): the batch-invariant setting "
+                                  "was measured on one GPU only"),
+])
+def test_reproducible_refuses_eager_by_compilation_config_and_engines_across_gpus(tmp_path, engine, message):
+    from cluster.preflight import PreflightFailure, check_inputs
+    from cluster.spec import load_spec
+
+    path = spec_file(tmp_path, "refused")
+    raw = yaml.safe_load(open(path))
+    raw["models"][0]["engine"] = engine
+    open(path, "w").write(yaml.safe_dump(raw))
+    with pytest.raises(PreflightFailure) as err:
+        check_inputs(load_spec(path))
+    assert str(err.value).startswith(f"{path}: model tiny: reproducible: true cannot run with {message}")

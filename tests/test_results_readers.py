@@ -139,3 +139,34 @@ def test_an_output_in_the_old_hive_layout_is_refused_with_one_line(outputs, tmp_
         ResultSink(str(out), load_spec(QUICKSTART))
     with ResultSink(str(out), load_spec(QUICKSTART), new_run=True) as sink:
         assert sink.committed() == set() and not (out / "results").exists()
+
+
+def test_an_output_resumed_across_a_change_of_columns_reads_as_one_table_in_every_reader(outputs, tmp_path):
+    """Shards committed by a raysweep before the results had `completion`, `score_norm`, ... (review of
+    issue 16: polars failed and DuckDB missed the new columns once a resume added files that have them):
+    the resume gives the older files the columns they lack, as nulls, and every reader reads one table."""
+    import shutil
+
+    from cluster.results_schema import RESULT_SCHEMA
+
+    out = tmp_path / "resumed"
+    shutil.copytree(outputs["mixed"], out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["results_columns"]  # as an earlier raysweep wrote it
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with ResultSink(str(out), load_spec(QUICKSTART)) as sink:
+        assert sink.widened == 4
+        newer = _shard("tiny", "arith", 2)  # a shard as this raysweep writes it: every column
+        for field in RESULT_SCHEMA:
+            if field.name not in newer.column_names:
+                newer = newer.append_column(field, pa.array([0] * ROWS, field.type) if field.name == "completion"
+                                            else pa.nulls(ROWS, field.type))
+        sink.plan(["tiny/arith/00002"])
+        sink.commit("tiny/arith/00002", "tiny", "arith", 2, newer.select(RESULT_SCHEMA.names), attempts=1)
+    with ResultSink(str(out), load_spec(QUICKSTART)) as sink:
+        assert sink.widened == 0  # recorded: not looked at again
+    files = sorted((out / "results").rglob("*.parquet"))
+    assert all(pq.read_schema(f).names[:len(RESULT_SCHEMA)] == RESULT_SCHEMA.names for f in files[:4])
+    for name, read in READERS.items():
+        table = read(str(out / "results"))
+        assert table.num_rows == 5 * ROWS and "completion" in table.column_names, name

@@ -1,10 +1,14 @@
 """The code_exec sandbox with real processes: each hostile program is contained, recorded, and leaves nothing
-behind (no stray process, no file outside its directory, no connection, no secret read)."""
+behind (no stray process, no file outside its directory, no connection, no secret read). A driver that is not
+root gets bubblewrap or a refusal; a sandbox that fails to start costs its one program, not the shard."""
 
+import errno
 import json
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -12,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.sandbox import NOBODY, SandboxLimits, SandboxPool, isolation, run_program
+import cluster.sandbox as sandbox
+from cluster.sandbox import NOBODY, SandboxLimits, SandboxPool, check_available, run_program
 
 QUICK = SandboxLimits(timeout_s=2)
 
@@ -40,7 +45,7 @@ def _gone(pids: set[int], within_s: float = 5.0) -> set[int]:
 
 
 def test_isolation_is_one_line():
-    line = isolation()
+    line = check_available()
     assert line and "\n" not in line
     print(line)
 
@@ -117,7 +122,7 @@ def test_cannot_write_outside_its_directory(tmp_path):
     target = tmp_path / "escaped.txt"
     out = run_program(f"open({str(target)!r}, 'w').write('escaped')", QUICK)
     assert out.status == "error" and not target.exists(), out
-    if "tmpfs" in isolation():  # with bwrap the program's /tmp is its own; the host's never sees the file
+    if "tmpfs" in check_available():  # with bwrap the program's /tmp is its own; the host's never sees the file
         target = Path(tempfile.gettempdir()) / f"raysweep-escape-{uuid.uuid4().hex}"
         assert run_program(f"open({str(target)!r}, 'w').write('escaped')", QUICK).status == "passed"
         assert not target.exists()
@@ -159,16 +164,40 @@ def test_killing_its_parent_leaves_the_pool_working():
         assert [o.status for o in pool.submit(["assert True"], QUICK).result(timeout=30)] == ["passed"]
 
 
-def test_a_sandbox_failure_fails_the_pools_future(monkeypatch):
-    import cluster.sandbox as sandbox
-
-    def broken(source, limits):
+def test_a_sandbox_failure_of_every_program_fails_the_pools_future(monkeypatch):
+    def broken(*args):
         raise sandbox.SandboxError("bwrap vanished")
 
+    monkeypatch.setattr(sandbox, "RETRY_PAUSES_S", (0, 0))
     with SandboxPool(workers=1) as pool:
         monkeypatch.setattr(sandbox, "run_program", broken)
-        with pytest.raises(sandbox.SandboxError, match="bwrap vanished"):
+        with pytest.raises(sandbox.SandboxError, match="no program of 3 started: .*bwrap vanished"):
             pool.submit(["assert True"] * 3, QUICK).result(timeout=30)
+
+
+def test_one_programs_sandbox_failing_to_start_is_retried_then_recorded_alone(monkeypatch):
+    """Review 16, finding 5: a SandboxError or an OSError (EAGAIN from fork) of one program's sandbox is tried
+    again; where it never starts, that one Outcome is an error saying why and its neighbours keep theirs."""
+    real, tries = sandbox.run_program, []
+
+    def flaky(source, *args):
+        tries.append(source)
+        if "once" in source and tries.count(source) == 1:
+            raise sandbox.SandboxError("bwrap: Creating new namespace failed: Resource temporarily unavailable")
+        if "always" in source:
+            raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+        return real(source, *args)
+
+    monkeypatch.setattr(sandbox, "RETRY_PAUSES_S", (0, 0))
+    monkeypatch.setattr(sandbox, "run_program", flaky)
+    programs = [f"print({i})" for i in range(4)] + ["print('once')", "print('always')"]
+    with SandboxPool(workers=2) as pool:
+        outcomes = pool.submit(programs, QUICK).result(timeout=60)
+    assert [o.status for o in outcomes] == ["passed"] * 5 + ["error"]
+    assert [o.stdout for o in outcomes[:5]] == ["0\n", "1\n", "2\n", "3\n", "once\n"]
+    assert all(o.started for o in outcomes[:5]) and not outcomes[5].started
+    assert outcomes[5].error == "the sandbox failed on each of 3 tries: BlockingIOError: [Errno 11] " + os.strerror(11)
+    assert tries.count("print('once')") == 2 and tries.count("print('always')") == 3
 
 
 def test_output_is_capped_and_the_error_line_kept():
@@ -198,3 +227,205 @@ def test_pool_throughput_keeps_order():
 def test_limits_are_validated(field, value):
     with pytest.raises(ValueError, match=field):
         SandboxLimits(**{field: value})
+
+
+def test_a_programs_own_exit_code_is_not_read_as_a_signal():
+    """Review 16, finding 14: the bootstrap reports how the program ended, so 137 and 70 are its own codes."""
+    out = run_program("import sys\nsys.exit(137)", QUICK)
+    assert (out.status, out.error, out.exit_code) == ("failed", "exit code 137", 137)
+    out = run_program("import sys\nsys.exit(70)", QUICK)
+    assert (out.status, out.error, out.exit_code) == ("failed", "exit code 70", 70)
+    out = run_program("import sys\nsys.exit('a message')", QUICK)
+    assert (out.status, out.error, out.exit_code) == ("failed", "a message", 1)
+    out = run_program("import atexit, os\natexit.register(lambda: os._exit(0))\nassert False, 'wrong'", QUICK)
+    assert (out.status, out.error) == ("failed", "AssertionError: wrong")  # an atexit os._exit(0) does not pass
+    out = run_program("import os\nif os.fork() == 0:\n    raise SystemExit(0)\nos.wait()\nassert False", QUICK)
+    assert out.status == "failed"  # a forked child's exit does not speak for the program
+    out = run_program("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", QUICK)
+    assert (out.status, out.error, out.exit_code) == ("error", "killed by signal 9 (SIGKILL)", -9)
+
+
+def test_the_oom_killer_takes_a_sandbox_first():
+    program = ("import os\nprint(open('/proc/self/oom_score_adj').read().strip(), flush=True)\n"
+               "if os.fork() == 0:\n    print(open('/proc/self/oom_score_adj').read().strip(), flush=True)\n"
+               "    os._exit(0)\nos.wait()\n")
+    out = run_program(program, QUICK)
+    assert (out.status, out.stdout) == ("passed", "1000\n1000\n"), out
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch, tmp_path):
+    """bwrap hidden from PATH, as on a machine without it; the plan probed again, and again afterwards."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    sandbox._plan.cache_clear()
+    yield
+    sandbox._plan.cache_clear()
+
+
+def test_not_root_without_bubblewrap_refuses_unless_the_task_opts_in(no_bwrap, monkeypatch):
+    """Review 16, finding 1: without bwrap a driver that is not root would run programs under its own uid."""
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    with pytest.raises(sandbox.SandboxError) as refused:
+        check_available()
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("code_exec needs bubblewrap when the driver is not root, and "
+                                               "bwrap is not installed: install bubblewrap")
+    assert "`unsafe_fallback: true`" in line and "uid 1000" in line
+    with pytest.raises(sandbox.SandboxError, match="needs bubblewrap"):
+        SandboxPool(1).submit(["assert True"], QUICK)
+    assert check_available(unsafe_fallback=True).startswith("UNSAFE fallback without bubblewrap (unsafe_fallback)")
+
+
+def test_python_that_uid_65534_cannot_reach_is_named_as_the_cause(no_bwrap, monkeypatch, tmp_path):
+    """Review 16, finding 4: the fallback's failure, as root with Python under a 0700 directory (/root/.pyenv,
+    say), names the install, not the module the interpreter then failed to import."""
+    prefix = tmp_path / "home" / ".pyenv" / "3.11"
+    (prefix / "bin").mkdir(parents=True)
+    (tmp_path / "home").chmod(0o700)
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(sandbox.sys, "base_prefix", str(prefix))
+    monkeypatch.setattr(sandbox.sys, "executable", str(prefix / "bin" / "python3"))
+
+    def cannot_import(plan, *args):  # what such an interpreter does, dropped to uid 65534
+        raise sandbox.SandboxError(f"{plan.label}: the sandbox did not start: exit 1: ModuleNotFoundError: "
+                                   "No module named 'socket'")
+
+    monkeypatch.setattr(sandbox, "_run", cannot_import)
+    with pytest.raises(sandbox.SandboxError) as none:
+        check_available()
+    line = str(none.value)  # the first directory on the way that others may not search: home, or one above
+    assert line.startswith(f"no sandbox works on this machine: bwrap is not installed (apt-get install -y "
+                           f"bubblewrap); uid 65534 cannot reach the Python install {prefix}: /")
+    assert line.endswith(" is mode 0700") and "socket" not in line
+
+
+def _python_for(uid: int) -> str | None:
+    """An interpreter that uid can run (this one may sit under a root-only /root), or None."""
+    for exe in (os.path.realpath(sys.executable), "/usr/bin/python3"):
+        try:
+            if subprocess.run([exe, "-I", "-c", "pass"], user=uid, group=uid, extra_groups=[], cwd="/",
+                              capture_output=True, timeout=30).returncode == 0:
+                return exe
+        except OSError:
+            continue
+    return None
+
+
+DRIVER = r"""
+import os, sys
+import sandbox
+home, unsafe = os.environ["HOME"], sys.argv[1] == "unsafe"
+secret, results = os.path.join(home, "credentials"), os.path.join(home, "results.parquet")
+with open(secret, "w") as f:
+    f.write("driver-secret")
+os.chmod(secret, 0o600)
+with open(results, "w") as f:
+    f.write("committed")
+try:
+    print("isolation:", sandbox.check_available(unsafe))
+except sandbox.SandboxError as e:
+    print("refused:", e)
+    sys.exit(0)
+program = f"print(open({secret!r}).read())\nopen({results!r}, 'a').write(' tampered')\n"
+out = sandbox.run_program(program, sandbox.SandboxLimits(timeout_s=5), unsafe)
+print("read:", out.status, out.stdout.strip())
+print("results:", open(results).read())
+sandbox.run_program("import os\nos.kill(os.getppid(), 9)", sandbox.SandboxLimits(timeout_s=5), unsafe)
+print("driver alive")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a driver as another uid, which needs root")
+def test_a_driver_that_is_not_root_with_and_without_bubblewrap(tmp_path):
+    """Review 16, finding 1, for real: a driver as uid 4242. Without bwrap: refused, or with the opt-in a
+    program reads its secret, changes its files and kills it (hence UNSAFE). With bwrap: contained."""
+    uid, python = 4242, _python_for(4242)
+    assert python, "no interpreter that uid 4242 can run"
+    home = Path(tempfile.mkdtemp(prefix="raysweep-driver-"))
+    try:
+        shutil.copy(Path(sandbox.__file__), home / "sandbox.py")  # stdlib only: runs alone
+        (home / "driver.py").write_text(DRIVER)
+        os.chown(home, uid, uid)
+
+        def drive(path: str, mode: str, exit_code: int = 0) -> str:
+            run = subprocess.run([python, "-E", "-s", "-u", "-B", "driver.py", mode], cwd=home, timeout=60,
+                                 env={"PATH": path, "HOME": str(home)}, user=uid, group=uid, extra_groups=[],
+                                 capture_output=True, text=True)
+            assert run.returncode == exit_code, run.stderr
+            return run.stdout
+
+        refused = drive(str(tmp_path / "empty"), "safe")  # a PATH without bwrap
+        assert refused.startswith("refused: code_exec needs bubblewrap when the driver is not root"), refused
+        unsafe = drive(str(tmp_path / "empty"), "unsafe", exit_code=-9)  # killed by its program
+        assert "isolation: UNSAFE fallback" in unsafe and "read: passed driver-secret" in unsafe, unsafe
+        assert "results: committed tampered\n" in unsafe and "driver alive" not in unsafe, unsafe
+        if shutil.which("bwrap"):  # the README's test command installs it
+            contained = drive(os.path.dirname(shutil.which("bwrap")), "safe")
+            assert "isolation: bubblewrap" in contained and "read: error" in contained, contained
+            assert "results: committed\n" in contained and "driver alive" in contained, contained
+    finally:
+        shutil.rmtree(home)
+
+
+def test_code_exec_unsafe_fallback_is_validated():
+    from cluster.task_spec import ScorerSpec
+
+    args = {"program": "{completion}"}
+    assert ScorerSpec("code_exec", dict(args, unsafe_fallback=True)).args["unsafe_fallback"] is True
+    with pytest.raises(ValueError, match="unsafe_fallback: must be true or false, got 'yes'"):
+        ScorerSpec("code_exec", dict(args, unsafe_fallback="yes"))
+    with pytest.raises(ValueError, match="memory_mb: must be an integer from 64"):  # SandboxLimits' floor
+        ScorerSpec("code_exec", dict(args, memory_mb=32))
+
+
+@pytest.mark.slow
+def test_a_sandbox_that_never_starts_costs_its_row_not_the_shard(ray_local, tmp_path, monkeypatch):
+    """Review 16, finding 5, in a sweep: of 8 replayed programs one's sandbox fails once (tried again: passed)
+    and one's always; the shard commits, that row is an error with the reason and no score, the rest pass."""
+    import pyarrow.parquet as pq
+
+    from cluster.run import run_sweep
+    from cluster.spec import load_spec
+
+    real, tries = sandbox.run_program, []
+
+    def flaky(source, *args):
+        tries.append(source)
+        if "ALWAYS" in source or ("ONCE" in source and tries.count(source) == 1):
+            raise sandbox.SandboxError("bwrap: Creating new namespace failed: Resource temporarily unavailable")
+        return real(source, *args)
+
+    monkeypatch.setattr(sandbox, "RETRY_PAUSES_S", (0, 0))
+    monkeypatch.setattr(sandbox, "run_program", flaky)
+    rows = [{"id": f"r{i}", "code": "assert True" + {3: "  # ONCE", 5: "  # ALWAYS"}.get(i, "")} for i in range(8)]
+    (tmp_path / "h.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.yaml").write_text(f"""
+name: hiccup
+output: {tmp_path / 'out'}
+models: []
+tasks:
+  - {{name: t, data: h.jsonl, id_column: id, prompt: "{{id}}", replay: {{column: code}},
+      scorer: {{name: code_exec, program: "{{completion}}\\n", timeout_s: 3}}}}
+""")
+    report = run_sweep(load_spec(tmp_path / "s.yaml"), log=print)
+    assert not report.failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas().set_index("sample_id").sort_index()
+    print(results[["exec_status", "exec_error", "score"]].to_string())
+    assert list(results.exec_status) == ["passed"] * 5 + ["error"] + ["passed"] * 2
+    assert results.loc["r5", "exec_error"] == ("the sandbox failed on each of 3 tries: bwrap: Creating new "
+                                               "namespace failed: Resource temporarily unavailable")
+    assert results.score.isna().tolist() == [False] * 5 + [True] + [False] * 2
+
+
+def test_a_code_exec_sweep_on_a_driver_with_no_sandbox_is_refused_before_ray(no_bwrap, monkeypatch):
+    """The same refusal, from preflight: one line naming the spec and the task, before Ray or any engine
+    starts (review 16, finding 4: it came after the engines had run)."""
+    from cluster.preflight import PreflightFailure, check_inputs
+    from cluster.spec import load_spec
+
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    spec = load_spec(Path(__file__).resolve().parents[1] / "sweeps" / "scoring.yaml")
+    with pytest.raises(PreflightFailure) as refused:
+        check_inputs(spec)
+    assert str(refused.value).startswith(f"{spec.source}: tasks.code.scorer: code_exec needs bubblewrap when the "
+                                         "driver is not root")

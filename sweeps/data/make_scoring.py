@@ -1,5 +1,7 @@
 """Writes the data of sweeps/scoring.yaml (seeded, so the files are reproducible), written for this repo:
 - mc.jsonl: multiple choice for a `type: loglikelihood` task (a question, its choices, the right one's index);
+  each choice starts with a space, which acc_norm counts in its length (lm-eval's convention does not: see
+  `multiple_choice`);
 - code.jsonl: small Python problems, each a function signature with a docstring, a `check` of its tests,
   and `completions`: three bodies written by hand (right, wrong, and one that never returns) that the replay
   task scores as if another harness had made them.
@@ -47,7 +49,12 @@ def multiple_choice(rng: random.Random, n: int) -> list[dict]:
         kind = rng.choice(sorted(KINDS))
         right = rng.choice(KINDS[kind])
         wrong = rng.sample([w for k, ws in KINDS.items() if k != kind for w in ws], 3)
-        choices = [" " + c for c in rng.sample([right, *wrong], 4)]  # lm-eval's way: the space before a choice
+        # The space before a choice is part of its text here, so raysweep's acc_norm divides by len + 1 bytes.
+        # That differs from lm-eval's length convention: lm-eval keeps choices bare, adds the space as its
+        # target_delimiter and measures the bare choice. The tokens are the same either way (split_pair);
+        # for lm-eval's lengths, end the prompt with the space ("Answer: ") and write the choices bare.
+        # Left as it is: the committed mc.jsonl and the outputs and figures made from it stay valid.
+        choices = [" " + c for c in rng.sample([right, *wrong], 4)]
         rows.append({"id": f"mc-{i:03d}", "question": f"Which of these is {kind}?", "choices": choices,
                      "label": choices.index(" " + right)})
     return rows
