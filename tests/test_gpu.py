@@ -345,7 +345,9 @@ def test_reproducible_sweep_repeats_across_shard_sizes_and_actors_on_vllm(ray_lo
 
     def run(name: str, actors: dict, shard: int) -> dict:
         spec = {"name": name, "output": str(tmp_path / name), "reproducible": True,
-                "models": [{"name": "tiny", "path": "builtin:tiny", "engine": {"backend": "vllm"}}],
+                # 0.3 of the GPU each: the module's vllm_engine (0.3) may still hold its share
+                "models": [{"name": "tiny", "path": "builtin:tiny",
+                            "engine": {"backend": "vllm", "gpu_memory_utilization": 0.3}}],
                 "tasks": [{"name": "t", "data": str(data), "id_column": "id", "prompt": "{text}",
                            "sampling": {"max_tokens": 32, "temperature": 0.0}}],
                 "shards": {"max_samples": shard}, "actors": actors}
