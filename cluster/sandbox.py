@@ -40,6 +40,7 @@ again, then recorded as an `error` with `started` False; a batch fails only when
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import math
 import os
@@ -451,7 +452,7 @@ def _run(plan: _Plan, source: str, limits: SandboxLimits) -> Outcome:
         for fd in unclosed:
             os.close(fd)
         if workdir:
-            shutil.rmtree(workdir, onerror=_writable_then_retry)
+            shutil.rmtree(workdir, onerror=functools.partial(_writable_then_retry, workdir))
     wall = time.perf_counter() - start
     stdout, stderr = got["out"].decode("utf-8", "replace"), got["err"].decode("utf-8", "replace")
     status = got["status"].decode("ascii", "replace").splitlines()
@@ -564,7 +565,13 @@ def _last_line(text: str) -> str | None:
     return lines[-1] if lines else None
 
 
-def _writable_then_retry(func, path, _exc_info) -> None:
-    # a program may leave a directory without write permission; its owner (or root) can restore it
-    os.chmod(os.path.dirname(path), 0o700)
+def _writable_then_retry(root: str, func, path, _exc_info) -> None:
+    """shutil.rmtree's onerror for a program's directory `root`: a program may leave a directory in it
+    without write permission, which its owner (or root) restores. Only directories inside `root` are ever
+    changed: `root` itself failing (gone, or a straggler of the program writing into it) is left as it is,
+    and its parent (/tmp) is never touched (it was: chmod 0700 on /tmp, locking every other user out)."""
+    parent = os.path.dirname(path)
+    if path == root or os.path.commonpath([root, parent]) != root:
+        return
+    os.chmod(parent, 0o700)
     func(path)

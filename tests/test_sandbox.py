@@ -429,3 +429,23 @@ def test_a_code_exec_sweep_on_a_driver_with_no_sandbox_is_refused_before_ray(no_
         check_inputs(spec)
     assert str(refused.value).startswith(f"{spec.source}: tasks.code.scorer: code_exec needs bubblewrap when the "
                                          "driver is not root")
+
+
+def test_cleaning_a_programs_directory_never_changes_its_parent(tmp_path):
+    """rmtree's error handler restores write permission inside the program's directory only: where the
+    directory itself could not be removed, its parent (/tmp on a driver) kept its mode; it was made 0700,
+    which locked every other user (and this suite's uid-4242 driver) out of /tmp."""
+    import functools
+    import stat
+
+    parent = tmp_path / "parent"
+    root = parent / "raysweep-sandbox-x"
+    (root / "locked").mkdir(parents=True)
+    (root / "locked" / "f").write_text("left by a program")
+    parent.chmod(0o755)
+    (root / "locked").chmod(0o500)  # a program's directory without write permission
+    handler = functools.partial(sandbox._writable_then_retry, str(root))
+    handler(os.rmdir, str(root), None)  # the directory itself failing: left alone
+    assert stat.S_IMODE(parent.stat().st_mode) == 0o755
+    shutil.rmtree(root, onerror=handler)  # inside it: made writable, removed
+    assert not root.exists() and stat.S_IMODE(parent.stat().st_mode) == 0o755
