@@ -348,15 +348,18 @@ class _Run:
                 self.on_failed(job)
                 continue
             model, task = job.shard.model, job.task.name
+            extra = entry.extra
+            if extra is None and (excess := row_error_excess(job.task, scored)):
+                extra = {"errors": [excess]}  # scoring made error rows (programs that never ran) past the policy
             # the shard's telemetry is on disk before its commit: a driver killed after the commit loses none
             # of it (killed between the two, the shard runs again and both attempts' rows stay)
             self.sink.flush_telemetry()
-            self.sink.commit(job.shard.shard_id, model, task, job.shard.index, scored, job.attempt, entry.extra)
+            self.sink.commit(job.shard.shard_id, model, task, job.shard.index, scored, job.attempt, extra)
             self.clock.mark("last_result")
             self.metrics.committed(model, task, entry.telemetry)
             self.progress.add(job.shard.n_samples, job.shard.shard_id)
-            if entry.extra and entry.extra.get("errors"):
-                self.progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED: {entry.extra['errors'][0]}")
+            if extra and extra.get("errors"):
+                self.progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED: {extra['errors'][0]}")
 
     def _add_shard_telemetry(self, job: Job, telemetry: dict) -> None:
         """A shard's (or a bisected shard's part's) telemetry row, its GPU readings and engine starts."""

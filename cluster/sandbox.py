@@ -516,7 +516,10 @@ def _stop(proc: subprocess.Popen, info: bytes, timed_out: bool) -> None:
     except (ValueError, KeyError, TypeError):
         child = None
     if timed_out and child and _parent_of(child) == proc.pid:
-        os.kill(child, signal.SIGKILL)
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:  # it ended between the two looks: nothing to kill
+            pass
         give_up = time.perf_counter() + 5
         while not _exited(proc.pid) and time.perf_counter() < give_up:
             time.sleep(0.005)
@@ -569,9 +572,15 @@ def _writable_then_retry(root: str, func, path, _exc_info) -> None:
     """shutil.rmtree's onerror for a program's directory `root`: a program may leave a directory in it
     without write permission, which its owner (or root) restores. Only directories inside `root` are ever
     changed: `root` itself failing (gone, or a straggler of the program writing into it) is left as it is,
-    and its parent (/tmp) is never touched (it was: chmod 0700 on /tmp, locking every other user out)."""
+    and its parent (/tmp) is never touched (it was: chmod 0700 on /tmp, locking every other user out). Never
+    raises: the program ran, and what it left behind does not change how it ended."""
     parent = os.path.dirname(path)
     if path == root or os.path.commonpath([root, parent]) != root:
         return
-    os.chmod(parent, 0o700)
-    func(path)
+    try:
+        os.chmod(parent, 0o700)
+        func(path)
+    except OSError:
+        # a straggler of the program (a detached child, in the fallback) still writing there: the directory
+        # stays behind in /tmp rather than the program's outcome turning into a sandbox failure
+        pass

@@ -240,8 +240,10 @@ class SweepScheduler:
             sizing = self.start_one_by_one and any(s.state == "starting" for s in self.slots)
             if model is None:
                 # no model needs it any more; on a shared GPU not while another engine sizes its memory:
-                # vLLM's profiling fails when a neighbour frees memory meanwhile (seen on an H100)
-                if not planning and not sizing:
+                # vLLM's profiling fails when a neighbour frees memory meanwhile (seen on an H100); and not
+                # while its model's last shards run elsewhere: one that fails comes back (a retry, a split's
+                # whole shard, bisection's parts) to this warm engine rather than to a new one's start
+                if not planning and not sizing and not self._in_flight(slot.model):
                     self._release(slot)
                 continue
             if sizing:
@@ -252,6 +254,10 @@ class SweepScheduler:
             model.assigned += 1
             slot.state, slot.model, slot.profile = "starting", model.name, None
             self.inflight[model.start(slot.handle, time.time())] = ("start", None, slot)
+
+    def _in_flight(self, model: str | None) -> bool:
+        """Whether a shard of `model` is running on some actor."""
+        return any(kind == "shard" and job.shard.model == model for kind, job, _ in self.inflight.values())
 
     def _next_model(self, slot: _Slot) -> ModelWork | None:
         """The model with the most samples left per actor, among those with work below their maximum."""

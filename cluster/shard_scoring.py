@@ -39,7 +39,16 @@ class ShardScorer:
         self._told: set[str] = set()  # the isolation lines told to on_sandbox
 
     def submit(self, model: str, task: TaskSpec, shard: Shard, table: pa.Table) -> Future:
-        """A future of the scored table: done at once unless the task runs programs (code_exec)."""
+        """A future of the scored table: done at once unless the task runs programs (code_exec). A scorer that
+        raises gives a future holding its exception: the shard fails (cluster/run.py), the sweep goes on."""
+        try:
+            return self._submit(model, task, shard, table)
+        except Exception as e:  # e.g. json_match on a target that is no JSON: this shard's failure alone
+            failed: Future = Future()
+            failed.set_exception(e)
+            return failed
+
+    def _submit(self, model: str, task: TaskSpec, shard: Shard, table: pa.Table) -> Future:
         staged = shard.source.read(shard.positions)  # [sample_id, prompt, target, truncated ids, extra]
         by_id = {r[0]: k for k, r in enumerate(staged)}
         rows = [by_id[sid] for sid in table["sample_id"].to_pylist()]  # each results row's sample
@@ -94,7 +103,9 @@ class ShardScorer:
                 for i, outcome in zip(todo, outcomes):
                     status[i], error[i] = outcome.status, outcome.error
                     score[i] = None if not outcome.started else 1.0 if outcome.status == "passed" else 0.0
-                scored.set_result(assemble(table, dict(driver, score=score, exec_status=status, exec_error=error)))
+                unrun = [i for i, outcome in zip(todo, outcomes) if not outcome.started]
+                scored.set_result(assemble(_error_rows(table, unrun, error),
+                                           dict(driver, score=score, exec_status=status, exec_error=error)))
             except BaseException as e:  # handed to the driver's thread, which commits or fails the shard
                 scored.set_exception(e)
 
@@ -105,6 +116,18 @@ class ShardScorer:
         if self._sandbox is not None:
             self._sandbox.close()
             self._sandbox = None
+
+
+def _error_rows(table: pa.Table, rows: list[int], errors: list) -> pa.Table:
+    """The rows whose program never ran (its sandbox did not start) are error rows: the task's
+    fail_on_error judges them (cluster/run.py), the summary counts them, and they are not scored as wrong."""
+    if not rows:
+        return table
+    status, error = table["status"].to_pylist(), table["error"].to_pylist()
+    for i in rows:
+        status[i], error[i] = "error", f"code_exec: the program's sandbox did not start: {errors[i]}"
+    table = table.set_column(table.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
+    return table.set_column(table.schema.get_field_index("error"), "error", pa.array(error, pa.string()))
 
 
 def _choice_scores(driver: dict, table: pa.Table, targets: list, extras: list) -> None:

@@ -180,9 +180,14 @@ class ResultSink:
         for entry in committed:
             if not entry.get("file"):
                 continue
-            with self.fs.open_input_file(self._path(entry["file"])) as f:
-                table = pq.read_table(f)
-            missing = [name for name in columns if name not in table.column_names]
+            try:
+                with self.fs.open_input_file(self._path(entry["file"])) as f:
+                    missing = [name for name in columns if name not in pq.read_schema(f).names]
+                    table = pq.read_table(f) if missing else None
+            except (OSError, pa.ArrowInvalid) as e:
+                raise SinkError(f"output {self.output}: {entry['file']}, a committed shard's results, cannot be "
+                                f"read: {str(e).splitlines()[0] if str(e) else type(e).__name__}; restore it, or "
+                                "--new-run to discard the output's results") from None
             if not missing:
                 continue
             for name in missing:

@@ -7,6 +7,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "sweeps" / "quickstart.yaml"
+_EXIT_STATUS = []  # pytest's own exit status, kept for pytest_unconfigure
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """Leave with pytest's exit status, without the interpreter's finalization: after "422 passed, 14
+    skipped" the suite's process once died of SIGSEGV in libstdc++ while exiting (2026-11-24, this 2-core
+    machine), with threads of the C++ libraries it loaded (Ray's core worker, Arrow, DuckDB, torch) still
+    running as static destructors ran. Every result is printed by then, and the status is pytest's."""
+    import sys
+
+    if _EXIT_STATUS:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_EXIT_STATUS[-1])
 
 
 @pytest.fixture(scope="session", autouse=True)

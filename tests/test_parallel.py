@@ -288,6 +288,9 @@ def test_a_tail_part_that_raises_sends_its_whole_shard_back(ray_local):
     assert bisected == [("bisected", "m/t/00002", 32, {"s90": "RuntimeError: engine broke on s90"})]
     # the part that raised, then the whole shard's first attempt (the split's), its second (run whole)
     assert attempts[:3] == [("m/t/00002", True, 1), ("m/t/00002", False, 1), ("m/t/00002", False, 2)]
+    # the retry and bisection's parts ran on the two actors that were there: none was released while the
+    # model's shard ran elsewhere, so none had to start again (on vLLM: minutes each)
+    assert scheduler.actors_started == 2
 
 
 def _recorder():

@@ -170,3 +170,17 @@ def test_an_output_resumed_across_a_change_of_columns_reads_as_one_table_in_ever
     for name, read in READERS.items():
         table = read(str(out / "results"))
         assert table.num_rows == 5 * ROWS and "completion" in table.column_names, name
+
+
+def test_a_committed_file_gone_is_one_line_when_the_columns_are_checked(outputs, tmp_path):
+    import shutil
+
+    out = tmp_path / "gone"
+    shutil.copytree(outputs["mixed"], out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["results_columns"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    gone = sorted(e["file"] for e in manifest["shards"].values())[0]
+    (out / gone).unlink()
+    with pytest.raises(SinkError, match=f"{gone}, a committed shard's results, cannot be read: .*--new-run"):
+        ResultSink(str(out), load_spec(QUICKSTART))

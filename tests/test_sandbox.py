@@ -408,13 +408,20 @@ tasks:
       scorer: {{name: code_exec, program: "{{completion}}\\n", timeout_s: 3}}}}
 """)
     report = run_sweep(load_spec(tmp_path / "s.yaml"), log=print)
-    assert not report.failed
     results = pq.read_table(tmp_path / "out" / "results").to_pandas().set_index("sample_id").sort_index()
-    print(results[["exec_status", "exec_error", "score"]].to_string())
+    print(results[["status", "exec_status", "exec_error", "score"]].to_string())
     assert list(results.exec_status) == ["passed"] * 5 + ["error"] + ["passed"] * 2
-    assert results.loc["r5", "exec_error"] == ("the sandbox failed on each of 3 tries: bwrap: Creating new "
-                                               "namespace failed: Resource temporarily unavailable")
+    reason = "the sandbox failed on each of 3 tries: bwrap: Creating new namespace failed: Resource temporarily unavailable"
+    assert results.loc["r5", "exec_error"] == reason
     assert results.score.isna().tolist() == [False] * 5 + [True] + [False] * 2
+    # the row that never ran is an error row: the task's fail_on_error (true) fails the sweep, loudly, and
+    # the summary counts it (review of session 11: it was a null score, and the sweep exited 0)
+    assert list(results.status) == ["ok"] * 5 + ["error"] + ["ok"] * 2
+    assert results.loc["r5", "error"] == f"code_exec: the program's sandbox did not start: {reason}"
+    assert list(report.failed) == ["replay/t/00000"]
+    assert report.failed["replay/t/00000"]["errors"][0].startswith("1 of 8 rows failed, more than fail_on_error=True")
+    summary = pq.read_table(tmp_path / "out" / "summary.parquet").to_pylist()[0]
+    assert (summary["n"], summary["n_error"]) == (8, 1)
 
 
 def test_a_code_exec_sweep_on_a_driver_with_no_sandbox_is_refused_before_ray(no_bwrap, monkeypatch):
