@@ -319,7 +319,10 @@ def test_both_parts_of_a_tail_split_raising_send_the_shard_back_once(ray_local):
     scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
     ends = [r for r in reported if r[0] in ("bisected", "failed", "split") or r[:3] == ("result", "m/t/00002", None)]
     assert ends == [("bisected", "m/t/00002", 32, ("s70", "s90"))]
-    assert [r for r in reported if r[0] == "attempt" and r[2] is None] == [("attempt", "m/t/00002", None)] * 2
+    # whole attempts: the split's, then whole runs until two fail alike (the first half to raise names s70
+    # or s90, a whole run names s70): 2 or 3, never one per part that raised
+    assert [r for r in reported if r[0] == "attempt" and r[2] is None] in ([("attempt", "m/t/00002", None)] * 2,
+                                                                          [("attempt", "m/t/00002", None)] * 3)
 
 
 @pytest.mark.slow
@@ -350,3 +353,17 @@ def test_tail_idle_counts_gpu_seconds_after_each_actors_last_shard_and_none_afte
     assert clock.record() == {"tail_idle_gpu_s": 70.0, "tail_idle_share": 0.2333}  # 10 + 60 of 300: death unseen
     clock.actors[2][3] = 50.0  # as clock.died(2) at t=50
     assert clock.record() == {"tail_idle_gpu_s": 20.0, "tail_idle_share": 0.08}  # 10 + 10 of 250
+
+
+def test_a_shard_of_long_prompts_is_cut_down_to_rows_a_short_one_to_16(tmp_path):
+    """A long-profile shard of 8 prompts (each a chunked prefill) can be cut; a short one needs 32 rows."""
+    from types import SimpleNamespace
+
+    from cluster.tail_split import splittable
+
+    def job(rows: int, profile: str, attempt: int = 1, piece=None):
+        return SimpleNamespace(piece=piece, attempt=attempt, shard=SimpleNamespace(n_samples=rows, profile=profile))
+
+    assert splittable(job(8, "long")) and splittable(job(2, "long")) and not splittable(job(1, "long"))
+    assert not splittable(job(31, "short")) and splittable(job(2 * MIN_PART_ROWS, "short"))
+    assert not splittable(job(8, "long", attempt=2)) and not splittable(job(8, "long", piece=object()))
