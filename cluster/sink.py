@@ -32,14 +32,14 @@ import pyarrow.parquet as pq
 
 from cluster.results_schema import RESULT_SCHEMA
 from cluster.spec import SweepSpec
+from cluster.summary import COLUMNS as SUMMARY_COLUMNS
+from cluster.summary import SummaryAccumulator, summarize  # noqa: F401 (tests read summarize from here)
 
 # what `reproducible: true` runs (actors/vllm_engine.py REPRODUCIBLE_ARGS; the CPU engine runs one row at a
 # time), kept in the manifest: a resume adds to reproducible results only under the same setting. It changes
 # with REPRODUCIBLE_ARGS.
 REPRODUCIBLE_SETTING = ("vLLM batch-invariant mode with TRITON_ATTN, no prefix caching, no chunked prefill, CUDA "
                         "graphs and torch.compile on")
-from cluster.summary import COLUMNS as SUMMARY_COLUMNS
-from cluster.summary import SummaryAccumulator, summarize  # noqa: F401 (tests read summarize from here)
 
 JOURNAL = "manifest.journal"
 LOCK = ".lock"  # held (flock) while a sweep writes the output; removed when it is done

@@ -135,19 +135,27 @@ def test_reproducible_outputs_repeat_across_shards_actors_and_a_resume_and_verif
     assert f"DIFFERS tiny/arithmetic/{altered}: committed" in check.stdout
 
 
-def test_a_resume_never_mixes_reproducible_and_other_results(tmp_path):
+def _commit_one_row(spec_path: str) -> None:
+    """A reproducible spec's output with one committed shard of one row, its sink closed."""
     import pyarrow as pa
 
     from cluster.run import prepare
-    from cluster.sink import SinkError
     from cluster.spec import load_spec
 
-    prepared = prepare(load_spec(spec_file(tmp_path, "mixed")))
+    prepared = prepare(load_spec(spec_path))
     prepared.sink.plan(["tiny/arithmetic/00000"])
     one_row = pa.table({"sample_id": ["a0"], "model": ["tiny"], "task": ["arithmetic"], "status": ["ok"],
                         "score": [1.0], "structured_valid": pa.array([None], pa.bool_()), "output_tokens": [3]})
     prepared.sink.commit("tiny/arithmetic/00000", "tiny", "arithmetic", 0, one_row, 1)
     prepared.sink.close()
+
+
+def test_a_resume_never_mixes_reproducible_and_other_results(tmp_path):
+    from cluster.run import prepare
+    from cluster.sink import SinkError
+    from cluster.spec import load_spec
+
+    _commit_one_row(spec_file(tmp_path, "mixed"))
     with pytest.raises(SinkError, match="made with reproducible: true; this spec says reproducible: false"):
         prepare(load_spec(spec_file(tmp_path, "mixed", reproducible=False)))
 
@@ -157,18 +165,11 @@ def test_a_resume_never_adds_to_reproducible_results_of_another_setting(tmp_path
     caching) is refused, as the mode's flag alone would not tell (review of issue 17)."""
     import json
 
-    import pyarrow as pa
-
     from cluster.run import prepare
     from cluster.sink import SinkError
     from cluster.spec import load_spec
 
-    prepared = prepare(load_spec(spec_file(tmp_path, "older")))
-    prepared.sink.plan(["tiny/arithmetic/00000"])
-    one_row = pa.table({"sample_id": ["a0"], "model": ["tiny"], "task": ["arithmetic"], "status": ["ok"],
-                        "score": [1.0], "structured_valid": pa.array([None], pa.bool_()), "output_tokens": [3]})
-    prepared.sink.commit("tiny/arithmetic/00000", "tiny", "arithmetic", 0, one_row, 1)
-    prepared.sink.close()
+    _commit_one_row(spec_file(tmp_path, "older"))
     prepare(load_spec(spec_file(tmp_path, "older"))).sink.close()  # the same setting resumes
     manifest = tmp_path / "older" / "manifest.json"
     older = json.loads(manifest.read_text())
