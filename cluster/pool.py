@@ -142,11 +142,18 @@ def build_app(spec: SweepSpec, min_replicas: int = 1, switch: bool = False):
     return ingress.bind(description, *deployments), description
 
 
-def pool_up(spec: SweepSpec, min_replicas: int = 1, switch: bool = False) -> dict:
-    """Start (or update) the pool on the connected cluster; returns once every deployment is running."""
+DEFAULT_HTTP_PORT = 8000  # Serve's own default; another Serve on a shared host may hold it (`--http-port`)
+
+
+def pool_up(spec: SweepSpec, min_replicas: int = 1, switch: bool = False, http_port: int = DEFAULT_HTTP_PORT) -> dict:
+    """Start (or update) the pool on the connected cluster; returns once every deployment is running. The
+    HTTP API listens on `http_port` where this starts Serve (a Serve already running keeps its port)."""
     from ray import serve
 
+    if not 1 <= http_port <= 65535:
+        raise PoolError(f"--http-port {http_port}: must be from 1 to 65535")
     app, description = build_app(spec, min_replicas, switch)
+    serve.start(http_options={"port": http_port})
     serve.run(app, name=APP, route_prefix=ROUTE)
     return description
 
@@ -274,23 +281,51 @@ class PoolClient:
         self.sweep = sweep
 
     async def run_shard(self, deployment: str, model: str, shard, task, attempt: int):
+        import asyncio
+
         from ray import serve
         from ray.exceptions import RayActorError
 
+        response = None
         try:
             handle = serve.get_deployment_handle(deployment, app_name=APP)
-            return await handle.run_shard.remote(shard, task, attempt, self.sweep, model)
+            response = handle.run_shard.remote(shard, task, attempt, self.sweep, model)
+            waiting = asyncio.ensure_future(_awaited(response))
+            while True:  # a request queued at Serve's router when the pool is deleted waits forever: watch
+                done, _ = await asyncio.wait({waiting}, timeout=POOL_WATCH_S)
+                if done:
+                    return waiting.result()
+                if await asyncio.to_thread(_pool_gone):
+                    waiting.cancel()
+                    response.cancel()
+                    raise PoolGone("the pool was removed before the shard reached a replica")
+        except PoolGone:
+            raise
         except Exception as e:
             last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-            try:
-                gone = APP not in serve.status().applications
-            except Exception:  # Serve cannot say: the error is classified by itself
-                gone = False
-            if gone:
+            if await asyncio.to_thread(_pool_gone):
                 raise PoolGone(f"the pool was removed: {last}") from None
             if isinstance(e, (RayActorError, ReplicaBroken)):  # the replica died or broke: Serve replaces it
                 raise ReplicaDied(f"the pool replica running the shard died: {type(e).__name__}: {last}") from None
             raise
+
+
+POOL_WATCH_S = 2.0  # how often a shard waiting for the pool checks that the pool is still there
+
+
+async def _awaited(response):
+    return await response
+
+
+def _pool_gone() -> bool:
+    """Whether the pool application is gone (or being deleted); False where Serve cannot say."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(APP)
+    except Exception:  # Serve cannot say: the caller's own error (if any) is classified by itself
+        return False
+    return app is None or str(getattr(app.status, "value", app.status)) == "DELETING"
 
 
 class PoolHandle:

@@ -41,6 +41,25 @@ def model_cache(tmp_path_factory):
         os.environ["RAYSWEEP_CACHE"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ray_auth_token(tmp_path_factory):
+    """A Ray token of the suite's own for every cluster it starts and every client it runs: `ray start` in
+    token mode refuses to start without one, and a fresh machine has no ~/.ray/auth_token until some local
+    `ray.init` writes it (a test of `ray start` run alone or first failed at once on such a machine)."""
+    import secrets
+
+    token = tmp_path_factory.mktemp("ray-auth") / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    old = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)  # read by Ray's token loader, here and in every child process
+    yield token
+    if old is None:
+        os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    else:
+        os.environ["RAY_AUTH_TOKEN_PATH"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_path(model_cache) -> str:
     from cluster.builtin_model import resolve_model_path
