@@ -6,9 +6,9 @@ the same prompts, vLLM arguments and sampling (greedy, `max_tokens`, no stop str
 
 1. `raysweep`: `python -m jobs.sweep SPEC --output DIR --new-run`, once per `--e-raysweep-env` entry
    (extra environment variables for that run, e.g. RAYSWEEP_VLLM_CORE=spawn).
-2. `plain`: `python -m jobs.plain_vllm`, one `vllm.LLM(**args).generate(...)`, where `args` are what
+2. `plain`: `python -m jobs.bench.plain_vllm`, one `vllm.LLM(**args).generate(...)`, where `args` are what
    raysweep gives vLLM for a short shard on a whole GPU (`actors.vllm_engine.engine_args`).
-3. `ray_data`: `python -m jobs.ray_data_llm`, Ray Data LLM's vLLM processor with the same arguments.
+3. `ray_data`: `python -m jobs.bench.ray_data_llm`, Ray Data LLM's vLLM processor with the same arguments.
 4. `multi`: several models x two tasks (short and long prompts, the first size split between them) on
    one GPU as one raysweep process, against the plain script once per model over both tasks' prompts,
    one after another (the sum of their times).
@@ -17,38 +17,30 @@ Each variant (for `multi`'s plain runs: each model) first runs once untimed over
 so vLLM's torch.compile cache and the page cache are warm for the timed runs. Builtin models are built
 in the bench process before any timing. A run counts only if it exits 0 with one output per prompt.
 Logs and command lines of every run are kept in the bench's out folder (`e_*.stdout`, `.stderr`, `.cmd`).
+Run through `python -m jobs.bench --parts e` (flags --e-*); the child runner and spec are in jobs/bench/common.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shlex
 import statistics
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from jobs.bench import prompts_of
+from jobs.bench.common import (Runner, count_lines, prompts_of, result_counts, run_process, summary_line,
+                               sweep_spec, vllm_args, write_prompts)
 
 VARIANTS = ("raysweep", "plain", "ray_data", "multi")
 WARM_PROMPTS = 256  # one shard: every code path runs once, the compile and page caches fill
-SHARD_SAMPLES = 256
 MANIFEST_FIELDS = ("ray_start_s", "planning_s", "first_result_s", "last_result_s")
 TAIL_FIELDS = {"tail_idle_share": "of the actors' GPU-seconds idle at the tail (manifest runs[-1])",
                "tail_idle_gpu_s": "GPU-seconds idle at the tail (manifest runs[-1])",
                "tail_splits": "shards cut at the model's tail (manifest runs[-1])"}
 ACTOR_COLUMNS = ("process_s", "imports_s", "engine_init_s", "warmup_s", "first_token_s", "startup_s")
-REPO = Path(__file__).resolve().parent.parent
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-# (argv, extra environment, path stem for its logs) -> (wall seconds, stdout); raises if the child failed
-Runner = Callable[[list[str], dict[str, str], Path], tuple[float, str]]
 
 
 @dataclass(frozen=True)
@@ -125,83 +117,6 @@ def model_name(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-._") or "model"
 
 
-def sweep_spec(name: str, output: Path, models: list, tasks: list, overrides: dict, max_tokens: int,
-               actors: dict) -> dict:
-    """A raysweep spec: models [(name, path)] x tasks [(name, JSONL file of {"id", "text"})]."""
-    return {
-        "name": name, "output": str(output),
-        "models": [{"name": m, "path": p, "engine": {"backend": "vllm", **overrides}} for m, p in models],
-        # chunked prefill off: every shard runs the short profile, whose vLLM arguments the baselines get
-        "tasks": [{"name": t, "data": str(f), "id_column": "id", "prompt": "{text}", "chunked_prefill": "off",
-                   "sampling": {"max_tokens": max_tokens, "temperature": 0}} for t, f in tasks],
-        "shards": {"max_samples": SHARD_SAMPLES}, "actors": dict(actors)}
-
-
-def vllm_args(model_path: str, overrides: dict) -> dict:
-    """What raysweep gives `vllm.LLM` for a short shard with a whole GPU."""
-    from actors.engine import EngineProfile
-    from actors.vllm_engine import engine_args
-    from cluster.spec import ModelSpec
-
-    return engine_args(ModelSpec("bench", model_path, engine=dict(overrides)), model_path, EngineProfile(), 1.0)
-
-
-def write_prompts(path: Path, texts: list) -> Path:
-    with open(path, "w") as f:
-        f.writelines(json.dumps({"id": f"p{i:05d}", "text": t}) + "\n" for i, t in enumerate(texts))
-    return path
-
-
-def summary_line(stdout: str) -> dict | None:
-    """The script's JSON summary: its last stdout line that is a JSON object with `outputs` (vLLM may log
-    to stdout after it, at shutdown)."""
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("{"):
-            try:
-                found = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(found, dict) and "outputs" in found:
-                return found
-    return None
-
-
-def count_lines(path: Path) -> int:
-    with open(path) as f:
-        return sum(1 for line in f if line.strip())
-
-
-def run_process(argv: list[str], env: dict[str, str], stem: Path) -> tuple[float, str]:
-    """Run one child to its exit: wall seconds from just before its start to just after its exit, and its
-    stdout. Its stdout and stderr go to files beside `stem`; a non-zero exit raises with stderr's tail."""
-    stem.with_name(stem.name + ".cmd").write_text(
-        " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv) + "\n")
-    # unbuffered: a child's log lines reach its files in order and in full, even if it is killed
-    child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-    out, err = stem.with_name(stem.name + ".stdout"), stem.with_name(stem.name + ".stderr")
-    with open(out, "w") as stdout, open(err, "w") as stderr:
-        started = time.perf_counter()
-        code = subprocess.run(argv, stdout=stdout, stderr=stderr, env=child_env, cwd=REPO).returncode
-        wall = time.perf_counter() - started
-    if code != 0:
-        tail = err.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"{stem.name}: {shlex.join(argv[:3])} exited {code}; its stderr ends:\n{tail}")
-    return wall, out.read_text()
-
-
-def result_counts(output: Path) -> tuple[int, int]:
-    """Rows and output tokens in a sweep's committed result files."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    rows = tokens = 0
-    for path in (output / "results").rglob("*.parquet"):
-        if not path.name.startswith("."):  # a temporary file of an uncommitted shard
-            table = pq.read_table(path, columns=["output_tokens"])
-            rows, tokens = rows + table.num_rows, tokens + (pc.sum(table["output_tokens"]).as_py() or 0)
-    return rows, tokens
-
-
 def raysweep_figures(output: Path) -> dict:
     """raysweep's own start-up and progress figures, where it wrote them: manifest `runs[-1]` and the
     median over actors of telemetry/actors.parquet. Absent fields and columns are left out."""
@@ -272,7 +187,7 @@ class EndToEnd:
                 actors = self.config.raysweep_actors.get(label, self.config.actors)
                 run = self.sweep([("m", self.bench.model_path)], env, actors)
                 walls[label] = self.measure(label, tag, run, [("t", data)], [("t", warm)])
-        for variant, module in (("plain", "jobs.plain_vllm"), ("ray_data", "jobs.ray_data_llm")):
+        for variant, module in (("plain", "jobs.bench.plain_vllm"), ("ray_data", "jobs.bench.ray_data_llm")):
             if variant in variants:
                 run = self.script(module, self.bench.model_path)
                 walls[variant] = self.measure(variant, tag, run, [("t", data)], [("t", warm)])
@@ -293,7 +208,7 @@ class EndToEnd:
         walls = {label: self.measure(f"multi_{label}", tag, self.sweep(models, env, self.config.multi_actors),
                                      [(t, data[t]) for t in tasks], [(t, warm[t]) for t in tasks])
                  for label, env in self.config.raysweep_env.items()}
-        plain_sum = sum(self.measure(f"multi_plain_{name}", tag, self.script("jobs.plain_vllm", path),
+        plain_sum = sum(self.measure(f"multi_plain_{name}", tag, self.script("jobs.bench.plain_vllm", path),
                                      [("both", data["both"])], [("both", warm["both"])]) for name, path in models)
         self.bench.record("e", f"multi_plain_sum {tag} wall_s", plain_sum,
                           f"s ({len(models)} plain processes, one after another)")
@@ -343,3 +258,11 @@ class EndToEnd:
                       for name in ("import_s", "init_s", "generate_s") if summary.get(name) is not None}
             return Finished(wall, summary["output_tokens"], phases)
         return run
+
+
+def part_e(bench) -> None:
+    """Whole-process timing against a plain vLLM script and Ray Data LLM (this module)."""
+    EndToEnd(bench, bench.e2e).run()
+
+
+PARTS = {"e": part_e}

@@ -1,0 +1,13 @@
+"""Benchmarks and probes: what raysweep costs and gains, measured against the plain ways to do the same work.
+
+    python -m jobs.bench --parts a,b,c,d --model builtin:large   # parts a-e, x, y, p, o (jobs/bench/__main__.py)
+    python -m jobs.bench.loglik --out DIR                        # part l: log-likelihood multiple choice
+    python -m jobs.bench.pool --out DIR                          # part w: sweeps on a warm engine pool
+    python -m jobs.bench.repro --out DIR                         # part r: do outputs repeat?
+    python -m jobs.bench.repro_probe --configs JSON              # which vLLM settings are batch-invariant
+
+Modules: common (prompts, the Bench that records figures, child processes), engine_ratios (a-d),
+whole_process (e), breakdown (x, y), orchestration (p, o), loglik (l), pool (w), repro (r), repro_probe;
+and the alternatives timed against raysweep, each run as its own process: plain_vllm, plain_vllm_loglik,
+ray_data_llm.
+"""

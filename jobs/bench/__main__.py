@@ -1,0 +1,94 @@
+"""GPU benchmark: ratios measured in one run, on one GPU, one model and one prompt set.
+
+    python -m jobs.bench --model builtin:small --parts a,b,c,d --out bench/out
+
+(a) raysweep sweep output tok/s ÷ one raw `vllm.LLM.generate` over the same prompts, seeds and sampling
+    (variable-length outputs: temperature 1 with stop strings). raysweep's rate is measured over the span
+    from its first shard's start to its last shard's end (engines warm, like the raw call); its whole
+    wall time, Ray and engine start included, is reported beside it. `--repeats N` runs it all N times
+    (raw runs alone vary by a few percent); `--in-flight auto,8` compares shards-in-flight settings.
+(b) CUDA graphs ÷ eager: single-stream decode, and a 256-prompt batch (fixed length: ignore_eos).
+(c) a long shard (prompts of 12-16k tokens) with chunked prefill vs without: throughput, peak GPU memory
+    (NVML) and the KV-cache blocks vLLM could allocate.
+(d) guided (JSON schema, xgrammar) ÷ free generation on the same prompts.
+    (a)-(d): jobs/bench/engine_ratios.py.
+(e) whole processes, start to exit: raysweep ÷ a plain vLLM script ÷ Ray Data LLM, and several models in
+    one sweep ÷ the plain script once per model (jobs/bench/whole_process.py; flags --e-*).
+(x) diagnostic for (a), one engine: raw `generate` in the bench's order and in raysweep's (sorted by
+    prompt length), then raysweep's VllmEngine (its engine thread, no Ray) in one batch and in shards.
+(y) diagnostic for (a), continued: that engine thread inside a Ray actor (1 CPU, 1 GPU, as raysweep's).
+    (x), (y): jobs/bench/breakdown.py.
+(p) planning alone, on CPU: N synthetic prompts of mixed lengths (90% 20-120 characters, 10% 1-2k)
+    read, rendered, measured in tokens and cut into shards; cold, then again with the token cache warm.
+(o) orchestration alone, on CPU: N synthetic samples through planning, the scheduler, Ray, scoring and
+    Parquet commits with the fake engine (answers at once); samples/s and the driver's peak memory.
+    (p), (o): jobs/bench/orchestration.py.
+Each part appends rows (part, metric, value, unit) to OUT/bench.parquet and the run prints a markdown table.
+Parts l, w and r are commands of their own: python -m jobs.bench.loglik, .pool, .repro.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from jobs.bench import breakdown, engine_ratios, orchestration, whole_process
+from jobs.bench.common import Bench
+
+PARTS = {**engine_ratios.PARTS, **whole_process.PARTS, **breakdown.PARTS, **orchestration.PARTS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="builtin:small", help="model path or builtin:NAME")
+    parser.add_argument("--parts", default="a,b,c,d", help="which parts to run, comma-separated")
+    parser.add_argument("--prompts", type=int, default=2048, help="prompts in parts a and d")
+    parser.add_argument("--shard-size", type=int, default=256, help="part a: samples per shard")
+    parser.add_argument("--in-flight", default="auto", help="part a: shards in flight per actor, comma-separated "
+                                                             "settings (auto: raysweep's rule), one sweep each")
+    parser.add_argument("--repeats", type=int, default=1, help="part a: runs of every sweep and the raw call")
+    parser.add_argument("--engine", default="{}", help="parts a-d: vLLM arguments (JSON) on top of raysweep's, "
+                                                       "e.g. '{\"async_scheduling\": false}'")
+    parser.add_argument("--out", default="bench/out", help="folder for bench.parquet and scratch files")
+    parser.add_argument("--samples", default="50000,200000", help="part o: sample counts, comma-separated")
+    parser.add_argument("--plan-prompts", default="1000000", help="part p: prompts to plan, comma-separated sizes")
+    whole_process.add_arguments(parser)
+    args = parser.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",")]
+
+    import torch
+
+    from cluster.builtin_model import resolve_model_path
+
+    if set(parts) - {"o", "p"} and not torch.cuda.is_available():
+        print("jobs.bench parts a-d need a CUDA GPU and vLLM (parts o and p run anywhere)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bench = Bench(resolve_model_path(args.model) if set(parts) - {"o", "p"} else args.model, out, args.prompts)
+    bench.orchestration_sizes = [int(n) for n in args.samples.split(",")]
+    bench.planning_sizes = [int(n) for n in args.plan_prompts.split(",")]
+    bench.shard_size = args.shard_size
+    bench.in_flight = [d.strip() for d in args.in_flight.split(",")]
+    bench.repeats = args.repeats
+    bench.engine_overrides = json.loads(args.engine)
+    bench.e2e = whole_process.config_from_args(args)
+    bench.record("-", "device", None, torch.cuda.get_device_name() if torch.cuda.is_available()
+                 else f"CPU only, {os.cpu_count()} cores")
+    bench.record("-", "model", None, "builtin:tiny (fake engine in part o)" if set(parts) <= {"o", "p"} else args.model)
+    try:
+        for part in parts:
+            if part not in PARTS:
+                raise ValueError(f"no bench part {part!r}; parts: {', '.join(PARTS)}")
+            PARTS[part](bench)
+    finally:
+        bench.save()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the engine's INFO lines would drown the table
+    sys.exit(main())
