@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
+from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class GenResult:
 @dataclass(frozen=True)
 class LoglikRequest:
     """One multiple-choice row: its context and each choice's continuation, as token ids
-    (cluster/loglikelihood.py: encode_pairs). Each choice is scored on context + continuation."""
+    (cluster/contracts/loglikelihood.py: encode_pairs). Each choice is scored on context + continuation."""
     sample_id: str
     context_ids: list[int]
     continuations: list[list[int]]
@@ -164,11 +164,11 @@ def reproducible_refusal(backends) -> str | None:
 
 def check_gpus(model: ModelSpec, model_path: str, gpu_fraction: float) -> None:
     """Before vLLM starts: this actor sees the GPUs its model's engine spans (tensor x pipeline parallel),
-    and the model's weights fit them (cluster/model_memory.py, against NVML's figure for this GPU)."""
+    and the model's weights fit them (cluster/contracts/model_memory.py, against NVML's figure for this GPU)."""
     import json
 
     from actors.telemetry import gpu_name, gpu_total_bytes
-    from cluster.model_memory import refusal, weights
+    from cluster.contracts.model_memory import refusal, weights
 
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if model.gpus_per_engine > 1 and len(visible) < model.gpus_per_engine:

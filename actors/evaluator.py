@@ -25,10 +25,10 @@ from actors.engine import (BATCH_INVARIANT, EngineProfile, make_engine, preload,
                            runs_profile)
 from actors.telemetry import GpuSampler, gpu_name
 from actors.shard_work import run_rows
-from cluster.planner import Shard
-from cluster.results_schema import actor_table
-from cluster.spec import ModelSpec, TaskSpec
-from cluster.timing import process_started_at, since, utc
+from cluster.plan.planner import Shard
+from cluster.contracts.results_schema import actor_table
+from cluster.contracts.spec import ModelSpec, TaskSpec
+from cluster.contracts.timing import process_started_at, since, utc
 
 def shard_profile(shard: Shard) -> EngineProfile:
     return EngineProfile(name=shard.profile, chunked_prefill=shard.profile == "long",

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, LoglikResult, check_loglik_requests,
                            check_requests)
-from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
+from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 
 class FakeEngine:

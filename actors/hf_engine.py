@@ -16,7 +16,7 @@ from typing import Sequence
 
 from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, LoglikResult, check_loglik_requests,
                            check_requests)
-from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
+from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 DEFAULT_BATCH = 32
 
@@ -116,7 +116,7 @@ class HFEngine:
         """Compiled once per spec for this engine's tokenizer."""
         import xgrammar as xgr
 
-        from cluster.structured import to_grammar
+        from cluster.contracts.structured import to_grammar
 
         key = spec.key()
         if key not in self._grammars:

@@ -1,4 +1,4 @@
-"""The engine pool's Ray Serve deployments (cluster/pool.py builds and starts them).
+"""The engine pool's Ray Serve deployments (cluster/pool/serve_app.py builds and starts them).
 
 - `PoolReplica`: one replica holds started engines on its GPU share, in the same `EvalActor` a sweep starts
   for itself (engine choice, profile restarts, telemetry), kept warm between sweeps: one model's engine, or,
@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from actors.evaluator import EvalActor
 from actors.shard_gate import ShardGate
-from cluster.planner import Shard
-from cluster.pool import ROUTE, ReplicaBroken
-from cluster.spec import ModelSpec, TaskSpec
+from cluster.plan.planner import Shard
+from cluster.pool.serve_app import ROUTE, ReplicaBroken
+from cluster.contracts.spec import ModelSpec, TaskSpec
 
 
 class PoolReplica:

@@ -1,8 +1,8 @@
 """A shard's rows through an engine, on the actor: requests built, the engine called, results rows made
-(columns from cluster/results_schema.py).
+(columns from cluster/contracts/results_schema.py).
 
 1. Token ids: each row's prompt tokenized here (checked against the length the driver measured), or, for a
-   loglikelihood task, its context and choices encoded as the driver planned them (cluster/loglikelihood.py).
+   loglikelihood task, its context and choices encoded as the driver planned them (cluster/contracts/loglikelihood.py).
 2. A generate task with `sampling.n` > 1 sends n requests per row, completion c with its own seed.
 3. The engine is called once for the shard; where that raises and the task tolerates row errors
    (`fail_on_error` not True), the requests run one by one, so only the rows that break are error rows.
@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass, field
 
 from actors.engine import GenRequest, LoglikRequest
-from cluster.planner import EMPTY_PROMPT, completion_seed, tokenize
-from cluster.task_spec import TaskSpec
+from cluster.plan.planner import EMPTY_PROMPT, completion_seed, tokenize
+from cluster.contracts.task_spec import TaskSpec
 
 # Failure injection, for tests only: RAYSWEEP_TEST_FAIL_SAMPLES (sample ids, comma-separated) makes every engine
 # call that holds one of those samples raise, as an engine that breaks on a row would
@@ -61,7 +61,7 @@ def _completions(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_
 
 
 def _choices(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_tokens: bool) -> ShardOutcome:
-    from cluster.loglikelihood import encode_pairs, pair_lengths
+    from cluster.contracts.loglikelihood import encode_pairs, pair_lengths
 
     encoded = encode_pairs([r["prompt"] for r in runnable], [r["choices"] for r in runnable], tokenizer,
                            add_special_tokens)

@@ -34,8 +34,8 @@ from actors import vllm_core_process
 from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, LoglikResult, check_loglik_requests,
                            check_requests)
 from actors.telemetry import gpu_total_bytes
-from cluster.placement import shared_starts_together
-from cluster.spec import ModelSpec, SamplingSpec, StructuredSpec
+from cluster.schedule.placement import shared_starts_together
+from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
 DEFAULT_MAX_SEQS = 256
@@ -90,7 +90,7 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
                 kv_bytes: int | None = None, reproducible: bool = False) -> dict:
     """vLLM `LLM(...)` arguments: the spec's `engine` mapping as is, the profile's scheduling on top;
     `kv_bytes` (shared_kv_bytes) fixes the KV cache's size on a shared GPU; `reproducible`: REPRODUCIBLE_ARGS
-    on top of all (preflight refused a spec that asks otherwise: cluster/preflight.py check_batch_invariant)."""
+    on top of all (preflight refused a spec that asks otherwise: cluster/inputs/checks.py check_batch_invariant)."""
     args = {"model": model_path, "tokenizer": model_path, "seed": 0,
             "gpu_memory_utilization": round(0.9 * min(gpu_fraction, 1.0), 3),  # actors sharing a GPU split it
             "disable_log_stats": False,  # per-request metrics (TTFT) exist only with stats on

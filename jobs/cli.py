@@ -18,8 +18,8 @@ from jobs.verify import add_verify_arguments, verify
 
 
 def plan(args: argparse.Namespace) -> int:
-    from cluster.run import preflight
-    from cluster.spec import load_spec
+    from cluster.schedule.run import preflight
+    from cluster.contracts.spec import load_spec
 
     rows = []
     for mp in preflight(load_spec(args.spec), strict=False):
@@ -54,7 +54,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def models(args: argparse.Namespace) -> int:
-    from cluster.builtin_model import BUILTIN_PREFIX, CONFIGS, VERSION, cache_root
+    from cluster.inputs.builtin_model import BUILTIN_PREFIX, CONFIGS, VERSION, cache_root
 
     print(f"{'model':<16}{'parameters':>11}{'layers':>7}{'hidden':>7}{'heads':>6}{'vocab':>6}{'max len':>8}"
           f"{'weights':>17}  cached")
@@ -73,9 +73,9 @@ def models(args: argparse.Namespace) -> int:
 
 def builtin_parameters(cfg: dict) -> tuple[int, int]:
     """Parameters and vocabulary of a builtin model, from its shape (the tensors of
-    cluster/builtin_model.py's _write_weights: tied embeddings, Llama attention with grouped KV, SwiGLU MLP,
+    cluster/inputs/builtin_model.py's _write_weights: tied embeddings, Llama attention with grouped KV, SwiGLU MLP,
     RMSNorm weights); tests compare it with a built model's safetensors."""
-    from cluster.builtin_model import SPECIAL_TOKENS
+    from cluster.inputs.builtin_model import SPECIAL_TOKENS
 
     vocab, h, inter = 256 + len(SPECIAL_TOKENS), cfg["hidden_size"], cfg["intermediate_size"]
     kv = cfg["num_key_value_heads"] * (h // cfg["num_attention_heads"])

@@ -1,4 +1,4 @@
-"""`raysweep pool up SPEC | status | down`: the engine pool (cluster/pool.py) on a running Ray cluster.
+"""`raysweep pool up SPEC | status | down`: the engine pool (cluster/pool/serve_app.py) on a running Ray cluster.
 
 The pool lives as long as the cluster does, so these commands join one (`--address`, else RAY_ADDRESS,
 else `auto`: the cluster `ray start` runs on this machine); they never start a Ray of their own. Sweeps
@@ -29,11 +29,11 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def pool(args: argparse.Namespace) -> int:
-    from cluster import pool as pools
+    from cluster.pool import serve_app as pools
 
     if args.pool_command == "up":
-        from cluster.preflight import check_inputs
-        from cluster.spec import load_spec
+        from cluster.inputs.checks import check_inputs
+        from cluster.contracts.spec import load_spec
 
         spec = load_spec(args.spec)
         check_inputs(spec)  # the same checks, and lines, as a sweep's
@@ -70,7 +70,7 @@ def pool(args: argparse.Namespace) -> int:
 def _connect(address: str | None) -> None:
     import ray
 
-    from cluster.pool import PoolError
+    from cluster.pool.serve_app import PoolError
 
     address = address or os.environ.get("RAY_ADDRESS") or "auto"
     try:

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 
-from cluster.sink import read_manifest
+from cluster.store.sink import read_manifest
 from jobs import report_timeline as timeline
 
 

@@ -1,4 +1,4 @@
-"""`raysweep spec-reference`: the sweep spec's reference in Markdown, generated from cluster/spec.py so it
+"""`raysweep spec-reference`: the sweep spec's reference in Markdown, generated from cluster/contracts/spec.py so it
 cannot drift from the code. sweeps/REFERENCE.md is its committed output (a test checks the two agree).
 
 Everything is read from the code:
@@ -30,16 +30,16 @@ import typing
 from pathlib import Path
 from types import NoneType, UnionType
 
-from cluster import spec as S
+from cluster.contracts import spec as S
 
-# cluster/spec.py's _structured and _scorer: the two sections whose YAML is not a mapping of their fields
+# cluster/contracts/spec.py's _structured and _scorer: the two sections whose YAML is not a mapping of their fields
 SHAPES = {
     "StructuredSpec": "In YAML one key, the kind, holding the value: `structured: {choice: [A, B, C, D]}`, "
                       "`structured: {json_schema: {...}}`, `structured: {regex: '...'}`, `structured: {grammar: '...'}`.",
     "ScorerSpec": "In YAML a scorer name (`scorer: exact_match`) or a mapping of `name` and the scorer's "
                   "arguments (`scorer: {name: json_match, fields: [name, age]}`).",
 }
-# cluster/spec.py's _model: a shorthand the loader reads
+# cluster/contracts/spec.py's _model: a shorthand the loader reads
 NOTES = {"ModelSpec": "`engine: NAME` is short for `engine: {backend: NAME}`; every other `engine` key goes to the "
                       "engine as is (vLLM's or transformers' own arguments). `tensor_parallel_size` and "
                       "`pipeline_parallel_size` (integers from 1 to 16) also place the model: each of its actors "
@@ -62,7 +62,7 @@ def _header() -> str:
     return textwrap.dedent("""\
         # Sweep spec reference
 
-        <!-- Generated from cluster/spec.py by jobs/spec_reference.py; do not edit. Regenerate with
+        <!-- Generated from cluster/contracts/spec.py by jobs/spec_reference.py; do not edit. Regenerate with
              `raysweep spec-reference > sweeps/REFERENCE.md` (tests/test_report.py checks it is current). -->
 
         A sweep spec is one YAML file (DESIGN.md §2; `sweeps/quickstart.yaml` is an example). Each section

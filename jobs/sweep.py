@@ -37,10 +37,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cluster.timing import RunClock
+    from cluster.contracts.timing import RunClock
 
     clock = RunClock()  # from this process's start: Python and imports count, as on a user's stopwatch
-    from cluster.spec import load_spec
+    from cluster.contracts.spec import load_spec
 
     # 1. Before Ray and before the output is touched, the cheap checks: the spec, every data file (one
     #    pass), structured specs, where each model is, the Ray address. A problem is one line, exit 2.
@@ -51,9 +51,9 @@ def run_spec(spec, args: argparse.Namespace, clock=None) -> int:
     """`run` for a spec already loaded (`raysweep verify` builds one): the checks, Ray, the sweep, the summary."""
     import ray
 
-    from cluster.preflight import check_inputs
-    from cluster.run import execute, prepare
-    from cluster.timing import RunClock
+    from cluster.inputs.checks import check_inputs
+    from cluster.schedule.run import execute, prepare
+    from cluster.contracts.timing import RunClock
 
     clock = clock or RunClock()
     data = check_inputs(spec)
@@ -65,7 +65,7 @@ def run_spec(spec, args: argparse.Namespace, clock=None) -> int:
     named = "--address" if args.address else "RAY_ADDRESS"
     check_ray_address(address, named)
     # 2. The output opened; the expensive part (models, tokenizers, tokens, shards) on the planner's thread
-    #    from the checked data while Ray starts; engines start only for models that passed (cluster/preflight.py)
+    #    from the checked data while Ray starts; engines start only for models that passed (cluster/inputs/checks.py)
     prepared = prepare(spec, lasting_output(args.output or spec.output_path()), args.new_run, background=True, data=data)
     try:
         start_ray(address, named, args.dashboard)

@@ -62,7 +62,7 @@ def ray_auth_token(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_path(model_cache) -> str:
-    from cluster.builtin_model import resolve_model_path
+    from cluster.inputs.builtin_model import resolve_model_path
 
     return resolve_model_path("builtin:tiny")
 
@@ -71,7 +71,7 @@ def tiny_path(model_cache) -> str:
 def hf_engine(tiny_path):
     from actors.engine import EngineProfile
     from actors.hf_engine import HFEngine
-    from cluster.spec import ModelSpec
+    from cluster.contracts.spec import ModelSpec
 
     return HFEngine(ModelSpec("tiny", "builtin:tiny"), tiny_path, EngineProfile(), num_threads=1)
 

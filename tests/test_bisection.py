@@ -1,4 +1,4 @@
-"""Bisection without Ray (cluster/bisection.py): which parts run, which rows end as error rows, when it gives
+"""Bisection without Ray (cluster/schedule/bisection.py): which parts run, which rows end as error rows, when it gives
 up, and how a task's fail_on_error judges the result. The whole path through Ray and the CPU engine is in
 tests/test_reliability.py; the scheduler's side in tests/test_scheduler.py."""
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pytest
 
-from cluster.bisection import Bisection, row_error_excess, should_bisect
-from cluster.planner import Shard
+from cluster.schedule.bisection import Bisection, row_error_excess, should_bisect
+from cluster.plan.planner import Shard
 
 RESULTS = pa.schema([("sample_id", pa.string()), ("output_text", pa.string()), ("status", pa.string()),
                      ("error", pa.string())])
@@ -101,7 +101,7 @@ def test_when_a_shard_is_bisected(errors, attempt, died, n, expected):
 ])
 def test_fail_on_error_judges_a_bisected_shard_as_an_actor_judges_its_batch(policy, errors, over):
     """Out of the rows sent to the engine (not skipped rows, nor those planning made error rows)."""
-    from cluster.planner import EMPTY_PROMPT
+    from cluster.plan.planner import EMPTY_PROMPT
 
     n = 12
     table = pa.table({"sample_id": [f"r{i}" for i in range(n + 2)],

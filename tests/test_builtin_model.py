@@ -2,7 +2,7 @@
 
 import hashlib
 
-from cluster.builtin_model import build, resolve_model_path
+from cluster.inputs.builtin_model import build, resolve_model_path
 
 
 def digests(folder):

@@ -7,9 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cluster.data import DataError, load_task, render_prompts
-from cluster.planner import PreflightError, chunk_threshold, plan_task
-from cluster.spec import ModelSpec, ShardLimits, SweepSpec, TaskSpec
+from cluster.inputs.data import DataError, load_task, render_prompts
+from cluster.plan.planner import PreflightError, chunk_threshold, plan_task
+from cluster.contracts.spec import ModelSpec, ShardLimits, SweepSpec, TaskSpec
 
 
 def make(tmp_path, lines: list[str], **task_fields):
@@ -132,7 +132,7 @@ def test_a_surrogate_pair_written_as_escapes_is_text(tmp_path):
 def test_fast_tokenize_equals_the_tokenizers_own_call(tiny_path):
     from transformers import AutoTokenizer
 
-    from cluster.planner import tokenize
+    from cluster.plan.planner import tokenize
 
     tok = AutoTokenizer.from_pretrained(tiny_path)
     texts = ["plain", "naïve ünïcode ✓", "<|user|>hi<|end|><|assistant|>", ""]
@@ -143,8 +143,8 @@ def test_fast_tokenize_equals_the_tokenizers_own_call(tiny_path):
 def test_token_counts_are_cached_per_tokenizer_and_prompt(tmp_path, tiny_path):
     from transformers import AutoTokenizer
 
-    from cluster.planner import count_tokens
-    from cluster.token_cache import TokenCache
+    from cluster.plan.planner import count_tokens
+    from cluster.inputs.token_cache import TokenCache
 
     tok = AutoTokenizer.from_pretrained(tiny_path)
     calls = []
@@ -201,8 +201,8 @@ def test_plan_cli_json(tmp_path):
 def test_a_shard_never_mixes_models_or_tasks(tmp_path):
     import yaml
 
-    from cluster.run import preflight
-    from cluster.spec import load_spec
+    from cluster.schedule.run import preflight
+    from cluster.contracts.spec import load_spec
     from tests.conftest import QUICKSTART
 
     raw = yaml.safe_load(QUICKSTART.read_text())
@@ -230,11 +230,11 @@ def test_a_killed_planners_staging_is_removed_by_the_next(tmp_path):
     import tempfile
     from pathlib import Path
 
-    from cluster.staging import StagingFolder
+    from cluster.inputs.staging import StagingFolder
     from tests.conftest import ROOT
 
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    code = ("from cluster.staging import StagingFolder; import os; f = StagingFolder(); print(f.path, flush=True); "
+    code = ("from cluster.inputs.staging import StagingFolder; import os; f = StagingFolder(); print(f.path, flush=True); "
             "os.kill(os.getpid(), 9)")
     left = Path(subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True).stdout.strip())
     assert left.parent == tmp_path and left.exists()  # SIGKILL: no chance to clean up
@@ -276,7 +276,7 @@ def test_messages_are_checked_before_ray_and_when_rendered(tmp_path, tiny_path, 
     assert str(err.value).startswith(f"{tmp_path / 'd.jsonl'}:2: column 'msgs' (tasks.t.messages) ")
     assert message in str(err.value)
     if value is None or isinstance(value, str):
-        from cluster.data import RowBatch
+        from cluster.inputs.data import RowBatch
 
         batch = RowBatch(["0", "1"], [json.loads(good), {"msgs": value, "a": "x"}], ["1", "2"])
         with pytest.raises(DataError, match="d.jsonl: sample 1: chat template failed"):
@@ -296,7 +296,7 @@ def test_a_model_that_fails_after_the_checks_names_the_spec_and_the_whole_reason
     sentence, which it breaks over lines ("... from one of: \\n(1) ...")."""
     import shutil
 
-    from cluster.preflight import PreflightFailure, _load_model_meta
+    from cluster.inputs.checks import PreflightFailure, _load_model_meta
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "m").mkdir()
@@ -320,7 +320,7 @@ def test_an_empty_context_is_the_prefix_token_as_lm_eval_has_it(tmp_path, tiny_p
     there is no BOS) and each choice its own tokens, no special tokens added; planning measures the same."""
     from transformers import AutoTokenizer
 
-    from cluster.loglikelihood import encode_pairs
+    from cluster.contracts.loglikelihood import encode_pairs
 
     tok = AutoTokenizer.from_pretrained(tiny_path)
     alone = [tok.encode(c, add_special_tokens=False) for c in ("yes", " no")]

@@ -33,8 +33,8 @@ def test_sweep_two_actors_one_gpu_long_and_short_shards(ray_local, tiny_path, tm
 
     import pyarrow.parquet as pq
 
-    from cluster.run import run_sweep
-    from cluster.spec import load_spec
+    from cluster.schedule.run import run_sweep
+    from cluster.contracts.spec import load_spec
 
     rng = random.Random(0)
     with open(tmp_path / "mixed.jsonl", "w") as f:
@@ -97,7 +97,7 @@ actors: {{count: 2, num_gpus: 0.5, num_cpus: 1}}
 def vllm_engine(tiny_path):
     from actors.engine import EngineProfile
     from actors.vllm_engine import VllmEngine
-    from cluster.spec import ModelSpec
+    from cluster.contracts.spec import ModelSpec
 
     engine = VllmEngine(ModelSpec("tiny", "builtin:tiny", engine={"gpu_memory_utilization": 0.3}),
                         tiny_path, EngineProfile())
@@ -117,7 +117,7 @@ def test_cuda_graphs_captured(vllm_engine):
 @pytest.mark.slow
 def test_greedy_generation_and_request_metrics(vllm_engine):
     from actors.engine import GenRequest
-    from cluster.spec import SamplingSpec
+    from cluster.contracts.spec import SamplingSpec
 
     reqs = [GenRequest(str(i), list(f"Question {i}: what?".encode()), i) for i in range(8)]
     a = vllm_engine.generate(reqs, SamplingSpec(max_tokens=16), None)
@@ -138,8 +138,8 @@ def test_greedy_generation_and_request_metrics(vllm_engine):
 @pytest.mark.slow
 def test_structured_outputs_all_valid(vllm_engine, kind, value):
     from actors.engine import GenRequest
-    from cluster.spec import SamplingSpec, StructuredSpec
-    from cluster.structured import is_valid
+    from cluster.contracts.spec import SamplingSpec, StructuredSpec
+    from cluster.contracts.structured import is_valid
 
     spec = StructuredSpec(kind, value)
     reqs = [GenRequest(str(i), list(b"Answer:"), 100 + i) for i in range(64)]
@@ -158,8 +158,8 @@ def test_two_models_one_gpu_change_model_in_the_same_actor(ray_local, tmp_path):
     (0.4 of the GPU each: this module's engine fixture holds 0.3 of it while this runs.)"""
     import pyarrow.parquet as pq
 
-    from cluster.run import run_sweep
-    from cluster.spec import load_spec
+    from cluster.schedule.run import run_sweep
+    from cluster.contracts.spec import load_spec
 
     (tmp_path / "two.yaml").write_text(f"""
 name: gpu-two-models
@@ -196,7 +196,7 @@ def test_sleep_mode_switch_keeps_each_models_outputs_and_gives_the_memory_back(t
     from actors.engine import GenRequest
     from actors.evaluator import EvalActor
     from actors.telemetry import _nvml_handle
-    from cluster.spec import ModelSpec, SamplingSpec
+    from cluster.contracts.spec import ModelSpec, SamplingSpec
 
     def used() -> int:
         return pynvml.nvmlDeviceGetMemoryInfo(_nvml_handle()).used
@@ -237,8 +237,8 @@ def test_raysweep_hands_vllm_what_a_plain_generate_over_the_strings_would(vllm_e
     from vllm import SamplingParams
 
     from actors.engine import GenRequest
-    from cluster.planner import tokenize
-    from cluster.spec import SamplingSpec
+    from cluster.plan.planner import tokenize
+    from cluster.contracts.spec import SamplingSpec
 
     prompts = ["Question: 2+2?\nAnswer:", "  leading and trailing spaces  ", "naïve café — ünïcödé ✓ 日本語",
                "tabs\tand\nnewlines\n\n", "x" * 300, "<|user|>special-looking text<|end|>"]
@@ -285,7 +285,7 @@ def test_loglikelihood_vllm_agrees_with_the_cpu_engine(vllm_engine, hf_engine, t
     from transformers import AutoTokenizer
 
     from actors.engine import LoglikRequest
-    from cluster.loglikelihood import encode_pairs
+    from cluster.contracts.loglikelihood import encode_pairs
 
     rows = [json.loads(line) for line in open(ROOT / "sweeps" / "data" / "mc.jsonl")]
     contexts = [f"Question: {r['question']}\nAnswer:" for r in rows]
@@ -309,8 +309,8 @@ def test_scoring_sweep_on_vllm(ray_local, tmp_path):
     import pyarrow.parquet as pq
     import yaml
 
-    from cluster.run import run_sweep
-    from cluster.spec import load_spec
+    from cluster.schedule.run import run_sweep
+    from cluster.contracts.spec import load_spec
 
     raw = yaml.safe_load((ROOT / "sweeps" / "scoring.yaml").read_text())
     raw["output"] = str(tmp_path / "out")
@@ -335,8 +335,8 @@ def test_reproducible_sweep_repeats_across_shard_sizes_and_actors_on_vllm(ray_lo
     the GPU in shards of 16 give the same outputs, every one."""
     import pyarrow.parquet as pq
 
-    from cluster.run import run_sweep
-    from cluster.spec import load_spec
+    from cluster.schedule.run import run_sweep
+    from cluster.contracts.spec import load_spec
     from jobs.bench.common import prompts_of
 
     data = tmp_path / "p.jsonl"
@@ -376,8 +376,8 @@ def test_tensor_parallel_2_sweep_beside_a_one_gpu_model(ray_local, tmp_path):
     builtin:tiny on one GPU, in one sweep: every sample of each exactly once; the TP actor held 2 GPUs."""
     import pyarrow.parquet as pq
 
-    from cluster.run import run_sweep
-    from cluster.spec import load_spec
+    from cluster.schedule.run import run_sweep
+    from cluster.contracts.spec import load_spec
     from jobs.bench.common import prompts_of
 
     data = tmp_path / "p.jsonl"

@@ -7,8 +7,8 @@ import jsonschema
 import pytest
 
 from actors.engine import GenRequest
-from cluster.spec import SamplingSpec, StructuredSpec
-from cluster.structured import is_valid
+from cluster.contracts.spec import SamplingSpec, StructuredSpec
+from cluster.contracts.structured import is_valid
 
 PROMPTS = ["Question: What is 2 + 2?\nAnswer:", "Hi", "A much longer prompt, so that the batch needs left padding."]
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],

@@ -363,8 +363,8 @@ def test_ray_that_fails_to_start_is_one_line_and_releases_the_output(sweep_dir, 
     ray.init: one line naming the address, exit 2, and the output's lock released."""
     import ray
 
-    from cluster.sink import ResultSink
-    from cluster.spec import load_spec
+    from cluster.store.sink import ResultSink
+    from cluster.contracts.spec import load_spec
     from jobs.sweep import main
 
     folder, out = sweep_dir

@@ -11,9 +11,9 @@ import pytest
 
 import ray
 
-from cluster.metrics import NAMES
-from cluster.run import run_sweep
-from cluster.spec import load_spec
+from cluster.schedule.metrics import NAMES
+from cluster.schedule.run import run_sweep
+from cluster.contracts.spec import load_spec
 from tests.conftest import QUICKSTART
 
 SERIES = re.compile(r"(ray_raysweep_\w+)\{(.*)\} (\S+)$")

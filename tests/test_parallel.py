@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from cluster.builtin_model import builtin_config, resolve_model_path
-from cluster.model_memory import ACCELERATOR_MEMORY, config_parameters, refusal, weights
-from cluster.preflight import PreflightFailure, check_inputs
-from cluster.spec import SpecError, load_spec
-from cluster.tail_split import MIN_PART_ROWS
+from cluster.inputs.builtin_model import builtin_config, resolve_model_path
+from cluster.contracts.model_memory import ACCELERATOR_MEMORY, config_parameters, refusal, weights
+from cluster.inputs.checks import PreflightFailure, check_inputs
+from cluster.contracts.spec import SpecError, load_spec
+from cluster.schedule.tail_split import MIN_PART_ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
 # Llama-3-70B's shapes (its config.json): 70.6B parameters
@@ -157,7 +157,7 @@ def test_a_tp4_actor_holds_four_gpus_of_one_node(fake_cluster, tmp_path):
     node, so its GPUs are that node's; what this checks is that raysweep asks for all 4 in one actor, and
     that two such actors run on the two nodes), and a TP=1 model beside them gets actors of one GPU. Every
     sample once. (2 + 2 GPUs across two nodes are refused: next test.)"""
-    from cluster.run import run_sweep
+    from cluster.schedule.run import run_sweep
 
     nodes = fake_cluster([{"num_cpus": 2, "num_gpus": 4}] * 2)
     spec = load_spec(write_spec(tmp_path, [
@@ -181,8 +181,8 @@ def test_a_tp4_actor_holds_four_gpus_of_one_node(fake_cluster, tmp_path):
 def test_four_gpus_on_two_nodes_never_hold_a_tp4_engine(fake_cluster, tmp_path):
     """The cluster has 4 GPUs, but 2 per node: a TP=4 actor cannot be placed, and the sweep says so in one
     line before any actor starts."""
-    from cluster.placement import PlacementError
-    from cluster.run import run_sweep
+    from cluster.schedule.placement import PlacementError
+    from cluster.schedule.run import run_sweep
 
     fake_cluster([{"num_cpus": 1, "num_gpus": 2}] * 2)
     spec = load_spec(write_spec(tmp_path, [{"name": "wide", "path": "builtin:tiny",
@@ -198,8 +198,8 @@ def test_shards_cut_at_the_tail_are_committed_once_each(ray_local, tmp_path):
     """Two actors, one shard each at a time, three shards of 64: the last waiting ones are cut in halves
     (parts of at least MIN_PART_ROWS rows), run apart, and committed whole under their own ids; every
     sample once, and the run's record keeps the tail's idle share and how many shards were cut."""
-    from cluster.run import run_sweep
-    from cluster.sink import read_manifest
+    from cluster.schedule.run import run_sweep
+    from cluster.store.sink import read_manifest
 
     spec = load_spec(write_spec(tmp_path, [{"name": "m", "path": "builtin:tiny", "engine": "fake"}], rows=192,
                                 max_samples=64, actors={"count": 2, "num_cpus": 1, "shards_in_flight": 1}))
@@ -225,8 +225,8 @@ def _tail_scheduler(ray_local, events, raising=("s90",), dies_once: str | None =
     exits, once."""
     import pyarrow as pa
 
-    from cluster.planner import Shard
-    from cluster.scheduler import Job, ModelWork, SweepScheduler
+    from cluster.plan.planner import Shard
+    from cluster.schedule.scheduler import Job, ModelWork, SweepScheduler
 
     class _Actor:  # defined here so Ray ships the class by value
         def ready(self) -> dict:
@@ -270,7 +270,7 @@ def test_a_tail_part_that_raises_sends_its_whole_shard_back(ray_local):
     """The part holding s90 raises: the split ends (its other part's result is dropped), the whole shard is
     retried whole, then bisected as any shard that raises alike twice, and reported once, with s90 the one
     row that fails alone. The shards that ran whole are reported once each."""
-    from cluster.scheduler import SchedulerEvents
+    from cluster.schedule.scheduler import SchedulerEvents
 
     reported, attempts = [], []
     events = SchedulerEvents(
@@ -294,7 +294,7 @@ def test_a_tail_part_that_raises_sends_its_whole_shard_back(ray_local):
 
 
 def _recorder():
-    from cluster.scheduler import SchedulerEvents
+    from cluster.schedule.scheduler import SchedulerEvents
 
     reported = []
     events = SchedulerEvents(
@@ -341,7 +341,7 @@ def test_a_part_of_an_ended_split_whose_actor_died_is_not_run_again(ray_local, t
 def test_tail_idle_counts_gpu_seconds_after_each_actors_last_shard_and_none_after_a_death(monkeypatch):
     """Three 1-GPU actors from t=0, their last shards back at 40, 90 and 100 (the run's end): 60 + 10 of 300
     GPU-seconds idle. Once the first is known to have died at 50, it adds 10 idle of 50 held, not 60 of 100."""
-    import cluster.tail_split as tail_split
+    import cluster.schedule.tail_split as tail_split
 
     now = [0.0]
     monkeypatch.setattr(tail_split.time, "time", lambda: now[0])
@@ -359,7 +359,7 @@ def test_a_shard_of_long_prompts_is_cut_down_to_rows_a_short_one_to_16(tmp_path)
     """A long-profile shard of 8 prompts (each a chunked prefill) can be cut; a short one needs 32 rows."""
     from types import SimpleNamespace
 
-    from cluster.tail_split import splittable
+    from cluster.schedule.tail_split import splittable
 
     def job(rows: int, profile: str, attempt: int = 1, piece=None):
         return SimpleNamespace(piece=piece, attempt=attempt, shard=SimpleNamespace(n_samples=rows, profile=profile))

@@ -1,4 +1,4 @@
-"""The engine pool (cluster/pool.py, jobs/pool.py) on a real `ray start --head` with Ray Serve and the CPU
+"""The engine pool (cluster/pool/serve_app.py, jobs/pool.py) on a real `ray start --head` with Ray Serve and the CPU
 engine: pool up / status / down, a sweep that sends a pooled model's shards to the pool and starts its own
 actor for a model the pool serves with other engine arguments, `pool down` refused while a sweep uses
 the pool, two sweeps taking turns on one replica while the HTTP API follows them, a replica killed
@@ -97,7 +97,7 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
         # a sweep holding a pool client: `pool down` is refused, `--force` removes the pool
         holder = subprocess.Popen(
             [sys.executable, "-c", "import ray, time\n"
-             "from cluster.pool import CLIENT_NAMESPACE, PoolClient, sweeps_using_pool\n"
+             "from cluster.pool.serve_app import CLIENT_NAMESPACE, PoolClient, sweeps_using_pool\n"
              f"ray.init(address={address!r})\n"
              "client = ray.remote(PoolClient).options(name='pool-client:holder', namespace=CLIENT_NAMESPACE, "
              "num_cpus=0).remote('holder')\n"
@@ -226,7 +226,7 @@ def test_a_replica_killed_mid_sweep_is_replaced_and_its_shards_run_again_exactly
 
 @pytest.mark.slow
 def test_two_models_on_one_replica_switch_by_sleep_and_wake_and_run_grouped(tmp_path):
-    from cluster.builtin_model import resolve_model_path
+    from cluster.inputs.builtin_model import resolve_model_path
 
     copy = tmp_path / "tiny-copy"  # a second model: the built tiny one at another path
     shutil.copytree(resolve_model_path("builtin:tiny"), copy)
@@ -266,7 +266,7 @@ def test_a_pool_that_does_not_answer_is_said_in_one_line_and_counts_as_none(monk
     cannot be made to order here): the sweep is told, and runs on its own actors."""
     from ray import serve
 
-    from cluster import pool
+    from cluster.pool import serve_app as pool
 
     class Status:
         applications = {pool.APP: None}
@@ -286,7 +286,7 @@ def test_a_pool_of_another_raysweep_version_is_not_used(monkeypatch):
     """Its replicas take other arguments: a sweep would fail every pooled shard. (Fakes of Serve's calls.)"""
     from ray import serve
 
-    from cluster import pool
+    from cluster.pool import serve_app as pool
 
     class Status:
         applications = {pool.APP: None}
@@ -316,7 +316,7 @@ def test_shards_queued_at_serves_router_when_the_pool_is_deleted_come_back_as_po
     import ray
     from ray import serve
 
-    from cluster.pool import APP, CLIENT_NAMESPACE, POOL_WATCH_S, PoolClient, PoolGone
+    from cluster.pool.serve_app import APP, CLIENT_NAMESPACE, POOL_WATCH_S, PoolClient, PoolGone
 
     class FakeSlowReplica:  # defined here so that Ray pickles it by value (workers cannot import tests/)
         """Stands in for PoolReplica (an engine is beside the point here): one shard at a time, each taking

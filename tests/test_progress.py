@@ -2,7 +2,7 @@
 
 import io
 
-from cluster.progress import BarProgress, LogProgress, make_progress
+from cluster.schedule.progress import BarProgress, LogProgress, make_progress
 
 
 class Terminal(io.StringIO):
@@ -36,7 +36,7 @@ def test_a_terminal_gets_a_bar_and_messages_above_it():
 
 
 def test_while_nothing_finishes_a_line_still_comes_saying_what_is_going_on(monkeypatch):
-    import cluster.progress as progress_module
+    import cluster.schedule.progress as progress_module
 
     clock = [100.0]
     monkeypatch.setattr(progress_module.time, "perf_counter", lambda: clock[0])

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from cluster.run import PreflightFailure, prepare, run_sweep
-from cluster.sink import ResultSink, SinkError, read_manifest
-from cluster.spec import load_spec
+from cluster.schedule.run import PreflightFailure, prepare, run_sweep
+from cluster.store.sink import ResultSink, SinkError, read_manifest
+from cluster.contracts.spec import load_spec
 from tests.conftest import QUICKSTART, ROOT
 from tests.test_metrics import metrics_url, scrape
 
@@ -308,7 +308,7 @@ def test_changed_data_is_accepted_where_nothing_was_committed_from_it(tmp_path):
     prepared.sink.close()
     data = tmp_path / "arithmetic.jsonl"
     data.write_text(data.read_text().replace('"question": "', '"question": "Q. ', 1))
-    from cluster.data import content_hash
+    from cluster.inputs.data import content_hash
 
     again = prepare(load_spec(spec_path))
     assert again.sink.manifest["data"]["arithmetic"]["hash"] == content_hash(str(data))

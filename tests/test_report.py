@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cluster.sink import result_file, summarize
+from cluster.store.sink import result_file, summarize
 from jobs import report_timeline
 from jobs.cli import main
 from jobs.report import _phase_widths, write_report
@@ -60,7 +60,7 @@ def _shard_attempt(shard_id, attempt, actor, minutes, tok_per_s):
 
 
 def _write_output(root: Path, gpu: str) -> Path:
-    """A sweep output as cluster.sink writes it; `gpu` is "readings", "nulls" (NVML columns all null)
+    """A sweep output as cluster.store.sink writes it; `gpu` is "readings", "nulls" (NVML columns all null)
     or "absent" (no gpu.parquet, as on CPU machines)."""
     shards = {}
     for (model, task, index), rows in RESULTS.items():
@@ -369,7 +369,7 @@ def test_report_renders_in_headless_chromium(chromium, sweep_output, tmp_path):
 def test_models_lists_each_builtin_with_the_size_a_built_one_has(tiny_path, capsys):
     from safetensors import safe_open
 
-    from cluster.builtin_model import CONFIGS
+    from cluster.inputs.builtin_model import CONFIGS
     from jobs.cli import builtin_parameters
 
     assert main(["models"]) == 0
@@ -390,10 +390,10 @@ def test_committed_spec_reference_is_what_the_spec_code_generates(capsys):
     assert main(["spec-reference"]) == 0
     printed = capsys.readouterr().out
     assert printed == render()
-    assert committed == printed, ("sweeps/REFERENCE.md is out of date with cluster/spec.py; regenerate it: "
+    assert committed == printed, ("sweeps/REFERENCE.md is out of date with cluster/contracts/spec.py; regenerate it: "
                                   "raysweep spec-reference > sweeps/REFERENCE.md")
     for section in ("## Top level", "## `models[]`", "## `tasks[]`", "## `tasks[].sampling`", "## `actors`"):
         assert section in printed
-    from cluster.spec import LENGTH_POLICIES, SCORERS
+    from cluster.contracts.spec import LENGTH_POLICIES, SCORERS
 
     assert all(f"`{name}`" in printed for name in SCORERS + LENGTH_POLICIES)

@@ -29,8 +29,8 @@ def test_token_ids_are_those_a_plain_vllm_generate_would_use(tiny_path):
 
     from actors.engine import GenResult
     from actors.shard_work import run_rows
-    from cluster.planner import tokenize
-    from cluster.spec import TaskSpec
+    from cluster.plan.planner import tokenize
+    from cluster.contracts.spec import TaskSpec
 
     class Recorder:  # an engine that keeps what the actor hands it
         def generate(self, requests, sampling, structured):
@@ -49,7 +49,7 @@ def test_token_ids_are_those_a_plain_vllm_generate_would_use(tiny_path):
 
 def test_sampling_settings_are_a_plain_scripts_with_vllms_defaults():
     from actors.vllm_engine import sampling_kwargs
-    from cluster.spec import SamplingSpec
+    from cluster.contracts.spec import SamplingSpec
 
     # the plain script: SamplingParams(max_tokens=N, temperature=0.0); vLLM 0.26's defaults for the rest
     plain = {"max_tokens": 64, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "stop": None, "seed": None,
@@ -64,7 +64,7 @@ def test_reproducible_engine_arguments_are_the_batch_invariant_setting():
     caching, no chunked prefill, graphs and compile on), for long shards too, over what the spec's engine says."""
     from actors.engine import EngineProfile
     from actors.vllm_engine import REPRODUCIBLE_ARGS, engine_args
-    from cluster.spec import ModelSpec
+    from cluster.contracts.spec import ModelSpec
 
     model = ModelSpec("m", "/m", engine={"max_num_seqs": 32, "attention_config": {"backend": "TRITON_ATTN"}})
     for profile in (EngineProfile(), EngineProfile("long", True, 2048)):
@@ -139,8 +139,8 @@ def _commit_one_row(spec_path: str) -> None:
     """A reproducible spec's output with one committed shard of one row, its sink closed."""
     import pyarrow as pa
 
-    from cluster.run import prepare
-    from cluster.spec import load_spec
+    from cluster.schedule.run import prepare
+    from cluster.contracts.spec import load_spec
 
     prepared = prepare(load_spec(spec_path))
     prepared.sink.plan(["tiny/arithmetic/00000"])
@@ -151,9 +151,9 @@ def _commit_one_row(spec_path: str) -> None:
 
 
 def test_a_resume_never_mixes_reproducible_and_other_results(tmp_path):
-    from cluster.run import prepare
-    from cluster.sink import SinkError
-    from cluster.spec import load_spec
+    from cluster.schedule.run import prepare
+    from cluster.store.sink import SinkError
+    from cluster.contracts.spec import load_spec
 
     _commit_one_row(spec_file(tmp_path, "mixed"))
     with pytest.raises(SinkError, match="made with reproducible: true; this spec says reproducible: false"):
@@ -165,9 +165,9 @@ def test_a_resume_never_adds_to_reproducible_results_of_another_setting(tmp_path
     caching) is refused, as the mode's flag alone would not tell (review of issue 17)."""
     import json
 
-    from cluster.run import prepare
-    from cluster.sink import SinkError
-    from cluster.spec import load_spec
+    from cluster.schedule.run import prepare
+    from cluster.store.sink import SinkError
+    from cluster.contracts.spec import load_spec
 
     _commit_one_row(spec_file(tmp_path, "older"))
     prepare(load_spec(spec_file(tmp_path, "older"))).sink.close()  # the same setting resumes
@@ -186,8 +186,8 @@ def test_a_resume_never_adds_to_reproducible_results_of_another_setting(tmp_path
                                   "was measured on one GPU only"),
 ])
 def test_reproducible_refuses_eager_by_compilation_config_and_engines_across_gpus(tmp_path, engine, message):
-    from cluster.preflight import PreflightFailure, check_inputs
-    from cluster.spec import load_spec
+    from cluster.inputs.checks import PreflightFailure, check_inputs
+    from cluster.contracts.spec import load_spec
 
     path = spec_file(tmp_path, "refused")
     raw = yaml.safe_load(open(path))

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cluster.sink import ResultSink, SinkError, read_manifest
-from cluster.spec import load_spec
+from cluster.store.sink import ResultSink, SinkError, read_manifest
+from cluster.contracts.spec import load_spec
 from tests.conftest import QUICKSTART
 
 # one output with an ordinary pair beside the digit names, one with digit names only (there a reader that
@@ -21,7 +21,7 @@ ROWS = 3
 
 
 def _shard(model: str, task: str, index: int) -> pa.Table:
-    """A shard's results as cluster/run.py hands them to the sink (model and task dictionary-encoded)."""
+    """A shard's results as cluster/schedule/run.py hands them to the sink (model and task dictionary-encoded)."""
     n = ROWS
     return pa.table({
         "sweep": ["readers"] * n, "model": pa.array([model] * n).dictionary_encode(),
@@ -147,7 +147,7 @@ def test_an_output_resumed_across_a_change_of_columns_reads_as_one_table_in_ever
     the resume gives the older files the columns they lack, as nulls, and every reader reads one table."""
     import shutil
 
-    from cluster.results_schema import RESULT_SCHEMA
+    from cluster.contracts.results_schema import RESULT_SCHEMA
 
     out = tmp_path / "resumed"
     shutil.copytree(outputs["mixed"], out)

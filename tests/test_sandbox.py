@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-import cluster.sandbox as sandbox
-from cluster.sandbox import NOBODY, SandboxLimits, SandboxPool, check_available, run_program
+import cluster.score.sandbox as sandbox
+from cluster.score.sandbox import NOBODY, SandboxLimits, SandboxPool, check_available, run_program
 
 QUICK = SandboxLimits(timeout_s=2)
 
@@ -368,7 +368,7 @@ def test_a_driver_that_is_not_root_with_and_without_bubblewrap(tmp_path):
 
 
 def test_code_exec_unsafe_fallback_is_validated():
-    from cluster.task_spec import ScorerSpec
+    from cluster.contracts.task_spec import ScorerSpec
 
     args = {"program": "{completion}"}
     assert ScorerSpec("code_exec", dict(args, unsafe_fallback=True)).args["unsafe_fallback"] is True
@@ -384,8 +384,8 @@ def test_a_sandbox_that_never_starts_costs_its_row_not_the_shard(ray_local, tmp_
     and one's always; the shard commits, that row is an error with the reason and no score, the rest pass."""
     import pyarrow.parquet as pq
 
-    from cluster.run import run_sweep
-    from cluster.spec import load_spec
+    from cluster.schedule.run import run_sweep
+    from cluster.contracts.spec import load_spec
 
     real, tries = sandbox.run_program, []
 
@@ -427,8 +427,8 @@ tasks:
 def test_a_code_exec_sweep_on_a_driver_with_no_sandbox_is_refused_before_ray(no_bwrap, monkeypatch):
     """The same refusal, from preflight: one line naming the spec and the task, before Ray or any engine
     starts (review 16, finding 4: it came after the engines had run)."""
-    from cluster.preflight import PreflightFailure, check_inputs
-    from cluster.spec import load_spec
+    from cluster.inputs.checks import PreflightFailure, check_inputs
+    from cluster.contracts.spec import load_spec
 
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
     spec = load_spec(Path(__file__).resolve().parents[1] / "sweeps" / "scoring.yaml")

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from cluster.run import run_sweep
-from cluster.spec import load_spec
+from cluster.schedule.run import run_sweep
+from cluster.contracts.spec import load_spec
 
 
 @pytest.mark.slow
@@ -27,7 +27,7 @@ def test_mixed_profiles_route_with_few_restarts(ray_local, tmp_path):
     report = run_sweep(spec, log=lambda line: None)
     assert not report.failed and report.samples == 240
     shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
-    # 24 shards; a long one cut at the tail (cluster/tail_split.py) has a telemetry row per part
+    # 24 shards; a long one cut at the tail (cluster/schedule/tail_split.py) has a telemetry row per part
     assert set(shards["profile"]) == {"short", "long"} and shards["shard_id"].nunique() == 24
     parts = shards["piece"].notna() if "piece" in shards else shards["shard_id"].isna()  # no column: no part
     assert len(shards[~parts]) + shards[parts]["shard_id"].nunique() == 24
@@ -62,7 +62,7 @@ def test_an_actor_ray_cannot_place_holds_no_shards(ray_local, tmp_path):
 def _scheduler(ray_local, broken_engine: bool, results: list, one_by_one: bool = False):
     from types import SimpleNamespace
 
-    from cluster.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
+    from cluster.schedule.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
 
     # defined here so Ray ships the class by value (workers cannot import this test module)
     class _StartsThenServes:
@@ -145,8 +145,8 @@ def test_an_engine_that_cannot_start_fails_its_model_only(ray_local, one_by_one)
     (256, {}, {"shards_in_flight": 12}, 12),   # the spec decides where it says
 ])
 def test_shards_in_flight_fill_four_engine_batches(max_samples, engine, actors, depth):
-    from cluster.run import shards_in_flight
-    from cluster.spec import parse_spec
+    from cluster.schedule.run import shards_in_flight
+    from cluster.contracts.spec import parse_spec
 
     spec = parse_spec({"name": "d", "models": [{"name": "m", "path": "builtin:tiny", "engine": engine}],
                        "tasks": [{"name": "t", "data": "x.jsonl", "prompt": "{q}"}],
@@ -160,7 +160,7 @@ def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_
     actor 1 gives the model up, and actor 0 runs every shard."""
     from types import SimpleNamespace
 
-    from cluster.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
+    from cluster.schedule.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
 
     class _SecondFails:
         def __init__(self, number: int):
@@ -206,7 +206,7 @@ def test_on_a_shared_gpu_an_actor_is_released_only_once_no_engine_is_starting(ra
     under it."""
     from types import SimpleNamespace
 
-    from cluster.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
+    from cluster.schedule.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
 
     log = str(tmp_path / "events.log")
 
@@ -266,8 +266,8 @@ def test_a_shard_that_raises_the_same_way_is_bisected_and_reported_once(ray_loca
     with r5 as its only error row or, where no part ran, as failed whole. The other shard runs as usual."""
     import pyarrow as pa
 
-    from cluster.planner import Shard
-    from cluster.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
+    from cluster.plan.planner import Shard
+    from cluster.schedule.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
 
     class _BreaksOnARow:
         def __init__(self, number: int):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from cluster.scoring import SCORERS, scorer_for
-from cluster.spec import ScorerSpec, StructuredSpec, TaskSpec
+from cluster.score.scorers import SCORERS, scorer_for
+from cluster.contracts.spec import ScorerSpec, StructuredSpec, TaskSpec
 
 
 @pytest.mark.parametrize("name, output, target, args, expected", [

@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 
 def test_pass_at_k_is_the_chance_that_k_drawn_completions_hold_a_pass():
     """Chen et al.'s estimator against counting every k-subset of n completions, c of which pass."""
-    from cluster.summary import pass_at_k
+    from cluster.score.summary import pass_at_k
 
     for n, c, k in [(5, 0, 1), (5, 1, 1), (5, 2, 3), (10, 3, 5), (4, 4, 2), (6, 1, 6)]:
         passing = [i < c for i in range(n)]
@@ -28,7 +28,7 @@ def test_pass_at_k_is_the_chance_that_k_drawn_completions_hold_a_pass():
 def test_summary_aggregates_completions_per_prompt_and_its_stderr_is_over_prompts():
     """Two prompts x three completions, scores 1,1,0 and 0,0,0: score is the mean of the prompts' means
     (1/3), stderr over the two prompts, pass@k per prompt."""
-    from cluster.summary import pass_at_k, summarize
+    from cluster.score.summary import pass_at_k, summarize
 
     t = pa.table({"model": ["m"] * 6, "task": ["t"] * 6, "sample_id": ["a"] * 3 + ["b"] * 3,
                   "completion": [0, 1, 2] * 2, "status": ["ok"] * 6, "score": [1.0, 1.0, 0.0, 0.0, 0.0, 0.0],
@@ -46,7 +46,7 @@ def test_summary_aggregates_completions_per_prompt_and_its_stderr_is_over_prompt
 def test_context_and_choice_split_as_lm_eval_does(tiny_path):
     from transformers import AutoTokenizer
 
-    from cluster.loglikelihood import encode_pairs, pair_lengths
+    from cluster.contracts.loglikelihood import encode_pairs, pair_lengths
 
     tok = AutoTokenizer.from_pretrained(tiny_path)
     (ctx, conts), = encode_pairs(["Answer: "], [["4", " 5"]], tok, True)
@@ -56,7 +56,7 @@ def test_context_and_choice_split_as_lm_eval_does(tiny_path):
 
 
 def test_acc_norm_divides_by_utf8_bytes():
-    from cluster.loglikelihood import acc, acc_norm, target_index
+    from cluster.contracts.loglikelihood import acc, acc_norm, target_index
 
     assert acc([-4.0, -5.0], 0) == 1.0 and acc_norm([-4.0, -5.0], ["ab", "éééé"], 1) == 1.0  # -2/B vs -0.625/B
     assert target_index("1", ["x", "y"]) == 1 and target_index("y", ["x", "y"]) == 1
@@ -92,8 +92,8 @@ def test_the_scoring_example_sweep(ray_local, tmp_path):
     """sweeps/scoring.yaml on the CPU engine: multiple choice by log-likelihood, four sampled completions per
     code problem run in the sandbox, and replayed completions (right, wrong, never returning) scored with
     no engine; every completion once, pass@k from the replayed ones' known outcomes."""
-    from cluster.run import run_sweep
-    from cluster.spec import load_spec
+    from cluster.schedule.run import run_sweep
+    from cluster.contracts.spec import load_spec
 
     raw = yaml.safe_load((ROOT / "sweeps" / "scoring.yaml").read_text())
     raw["output"] = str(tmp_path / "out")
@@ -136,8 +136,8 @@ def test_the_scoring_example_sweep(ray_local, tmp_path):
 @pytest.mark.slow
 def test_a_replay_only_sweep_starts_no_engine(ray_local, tmp_path):
     """Completions made elsewhere, scored with exact_match and no model in the spec: no actor, no engine."""
-    from cluster.run import run_sweep
-    from cluster.spec import load_spec
+    from cluster.schedule.run import run_sweep
+    from cluster.contracts.spec import load_spec
 
     rows = [{"id": i, "q": f"{i}+{i}", "a": str(2 * i), "out": str(2 * i if i % 2 else i)} for i in range(6)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -164,8 +164,8 @@ def test_hostile_completions_are_recorded_and_the_sweep_completes(ray_local, tmp
     127.0.0.1, the driver's secret is not read."""
     import socket
 
-    from cluster.run import run_sweep
-    from cluster.spec import load_spec
+    from cluster.schedule.run import run_sweep
+    from cluster.contracts.spec import load_spec
 
     monkeypatch.setenv("RAYSWEEP_TEST_SECRET", "s3cr3t-value")
     outside = tmp_path / "escaped.txt"

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cluster.sink import JOURNAL, ResultSink, read_manifest, summarize
-from cluster.spec import load_spec
+from cluster.store.sink import JOURNAL, ResultSink, read_manifest, summarize
+from cluster.contracts.spec import load_spec
 from tests.conftest import QUICKSTART
 
 
@@ -77,8 +77,8 @@ def test_telemetry_keeps_every_column_when_a_failed_attempts_short_row_comes_fir
     its own; parts flushed as shards commit and the rows still in memory end in one table."""
     import pyarrow.parquet as pq
 
-    from cluster.sink import ResultSink
-    from cluster.spec import load_spec
+    from cluster.store.sink import ResultSink
+    from cluster.contracts.spec import load_spec
     from tests.conftest import QUICKSTART
 
     with ResultSink(str(tmp_path / "out"), load_spec(QUICKSTART)) as sink:
@@ -97,7 +97,7 @@ def test_engine_starts_are_on_disk_as_they_happen_and_their_first_tokens_fold_in
     """A driver killed mid-sweep loses no telemetry/actors row: each is written as its engine starts, its
     first_token_s (known only once a shard comes back) as a small update; the next run's finish() folds
     the earliest update into its row, every row once."""
-    from cluster.sink import FIRST_TOKENS
+    from cluster.store.sink import FIRST_TOKENS
 
     spec, out = load_spec(QUICKSTART), tmp_path / "out"
     sink = ResultSink(str(out), spec)
@@ -155,7 +155,7 @@ def test_a_bisected_shard_over_its_policy_is_committed_and_fails_the_sweep_on_ev
 
 def test_a_folder_that_is_not_a_sweeps_output_is_refused_and_left_alone(tmp_path):
     """results/ without manifest.json: someone else's files; neither a run nor --new-run touches them."""
-    from cluster.sink import SinkError
+    from cluster.store.sink import SinkError
 
     spec = load_spec(QUICKSTART)
     (tmp_path / "results").mkdir()
@@ -168,7 +168,7 @@ def test_a_folder_that_is_not_a_sweeps_output_is_refused_and_left_alone(tmp_path
 
 
 def test_an_output_uri_that_cannot_be_opened_is_one_error():
-    from cluster.sink import SinkError
+    from cluster.store.sink import SinkError
 
     with pytest.raises(SinkError, match="output foo://bar/x: cannot be opened"):
         ResultSink("foo://bar/x", load_spec(QUICKSTART))
@@ -177,7 +177,7 @@ def test_an_output_uri_that_cannot_be_opened_is_one_error():
 def test_another_specs_output_that_committed_nothing_is_taken_over(tmp_path):
     """A run refused after the output was opened (say, a bad regex found after Ray started) committed
     nothing: the fixed spec may use the same output. One that committed shards is still refused."""
-    from cluster.sink import SinkError
+    from cluster.store.sink import SinkError
 
     spec = load_spec(QUICKSTART)
     with ResultSink(str(tmp_path), spec) as sink:

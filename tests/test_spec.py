@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from cluster.spec import SpecError, load_spec
+from cluster.contracts.spec import SpecError, load_spec
 from tests.conftest import QUICKSTART
 
 
@@ -193,7 +193,7 @@ def test_model_paths_follow_the_data_rule_and_expand_home(tmp_path, monkeypatch,
     `org/name` with no such folder beside the spec stays a hub id. find_model reads the same paths."""
     import shutil
 
-    from cluster.builtin_model import find_model
+    from cluster.inputs.builtin_model import find_model
 
     home = tmp_path / "home"
     (home / "mymodel").mkdir(parents=True)
@@ -219,7 +219,7 @@ def test_model_paths_follow_the_data_rule_and_expand_home(tmp_path, monkeypatch,
 
 def test_spec_names_and_numbers_are_checked_whole(tmp_path):
     """`$` lets a trailing newline through a name; `.nan` and `.inf` are YAML floats and no setting's value."""
-    from cluster.spec import NAME_RE
+    from cluster.contracts.spec import NAME_RE
 
     assert NAME_RE.match("tiny\n") is None and NAME_RE.match("tiny")
     for mutate, message in [

@@ -10,9 +10,9 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from cluster.run import run_sweep
-from cluster.sink import SinkError
-from cluster.spec import load_spec
+from cluster.schedule.run import run_sweep
+from cluster.store.sink import SinkError
+from cluster.contracts.spec import load_spec
 from tests.conftest import QUICKSTART, ROOT
 
 

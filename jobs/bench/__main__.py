@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from cluster.builtin_model import resolve_model_path
+    from cluster.inputs.builtin_model import resolve_model_path
 
     if set(parts) - {"o", "p"} and not torch.cuda.is_available():
         print("jobs.bench parts a-d need a CUDA GPU and vLLM (parts o and p run anywhere)", file=sys.stderr)

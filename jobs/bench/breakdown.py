@@ -51,7 +51,7 @@ class EngineProbe:
     def __init__(self, model_path: str, overrides: dict):
         from actors.engine import EngineProfile
         from actors.vllm_engine import VllmEngine
-        from cluster.spec import ModelSpec
+        from cluster.contracts.spec import ModelSpec
 
         self.engine = VllmEngine(ModelSpec("bench", model_path, engine=dict(overrides)), model_path,
                                  EngineProfile(), 1.0)
@@ -62,8 +62,8 @@ class EngineProbe:
         from vllm import SamplingParams
 
         from actors.engine import GenRequest
-        from cluster.planner import sample_seed
-        from cluster.spec import SamplingSpec
+        from cluster.plan.planner import sample_seed
+        from cluster.contracts.spec import SamplingSpec
 
         engine, n = self.engine, len(texts)
         ids = [engine.tokenizer(t)["input_ids"] for t in texts]

@@ -56,7 +56,7 @@ class Bench:
 
         from actors.engine import EngineProfile
         from actors.vllm_engine import engine_args
-        from cluster.spec import ModelSpec
+        from cluster.contracts.spec import ModelSpec
 
         profile = overrides.pop("profile", EngineProfile())
         engine = {**self.engine_overrides, **overrides.pop("engine", {})}
@@ -116,7 +116,7 @@ def vllm_args(model_path: str, overrides: dict) -> dict:
     """What raysweep gives `vllm.LLM` for a short shard with a whole GPU."""
     from actors.engine import EngineProfile
     from actors.vllm_engine import engine_args
-    from cluster.spec import ModelSpec
+    from cluster.contracts.spec import ModelSpec
 
     return engine_args(ModelSpec("bench", model_path, engine=dict(overrides)), model_path, EngineProfile(), 1.0)
 

@@ -62,8 +62,8 @@ def _sweep_rate(bench: Bench, data: Path, depth: str, name: str) -> tuple[float,
     import pyarrow.parquet as pq
     import ray
 
-    from cluster.run import run_sweep
-    from cluster.spec import load_spec
+    from cluster.schedule.run import run_sweep
+    from cluster.contracts.spec import load_spec
 
     spec_path = bench.out / f"{name}.yaml"
     actors = {"count": 1, "num_gpus": 1, **({} if depth == "auto" else {"shards_in_flight": int(depth)})}
@@ -93,7 +93,7 @@ def _raw_rate(bench: Bench) -> tuple[float, float, list[int]]:
     per step, and the sorted output lengths."""
     from vllm import SamplingParams
 
-    from cluster.planner import sample_seed
+    from cluster.plan.planner import sample_seed
 
     llm = bench.llm()
     prompts = bench.token_prompts(llm, bench.prompts)
@@ -170,8 +170,8 @@ def part_d(bench: Bench) -> None:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from cluster.spec import StructuredSpec
-    from cluster.structured import is_valid
+    from cluster.contracts.spec import StructuredSpec
+    from cluster.contracts.structured import is_valid
 
     llm = bench.llm()
     prompts = bench.token_prompts(llm, bench.prompts)

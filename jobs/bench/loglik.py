@@ -82,8 +82,8 @@ def cpu_engine_logprobs(model_path: str, data: Path, n: int) -> tuple[dict[int, 
 
     from actors.engine import EngineProfile, LoglikRequest
     from actors.hf_engine import HFEngine
-    from cluster.loglikelihood import encode_pairs
-    from cluster.spec import ModelSpec
+    from cluster.contracts.loglikelihood import encode_pairs
+    from cluster.contracts.spec import ModelSpec
 
     rows = [json.loads(line) for line in open(data)]
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-rows", type=int, default=32)
     parser.add_argument("--no-warm", action="store_true", help="skip the untimed runs (caches warm already)")
     args = parser.parse_args(argv)
-    from cluster.builtin_model import resolve_model_path
+    from cluster.inputs.builtin_model import resolve_model_path
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -51,8 +51,8 @@ def part_o(bench: Bench) -> None:
     """Orchestration alone: the fake engine behind the real actors, scheduler and sink."""
     import ray
 
-    from cluster.run import execute, prepare
-    from cluster.spec import load_spec
+    from cluster.schedule.run import execute, prepare
+    from cluster.contracts.spec import load_spec
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -92,9 +92,9 @@ def _plan_twice(spec_path: str, cache: str) -> dict:
     """Part p's measurement, in a fresh process: preflight cold, then warm; wall s, shards, long shards
     and the process's peak RSS after each."""
     os.environ["RAYSWEEP_CACHE"] = cache
-    from cluster.builtin_model import resolve_model_path
-    from cluster.run import preflight
-    from cluster.spec import load_spec
+    from cluster.inputs.builtin_model import resolve_model_path
+    from cluster.schedule.run import preflight
+    from cluster.contracts.spec import load_spec
 
     resolve_model_path("builtin:tiny")  # built before timing, as a sweep's model would be there already
     spec, out = load_spec(spec_path), {}

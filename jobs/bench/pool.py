@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = set(args.steps.split(","))
     if not steps or steps - {"warm", "kill", "switch"}:
         parser.error(f"--steps {args.steps}: choose from warm, kill, switch")
-    from cluster.builtin_model import resolve_model_path
+    from cluster.inputs.builtin_model import resolve_model_path
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -182,7 +182,7 @@ def _switching(args, model: str, data: Path, out: Path, env: dict, address: str,
     import statistics
 
     import pyarrow.parquet as pq
-    from cluster.builtin_model import resolve_model_path
+    from cluster.inputs.builtin_model import resolve_model_path
 
     other = resolve_model_path(args.switch_model)
     small = write_prompts(out / "w_switch_prompts.jsonl", prompts_of(args.switch_prompts, 64, 1024, seed=12))

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default="identity,repro")
     parser.add_argument("--out", default="bench/out-r")
     args = parser.parse_args(argv)
-    from cluster.builtin_model import resolve_model_path
+    from cluster.inputs.builtin_model import resolve_model_path
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -142,7 +142,7 @@ def _killed_and_resumed(out: Path, model: str, data: Path, max_tokens: int) -> d
     log = open(out / "r_repro_resumed_killed.stdout", "w")
     driver = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
-    from cluster.sink import read_manifest
+    from cluster.store.sink import read_manifest
 
     total, done = None, 0
     while driver.poll() is None:

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prompts = prompts_of(args.prompts, 64, 1024, seed=13)
     if args.one:
-        from cluster.builtin_model import resolve_model_path
+        from cluster.inputs.builtin_model import resolve_model_path
 
         config = json.loads(args.one)
         model = resolve_model_path(args.model)

@@ -122,7 +122,7 @@ def raysweep_figures(output: Path) -> dict:
     median over actors of telemetry/actors.parquet. Absent fields and columns are left out."""
     import pyarrow.parquet as pq
 
-    from cluster.sink import read_manifest
+    from cluster.store.sink import read_manifest
 
     runs = read_manifest(str(output)).get("runs") or [{}]
     figures = {f: (runs[-1][f], "s (manifest runs[-1])") for f in MANIFEST_FIELDS if runs[-1].get(f) is not None}
@@ -160,7 +160,7 @@ class EndToEnd:
     a child (`run_process`; tests inject a stub), `resolve` turns builtin:NAME into a model directory."""
 
     def __init__(self, bench, config: E2EConfig, runner: Runner | None = None, resolve=None):
-        from cluster.builtin_model import resolve_model_path
+        from cluster.inputs.builtin_model import resolve_model_path
 
         self.bench, self.config, self.out = bench, config, Path(bench.out)
         self.runner, self.resolve = runner or run_process, resolve or resolve_model_path

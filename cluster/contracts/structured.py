@@ -11,7 +11,7 @@ import functools
 import json
 import re
 
-from cluster.spec import StructuredSpec
+from cluster.contracts.spec import StructuredSpec
 
 _LOG_PREFIX = re.compile(r"^\[\d{2}:\d{2}:\d{2}\] \S+?:\d+: ")  # "[11:01:53] /project/cpp/x.cc:820: "
 

@@ -16,7 +16,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from cluster.spec import ActorSpec
+from cluster.contracts.spec import ActorSpec
 
 
 class PlacementError(ValueError):

@@ -24,15 +24,15 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from cluster.builtin_model import find_model, is_builtin, resolve_model_path
-from cluster.data import TaskData, load_task
-from cluster.model_memory import accelerator_memory, refusal, weights
-from cluster.planner import TaskPlan, no_room, plan_replay, plan_task
-from cluster.spec import ModelSpec, SweepSpec
-from cluster.staging import StagingFolder
-from cluster.structured import check as check_structured
-from cluster.structured import xgrammar_message
-from cluster.token_cache import TokenCache
+from cluster.inputs.builtin_model import find_model, is_builtin, resolve_model_path
+from cluster.inputs.data import TaskData, load_task
+from cluster.contracts.model_memory import accelerator_memory, refusal, weights
+from cluster.plan.planner import TaskPlan, no_room, plan_replay, plan_task
+from cluster.contracts.spec import ModelSpec, SweepSpec
+from cluster.inputs.staging import StagingFolder
+from cluster.contracts.structured import check as check_structured
+from cluster.contracts.structured import xgrammar_message
+from cluster.inputs.token_cache import TokenCache
 
 
 class PreflightFailure(ValueError):
@@ -74,7 +74,7 @@ def check_inputs(spec: SweepSpec) -> list[TaskData]:
 def check_sandbox(spec: SweepSpec, task) -> None:
     """A code_exec task on a driver where no sandbox can run its programs (or only one that keeps the driver's
     uid, not asked for): one line now, not after the engines ran (the programs run on this node)."""
-    from cluster.sandbox import SandboxError, check_available
+    from cluster.score.sandbox import SandboxError, check_available
 
     try:
         check_available(bool(task.scorer.args.get("unsafe_fallback", False)))
@@ -268,7 +268,7 @@ def _compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
         return
     import xgrammar as xgr
 
-    from cluster.structured import to_grammar
+    from cluster.contracts.structured import to_grammar
 
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer), max_threads=1)
     for task in structured:

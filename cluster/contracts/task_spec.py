@@ -1,7 +1,7 @@
 """A sweep's tasks in the spec (DESIGN §2): what is asked of the model, how it is sampled and scored.
 
 Each dataclass checks its own values in `__post_init__` and raises `ValueError` naming the field; the loader
-(cluster/spec.py) prefixes the file and the field path. A task is one of:
+(cluster/contracts/spec.py) prefixes the file and the field path. A task is one of:
 - `generate` (the default): a completion per prompt (or `sampling.n` of them, with `pass_at`), scored by a
   scorer against the row's target;
 - `loglikelihood`: multiple choice the lm-evaluation-harness way, each choice's log-probability given the
@@ -148,7 +148,7 @@ def _check_code_exec(args: dict) -> None:
     memory = args.get("memory_mb", 1024)
     if not _is_int(memory) or not 64 <= memory <= 65536:  # below 64 MB the interpreter cannot start
         raise ValueError(f"memory_mb: must be an integer from 64 to 65536, got {memory!r}")
-    # true: a driver that is not root may run programs under its own uid where bubblewrap fails (cluster/sandbox.py)
+    # true: a driver that is not root may run programs under its own uid where bubblewrap fails (cluster/score/sandbox.py)
     if not isinstance(args.get("unsafe_fallback", False), bool):
         raise ValueError(f"unsafe_fallback: must be true or false, got {args['unsafe_fallback']!r}")
 

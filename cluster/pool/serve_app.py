@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cluster.builtin_model import resolve_model_path
-from cluster.spec import ModelSpec, SweepSpec
+from cluster.inputs.builtin_model import resolve_model_path
+from cluster.contracts.spec import ModelSpec, SweepSpec
 
 APP = "raysweep-pool"
 ROUTE = "/raysweep"
@@ -92,7 +92,7 @@ class PooledModel:
 def describe(spec: SweepSpec, switching: bool = False) -> dict:
     """What a pool built from `spec` serves (kept by the ingress, read by sweeps and `pool status`);
     `switching`: every model in one deployment whose replicas switch between them."""
-    from cluster.run import shards_in_flight
+    from cluster.schedule.run import shards_in_flight
 
     depths = [shards_in_flight(spec, m) for m in spec.models]
     return {"spec": spec.name, "source": str(spec.source), "switching": switching, "protocol": PROTOCOL, "models": [
@@ -110,7 +110,7 @@ def build_app(spec: SweepSpec, min_replicas: int = 1, switch: bool = False):
     from ray import serve
 
     from actors.pool_replica import PoolIngress, PoolReplica
-    from cluster.placement import actor_resources, capacity
+    from cluster.schedule.placement import actor_resources, capacity
 
     if min_replicas < 0 or min_replicas > spec.actors.count:
         raise PoolError(f"--min-replicas {min_replicas}: must be from 0 to actors.count ({spec.actors.count})")

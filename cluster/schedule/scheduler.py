@@ -11,7 +11,7 @@
    Each actor is kept `depth` shards deep, so a streaming engine never waits for its slowest shard.
 4. Shards arrive while planning goes on (`feed`): a task's shards go out as soon as it is planned.
 5. Failures: a shard that raises is retried, up to `max_attempts`; one that raises the same error twice, or
-   on its last attempt, is bisected (cluster/bisection.py): its parts run as jobs of their own until the
+   on its last attempt, is bisected (cluster/schedule/bisection.py): its parts run as jobs of their own until the
    rows that fail alone are found, and it is committed with those as error rows. An actor that dies is
    replaced and its shards retried (never bisected); an engine that cannot start fails its model's shards
    with the engine's own error, and the other models go on. A pooled model's shard whose pool replica died
@@ -30,10 +30,10 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from cluster.bisection import DIED, Bisection, Piece, should_bisect
-from cluster.tail_split import TailClock, TailSplit, splittable
-from cluster.planner import Shard
-from cluster.spec import TaskSpec
+from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
+from cluster.schedule.tail_split import TailClock, TailSplit, splittable
+from cluster.plan.planner import Shard
+from cluster.contracts.spec import TaskSpec
 
 
 class ActorStartError(RuntimeError):
@@ -61,7 +61,7 @@ class ModelWork:
     queues: dict[str, deque] = field(default_factory=dict)  # shards waiting, one queue per profile
     assigned: int = 0  # actors running or starting it
     failed: str | None = None  # the engine's error, if it could not start
-    # the kind of actor it runs on (cluster/placement.py ActorResources: an engine of N GPUs needs actors of
+    # the kind of actor it runs on (cluster/schedule/placement.py ActorResources: an engine of N GPUs needs actors of
     # N GPUs); models of one shape share actors, one of another shape gets actors of its own
     shape: Any = None
 
@@ -118,7 +118,7 @@ class SchedulerEvents:
     # the rows that failed alone); None: no bisection, a shard that fails every attempt fails
     on_bisected: Callable[[Job, Any, dict], None] | None = None
     on_bisecting: Callable[[Job], None] = lambda job: None  # a shard is about to be bisected
-    # a shard cut in parts at its model's tail (cluster/tail_split.py): (its job, its parts' results in its order);
+    # a shard cut in parts at its model's tail (cluster/schedule/tail_split.py): (its job, its parts' results in its order);
     # None: no tail splitting
     on_split: Callable[[Job, Any], None] | None = None
     on_attempt_failed: Callable[[Job, str], None] = lambda job, error: None
@@ -283,7 +283,7 @@ class SweepScheduler:
 
     def _split_tail(self, model: ModelWork) -> None:
         """Cut the model's largest waiting shards in halves while fewer wait than its actors hold at once
-        (cluster/tail_split.py, step 1)."""
+        (cluster/schedule/tail_split.py, step 1)."""
         serving = [s for s in self.slots if s.model == model.name and s.state == "running"]
         if len(serving) < 2:  # one actor takes every shard anyway; a pool balances its replicas itself
             return

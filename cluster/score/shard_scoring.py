@@ -1,15 +1,15 @@
 """A shard's results scored on the driver: the actor's table in, the full results table out (columns from
-cluster/results_schema.py), off the scheduler's path where scoring is slow.
+cluster/contracts/results_schema.py), off the scheduler's path where scoring is slow.
 
 1. The shard's staged rows give each sample's target, prompt tokens and extras (choices, a code_exec
    program's columns, replayed completions); a sample's values go on each of its completions' rows.
 2. Per task kind:
-   - loglikelihood: acc and acc_norm from the rows' choice log-probabilities (cluster/loglikelihood.py);
+   - loglikelihood: acc and acc_norm from the rows' choice log-probabilities (cluster/contracts/loglikelihood.py);
    - code_exec: each completion's program (the template formatted over the row's columns and the
-     completion) runs in the sandbox pool (cluster/sandbox.py): the shard is handed back as a pending
+     completion) runs in the sandbox pool (cluster/score/sandbox.py): the shard is handed back as a pending
      future, and the scheduler keeps dispatching while the programs run; score 1 where it passed, 0 where
      not, null where its sandbox never started (exec_status error, exec_error why);
-   - any other scorer: a function of the output and the target (cluster/scoring.py), here and now.
+   - any other scorer: a function of the output and the target (cluster/score/scorers.py), here and now.
 3. Structured validity for generated rows; the table assembled by column name.
 `replay_table` makes the actor's part of a replay task's shard from its data, with no engine.
 """
@@ -21,13 +21,13 @@ from concurrent.futures import Future
 
 import pyarrow as pa
 
-from cluster.loglikelihood import acc, acc_norm, target_index
-from cluster.planner import Shard
-from cluster.results_schema import actor_table, assemble
-from cluster.scoring import scorer_for
-from cluster.spec import SweepSpec
-from cluster.structured import is_valid
-from cluster.task_spec import COMPLETION, TaskSpec
+from cluster.contracts.loglikelihood import acc, acc_norm, target_index
+from cluster.plan.planner import Shard
+from cluster.contracts.results_schema import actor_table, assemble
+from cluster.score.scorers import scorer_for
+from cluster.contracts.spec import SweepSpec
+from cluster.contracts.structured import is_valid
+from cluster.contracts.task_spec import COMPLETION, TaskSpec
 
 
 class ShardScorer:
@@ -40,7 +40,7 @@ class ShardScorer:
 
     def submit(self, model: str, task: TaskSpec, shard: Shard, table: pa.Table) -> Future:
         """A future of the scored table: done at once unless the task runs programs (code_exec). A scorer that
-        raises gives a future holding its exception: the shard fails (cluster/run.py), the sweep goes on."""
+        raises gives a future holding its exception: the shard fails (cluster/schedule/run.py), the sweep goes on."""
         try:
             return self._submit(model, task, shard, table)
         except Exception as e:  # e.g. json_match on a target that is no JSON: this shard's failure alone
@@ -81,7 +81,7 @@ class ShardScorer:
 
     def _programs(self, task: TaskSpec, driver: dict, table: pa.Table, outputs: list, generated: list,
                   extras: list) -> Future:
-        from cluster.sandbox import SandboxLimits, SandboxPool, check_available
+        from cluster.score.sandbox import SandboxLimits, SandboxPool, check_available
 
         args = task.scorer.args
         unsafe = args.get("unsafe_fallback", False)
@@ -120,7 +120,7 @@ class ShardScorer:
 
 def _error_rows(table: pa.Table, rows: list[int], errors: list) -> pa.Table:
     """The rows whose program never ran (its sandbox did not start) are error rows: the task's
-    fail_on_error judges them (cluster/run.py), the summary counts them, and they are not scored as wrong."""
+    fail_on_error judges them (cluster/schedule/run.py), the summary counts them, and they are not scored as wrong."""
     if not rows:
         return table
     status, error = table["status"].to_pylist(), table["error"].to_pylist()

@@ -30,10 +30,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from cluster.results_schema import RESULT_SCHEMA
-from cluster.spec import SweepSpec
-from cluster.summary import COLUMNS as SUMMARY_COLUMNS
-from cluster.summary import SummaryAccumulator, summarize  # noqa: F401 (tests read summarize from here)
+from cluster.contracts.results_schema import RESULT_SCHEMA
+from cluster.contracts.spec import SweepSpec
+from cluster.score.summary import COLUMNS as SUMMARY_COLUMNS
+from cluster.score.summary import SummaryAccumulator, summarize  # noqa: F401 (tests read summarize from here)
 
 # what `reproducible: true` runs (actors/vllm_engine.py REPRODUCIBLE_ARGS; the CPU engine runs one row at a
 # time), kept in the manifest: a resume adds to reproducible results only under the same setting. It changes
@@ -60,7 +60,7 @@ class ResultSink:
     """Open with `with ResultSink(...) as sink:`; the output stays locked against other sweeps until exit."""
 
     def __init__(self, output: str, spec: SweepSpec, new_run: bool = False, data_hashes: dict | None = None):
-        """`data_hashes`: per task {"path", "hash"} of its data file (cluster/data.py), checked against what
+        """`data_hashes`: per task {"path", "hash"} of its data file (cluster/inputs/data.py), checked against what
         the output's earlier run recorded: results planned from other data are never mixed in."""
         self.output, self.spec, self.data_hashes = output, spec, data_hashes or {}
         self._journal = None  # append handle of manifest.journal (local outputs)
@@ -136,7 +136,7 @@ class ResultSink:
     def failed(self) -> dict[str, dict]:
         """Shards that fail the sweep, each entry with its `errors`: those that failed (none of their rows is
         committed; a re-run tries them again), and committed ones whose error rows are more than their task's
-        fail_on_error allows (cluster/bisection.py; they stay so: their spec and data cannot change)."""
+        fail_on_error allows (cluster/schedule/bisection.py; they stay so: their spec and data cannot change)."""
         return {sid: s for sid, s in self.manifest["shards"].items() if s["state"] == "failed" or "errors" in s}
 
     def plan(self, shard_ids: list[str]) -> None:
@@ -216,7 +216,7 @@ class ResultSink:
 
     def add_run(self, record: dict) -> None:
         """One run of the sweep command: when its driver started, and Ray start, planning, first and last
-        result in seconds from then (cluster/timing.py); saved with the manifest."""
+        result in seconds from then (cluster/contracts/timing.py); saved with the manifest."""
         self.manifest.setdefault("runs", []).append(record)
 
     def add_telemetry(self, table: str, row: dict) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cluster.builtin_model import cache_root
+from cluster.inputs.builtin_model import cache_root
 
 
 def fingerprint(tokenizer) -> str:

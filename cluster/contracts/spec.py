@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from cluster.task_spec import (CHUNKED_PREFILL, LENGTH_POLICIES, NAME_RE, SCORERS, STRUCTURED_KINDS,  # noqa: F401
+from cluster.contracts.task_spec import (CHUNKED_PREFILL, LENGTH_POLICIES, NAME_RE, SCORERS, STRUCTURED_KINDS,  # noqa: F401
                                TASK_TYPES, ReplaySpec, SamplingSpec, ScorerSpec, StructuredSpec, TaskSpec,
                                _check_name, _is_int, _is_number, _suggest)
 
@@ -91,7 +91,7 @@ class ActorSpec:
     # e.g. "L4": actors go to nodes with this accelerator (Ray's accelerator_type:<name> resource), and
     # their GPUs are asked of the autoscaler even while the cluster has none (GPU groups at min 0)
     accelerator_type: str | None = None
-    # shards each actor holds at once; None: enough that 4x the engine's batch is queued (cluster/run.py)
+    # shards each actor holds at once; None: enough that 4x the engine's batch is queued (cluster/schedule/run.py)
     shards_in_flight: int | None = None
 
     def __post_init__(self) -> None:
@@ -157,8 +157,8 @@ class SweepSpec:
         """A model's path: `~` expanded; a relative local path by the same rule as `data:`, from the spec's
         folder; a hub id (`name` or `org/name` that is no folder beside the spec) or a `builtin:` name as
         given. Local is: absolute, `./` or `../`, more than one `/` (no hub id has two), or existing
-        beside the spec (cluster/builtin_model.py: `is_local_path`, which `find_model` applies)."""
-        from cluster.builtin_model import is_builtin, is_local_path
+        beside the spec (cluster/inputs/builtin_model.py: `is_local_path`, which `find_model` applies)."""
+        from cluster.inputs.builtin_model import is_builtin, is_local_path
 
         if is_builtin(model.path):
             return model.path
@@ -174,7 +174,7 @@ class SweepSpec:
     def digest(self, with_placement: bool = False) -> str:
         """Hash of everything in the spec that changes results: not the output location, and of `actors:`
         only whether they have GPUs (not how many actors, GPU shares, accelerator type), so a sweep resumes
-        on another placement. The data files' contents are checked apart (cluster/data.py: data_hashes).
+        on another placement. The data files' contents are checked apart (cluster/inputs/data.py: data_hashes).
         `with_placement=True`: the hash outputs made before 2026-11-22 recorded, which covered `actors:`."""
         body = dataclasses.asdict(self)
         for key in ("output", "source", "base_dir"):

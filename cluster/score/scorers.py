@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any, Callable
 
-from cluster.spec import ScorerSpec, TaskSpec
+from cluster.contracts.spec import ScorerSpec, TaskSpec
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 

@@ -4,7 +4,7 @@ Metrics are aggregated per prompt first, then over prompts, so the standard erro
 over prompts, never over a prompt's completions:
 - `score`: per prompt, the mean score of its scored completions (with n = 1, the row's score; a
   loglikelihood task's acc);
-- `acc_norm` (loglikelihood): the rows' score_norm (cluster/loglikelihood.py: normalised by UTF-8 bytes);
+- `acc_norm` (loglikelihood): the rows' score_norm (cluster/contracts/loglikelihood.py: normalised by UTF-8 bytes);
 - `pass@k` (tasks with `pass_at`): per prompt with n scored completions of which c passed (score 1),
   1 - C(n - c, k) / C(n, k) (Chen et al., 2021, the unbiased estimator); a prompt with fewer than k
   scored completions does not count towards pass@k.
@@ -28,7 +28,7 @@ SUMMARY_SCHEMA = pa.schema([
     ("n_skipped", pa.int64()), ("n_error", pa.int64()), ("structured_valid_rate", pa.float64()),
     ("output_tokens", pa.int64()), ("metrics", pa.list_(METRIC)),
 ])
-# the results columns the summary reads (cluster/results_schema.py); those an older output lacks read as null
+# the results columns the summary reads (cluster/contracts/results_schema.py); those an older output lacks read as null
 COLUMNS = ("model", "task", "sample_id", "status", "score", "structured_valid", "output_tokens", "score_norm")
 STATUSES = ("ok", "truncated", "skipped", "error")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from cluster.task_spec import TaskSpec
+from cluster.contracts.task_spec import TaskSpec
 
 
 def row_choices(task: TaskSpec, row: dict) -> Any:
@@ -60,7 +60,7 @@ def encode_pairs(contexts: Sequence[str], choices: Sequence[Sequence[str]], toke
                  add_special_tokens: bool) -> list[tuple[list[int], list[list[int]]]]:
     """Per row: the context's token ids and each choice's continuation ids (step 2 above); the context
     (less its trailing whitespace) is the same for each of a row's choices, so it is encoded once."""
-    from cluster.planner import tokenize
+    from cluster.plan.planner import tokenize
 
     pairs = [[split_pair(ctx, choice) for choice in row] for ctx, row in zip(contexts, choices)]
     wholes = iter(tokenize([c + x for row in pairs for c, x in row], tokenizer, add_special_tokens))

@@ -56,7 +56,7 @@ class StagedRows:
     def append(self, sample_ids: Sequence[str], prompts: Sequence[str], targets: Sequence[Any],
                truncated: dict[int, list[int]], extras: Sequence[dict | None] | None = None) -> None:
         """One batch; `truncated` maps a position in this batch to its truncated token ids; `extras`: what
-        each row carries beside (cluster/data.py: row_extra)."""
+        each row carries beside (cluster/inputs/data.py: row_extra)."""
         end = self._ends[-1] if self._ends else 0
         lines = []
         extras = extras or [None] * len(sample_ids)

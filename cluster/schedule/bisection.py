@@ -2,7 +2,7 @@
 cause the failure become error rows with their error (issue 15, item 3).
 
 1. When: a whole shard's attempt raised (its actor lived) and either raised the same error on the attempt
-   before, or was its last attempt (`should_bisect`, called by cluster/scheduler.py). An actor's death is never
+   before, or was its last attempt (`should_bisect`, called by cluster/schedule/scheduler.py). An actor's death is never
    bisected: a row that kills the engine's process would cost an engine start per part tried (minutes
    under vLLM) and trip the scheduler's limit on actor deaths, so such a shard fails whole, as before.
 2. How: the shard is cut into halves, run as jobs of their own (same shard id, `Shard.piece`). A part
@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cluster.planner import EMPTY_PROMPT, Shard
+from cluster.plan.planner import EMPTY_PROMPT, Shard
 
 EVIDENCE_DEPTH = 2  # parts deeper than the quarters wait until some part of the shard has run
 DIED = "actor died: "  # how the scheduler records an attempt whose actor died
@@ -64,7 +64,7 @@ class Piece:
 @dataclass(eq=False)
 class Bisection:
     """One shard being bisected: the results of its parts that ran, the rows that failed alone."""
-    job: Any  # the whole shard's Job (cluster/scheduler.py)
+    job: Any  # the whole shard's Job (cluster/schedule/scheduler.py)
     pending: int = 0  # parts handed out and not settled yet
     parts_run: int = 0  # parts handed out in all
     tables: dict[int, pa.Table] = field(default_factory=dict)  # start -> results of a part that ran

@@ -1,13 +1,13 @@
 """Planning (DESIGN §3): prompts measured in tokens, the length policy applied, tasks cut into shards.
 
 1. Render each task's prompts for the model and measure them in tokens with the model's own tokenizer
-   (batched; counts cached per tokenizer and prompt hash, cluster/token_cache.py).
+   (batched; counts cached per tokenizer and prompt hash, cluster/inputs/token_cache.py).
 2. Apply the task's length policy against `max_model_len - max_tokens` (error | truncate_left | skip).
 3. Sort samples by length and cut shards by `max_samples` and the token budget (prompt + max_tokens).
 4. Give each shard an engine profile: `long` (chunked prefill, chunk = the threshold) or `short`.
 
 The data is streamed in batches and each batch's rendered prompts are staged on local disk
-(cluster/staging.py); a shard holds positions into that file and reads its rows when it is dispatched.
+(cluster/inputs/staging.py); a shard holds positions into that file and reads its rows when it is dispatched.
 The driver keeps numpy arrays per sample (length, status, offset, sort order), not the prompts:
 planning 1M prompts grew its peak by about 0.1 KB per sample (bench/cpu-planning-2026-11-22.md).
 Shards carry prompt text and its measured length; actors tokenize their own shards (and check the
@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 
-from cluster.data import RowBatch, TaskData, render_prompts
-from cluster.loglikelihood import encode_pairs, pair_lengths, row_choices
-from cluster.spec import ModelSpec, ShardLimits, TaskSpec
-from cluster.staging import StagedRows, StagingFolder
-from cluster.token_cache import TokenCache
+from cluster.inputs.data import RowBatch, TaskData, render_prompts
+from cluster.contracts.loglikelihood import encode_pairs, pair_lengths, row_choices
+from cluster.contracts.spec import ModelSpec, ShardLimits, TaskSpec
+from cluster.inputs.staging import StagedRows, StagingFolder
+from cluster.inputs.token_cache import TokenCache
 
 SHORT, LONG = "short", "long"
 STATUSES = ("ok", "truncated", "skipped", "error")  # a row's status after planning, coded 0-3
@@ -81,12 +81,12 @@ class Shard:
         return [r[2] for r in self.source.read(self.positions)]
 
     def extras(self) -> list[dict]:
-        """What each row carries beside its prompt (cluster/data.py: row_extra), in shard order, on the driver."""
+        """What each row carries beside its prompt (cluster/inputs/data.py: row_extra), in shard order, on the driver."""
         return [r[4] or {} for r in self.source.read(self.positions)]
 
     def piece(self, start: int, stop: int) -> "Shard":
         """Rows [start, stop) of this shard, in its order, as a shard of their own with the same id: a
-        part that bisection runs apart (cluster/bisection.py); only the whole shard is ever committed."""
+        part that bisection runs apart (cluster/schedule/bisection.py); only the whole shard is ever committed."""
         if isinstance(self.source, pa.Table):
             return replace(self, source=self.source.slice(start, stop - start))
         return replace(self, positions=self.positions[start:stop],

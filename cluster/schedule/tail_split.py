@@ -24,8 +24,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from cluster.bisection import Piece
-from cluster.planner import LONG
+from cluster.schedule.bisection import Piece
+from cluster.plan.planner import LONG
 
 MIN_PART_ROWS = 16  # no part of a split shard is smaller
 

@@ -22,9 +22,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from cluster.spec import SweepSpec, TaskSpec
-from cluster.loglikelihood import choices_problem, row_choices, target_index
-from cluster.task_spec import COMPLETION, template_fields
+from cluster.contracts.spec import SweepSpec, TaskSpec
+from cluster.contracts.loglikelihood import choices_problem, row_choices, target_index
+from cluster.contracts.task_spec import COMPLETION, template_fields
 
 
 class DataError(ValueError):
@@ -278,7 +278,7 @@ def _check_rendering(task: TaskSpec, path: str, rows: list[dict], where: list[st
                             f"row: {type(e).__name__}: {_first_line(e)}") from None
         if program is None:
             continue
-        try:  # the mapping cluster/shard_scoring.py formats it from
+        try:  # the mapping cluster/score/shard_scoring.py formats it from
             program.format(**{c: row[c] for c in task.scorer.columns()}, **{COMPLETION: ""})
         except RENDER_ERRORS as e:
             raise DataError(f"{path}:{w}: tasks.{task.name}.scorer.program {program!r} cannot be rendered from "

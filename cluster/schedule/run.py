@@ -1,8 +1,8 @@
 """One sweep, end to end, on a Ray cluster that is connected (jobs/ calls ray.init), or still starting:
 
-1. preflight and planning (cluster/preflight.py): checks first, then each task's plan as it is made;
+1. preflight and planning (cluster/inputs/checks.py): checks first, then each task's plan as it is made;
 2. the output is opened: committed shards of an earlier run of the same spec are skipped;
-3. one scheduler over every model (cluster/scheduler.py) starts actors once the models are checked,
+3. one scheduler over every model (cluster/schedule/scheduler.py) starts actors once the models are checked,
    gives them models, and fans each task's shards out as soon as it is planned; each result is
    scored and committed as it arrives;
 4. telemetry, the run's timeline (manifest `runs`) and the summary are written; failures reported.
@@ -17,17 +17,17 @@ from typing import Any, Callable
 import pyarrow as pa
 import ray
 
-from cluster.bisection import row_error_excess
-from cluster.metrics import SweepMetrics
-from cluster.placement import capacity, model_resources, requested_capacity, shared_starts_together
-from cluster.planner import TaskPlan
-from cluster.preflight import ModelPlan, ModelReady, PlanSource, PreflightFailure, preflight  # noqa: F401
-from cluster.progress import make_progress
-from cluster.shard_scoring import ShardScorer, replay_table
-from cluster.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
-from cluster.sink import FIRST_TOKENS, ResultSink
-from cluster.spec import ModelSpec, SweepSpec
-from cluster.timing import RunClock
+from cluster.schedule.bisection import row_error_excess
+from cluster.schedule.metrics import SweepMetrics
+from cluster.schedule.placement import capacity, model_resources, requested_capacity, shared_starts_together
+from cluster.plan.planner import TaskPlan
+from cluster.inputs.checks import ModelPlan, ModelReady, PlanSource, PreflightFailure, preflight  # noqa: F401
+from cluster.schedule.progress import make_progress
+from cluster.score.shard_scoring import ShardScorer, replay_table
+from cluster.schedule.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
+from cluster.store.sink import FIRST_TOKENS, ResultSink
+from cluster.contracts.spec import ModelSpec, SweepSpec
+from cluster.contracts.timing import RunClock
 
 MIN_SHARDS_IN_FLIGHT, MAX_SHARDS_IN_FLIGHT = 2, 8
 TICK_EVERY_S = 1.0  # progress is told what the sweep is doing at most this often
@@ -68,7 +68,7 @@ class SweepReport:
     shards_run: int = 0
     shards_skipped: int = 0  # committed by an earlier run
     model_changes: int = 0  # actors that went from one model to another
-    tail: dict = field(default_factory=dict)  # tail_idle_gpu_s, tail_idle_share, tail_splits (cluster/tail_split.py)
+    tail: dict = field(default_factory=dict)  # tail_idle_gpu_s, tail_idle_share, tail_splits (cluster/schedule/tail_split.py)
 
 
 @dataclass
@@ -85,7 +85,7 @@ def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, b
     """`background=False`: every check and plan made now, so any bad input raises here. `True`: the
     output is opened now and planning runs on a thread while Ray and the actors start. `data`: the task
     data `check_inputs` already checked (not read again). `output` defaults to the spec's, from its folder."""
-    from cluster.data import data_hashes
+    from cluster.inputs.data import data_hashes
 
     out = output or spec.output_path()
     sink = ResultSink(out, spec, new_run=new_run, data_hashes=data_hashes(spec))
@@ -198,7 +198,7 @@ class _Run:
                      f"{', '.join(self.scheduler.pool_lost)} went on with the sweep's own actors")
 
     def tail_record(self) -> dict:
-        """How long actors idled at the run's tail (cluster/tail_split.py), kept in the run's record."""
+        """How long actors idled at the run's tail (cluster/schedule/tail_split.py), kept in the run's record."""
         scheduler = getattr(self, "scheduler", None)
         if scheduler is None:
             return {"tail_idle_gpu_s": None, "tail_idle_share": None, "tail_splits": 0}
@@ -207,13 +207,13 @@ class _Run:
 
     def _use_pool(self) -> dict:
         """The sweep's models that the cluster's engine pool serves with the same path and engine arguments
-        (cluster/pool.py); their shards go to the pool through a client actor of this sweep's."""
-        from cluster.pool import pool_running
+        (cluster/pool/serve_app.py); their shards go to the pool through a client actor of this sweep's."""
+        from cluster.pool.serve_app import pool_running
 
         if not pool_running():
             return {}
-        from cluster.builtin_model import resolve_model_path
-        from cluster.pool import CLIENT_NAMESPACE, PoolClient, PoolHandle, SweepRecorder, client_name, find_pool
+        from cluster.inputs.builtin_model import resolve_model_path
+        from cluster.pool.serve_app import CLIENT_NAMESPACE, PoolClient, PoolHandle, SweepRecorder, client_name, find_pool
 
         paths = {m.name: resolve_model_path(self.spec.model_path(m)) for m in self.spec.models}
         found = find_pool(self.spec, paths, self.progress.log)
@@ -377,7 +377,7 @@ class _Run:
 
     def _first_token(self, telemetry: dict) -> None:
         """The earliest first token seen on an engine is its start's first_token_s: kept as an update of the
-        row already on disk (cluster/sink.py folds it in), on disk with the shard's telemetry."""
+        row already on disk (cluster/store/sink.py folds it in), on disk with the shard's telemetry."""
         first = telemetry.pop("first_token_at")
         key = (telemetry["actor_id"], telemetry.pop("engine_start_index"))
         row = self.engine_rows.get(key)
@@ -402,7 +402,7 @@ class _Run:
                           f"{job.shard.n_samples} rows to run those that can and find those that fail")
 
     def on_split(self, job: Job, table: pa.Table) -> None:
-        """A shard cut in parts at its model's tail (cluster/tail_split.py): committed as the shard, once."""
+        """A shard cut in parts at its model's tail (cluster/schedule/tail_split.py): committed as the shard, once."""
         self._commit_parts(job, table, {})
 
     def on_bisected(self, job: Job, table: pa.Table, row_errors: dict) -> None:

@@ -1,0 +1,1 @@
+"""What the driver and the actors both read: the only cluster/ modules that actors/ import (DESIGN §1)."""

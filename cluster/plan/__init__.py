@@ -1,0 +1,1 @@
+"""Planning: prompts measured in tokens, tasks cut into shards with engine profiles."""

@@ -1,0 +1,1 @@
+"""Scoring: scorers, the code_exec sandbox, a shard's scoring, the summary."""

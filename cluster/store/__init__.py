@@ -1,0 +1,1 @@
+"""The output: result files, the manifest, telemetry tables, the lock."""
