@@ -21,11 +21,11 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from actors.engine import (BATCH_INVARIANT, EngineProfile, make_engine, preload, reproducible_refusal,
-                           runs_profile)
+from actors.engine import EngineProfile, runs_profile
+from actors.engine_factory import BATCH_INVARIANT, make_engine, preload, reproducible_refusal
 from actors.telemetry import GpuSampler, gpu_name
 from actors.shard_work import run_rows
-from cluster.plan.planner import Shard
+from cluster.contracts.shard import Shard
 from cluster.contracts.results_schema import actor_table
 from cluster.contracts.spec import ModelSpec, TaskSpec
 from cluster.contracts.timing import process_started_at, since, utc

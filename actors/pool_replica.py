@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from actors.evaluator import EvalActor
 from actors.shard_gate import ShardGate
-from cluster.plan.planner import Shard
-from cluster.pool.serve_app import ROUTE, ReplicaBroken
+from cluster.contracts.shard import Shard
+from cluster.contracts.pool_protocol import ROUTE, ReplicaBroken
 from cluster.contracts.spec import ModelSpec, TaskSpec
 
 

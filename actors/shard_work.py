@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass, field
 
 from actors.engine import GenRequest, LoglikRequest
-from cluster.plan.planner import EMPTY_PROMPT, completion_seed, tokenize
+from cluster.contracts.shard import EMPTY_PROMPT, completion_seed
+from cluster.contracts.tokens import tokenize
 from cluster.contracts.task_spec import TaskSpec
 
 # Failure injection, for tests only: RAYSWEEP_TEST_FAIL_SAMPLES (sample ids, comma-separated) makes every engine

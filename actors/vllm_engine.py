@@ -34,11 +34,10 @@ from actors import vllm_core_process
 from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, LoglikResult, check_loglik_requests,
                            check_requests)
 from actors.telemetry import gpu_total_bytes
-from cluster.schedule.placement import shared_starts_together
+from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS, shared_starts_together
 from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
-DEFAULT_MAX_SEQS = 256
 CORE_EXIT_S = 1.0  # an engine core still running this long after it was told to stop is killed
 CORE_GONE_S = 30.0  # ... and its exit awaited at most this long
 

@@ -18,7 +18,7 @@ from jobs.verify import add_verify_arguments, verify
 
 
 def plan(args: argparse.Namespace) -> int:
-    from cluster.schedule.run import preflight
+    from cluster.plan.plan_source import preflight
     from cluster.contracts.spec import load_spec
 
     rows = []
@@ -54,7 +54,8 @@ def report(args: argparse.Namespace) -> int:
 
 
 def models(args: argparse.Namespace) -> int:
-    from cluster.inputs.builtin_model import BUILTIN_PREFIX, CONFIGS, VERSION, cache_root
+    from cluster.contracts.model_paths import BUILTIN_PREFIX
+    from cluster.inputs.builtin_model import CONFIGS, VERSION, cache_root
 
     print(f"{'model':<16}{'parameters':>11}{'layers':>7}{'hidden':>7}{'heads':>6}{'vocab':>6}{'max len':>8}"
           f"{'weights':>17}  cached")

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 
+from cluster.contracts.errors import RaysweepError
 from cluster.store.sink import read_manifest
 from jobs import report_timeline as timeline
 
@@ -50,7 +51,7 @@ td{font-variant-numeric:tabular-nums}.note{background:#fff4d6;border-left:4px so
 dt{font-weight:bold;float:left;clear:left;width:9em}dd{margin-left:10em}img{max-width:100%}"""
 
 
-class ReportError(ValueError):
+class ReportError(RaysweepError, ValueError):
     """The output cannot be reported on; the message names the file."""
 
 

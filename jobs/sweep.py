@@ -14,12 +14,12 @@ import socket
 import sys
 import time
 
-EXPECTED_ERRORS = ("PoolError", "VerifyError", "SpecError", "DataError", "PreflightError", "PreflightFailure", "SinkError", "ActorStartError",
-                   "ReportError", "PlacementError", "RayStartError")
+from cluster.contracts.errors import RaysweepError
+
 RAY_PROBE_S = 2.0  # an explicit Ray address must accept a connection this fast (ray.init waits minutes)
 
 
-class RayStartError(ConnectionError):
+class RayStartError(RaysweepError, ConnectionError):
     """Ray could not be started or reached; the message names the address and where it came from."""
 
 
@@ -169,14 +169,13 @@ def format_summary(summary) -> str:
 
 
 def guarded(fn, args: argparse.Namespace) -> int:
-    """Expected errors as one line naming what is wrong (exit 2); anything else with its traceback."""
+    """The process's edge: a RaysweepError (cluster/contracts/errors.py) as one line naming what is wrong,
+    exit with its code; anything else with its traceback."""
     try:
         return fn(args)
-    except Exception as e:
-        if type(e).__name__ in EXPECTED_ERRORS:
-            print(f"raysweep: error: {e}", file=sys.stderr)
-            return 2
-        raise
+    except RaysweepError as e:
+        print(f"raysweep: error: {e}", file=sys.stderr)
+        return e.exit_code
 
 
 def exit_now(code: int) -> None:

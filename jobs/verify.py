@@ -21,10 +21,12 @@ import os
 import random
 import tempfile
 
+from cluster.contracts.errors import RaysweepError
+
 ID_COLUMN = "_raysweep_sample_id"
 
 
-class VerifyError(ValueError):
+class VerifyError(RaysweepError, ValueError):
     """The output cannot be verified as asked; the message says why."""
 
 

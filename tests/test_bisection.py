@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from cluster.schedule.bisection import Bisection, row_error_excess, should_bisect
-from cluster.plan.planner import Shard
+from cluster.contracts.shard import Shard
 
 RESULTS = pa.schema([("sample_id", pa.string()), ("output_text", pa.string()), ("status", pa.string()),
                      ("error", pa.string())])
@@ -101,7 +101,7 @@ def test_when_a_shard_is_bisected(errors, attempt, died, n, expected):
 ])
 def test_fail_on_error_judges_a_bisected_shard_as_an_actor_judges_its_batch(policy, errors, over):
     """Out of the rows sent to the engine (not skipped rows, nor those planning made error rows)."""
-    from cluster.plan.planner import EMPTY_PROMPT
+    from cluster.contracts.shard import EMPTY_PROMPT
 
     n = 12
     table = pa.table({"sample_id": [f"r{i}" for i in range(n + 2)],

@@ -8,7 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from cluster.inputs.data import DataError, load_task, render_prompts
-from cluster.plan.planner import PreflightError, chunk_threshold, plan_task
+from cluster.contracts.errors import PreflightError
+from cluster.plan.planner import chunk_threshold, plan_task
 from cluster.contracts.spec import ModelSpec, ShardLimits, SweepSpec, TaskSpec
 
 
@@ -132,7 +133,7 @@ def test_a_surrogate_pair_written_as_escapes_is_text(tmp_path):
 def test_fast_tokenize_equals_the_tokenizers_own_call(tiny_path):
     from transformers import AutoTokenizer
 
-    from cluster.plan.planner import tokenize
+    from cluster.contracts.tokens import tokenize
 
     tok = AutoTokenizer.from_pretrained(tiny_path)
     texts = ["plain", "naïve ünïcode ✓", "<|user|>hi<|end|><|assistant|>", ""]
@@ -143,7 +144,7 @@ def test_fast_tokenize_equals_the_tokenizers_own_call(tiny_path):
 def test_token_counts_are_cached_per_tokenizer_and_prompt(tmp_path, tiny_path):
     from transformers import AutoTokenizer
 
-    from cluster.plan.planner import count_tokens
+    from cluster.contracts.tokens import count_tokens
     from cluster.inputs.token_cache import TokenCache
 
     tok = AutoTokenizer.from_pretrained(tiny_path)
@@ -201,7 +202,7 @@ def test_plan_cli_json(tmp_path):
 def test_a_shard_never_mixes_models_or_tasks(tmp_path):
     import yaml
 
-    from cluster.schedule.run import preflight
+    from cluster.plan.plan_source import preflight
     from cluster.contracts.spec import load_spec
     from tests.conftest import QUICKSTART
 
@@ -296,14 +297,15 @@ def test_a_model_that_fails_after_the_checks_names_the_spec_and_the_whole_reason
     sentence, which it breaks over lines ("... from one of: \\n(1) ...")."""
     import shutil
 
-    from cluster.inputs.checks import PreflightFailure, _load_model_meta
+    from cluster.contracts.errors import PreflightError
+    from cluster.inputs.checks import load_model_meta
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "m").mkdir()
     shutil.copy(f"{tiny_path}/config.json", tmp_path / "m")
     (tmp_path / "m" / "tokenizer_config.json").write_text("{}")  # passes find_model; no tokenizer in it
-    with pytest.raises(PreflightFailure) as err:
-        _load_model_meta(ModelSpec("m", "./m"), str(tmp_path / "m"), "sweep.yaml")
+    with pytest.raises(PreflightError) as err:
+        load_model_meta(ModelSpec("m", "./m"), str(tmp_path / "m"), "sweep.yaml")
     text = str(err.value)
     assert text.startswith("sweep.yaml: model m: cannot load './m': ") and "\n" not in text
     if "Couldn't instantiate the backend tokenizer" in text:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.engine import cuda_and_vllm_available
+from actors.engine_factory import cuda_and_vllm_available
 
 from tests.conftest import ROOT
 
@@ -237,7 +237,7 @@ def test_raysweep_hands_vllm_what_a_plain_generate_over_the_strings_would(vllm_e
     from vllm import SamplingParams
 
     from actors.engine import GenRequest
-    from cluster.plan.planner import tokenize
+    from cluster.contracts.tokens import tokenize
     from cluster.contracts.spec import SamplingSpec
 
     prompts = ["Question: 2+2?\nAnswer:", "  leading and trailing spaces  ", "naïve café — ünïcödé ✓ 日本語",

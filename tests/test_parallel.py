@@ -14,7 +14,8 @@ import yaml
 
 from cluster.inputs.builtin_model import builtin_config, resolve_model_path
 from cluster.contracts.model_memory import ACCELERATOR_MEMORY, config_parameters, refusal, weights
-from cluster.inputs.checks import PreflightFailure, check_inputs
+from cluster.contracts.errors import PreflightError
+from cluster.inputs.checks import check_inputs
 from cluster.contracts.spec import SpecError, load_spec
 from cluster.schedule.tail_split import MIN_PART_ROWS
 
@@ -78,7 +79,7 @@ def test_a_model_too_big_for_its_gpus_is_refused_before_ray_naming_the_smallest_
     spec = write_spec(tmp_path, [{"name": "big", "path": str(big_model(tmp_path)),
                                   "engine": {"tensor_parallel_size": 4}}],
                       actors={"count": 1, "num_cpus": 1, "accelerator_type": "L4"})
-    with pytest.raises(PreflightFailure) as err:
+    with pytest.raises(PreflightError) as err:
         check_inputs(load_spec(spec))
     assert str(err.value) == (
         f"{spec}: model big: its weights take 131.4 GiB (70.55B parameters, bfloat16); with tensor_parallel_size 4 "
@@ -146,7 +147,7 @@ def test_a_folder_with_two_copies_of_its_weights_is_counted_once(tmp_path, model
 def test_parallel_settings_vllm_would_refuse_on_held_gpus_are_refused_before_ray(tmp_path, engine, message):
     spec = write_spec(tmp_path, [{"name": "big", "path": str(big_model(tmp_path)), "engine": engine}],
                       actors={"count": 1, "num_cpus": 1, "accelerator_type": "H200"})
-    with pytest.raises(PreflightFailure) as err:
+    with pytest.raises(PreflightError) as err:
         check_inputs(load_spec(spec))
     assert str(err.value) == f"{spec}: model big: {message}"
 
@@ -225,7 +226,7 @@ def _tail_scheduler(ray_local, events, raising=("s90",), dies_once: str | None =
     exits, once."""
     import pyarrow as pa
 
-    from cluster.plan.planner import Shard
+    from cluster.contracts.shard import Shard
     from cluster.schedule.scheduler import Job, ModelWork, SweepScheduler
 
     class _Actor:  # defined here so Ray ships the class by value

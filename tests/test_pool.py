@@ -97,7 +97,7 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
         # a sweep holding a pool client: `pool down` is refused, `--force` removes the pool
         holder = subprocess.Popen(
             [sys.executable, "-c", "import ray, time\n"
-             "from cluster.pool.serve_app import CLIENT_NAMESPACE, PoolClient, sweeps_using_pool\n"
+             "from cluster.contracts.pool_protocol import CLIENT_NAMESPACE\nfrom cluster.pool.client import PoolClient, sweeps_using_pool\n"
              f"ray.init(address={address!r})\n"
              "client = ray.remote(PoolClient).options(name='pool-client:holder', namespace=CLIENT_NAMESPACE, "
              "num_cpus=0).remote('holder')\n"
@@ -316,7 +316,8 @@ def test_shards_queued_at_serves_router_when_the_pool_is_deleted_come_back_as_po
     import ray
     from ray import serve
 
-    from cluster.pool.serve_app import APP, CLIENT_NAMESPACE, POOL_WATCH_S, PoolClient, PoolGone
+    from cluster.contracts.pool_protocol import APP, CLIENT_NAMESPACE, PoolGone
+    from cluster.pool.client import POOL_WATCH_S, PoolClient
 
     class FakeSlowReplica:  # defined here so that Ray pickles it by value (workers cannot import tests/)
         """Stands in for PoolReplica (an engine is beside the point here): one shard at a time, each taking

@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from cluster.schedule.run import PreflightFailure, prepare, run_sweep
+from cluster.contracts.errors import PreflightError
+from cluster.schedule.run import prepare, run_sweep
 from cluster.store.sink import ResultSink, SinkError, read_manifest
 from cluster.contracts.spec import load_spec
 from tests.conftest import QUICKSTART, ROOT
@@ -245,7 +246,7 @@ def test_bad_inputs_fail_before_ray_with_one_line(tmp_path, change, message):
     change(raw)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(raw))
-    with pytest.raises((PreflightFailure, SinkError, ValueError)) as err:
+    with pytest.raises((PreflightError, SinkError, ValueError)) as err:
         prepare(load_spec(path)).sink.close()
     assert message in str(err.value) and "\n" not in str(err.value).strip()
 

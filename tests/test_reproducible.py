@@ -29,7 +29,7 @@ def test_token_ids_are_those_a_plain_vllm_generate_would_use(tiny_path):
 
     from actors.engine import GenResult
     from actors.shard_work import run_rows
-    from cluster.plan.planner import tokenize
+    from cluster.contracts.tokens import tokenize
     from cluster.contracts.spec import TaskSpec
 
     class Recorder:  # an engine that keeps what the actor hands it
@@ -186,13 +186,14 @@ def test_a_resume_never_adds_to_reproducible_results_of_another_setting(tmp_path
                                   "was measured on one GPU only"),
 ])
 def test_reproducible_refuses_eager_by_compilation_config_and_engines_across_gpus(tmp_path, engine, message):
-    from cluster.inputs.checks import PreflightFailure, check_inputs
+    from cluster.contracts.errors import PreflightError
+    from cluster.inputs.checks import check_inputs
     from cluster.contracts.spec import load_spec
 
     path = spec_file(tmp_path, "refused")
     raw = yaml.safe_load(open(path))
     raw["models"][0]["engine"] = engine
     open(path, "w").write(yaml.safe_dump(raw))
-    with pytest.raises(PreflightFailure) as err:
+    with pytest.raises(PreflightError) as err:
         check_inputs(load_spec(path))
     assert str(err.value).startswith(f"{path}: model tiny: reproducible: true cannot run with {message}")

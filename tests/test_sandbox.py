@@ -427,12 +427,13 @@ tasks:
 def test_a_code_exec_sweep_on_a_driver_with_no_sandbox_is_refused_before_ray(no_bwrap, monkeypatch):
     """The same refusal, from preflight: one line naming the spec and the task, before Ray or any engine
     starts (review 16, finding 4: it came after the engines had run)."""
-    from cluster.inputs.checks import PreflightFailure, check_inputs
+    from cluster.contracts.errors import PreflightError
+    from cluster.inputs.checks import check_inputs
     from cluster.contracts.spec import load_spec
 
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
     spec = load_spec(Path(__file__).resolve().parents[1] / "sweeps" / "scoring.yaml")
-    with pytest.raises(PreflightFailure) as refused:
+    with pytest.raises(PreflightError) as refused:
         check_inputs(spec)
     assert str(refused.value).startswith(f"{spec.source}: tasks.code.scorer: code_exec needs bubblewrap when the "
                                          "driver is not root")

@@ -145,7 +145,7 @@ def test_an_engine_that_cannot_start_fails_its_model_only(ray_local, one_by_one)
     (256, {}, {"shards_in_flight": 12}, 12),   # the spec decides where it says
 ])
 def test_shards_in_flight_fill_four_engine_batches(max_samples, engine, actors, depth):
-    from cluster.schedule.run import shards_in_flight
+    from cluster.plan.depth import shards_in_flight
     from cluster.contracts.spec import parse_spec
 
     spec = parse_spec({"name": "d", "models": [{"name": "m", "path": "builtin:tiny", "engine": engine}],
@@ -266,7 +266,7 @@ def test_a_shard_that_raises_the_same_way_is_bisected_and_reported_once(ray_loca
     with r5 as its only error row or, where no part ran, as failed whole. The other shard runs as usual."""
     import pyarrow as pa
 
-    from cluster.plan.planner import Shard
+    from cluster.contracts.shard import Shard
     from cluster.schedule.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
 
     class _BreaksOnARow:

@@ -3,7 +3,7 @@ model `a.b` with task `c`) stay apart: each shard reads its own task's rows."""
 
 import json
 
-from cluster.inputs.checks import preflight
+from cluster.plan.plan_source import preflight
 from cluster.contracts.spec import load_spec
 
 

@@ -60,7 +60,7 @@ def encode_pairs(contexts: Sequence[str], choices: Sequence[Sequence[str]], toke
                  add_special_tokens: bool) -> list[tuple[list[int], list[list[int]]]]:
     """Per row: the context's token ids and each choice's continuation ids (step 2 above); the context
     (less its trailing whitespace) is the same for each of a row's choices, so it is encoded once."""
-    from cluster.plan.planner import tokenize
+    from cluster.contracts.tokens import tokenize
 
     pairs = [[split_pair(ctx, choice) for choice in row] for ctx, row in zip(contexts, choices)]
     wholes = iter(tokenize([c + x for row in pairs for c, x in row], tokenizer, add_special_tokens))

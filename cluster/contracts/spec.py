@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from cluster.contracts.errors import RaysweepError
 from cluster.contracts.task_spec import (CHUNKED_PREFILL, LENGTH_POLICIES, NAME_RE, SCORERS, STRUCTURED_KINDS,  # noqa: F401
                                TASK_TYPES, ReplaySpec, SamplingSpec, ScorerSpec, StructuredSpec, TaskSpec,
                                _check_name, _is_int, _is_number, _suggest)
@@ -36,7 +37,7 @@ PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size")
 MAX_PARALLEL = 16
 
 
-class SpecError(ValueError):
+class SpecError(RaysweepError, ValueError):
     """A sweep spec that cannot run; the message names the file and the field."""
 
 
@@ -157,8 +158,8 @@ class SweepSpec:
         """A model's path: `~` expanded; a relative local path by the same rule as `data:`, from the spec's
         folder; a hub id (`name` or `org/name` that is no folder beside the spec) or a `builtin:` name as
         given. Local is: absolute, `./` or `../`, more than one `/` (no hub id has two), or existing
-        beside the spec (cluster/inputs/builtin_model.py: `is_local_path`, which `find_model` applies)."""
-        from cluster.inputs.builtin_model import is_builtin, is_local_path
+        beside the spec (cluster/contracts/model_paths.py: `is_local_path`, which `find_model` applies)."""
+        from cluster.contracts.model_paths import is_builtin, is_local_path
 
         if is_builtin(model.path):
             return model.path

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-BUILTIN_PREFIX = "builtin:"
+from cluster.contracts.model_paths import BUILTIN_PREFIX, is_builtin, is_local_path  # noqa: F401
+
 HUB_PROBE_S = 2.0  # one connection attempt to the hub, no retries: without network, say so at once
 VERSION = "v1"  # bump when the recipe changes: the cache directory is keyed by it
 
@@ -53,10 +54,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("RAYSWEEP_CACHE", Path.home() / ".cache" / "raysweep"))
 
 
-def is_builtin(path: str) -> bool:
-    return path.startswith(BUILTIN_PREFIX)
-
-
 def resolve_model_path(path: str) -> str:
     """A local directory or hub id as given; `builtin:NAME` built (once) into the cache."""
     if not is_builtin(path):
@@ -68,13 +65,6 @@ def resolve_model_path(path: str) -> str:
     if not (target / "model.safetensors").exists():
         build(name, target)
     return str(target)
-
-
-def is_local_path(path: str) -> bool:
-    """A model path that can only be a local directory: absolute, `~`, `./` or `../` (or `.`, `..`), or with
-    more than one `/` (a hub id is `name` or `org/name`). Others are local where such a folder exists."""
-    return (os.path.isabs(path) or path.startswith(("~", "./", "../")) or path in (".", "..")
-            or path.count("/") > 1)
 
 
 # any of these makes a folder a tokenizer's (fast, slow, sentencepiece, BPE and WordPiece vocabularies)

@@ -1,4 +1,5 @@
-"""Preflight and planning (DESIGN §3), as a stream the scheduler consumes while it runs.
+"""Preflight checks (DESIGN §3): every input that can be checked is checked here, before any actor starts
+(cluster/plan/plan_source.py runs them, then plans).
 
 1. Checks that need no tokenizer (`check_inputs`, cheap: jobs/sweep.py runs them before Ray starts):
    every task's data file streamed once (rows, columns, ids, the prompt rendered), every structured spec
@@ -6,51 +7,21 @@
    importable where a model asks for it) and its max_model_len left room for max_tokens where known.
    Then the expensive ones: every model loads (config, tokenizer) and compiles every structured spec.
    A problem here is one line naming the file, task, model or field, before any actor starts.
-2. Then one `ModelReady` per model: from here its actors may start.
-3. Then one `TaskPlan` per model x task, as each is planned (prompts measured in tokens, the length
-   policy applied, shards cut): the scheduler dispatches a task's shards as soon as its plan arrives.
-   A prompt refused by the length policy stops the sweep with one line; shards already done are kept.
-
-`PlanSource` runs this on a thread (`background=True`, so planning overlaps Ray's start and the actors'
-engine start) or at once; `preflight` collects it for `raysweep plan` and tests.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import queue
-import threading
-import time
-from dataclasses import dataclass
-from typing import Iterator
 
-from cluster.inputs.builtin_model import find_model, is_builtin, resolve_model_path
+from cluster.contracts.errors import PreflightError
+from cluster.contracts.model_paths import is_builtin
+from cluster.inputs.builtin_model import find_model, resolve_model_path
 from cluster.inputs.data import TaskData, load_task
 from cluster.contracts.model_memory import accelerator_memory, refusal, weights
-from cluster.plan.planner import TaskPlan, no_room, plan_replay, plan_task
+from cluster.plan.planner import no_room
 from cluster.contracts.spec import ModelSpec, SweepSpec
-from cluster.inputs.staging import StagingFolder
 from cluster.contracts.structured import check as check_structured
 from cluster.contracts.structured import xgrammar_message
-from cluster.inputs.token_cache import TokenCache
-
-
-class PreflightFailure(ValueError):
-    """Raised before any actor starts; the message names the model, task, file or field."""
-
-
-@dataclass
-class ModelReady:
-    """A model passed every check: its actors may start."""
-    model: ModelSpec
-    path: str  # resolved local path (builtin models built)
-
-
-@dataclass
-class ModelPlan:
-    model: ModelSpec
-    path: str
-    tasks: list[TaskPlan]
 
 
 def check_inputs(spec: SweepSpec) -> list[TaskData]:
@@ -62,7 +33,7 @@ def check_inputs(spec: SweepSpec) -> list[TaskData]:
             try:
                 check_structured(task.structured)
             except ValueError as e:
-                raise PreflightFailure(f"{spec.source}: tasks.{task.name}.structured.{e}") from None
+                raise PreflightError(f"{spec.source}: tasks.{task.name}.structured.{e}") from None
         data.append(load_task(spec, task))
         if task.scorer is not None and task.scorer.name == "code_exec":
             check_sandbox(spec, task)
@@ -79,7 +50,7 @@ def check_sandbox(spec: SweepSpec, task) -> None:
     try:
         check_available(bool(task.scorer.args.get("unsafe_fallback", False)))
     except SandboxError as e:
-        raise PreflightFailure(f"{spec.source}: tasks.{task.name}.scorer: {e}") from None
+        raise PreflightError(f"{spec.source}: tasks.{task.name}.scorer: {e}") from None
 
 
 # `reproducible: true` runs vLLM with actors/vllm_engine.py REPRODUCIBLE_ARGS: the one setting under which
@@ -110,10 +81,10 @@ def check_batch_invariant(spec: SweepSpec, model: ModelSpec) -> None:
         key = "enable_prefix_caching" if engine.get("enable_prefix_caching") else "enable_chunked_prefill"
         why = f"{key} (whether a prompt's tokens are cached or chunked depends on its neighbours): drop engine.{key}"
     if why:
-        raise PreflightFailure(f"{spec.source}: model {model.name}: reproducible: true cannot run with {why}")
+        raise PreflightError(f"{spec.source}: model {model.name}: reproducible: true cannot run with {why}")
     chunked = next((t for t in spec.tasks if t.chunked_prefill == "on"), None)
     if chunked is not None:
-        raise PreflightFailure(f"{spec.source}: tasks.{chunked.name}.chunked_prefill: on cannot run with reproducible: "
+        raise PreflightError(f"{spec.source}: tasks.{chunked.name}.chunked_prefill: on cannot run with reproducible: "
                                "true (whether a prompt is chunked depends on its neighbours): use auto or off")
 
 
@@ -136,10 +107,10 @@ def check_parallel(spec: SweepSpec, model: ModelSpec, config: dict | None) -> No
     where = f"{spec.source}: model {model.name}: engine"
     if isinstance(heads, int) and heads > 0 and heads % tensor:
         fits = ", ".join(str(tp) for tp in (1, 2, 4, 8, 16) if heads % tp == 0)
-        raise PreflightFailure(f"{where}.tensor_parallel_size {tensor} does not divide the model's {heads} attention "
+        raise PreflightError(f"{where}.tensor_parallel_size {tensor} does not divide the model's {heads} attention "
                                f"heads (vLLM refuses it): use one of {fits}")
     if model.gpus_per_engine > 1 and executor not in (None, "mp"):
-        raise PreflightFailure(f"{where}.distributed_executor_backend {executor!r}: raysweep's actor holds the engine's "
+        raise PreflightError(f"{where}.distributed_executor_backend {executor!r}: raysweep's actor holds the engine's "
                                f"{model.gpus_per_engine} GPUs and runs vLLM's workers as its own processes (mp); "
                                "drop the field")
 
@@ -155,13 +126,13 @@ def check_memory(spec: SweepSpec, model: ModelSpec, path: str, config: dict | No
     why = found and refusal(model.name, model.engine, found, gpu_bytes, f"one {spec.actors.accelerator_type}",
                             spec.actors.num_gpus, config.get("num_attention_heads"))
     if why:
-        raise PreflightFailure(f"{spec.source}: {why}")
+        raise PreflightError(f"{spec.source}: {why}")
 
 
 def check_model(spec: SweepSpec, model: ModelSpec) -> None:
     """A model found without loading it, and max_tokens against its length where that is known now."""
     if model.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise PreflightFailure(f"{spec.source}: model {model.name}: engine backend vllm needs vLLM, which is not "
+        raise PreflightError(f"{spec.source}: model {model.name}: engine backend vllm needs vLLM, which is not "
                                "installed here: pip install 'raysweep[vllm]' on a CUDA machine, or set `engine: hf`")
     if spec.reproducible:
         check_batch_invariant(spec, model)
@@ -170,98 +141,16 @@ def check_model(spec: SweepSpec, model: ModelSpec) -> None:
         config = find_model(path)
     except ValueError as e:
         where = f" ({path})" if path != model.path else ""
-        raise PreflightFailure(f"{spec.source}: model {model.name}: cannot load {model.path!r}{where}: {e}") from None
+        raise PreflightError(f"{spec.source}: model {model.name}: cannot load {model.path!r}{where}: {e}") from None
     check_parallel(spec, model, config)
     check_memory(spec, model, path, config)
     max_len = model.engine.get("max_model_len") or (config or {}).get("max_position_embeddings")
     for task in spec.tasks:
         if task.replay is None and isinstance(max_len, int) and task.sampling.max_tokens >= max_len:
-            raise PreflightFailure(f"{spec.source}: {no_room(model, task, max_len)}")
+            raise PreflightError(f"{spec.source}: {no_room(model, task, max_len)}")
 
 
-def plan_events(spec: SweepSpec, strict: bool = True,
-                data: list[TaskData] | None = None) -> Iterator[ModelReady | TaskPlan]:
-    """Checks first (all of them), then ModelReady for every model, then each TaskPlan as it is made.
-    `strict=False` (for `raysweep plan`) counts prompts over the length limit instead of refusing them.
-    `data`: what `check_inputs` returned, where the caller ran it already."""
-    if data is None:
-        data = check_inputs(spec)
-    staging = StagingFolder()  # rendered prompts on local disk until their shards are dispatched
-    for d in data:  # completions read from the data: no model, no tokenizer
-        if d.task.replay is not None:
-            yield plan_replay(d, spec.shards, staging)
-    models = []
-    for model in spec.models:
-        path, tokenizer, max_len = _load_model_meta(model, spec.model_path(model), spec.source)
-        _compile_for(model, tokenizer, spec)
-        models.append((ModelReady(model, path), tokenizer, max_len))
-    yield from (ready for ready, _, _ in models)
-    for ready, tokenizer, max_len in models:
-        cache = TokenCache(tokenizer)
-        for d in (d for d in data if d.task.replay is None):
-            yield plan_task(ready.model, d, tokenizer, max_len, spec.shards, cache, strict, staging)
-
-
-def preflight(spec: SweepSpec, strict: bool = True) -> list[ModelPlan]:
-    """Every check and every plan, at once (a replay task's plan under its replay.model, with no path)."""
-    plans: dict[str, ModelPlan] = {}
-    for event in plan_events(spec, strict):
-        if isinstance(event, ModelReady):
-            plans[event.model.name] = ModelPlan(event.model, event.path, [])
-        else:
-            plans.setdefault(event.model.name, ModelPlan(event.model, "", [])).tasks.append(event)
-    return list(plans.values())
-
-
-class PlanSource:
-    """`plan_events` for the scheduler: on a thread (`background=True`), or all made at once, so that
-    an error surfaces here, before any Ray call. `take` hands out what is ready and re-raises the
-    planner's own error (its type kept: jobs/sweep.py prints expected errors as one line)."""
-
-    _DONE = object()
-
-    def __init__(self, spec: SweepSpec, background: bool = False, data: list[TaskData] | None = None):
-        self._queue: queue.Queue = queue.Queue()
-        self.done = False
-        self.finished_at: float | None = None  # when planning ended (time.time())
-        if background:
-            threading.Thread(target=self._produce, args=(spec, data), name="raysweep-planner", daemon=True).start()
-        else:
-            self._produce(spec, data)
-            self._error = next((e for e in list(self._queue.queue) if isinstance(e, BaseException)), None)
-            if self._error is not None:
-                raise self._error
-
-    def _produce(self, spec: SweepSpec, data: list[TaskData] | None = None) -> None:
-        try:
-            for event in plan_events(spec, data=data):
-                self._queue.put(event)
-        except BaseException as e:  # handed to the driver's thread, which handles it at its edge
-            self._queue.put(e)
-        finally:
-            self.finished_at = time.time()
-            self._queue.put(self._DONE)
-
-    def take(self, timeout_s: float) -> list[ModelReady | TaskPlan]:
-        """What is ready now (waiting up to timeout_s for the first item); sets `done` at the end."""
-        events = []
-        block = timeout_s > 0
-        while not self.done:
-            try:
-                event = self._queue.get(block=block, timeout=timeout_s if block else None)
-            except queue.Empty:
-                break
-            block = False
-            if event is self._DONE:
-                self.done = True
-            elif isinstance(event, BaseException):
-                raise event
-            else:
-                events.append(event)
-        return events
-
-
-def _compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
+def compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
     """Compile each structured spec once against this model's tokenizer, as the engines will."""
     structured = [t for t in spec.tasks if t.structured is not None]
     if not structured:
@@ -275,7 +164,7 @@ def _compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
         try:
             compiler.compile_grammar(to_grammar(task.structured))
         except Exception as e:  # xgrammar's own error types; the message is what matters
-            raise PreflightFailure(f"{spec.source}: tasks.{task.name}.structured: does not compile for model "
+            raise PreflightError(f"{spec.source}: tasks.{task.name}.structured: does not compile for model "
                                    f"{model.name}: {xgrammar_message(e)}") from None
 
 
@@ -286,7 +175,7 @@ def one_line(e: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
-def _load_model_meta(model: ModelSpec, path: str, source: str = "<spec>"):
+def load_model_meta(model: ModelSpec, path: str, source: str = "<spec>"):
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -294,6 +183,6 @@ def _load_model_meta(model: ModelSpec, path: str, source: str = "<spec>"):
         tokenizer = AutoTokenizer.from_pretrained(path)
         config = AutoConfig.from_pretrained(path)
     except Exception as e:  # OSError, ValueError, hub errors: all mean "this model cannot be loaded"
-        raise PreflightFailure(f"{source}: model {model.name}: cannot load {model.path!r}: {one_line(e)}") from None
+        raise PreflightError(f"{source}: model {model.name}: cannot load {model.path!r}: {one_line(e)}") from None
     max_len = model.engine.get("max_model_len") or getattr(config, "max_position_embeddings", None)
     return path, tokenizer, max_len

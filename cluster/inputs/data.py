@@ -22,12 +22,13 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from cluster.contracts.errors import RaysweepError
 from cluster.contracts.spec import SweepSpec, TaskSpec
 from cluster.contracts.loglikelihood import choices_problem, row_choices, target_index
 from cluster.contracts.task_spec import COMPLETION, template_fields
 
 
-class DataError(ValueError):
+class DataError(RaysweepError, ValueError):
     """A task's data cannot be used; the message names the file and the line or column."""
 
 

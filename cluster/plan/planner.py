@@ -16,86 +16,20 @@ count), so the driver never holds every token id of a sweep. Only truncated rows
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
+from cluster.contracts.errors import PreflightError
+from cluster.contracts.shard import LONG, SHORT, Shard
+from cluster.contracts.tokens import count_tokens, tokenize
 from cluster.inputs.data import RowBatch, TaskData, render_prompts
 from cluster.contracts.loglikelihood import encode_pairs, pair_lengths, row_choices
 from cluster.contracts.spec import ModelSpec, ShardLimits, TaskSpec
 from cluster.inputs.staging import StagedRows, StagingFolder
 from cluster.inputs.token_cache import TokenCache
 
-SHORT, LONG = "short", "long"
-STATUSES = ("ok", "truncated", "skipped", "error")  # a row's status after planning, coded 0-3
-EMPTY_PROMPT = "the prompt is empty (0 tokens)"  # an `error` row's error: no engine can run it
-TOKENIZE_BATCH = 8192
 DEFAULT_CHUNK = 2048  # chunk size when a task forces chunked prefill on and the data gives no threshold
-
-
-class PreflightError(ValueError):
-    """Rows that cannot run under the task's length policy; the message lists them."""
-
-
-@dataclass(frozen=True, eq=False)
-class Shard:
-    shard_id: str  # "<model>/<task>/<index:05d>", stable for the same spec and data
-    index: int
-    model: str
-    task: str
-    profile: str  # short | long
-    max_num_batched_tokens: int | None  # the chunk size for `long` shards
-    add_special_tokens: bool  # how the prompts are tokenized (False for chat-rendered text)
-    seed_base: int  # the task's sampling seed: per-sample seeds derive from it
-    source: StagedRows | pa.Table  # the driver's staged rows, or the rows themselves once shipped
-    positions: np.ndarray | None = None  # record positions in `source` (staged rows only)
-    prompt_tokens: np.ndarray | None = None  # measured lengths, in shard order (staged rows only)
-    status: np.ndarray | None = None  # STATUSES codes, in shard order (staged rows only)
-
-    @property
-    def n_samples(self) -> int:
-        return self.source.num_rows if isinstance(self.source, pa.Table) else len(self.positions)
-
-    @property
-    def rows(self) -> pa.Table:
-        """sample_id, prompt, prompt_token_ids (truncated rows only), prompt_tokens, seed, status, choices
-        (loglikelihood rows only)."""
-        if isinstance(self.source, pa.Table):
-            return self.source
-        records = self.source.read(self.positions)
-        ids = [r[0] for r in records]
-        return pa.table({
-            "sample_id": pa.array(ids, pa.string()),
-            "prompt": pa.array([r[1] for r in records], pa.string()),
-            "prompt_token_ids": pa.array([r[3] for r in records], pa.list_(pa.int32())),
-            "prompt_tokens": pa.array(self.prompt_tokens, pa.int32()),
-            "seed": pa.array([sample_seed(self.seed_base, self.task, sid) for sid in ids], pa.int64()),
-            "status": pa.array([STATUSES[c] for c in self.status], pa.string()),
-            "choices": pa.array([(r[4] or {}).get("choices") for r in records], pa.list_(pa.string())),
-        })
-
-    def targets(self) -> list:
-        """Targets in shard order, for scoring on the driver (where the rows are staged)."""
-        return [r[2] for r in self.source.read(self.positions)]
-
-    def extras(self) -> list[dict]:
-        """What each row carries beside its prompt (cluster/inputs/data.py: row_extra), in shard order, on the driver."""
-        return [r[4] or {} for r in self.source.read(self.positions)]
-
-    def piece(self, start: int, stop: int) -> "Shard":
-        """Rows [start, stop) of this shard, in its order, as a shard of their own with the same id: a
-        part that bisection runs apart (cluster/schedule/bisection.py); only the whole shard is ever committed."""
-        if isinstance(self.source, pa.Table):
-            return replace(self, source=self.source.slice(start, stop - start))
-        return replace(self, positions=self.positions[start:stop],
-                       prompt_tokens=self.prompt_tokens[start:stop], status=self.status[start:stop])
-
-    def __reduce__(self):
-        """Shipped to an actor (pickled) with its rows: the staged file is on the driver's disk only."""
-        return (Shard, (self.shard_id, self.index, self.model, self.task, self.profile,
-                        self.max_num_batched_tokens, self.add_special_tokens, self.seed_base, self.rows))
 
 
 @dataclass
@@ -118,48 +52,6 @@ def chunk_threshold(lengths: np.ndarray) -> int | None:
         return None
     p95 = float(np.percentile(lengths, 95))
     return 2048 if p95 < 2048 else int(0.8 * p95)
-
-
-def sample_seed(base: int, task: str, sample_id: str) -> int:
-    digest = hashlib.blake2b(f"{base}\0{task}\0{sample_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
-
-
-def completion_seed(seed: int, completion: int) -> int:
-    """The seed of a sample's completion `completion` (of sampling.n): the sample's own for the first, so a
-    task with n = 1 samples as it always did, and one derived from it for each other."""
-    if completion == 0:
-        return seed
-    digest = hashlib.blake2b(f"{seed}\0{completion}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
-
-
-def _encodings(prompts: list[str], tokenizer, add_special_tokens: bool):
-    """Encodings from a fast tokenizer's Rust backend, called directly: the same ids as `tokenizer(...)`
-    without transformers' per-encoding Python conversion; `encode_batch_fast` also skips offsets.
-    None where the tokenizer has no Rust backend."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
-    return (e for start in range(0, len(prompts), TOKENIZE_BATCH)
-            for e in encode(prompts[start:start + TOKENIZE_BATCH], add_special_tokens=add_special_tokens))
-
-
-def tokenize(prompts: list[str], tokenizer, add_special_tokens: bool) -> list[list[int]]:
-    """Token ids of every prompt, in batches."""
-    encodings = _encodings(prompts, tokenizer, add_special_tokens)
-    if encodings is not None:
-        return [e.ids for e in encodings]
-    return tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"]
-
-
-def count_tokens(prompts: list[str], tokenizer, add_special_tokens: bool) -> list[int]:
-    """Token counts of every prompt (no id lists built where the Rust backend is there)."""
-    encodings = _encodings(prompts, tokenizer, add_special_tokens)
-    if encodings is not None:
-        return [len(e) for e in encodings]
-    return [len(ids) for ids in tokenizer(prompts, add_special_tokens=add_special_tokens)["input_ids"]]
 
 
 def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | None, limits: ShardLimits,

@@ -7,7 +7,7 @@ scaled by Serve on the shards queued at it; and an ingress that says what the po
 a pool spec: its `models:` and `actors:` are read.
 
 A sweep finds the pool (`find_pool`) and sends the shards of every model the pool serves there, through a
-`PoolClient` actor of its own (the scheduler waits on plain Ray object refs); a model the pool does not
+`PoolClient` actor of its own (cluster/pool/client.py) (the scheduler waits on plain Ray object refs); a model the pool does not
 serve, or serves with other engine arguments (one line says which), gets the sweep's own actors.
 
 Where the cluster cannot hold a replica of every model at once (`capacity`), or `pool up --switch` asks,
@@ -21,34 +21,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cluster.contracts.errors import RaysweepError
+from cluster.contracts.pool_protocol import APP, PROTOCOL, QUEUED_PER_SLOT, ROUTE, SHARED_DEPLOYMENT, INGRESS
 from cluster.inputs.builtin_model import resolve_model_path
+from cluster.pool.client import sweeps_using_pool
 from cluster.contracts.spec import ModelSpec, SweepSpec
 
-APP = "raysweep-pool"
-ROUTE = "/raysweep"
-INGRESS = "ingress"
-SHARED_DEPLOYMENT = "models-shared"
-QUEUED_PER_SLOT = 8  # shards a replica accepts per engine slot: the rest of a sweep's queue waits in its client
-
-
-class PoolError(ValueError):
+class PoolError(RaysweepError, ValueError):
     """The pool cannot be started, found or removed as asked; the message says why."""
-
-
-class PoolGone(RuntimeError):
-    """The pool was removed while a sweep sent it shards: the sweep goes on with its own actors."""
-
-
-class ReplicaDied(RuntimeError):
-    """The pool replica running a shard died (Serve replaces it): the shard is retried, as on an actor's death."""
-
-
-class ReplicaBroken(RuntimeError):
-    """Raised by a replica whose engines are in an unknown state (a model switch failed): its health check
-    fails too, so Serve replaces it; a sweep retries the shard as on a replica's death."""
-
-
-PROTOCOL = 2  # what PoolClient and PoolReplica.run_shard agree on; a pool of another raysweep is not used
 
 
 def pool_running() -> bool:
@@ -92,7 +72,7 @@ class PooledModel:
 def describe(spec: SweepSpec, switching: bool = False) -> dict:
     """What a pool built from `spec` serves (kept by the ingress, read by sweeps and `pool status`);
     `switching`: every model in one deployment whose replicas switch between them."""
-    from cluster.schedule.run import shards_in_flight
+    from cluster.plan.depth import shards_in_flight
 
     depths = [shards_in_flight(spec, m) for m in spec.models]
     return {"spec": spec.name, "source": str(spec.source), "switching": switching, "protocol": PROTOCOL, "models": [
@@ -109,8 +89,10 @@ def build_app(spec: SweepSpec, min_replicas: int = 1, switch: bool = False):
     import ray
     from ray import serve
 
-    from actors.pool_replica import PoolIngress, PoolReplica
+    from cluster.launch import pool_deployments
     from cluster.schedule.placement import actor_resources, capacity
+
+    PoolIngress, PoolReplica = pool_deployments()
 
     if min_replicas < 0 or min_replicas > spec.actors.count:
         raise PoolError(f"--min-replicas {min_replicas}: must be from 0 to actors.count ({spec.actors.count})")
@@ -249,122 +231,3 @@ def pool_down(force: bool = False) -> None:
         raise PoolError(f"sweeps use the pool now ({', '.join(users)}); wait for them, or --force: they go on "
                         "with their own actors")
     serve.delete(APP)
-
-
-CLIENT_NAMESPACE = "raysweep-pool-clients"
-
-
-def sweeps_using_pool() -> list[str]:
-    """Sweeps whose PoolClient actor is alive (each sweep that uses the pool holds one, named after it)."""
-    from ray.util.state import list_actors
-
-    try:
-        actors = list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=10_000)
-    except Exception:
-        return []
-    return sorted(a.name.split(":")[1] for a in actors
-                  if a.name and a.name.startswith("pool-client:") and a.ray_namespace == CLIENT_NAMESPACE)
-
-
-def client_name(sweep: str) -> str:
-    import os
-
-    return f"pool-client:{sweep}:{os.getpid()}"
-
-
-class PoolClient:
-    """A sweep's way into the pool: an async actor that forwards a shard to the model's deployment and
-    returns its result, so the sweep's scheduler waits on a plain object ref like any actor call. The
-    replicas take turns between sweeps by the name given here."""
-
-    def __init__(self, sweep: str):
-        self.sweep = sweep
-
-    async def run_shard(self, deployment: str, model: str, shard, task, attempt: int):
-        import asyncio
-
-        from ray import serve
-        from ray.exceptions import RayActorError
-
-        response = None
-        try:
-            handle = serve.get_deployment_handle(deployment, app_name=APP)
-            response = handle.run_shard.remote(shard, task, attempt, self.sweep, model)
-            waiting = asyncio.ensure_future(_awaited(response))
-            while True:  # a request queued at Serve's router when the pool is deleted waits forever: watch
-                done, _ = await asyncio.wait({waiting}, timeout=POOL_WATCH_S)
-                if done:
-                    return waiting.result()
-                if await asyncio.to_thread(_pool_gone):
-                    waiting.cancel()
-                    response.cancel()
-                    raise PoolGone("the pool was removed before the shard reached a replica")
-        except PoolGone:
-            raise
-        except Exception as e:
-            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-            if await asyncio.to_thread(_pool_gone):
-                raise PoolGone(f"the pool was removed: {last}") from None
-            if isinstance(e, (RayActorError, ReplicaBroken)):  # the replica died or broke: Serve replaces it
-                raise ReplicaDied(f"the pool replica running the shard died: {type(e).__name__}: {last}") from None
-            raise
-
-
-POOL_WATCH_S = 2.0  # how often a shard waiting for the pool checks that the pool is still there
-
-
-async def _awaited(response):
-    return await response
-
-
-def _pool_gone() -> bool:
-    """Whether the pool application is gone (or being deleted); False where Serve cannot say."""
-    from ray import serve
-
-    try:
-        app = serve.status().applications.get(APP)
-    except Exception:  # Serve cannot say: the caller's own error (if any) is classified by itself
-        return False
-    return app is None or str(getattr(app.status, "value", app.status)) == "DELETING"
-
-
-class PoolHandle:
-    """What the scheduler holds for a pooled model: `run_shard.remote(shard, task, attempt)`, as on an actor."""
-
-    def __init__(self, client, model: PooledModel):
-        self.run_shard = _Forward(client, model.deployment, model.name)
-
-
-class _Forward:
-    def __init__(self, client, deployment: str, model: str):
-        self.client, self.deployment, self.model = client, deployment, model
-
-    def remote(self, shard, task, attempt: int):
-        return self.client.run_shard.remote(self.deployment, self.model, shard, task, attempt)
-
-
-class SweepRecorder:
-    """A sweep's state, sent to the pool's ingress for its HTTP API (`GET /raysweep/sweeps/NAME`): at most
-    once every RECORD_EVERY_S while it runs, and once when it ends. Sending never blocks or fails the sweep."""
-
-    RECORD_EVERY_S = 2.0
-
-    def __init__(self, name: str):
-        from ray import serve
-
-        self.name, self._sent = name, 0.0
-        self.handle = serve.get_app_handle(APP)
-
-    def record(self, snapshot: dict, final: bool = False) -> None:
-        import time
-
-        now = time.monotonic()
-        if not final and now - self._sent < self.RECORD_EVERY_S:
-            return
-        self._sent = now
-        try:
-            response = self.handle.record.remote(self.name, snapshot)
-            if final:
-                response.result(timeout_s=10)
-        except Exception:  # the pool went away: the sweep goes on
-            pass

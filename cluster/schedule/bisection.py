@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cluster.plan.planner import EMPTY_PROMPT, Shard
+from cluster.contracts.shard import EMPTY_PROMPT, Shard
 
 EVIDENCE_DEPTH = 2  # parts deeper than the quarters wait until some part of the shard has run
 DIED = "actor died: "  # how the scheduler records an attempt whose actor died

@@ -16,22 +16,12 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from cluster.contracts.errors import RaysweepError
 from cluster.contracts.spec import ActorSpec
 
 
-class PlacementError(ValueError):
+class PlacementError(RaysweepError, ValueError):
     """No node of the cluster (present, or one the autoscaler may start) can hold one actor."""
-
-
-SHARED_GPU_START = "RAYSWEEP_SHARED_GPU_START"  # `serial`: engines sharing a GPU start one at a time
-
-
-def shared_starts_together() -> bool:
-    """Whether engines sharing a GPU start at the same time (default: each sizes its KV cache from its share,
-    actors/vllm_engine.shared_kv_bytes, so nothing depends on what a neighbour holds at that moment) or one
-    at a time (`RAYSWEEP_SHARED_GPU_START=serial`: vLLM measures free memory, which a neighbour must not move).
-    Read by the driver and by actors; actors of a local Ray inherit the driver's environment."""
-    return os.environ.get(SHARED_GPU_START, "together") != "serial"
 
 
 ACCELERATOR_SHARE = 0.001  # how Ray itself asks for an accelerator type: a sliver of the node's marker resource

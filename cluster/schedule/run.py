@@ -19,33 +19,19 @@ import ray
 
 from cluster.schedule.bisection import row_error_excess
 from cluster.schedule.metrics import SweepMetrics
-from cluster.schedule.placement import capacity, model_resources, requested_capacity, shared_starts_together
+from cluster.contracts.engine_defaults import shared_starts_together
+from cluster.schedule.placement import capacity, model_resources, requested_capacity
 from cluster.plan.planner import TaskPlan
-from cluster.inputs.checks import ModelPlan, ModelReady, PlanSource, PreflightFailure, preflight  # noqa: F401
+from cluster.plan.plan_source import ModelReady, PlanSource
 from cluster.schedule.progress import make_progress
 from cluster.score.shard_scoring import ShardScorer, replay_table
 from cluster.schedule.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
 from cluster.store.sink import FIRST_TOKENS, ResultSink
-from cluster.contracts.spec import ModelSpec, SweepSpec
+from cluster.contracts.spec import SweepSpec
 from cluster.contracts.timing import RunClock
+from cluster.plan.depth import MIN_SHARDS_IN_FLIGHT, shards_in_flight
 
-MIN_SHARDS_IN_FLIGHT, MAX_SHARDS_IN_FLIGHT = 2, 8
 TICK_EVERY_S = 1.0  # progress is told what the sweep is doing at most this often
-
-
-def shards_in_flight(spec: SweepSpec, model: ModelSpec) -> int:
-    """Shards each actor holds at once: enough that four times the engine's batch (max_num_seqs) is
-    queued, so a streaming engine stays full while each shard waits on its slowest request; at least two.
-    Measured on an H100 with an 8B-shape model, 256-sample shards (bench/h100-2026-11-22.md): 2 in
-    flight ran at 93% of one 2,048-request batch, 3 at 96%, 4 at 99%; whole sweeps with 8 were no faster
-    than with 4 (bench/h100-2026-11-22-s4.md). `actors.shards_in_flight` overrides it."""
-    from actors.vllm_engine import DEFAULT_MAX_SEQS
-
-    if spec.actors.shards_in_flight is not None:
-        return spec.actors.shards_in_flight
-    batch = model.engine.get("max_num_seqs", DEFAULT_MAX_SEQS)
-    wanted = -(-4 * batch // spec.shards.max_samples)
-    return max(MIN_SHARDS_IN_FLIGHT, min(MAX_SHARDS_IN_FLIGHT, wanted))
 
 
 @dataclass
@@ -143,8 +129,9 @@ class _Run:
         self.scoring: list[Scoring] = []  # shards being scored, committed each as soon as its scoring is done
 
     def schedule(self, max_attempts: int) -> None:
-        from actors.evaluator import EvalActor
+        from cluster.launch import eval_actor_class
 
+        EvalActor = eval_actor_class()
         spec = self.spec
         shapes = model_resources(spec.actors, spec.models, ray.cluster_resources())  # per model: its actors' shape
         holds = {}  # per shape: how many actors the cluster holds at once; refuses a shape no node can hold
@@ -213,7 +200,9 @@ class _Run:
         if not pool_running():
             return {}
         from cluster.inputs.builtin_model import resolve_model_path
-        from cluster.pool.serve_app import CLIENT_NAMESPACE, PoolClient, PoolHandle, SweepRecorder, client_name, find_pool
+        from cluster.contracts.pool_protocol import CLIENT_NAMESPACE
+        from cluster.pool.client import PoolClient, PoolHandle, SweepRecorder, client_name
+        from cluster.pool.serve_app import find_pool
 
         paths = {m.name: resolve_model_path(self.spec.model_path(m)) for m in self.spec.models}
         found = find_pool(self.spec, paths, self.progress.log)

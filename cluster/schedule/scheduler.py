@@ -30,13 +30,14 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from cluster.contracts.errors import RaysweepError
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
 from cluster.schedule.tail_split import TailClock, TailSplit, splittable
-from cluster.plan.planner import Shard
+from cluster.contracts.shard import Shard
 from cluster.contracts.spec import TaskSpec
 
 
-class ActorStartError(RuntimeError):
+class ActorStartError(RaysweepError, RuntimeError):
     """An actor could not start at all (its imports failed); the message carries the error."""
 
 

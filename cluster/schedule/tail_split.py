@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from cluster.schedule.bisection import Piece
-from cluster.plan.planner import LONG
+from cluster.contracts.shard import LONG
 
 MIN_PART_ROWS = 16  # no part of a split shard is smaller
 

@@ -22,7 +22,7 @@ from concurrent.futures import Future
 import pyarrow as pa
 
 from cluster.contracts.loglikelihood import acc, acc_norm, target_index
-from cluster.plan.planner import Shard
+from cluster.contracts.shard import Shard
 from cluster.contracts.results_schema import actor_table, assemble
 from cluster.score.scorers import scorer_for
 from cluster.contracts.spec import SweepSpec

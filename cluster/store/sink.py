@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from cluster.contracts.errors import RaysweepError
 from cluster.contracts.results_schema import RESULT_SCHEMA
 from cluster.contracts.spec import SweepSpec
 from cluster.score.summary import COLUMNS as SUMMARY_COLUMNS
@@ -52,7 +53,7 @@ FIRST_TOKENS = "first_token"
 DURABLE_TELEMETRY = (FIRST_TOKENS, "actors", "gpu", "switches", "shards")
 
 
-class SinkError(RuntimeError):
+class SinkError(RaysweepError, RuntimeError):
     """The output location cannot be used; the message names it."""
 
 

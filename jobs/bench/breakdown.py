@@ -62,7 +62,7 @@ class EngineProbe:
         from vllm import SamplingParams
 
         from actors.engine import GenRequest
-        from cluster.plan.planner import sample_seed
+        from cluster.contracts.shard import sample_seed
         from cluster.contracts.spec import SamplingSpec
 
         engine, n = self.engine, len(texts)

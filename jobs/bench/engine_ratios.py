@@ -93,7 +93,7 @@ def _raw_rate(bench: Bench) -> tuple[float, float, list[int]]:
     per step, and the sorted output lengths."""
     from vllm import SamplingParams
 
-    from cluster.plan.planner import sample_seed
+    from cluster.contracts.shard import sample_seed
 
     llm = bench.llm()
     prompts = bench.token_prompts(llm, bench.prompts)

@@ -93,7 +93,7 @@ def _plan_twice(spec_path: str, cache: str) -> dict:
     and the process's peak RSS after each."""
     os.environ["RAYSWEEP_CACHE"] = cache
     from cluster.inputs.builtin_model import resolve_model_path
-    from cluster.schedule.run import preflight
+    from cluster.plan.plan_source import preflight
     from cluster.contracts.spec import load_spec
 
     resolve_model_path("builtin:tiny")  # built before timing, as a sweep's model would be there already

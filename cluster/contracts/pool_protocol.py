@@ -1,0 +1,25 @@
+"""What a sweep's pool client and the pool's replicas agree on: names, the protocol version, and the errors
+a replica raises or a client turns a failure into (cluster/pool/, actors/pool_replica.py)."""
+
+from __future__ import annotations
+
+APP = "raysweep-pool"  # the Serve application
+ROUTE = "/raysweep"  # its HTTP route prefix
+INGRESS = "ingress"
+SHARED_DEPLOYMENT = "models-shared"  # the deployment whose replicas switch between every pooled model
+QUEUED_PER_SLOT = 8  # shards a replica accepts per engine slot: the rest of a sweep's queue waits in its client
+PROTOCOL = 2  # what PoolClient and PoolReplica.run_shard agree on; a pool of another raysweep is not used
+CLIENT_NAMESPACE = "raysweep-pool-clients"  # where each sweep's PoolClient actor is named
+
+
+class PoolGone(RuntimeError):
+    """The pool was removed while a sweep sent it shards: the sweep goes on with its own actors."""
+
+
+class ReplicaDied(RuntimeError):
+    """The pool replica running a shard died (Serve replaces it): the shard is retried, as on an actor's death."""
+
+
+class ReplicaBroken(RuntimeError):
+    """Raised by a replica whose engines are in an unknown state (a model switch failed): its health check
+    fails too, so Serve replaces it; a sweep retries the shard as on a replica's death."""

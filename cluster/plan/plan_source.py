@@ -1,0 +1,123 @@
+"""Preflight then planning (DESIGN §3), as a stream the scheduler consumes while it runs.
+
+1. Every check (cluster/inputs/checks.py): a problem is one line naming the file, task, model or field,
+   before any actor starts.
+2. Then one `ModelReady` per model: from here its actors may start.
+3. Then one `TaskPlan` per model x task, as each is planned (prompts measured in tokens, the length
+   policy applied, shards cut): the scheduler dispatches a task's shards as soon as its plan arrives.
+   A prompt refused by the length policy stops the sweep with one line; shards already done are kept.
+
+`PlanSource` runs this on a thread (`background=True`, so planning overlaps Ray's start and the actors'
+engine start) or at once; `preflight` collects it for `raysweep plan` and tests.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from cluster.contracts.spec import ModelSpec, SweepSpec
+from cluster.inputs.checks import check_inputs, compile_for, load_model_meta
+from cluster.inputs.data import TaskData
+from cluster.inputs.staging import StagingFolder
+from cluster.inputs.token_cache import TokenCache
+from cluster.plan.planner import TaskPlan, plan_replay, plan_task
+
+
+@dataclass
+class ModelReady:
+    """A model passed every check: its actors may start."""
+    model: ModelSpec
+    path: str  # resolved local path (builtin models built)
+
+
+@dataclass
+class ModelPlan:
+    model: ModelSpec
+    path: str
+    tasks: list[TaskPlan]
+
+
+def plan_events(spec: SweepSpec, strict: bool = True,
+                data: list[TaskData] | None = None) -> Iterator[ModelReady | TaskPlan]:
+    """Checks first (all of them), then ModelReady for every model, then each TaskPlan as it is made.
+    `strict=False` (for `raysweep plan`) counts prompts over the length limit instead of refusing them.
+    `data`: what `check_inputs` returned, where the caller ran it already."""
+    if data is None:
+        data = check_inputs(spec)
+    staging = StagingFolder()  # rendered prompts on local disk until their shards are dispatched
+    for d in data:  # completions read from the data: no model, no tokenizer
+        if d.task.replay is not None:
+            yield plan_replay(d, spec.shards, staging)
+    models = []
+    for model in spec.models:
+        path, tokenizer, max_len = load_model_meta(model, spec.model_path(model), spec.source)
+        compile_for(model, tokenizer, spec)
+        models.append((ModelReady(model, path), tokenizer, max_len))
+    yield from (ready for ready, _, _ in models)
+    for ready, tokenizer, max_len in models:
+        cache = TokenCache(tokenizer)
+        for d in (d for d in data if d.task.replay is None):
+            yield plan_task(ready.model, d, tokenizer, max_len, spec.shards, cache, strict, staging)
+
+
+def preflight(spec: SweepSpec, strict: bool = True) -> list[ModelPlan]:
+    """Every check and every plan, at once (a replay task's plan under its replay.model, with no path)."""
+    plans: dict[str, ModelPlan] = {}
+    for event in plan_events(spec, strict):
+        if isinstance(event, ModelReady):
+            plans[event.model.name] = ModelPlan(event.model, event.path, [])
+        else:
+            plans.setdefault(event.model.name, ModelPlan(event.model, "", [])).tasks.append(event)
+    return list(plans.values())
+
+
+class PlanSource:
+    """`plan_events` for the scheduler: on a thread (`background=True`), or all made at once, so that
+    an error surfaces here, before any Ray call. `take` hands out what is ready and re-raises the
+    planner's own error (its type kept: jobs/sweep.py prints expected errors as one line)."""
+
+    _DONE = object()
+
+    def __init__(self, spec: SweepSpec, background: bool = False, data: list[TaskData] | None = None):
+        self._queue: queue.Queue = queue.Queue()
+        self.done = False
+        self.finished_at: float | None = None  # when planning ended (time.time())
+        if background:
+            threading.Thread(target=self._produce, args=(spec, data), name="raysweep-planner", daemon=True).start()
+        else:
+            self._produce(spec, data)
+            self._error = next((e for e in list(self._queue.queue) if isinstance(e, BaseException)), None)
+            if self._error is not None:
+                raise self._error
+
+    def _produce(self, spec: SweepSpec, data: list[TaskData] | None = None) -> None:
+        try:
+            for event in plan_events(spec, data=data):
+                self._queue.put(event)
+        except BaseException as e:  # handed to the driver's thread, which handles it at its edge
+            self._queue.put(e)
+        finally:
+            self.finished_at = time.time()
+            self._queue.put(self._DONE)
+
+    def take(self, timeout_s: float) -> list[ModelReady | TaskPlan]:
+        """What is ready now (waiting up to timeout_s for the first item); sets `done` at the end."""
+        events = []
+        block = timeout_s > 0
+        while not self.done:
+            try:
+                event = self._queue.get(block=block, timeout=timeout_s if block else None)
+            except queue.Empty:
+                break
+            block = False
+            if event is self._DONE:
+                self.done = True
+            elif isinstance(event, BaseException):
+                raise event
+            else:
+                events.append(event)
+        return events

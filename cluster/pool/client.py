@@ -1,0 +1,128 @@
+"""A sweep's way into the engine pool: its `PoolClient` actor (forwards shards to the pool's deployments and
+turns the pool's failures into PoolGone or ReplicaDied), the handle the scheduler holds for a pooled model,
+and the recorder that keeps the pool's HTTP API told of the sweep's progress."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cluster.contracts.pool_protocol import APP, CLIENT_NAMESPACE, PoolGone, ReplicaBroken, ReplicaDied
+
+if TYPE_CHECKING:
+    from cluster.pool.serve_app import PooledModel
+
+
+def sweeps_using_pool() -> list[str]:
+    """Sweeps whose PoolClient actor is alive (each sweep that uses the pool holds one, named after it)."""
+    from ray.util.state import list_actors
+
+    try:
+        actors = list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=10_000)
+    except Exception:
+        return []
+    return sorted(a.name.split(":")[1] for a in actors
+                  if a.name and a.name.startswith("pool-client:") and a.ray_namespace == CLIENT_NAMESPACE)
+
+
+def client_name(sweep: str) -> str:
+    import os
+
+    return f"pool-client:{sweep}:{os.getpid()}"
+
+
+class PoolClient:
+    """A sweep's way into the pool: an async actor that forwards a shard to the model's deployment and
+    returns its result, so the sweep's scheduler waits on a plain object ref like any actor call. The
+    replicas take turns between sweeps by the name given here."""
+
+    def __init__(self, sweep: str):
+        self.sweep = sweep
+
+    async def run_shard(self, deployment: str, model: str, shard, task, attempt: int):
+        import asyncio
+
+        from ray import serve
+        from ray.exceptions import RayActorError
+
+        response = None
+        try:
+            handle = serve.get_deployment_handle(deployment, app_name=APP)
+            response = handle.run_shard.remote(shard, task, attempt, self.sweep, model)
+            waiting = asyncio.ensure_future(_awaited(response))
+            while True:  # a request queued at Serve's router when the pool is deleted waits forever: watch
+                done, _ = await asyncio.wait({waiting}, timeout=POOL_WATCH_S)
+                if done:
+                    return waiting.result()
+                if await asyncio.to_thread(_pool_gone):
+                    waiting.cancel()
+                    response.cancel()
+                    raise PoolGone("the pool was removed before the shard reached a replica")
+        except PoolGone:
+            raise
+        except Exception as e:
+            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+            if await asyncio.to_thread(_pool_gone):
+                raise PoolGone(f"the pool was removed: {last}") from None
+            if isinstance(e, (RayActorError, ReplicaBroken)):  # the replica died or broke: Serve replaces it
+                raise ReplicaDied(f"the pool replica running the shard died: {type(e).__name__}: {last}") from None
+            raise
+
+
+POOL_WATCH_S = 2.0  # how often a shard waiting for the pool checks that the pool is still there
+
+
+async def _awaited(response):
+    return await response
+
+
+def _pool_gone() -> bool:
+    """Whether the pool application is gone (or being deleted); False where Serve cannot say."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(APP)
+    except Exception:  # Serve cannot say: the caller's own error (if any) is classified by itself
+        return False
+    return app is None or str(getattr(app.status, "value", app.status)) == "DELETING"
+
+
+class PoolHandle:
+    """What the scheduler holds for a pooled model: `run_shard.remote(shard, task, attempt)`, as on an actor."""
+
+    def __init__(self, client, model: PooledModel):
+        self.run_shard = _Forward(client, model.deployment, model.name)
+
+
+class _Forward:
+    def __init__(self, client, deployment: str, model: str):
+        self.client, self.deployment, self.model = client, deployment, model
+
+    def remote(self, shard, task, attempt: int):
+        return self.client.run_shard.remote(self.deployment, self.model, shard, task, attempt)
+
+
+class SweepRecorder:
+    """A sweep's state, sent to the pool's ingress for its HTTP API (`GET /raysweep/sweeps/NAME`): at most
+    once every RECORD_EVERY_S while it runs, and once when it ends. Sending never blocks or fails the sweep."""
+
+    RECORD_EVERY_S = 2.0
+
+    def __init__(self, name: str):
+        from ray import serve
+
+        self.name, self._sent = name, 0.0
+        self.handle = serve.get_app_handle(APP)
+
+    def record(self, snapshot: dict, final: bool = False) -> None:
+        import time
+
+        now = time.monotonic()
+        if not final and now - self._sent < self.RECORD_EVERY_S:
+            return
+        self._sent = now
+        try:
+            response = self.handle.record.remote(self.name, snapshot)
+            if final:
+                response.result(timeout_s=10)
+        except Exception:  # the pool went away: the sweep goes on
+            pass
