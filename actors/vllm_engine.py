@@ -27,17 +27,15 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Sequence
 
 from actors import vllm_core_process
 from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, LoglikResult, check_loglik_requests,
                            check_requests)
 from actors.telemetry import gpu_total_bytes
-from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS, shared_starts_together
+from actors.vllm_args import engine_args, sampling_kwargs, shared_kv_bytes
 from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
-LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
 CORE_EXIT_S = 1.0  # an engine core still running this long after it was told to stop is killed
 CORE_GONE_S = 30.0  # ... and its exit awaited at most this long
 
@@ -54,82 +52,6 @@ MEMORY_RACE_WAIT_S = 5.0  # times the attempt number
 _GRAPH_FAILURE = re.compile(r"capture_model|cudagraph|cuda_graph|torch/_dynamo|torch/_inductor|"
                             r"BackendCompilerFailed|InductorError", re.IGNORECASE)
 _MODE = re.compile(r"Capturing CUDA graphs \((?:[^()]*?, )?(FULL|PIECEWISE)\)")
-
-
-SHARED_MARGIN_BYTES = 3 << 30  # beside the weights: CUDA context, activations, graphs, sampler (small models)
-MIN_SHARED_KV_BYTES = 1 << 30
-
-
-def shared_kv_bytes(model: ModelSpec, model_path: str, gpu_fraction: float, total_bytes: int | None) -> int | None:
-    """On a GPU shared with other engines, the KV cache's size in bytes, from the engine's share: 90% of
-    its fraction of the GPU, less its weights (the model folder's weight files) with a fifth more, less
-    SHARED_MARGIN_BYTES. vLLM otherwise sizes the cache from the free memory it measures before and after
-    a test pass, which a neighbour starting or closing meanwhile falsifies (seen on an H100: "Error in
-    memory profiling", or a cache sized wrong). None where the spec sizes memory itself, the GPU is whole,
-    starts are serial, NVML cannot say the GPU's size, or the share leaves less than 1 GiB (then vLLM measures)."""
-    if gpu_fraction >= 1 or not total_bytes or not shared_starts_together() or \
-            {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(model.engine):
-        return None
-    weights = sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt")
-                  for f in Path(model_path).glob(pattern)) if os.path.isdir(model_path) else 0
-    kv = int(0.9 * gpu_fraction * total_bytes - 1.2 * weights - SHARED_MARGIN_BYTES)
-    return kv if kv >= MIN_SHARED_KV_BYTES else None
-
-
-# `reproducible: true` (with VLLM_BATCH_INVARIANT=1): on an H100, vLLM 0.26 repeated greedy outputs across batch
-# sizes (groups of 256, 64, 100 reversed: 1,312 of 1,312 each) only with these, CUDA graphs and torch.compile
-# on. FLASH_ATTN (the default) differed even between two identical passes; eager mode (C++ kernels) differed
-# between batch sizes with every attention backend (bench/h100-2026-11-23-s10-r.md). Chunked prefill is off:
-# whether a prompt is chunked would depend on its neighbours in the shard.
-REPRODUCIBLE_ARGS = {"attention_config": {"backend": "TRITON_ATTN"}, "enable_prefix_caching": False,
-                     "enable_chunked_prefill": False}
-
-
-def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float,
-                kv_bytes: int | None = None, reproducible: bool = False) -> dict:
-    """vLLM `LLM(...)` arguments: the spec's `engine` mapping as is, the profile's scheduling on top;
-    `kv_bytes` (shared_kv_bytes) fixes the KV cache's size on a shared GPU; `reproducible`: REPRODUCIBLE_ARGS
-    on top of all (preflight refused a spec that asks otherwise: cluster/inputs/checks.py check_batch_invariant)."""
-    args = {"model": model_path, "tokenizer": model_path, "seed": 0,
-            "gpu_memory_utilization": round(0.9 * min(gpu_fraction, 1.0), 3),  # actors sharing a GPU split it
-            "disable_log_stats": False,  # per-request metrics (TTFT) exist only with stats on
-            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
-            "max_num_seqs": DEFAULT_MAX_SEQS}
-    if kv_bytes is not None:
-        args["kv_cache_memory_bytes"] = kv_bytes
-    if model.gpus_per_engine > 1:
-        # the actor holds the engine's GPUs (one node's): vLLM's workers run as its processes, not Ray tasks
-        args["distributed_executor_backend"] = "mp"
-    args.update(model.engine)
-    if profile.chunked_prefill:
-        args["enable_chunked_prefill"] = True
-        args["max_num_batched_tokens"] = profile.max_num_batched_tokens
-        args["max_num_seqs"] = min(args["max_num_seqs"], LONG_MAX_SEQS, profile.max_num_batched_tokens)
-    else:
-        args["enable_chunked_prefill"] = False  # batched tokens default to max_model_len: nothing is chunked
-        args.pop("max_num_batched_tokens", None)
-    if reproducible:
-        args.pop("max_num_batched_tokens", None)
-        args.update(REPRODUCIBLE_ARGS, attention_config={**(args.get("attention_config") or {}),
-                                                         **REPRODUCIBLE_ARGS["attention_config"]})
-    compilation = dict(args.pop("compilation_config", None) or {})
-    compilation.setdefault("max_cudagraph_capture_size", args["max_num_seqs"])
-    args["compilation_config"] = compilation
-    return args
-
-
-def sampling_kwargs(sampling: SamplingSpec, seed: int, structured: StructuredSpec | None) -> dict:
-    """`SamplingParams` keyword arguments for one request (structured_outputs: StructuredOutputsParams'
-    arguments). Every field a plain script's `SamplingParams(max_tokens=N, temperature=T)` leaves at vLLM's
-    default is given that default (top_p 1.0, top_k 0, no stop strings); the seed only where sampling (a
-    greedy request needs none, and a plain script gives none)."""
-    guide = None
-    if structured is not None:
-        field = {"json_schema": "json", "choice": "choice", "regex": "regex", "grammar": "grammar"}[structured.kind]
-        guide = {field: list(structured.value) if structured.kind == "choice" else structured.value}
-    return {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
-            "top_k": sampling.top_k, "stop": list(sampling.stop) or None,
-            "seed": seed if sampling.temperature > 0 else None, "structured_outputs": guide}
 
 
 class VllmEngine:

@@ -19,7 +19,7 @@ from jobs.verify import add_verify_arguments, verify
 
 def plan(args: argparse.Namespace) -> int:
     from cluster.plan.plan_source import preflight
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     rows = []
     for mp in preflight(load_spec(args.spec), strict=False):

@@ -33,7 +33,7 @@ def pool(args: argparse.Namespace) -> int:
 
     if args.pool_command == "up":
         from cluster.inputs.checks import check_inputs
-        from cluster.contracts.spec import load_spec
+        from cluster.inputs.spec_file import load_spec
 
         spec = load_spec(args.spec)
         check_inputs(spec)  # the same checks, and lines, as a sweep's

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import NoneType, UnionType
 
 from cluster.contracts import spec as S
+from cluster.inputs.spec_file import parse_spec
 
 # cluster/contracts/spec.py's _structured and _scorer: the two sections whose YAML is not a mapping of their fields
 SHAPES = {
@@ -287,7 +288,7 @@ class _Probe:
         self.folder = folder
 
     def _load(self, raw: dict):
-        return S.parse_spec(raw, source="probe.yaml", base_dir=self.folder)
+        return parse_spec(raw, source="probe.yaml", base_dir=self.folder)
 
     def _at(self, raw: dict, path: str) -> dict:
         """The mapping at a section path of `raw` (`tasks[].sampling`: the first task's sampling)."""

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from cluster.contracts.timing import RunClock
 
     clock = RunClock()  # from this process's start: Python and imports count, as on a user's stopwatch
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     # 1. Before Ray and before the output is touched, the cheap checks: the spec, every data file (one
     #    pass), structured specs, where each model is, the Ray address. A problem is one line, exit 2.

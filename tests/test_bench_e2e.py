@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cluster.contracts.spec import load_spec
+from cluster.inputs.spec_file import load_spec
 from jobs.bench.common import Bench, run_process, sweep_spec, write_prompts
 from jobs.bench.whole_process import E2EConfig, EndToEnd
 

@@ -203,7 +203,7 @@ def test_a_shard_never_mixes_models_or_tasks(tmp_path):
     import yaml
 
     from cluster.plan.plan_source import preflight
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
     from tests.conftest import QUICKSTART
 
     raw = yaml.safe_load(QUICKSTART.read_text())

@@ -34,7 +34,7 @@ def test_sweep_two_actors_one_gpu_long_and_short_shards(ray_local, tiny_path, tm
     import pyarrow.parquet as pq
 
     from cluster.schedule.run import run_sweep
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     rng = random.Random(0)
     with open(tmp_path / "mixed.jsonl", "w") as f:
@@ -159,7 +159,7 @@ def test_two_models_one_gpu_change_model_in_the_same_actor(ray_local, tmp_path):
     import pyarrow.parquet as pq
 
     from cluster.schedule.run import run_sweep
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     (tmp_path / "two.yaml").write_text(f"""
 name: gpu-two-models
@@ -310,7 +310,7 @@ def test_scoring_sweep_on_vllm(ray_local, tmp_path):
     import yaml
 
     from cluster.schedule.run import run_sweep
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     raw = yaml.safe_load((ROOT / "sweeps" / "scoring.yaml").read_text())
     raw["output"] = str(tmp_path / "out")
@@ -336,7 +336,7 @@ def test_reproducible_sweep_repeats_across_shard_sizes_and_actors_on_vllm(ray_lo
     import pyarrow.parquet as pq
 
     from cluster.schedule.run import run_sweep
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
     from jobs.bench.common import prompts_of
 
     data = tmp_path / "p.jsonl"
@@ -377,7 +377,7 @@ def test_tensor_parallel_2_sweep_beside_a_one_gpu_model(ray_local, tmp_path):
     import pyarrow.parquet as pq
 
     from cluster.schedule.run import run_sweep
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
     from jobs.bench.common import prompts_of
 
     data = tmp_path / "p.jsonl"

@@ -364,7 +364,7 @@ def test_ray_that_fails_to_start_is_one_line_and_releases_the_output(sweep_dir, 
     import ray
 
     from cluster.store.sink import ResultSink
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
     from jobs.sweep import main
 
     folder, out = sweep_dir

@@ -13,7 +13,7 @@ import ray
 
 from cluster.schedule.metrics import NAMES
 from cluster.schedule.run import run_sweep
-from cluster.contracts.spec import load_spec
+from cluster.inputs.spec_file import load_spec
 from tests.conftest import QUICKSTART
 
 SERIES = re.compile(r"(ray_raysweep_\w+)\{(.*)\} (\S+)$")

@@ -16,7 +16,8 @@ from cluster.inputs.builtin_model import builtin_config, resolve_model_path
 from cluster.contracts.model_memory import ACCELERATOR_MEMORY, config_parameters, refusal, weights
 from cluster.contracts.errors import PreflightError
 from cluster.inputs.checks import check_inputs
-from cluster.contracts.spec import SpecError, load_spec
+from cluster.contracts.spec import SpecError
+from cluster.inputs.spec_file import load_spec
 from cluster.schedule.tail_split import MIN_PART_ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,7 +183,7 @@ def test_a_tp4_actor_holds_four_gpus_of_one_node(fake_cluster, tmp_path):
 def test_four_gpus_on_two_nodes_never_hold_a_tp4_engine(fake_cluster, tmp_path):
     """The cluster has 4 GPUs, but 2 per node: a TP=4 actor cannot be placed, and the sweep says so in one
     line before any actor starts."""
-    from cluster.schedule.placement import PlacementError
+    from cluster.plan.placement import PlacementError
     from cluster.schedule.run import run_sweep
 
     fake_cluster([{"num_cpus": 1, "num_gpus": 2}] * 2)

@@ -17,7 +17,7 @@ import yaml
 from cluster.contracts.errors import PreflightError
 from cluster.schedule.run import prepare, run_sweep
 from cluster.store.sink import ResultSink, SinkError, read_manifest
-from cluster.contracts.spec import load_spec
+from cluster.inputs.spec_file import load_spec
 from tests.conftest import QUICKSTART, ROOT
 from tests.test_metrics import metrics_url, scrape
 

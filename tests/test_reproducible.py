@@ -48,7 +48,7 @@ def test_token_ids_are_those_a_plain_vllm_generate_would_use(tiny_path):
 
 
 def test_sampling_settings_are_a_plain_scripts_with_vllms_defaults():
-    from actors.vllm_engine import sampling_kwargs
+    from actors.vllm_args import sampling_kwargs
     from cluster.contracts.spec import SamplingSpec
 
     # the plain script: SamplingParams(max_tokens=N, temperature=0.0); vLLM 0.26's defaults for the rest
@@ -63,7 +63,7 @@ def test_reproducible_engine_arguments_are_the_batch_invariant_setting():
     """`reproducible: true` gives vLLM the setting measured batch-invariant on an H100 (TRITON_ATTN, no prefix
     caching, no chunked prefill, graphs and compile on), for long shards too, over what the spec's engine says."""
     from actors.engine import EngineProfile
-    from actors.vllm_engine import REPRODUCIBLE_ARGS, engine_args
+    from actors.vllm_args import REPRODUCIBLE_ARGS, engine_args
     from cluster.contracts.spec import ModelSpec
 
     model = ModelSpec("m", "/m", engine={"max_num_seqs": 32, "attention_config": {"backend": "TRITON_ATTN"}})
@@ -140,7 +140,7 @@ def _commit_one_row(spec_path: str) -> None:
     import pyarrow as pa
 
     from cluster.schedule.run import prepare
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     prepared = prepare(load_spec(spec_path))
     prepared.sink.plan(["tiny/arithmetic/00000"])
@@ -153,7 +153,7 @@ def _commit_one_row(spec_path: str) -> None:
 def test_a_resume_never_mixes_reproducible_and_other_results(tmp_path):
     from cluster.schedule.run import prepare
     from cluster.store.sink import SinkError
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     _commit_one_row(spec_file(tmp_path, "mixed"))
     with pytest.raises(SinkError, match="made with reproducible: true; this spec says reproducible: false"):
@@ -167,7 +167,7 @@ def test_a_resume_never_adds_to_reproducible_results_of_another_setting(tmp_path
 
     from cluster.schedule.run import prepare
     from cluster.store.sink import SinkError
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     _commit_one_row(spec_file(tmp_path, "older"))
     prepare(load_spec(spec_file(tmp_path, "older"))).sink.close()  # the same setting resumes
@@ -188,7 +188,7 @@ def test_a_resume_never_adds_to_reproducible_results_of_another_setting(tmp_path
 def test_reproducible_refuses_eager_by_compilation_config_and_engines_across_gpus(tmp_path, engine, message):
     from cluster.contracts.errors import PreflightError
     from cluster.inputs.checks import check_inputs
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     path = spec_file(tmp_path, "refused")
     raw = yaml.safe_load(open(path))

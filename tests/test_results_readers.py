@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cluster.store.sink import ResultSink, SinkError, read_manifest
-from cluster.contracts.spec import load_spec
+from cluster.inputs.spec_file import load_spec
 from tests.conftest import QUICKSTART
 
 # one output with an ordinary pair beside the digit names, one with digit names only (there a reader that

@@ -385,7 +385,7 @@ def test_a_sandbox_that_never_starts_costs_its_row_not_the_shard(ray_local, tmp_
     import pyarrow.parquet as pq
 
     from cluster.schedule.run import run_sweep
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     real, tries = sandbox.run_program, []
 
@@ -429,7 +429,7 @@ def test_a_code_exec_sweep_on_a_driver_with_no_sandbox_is_refused_before_ray(no_
     starts (review 16, finding 4: it came after the engines had run)."""
     from cluster.contracts.errors import PreflightError
     from cluster.inputs.checks import check_inputs
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
     spec = load_spec(Path(__file__).resolve().parents[1] / "sweeps" / "scoring.yaml")

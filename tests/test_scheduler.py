@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from cluster.schedule.run import run_sweep
-from cluster.contracts.spec import load_spec
+from cluster.inputs.spec_file import load_spec
 
 
 @pytest.mark.slow
@@ -146,7 +146,7 @@ def test_an_engine_that_cannot_start_fails_its_model_only(ray_local, one_by_one)
 ])
 def test_shards_in_flight_fill_four_engine_batches(max_samples, engine, actors, depth):
     from cluster.plan.depth import shards_in_flight
-    from cluster.contracts.spec import parse_spec
+    from cluster.inputs.spec_file import parse_spec
 
     spec = parse_spec({"name": "d", "models": [{"name": "m", "path": "builtin:tiny", "engine": engine}],
                        "tasks": [{"name": "t", "data": "x.jsonl", "prompt": "{q}"}],

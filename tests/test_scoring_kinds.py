@@ -93,7 +93,7 @@ def test_the_scoring_example_sweep(ray_local, tmp_path):
     code problem run in the sandbox, and replayed completions (right, wrong, never returning) scored with
     no engine; every completion once, pass@k from the replayed ones' known outcomes."""
     from cluster.schedule.run import run_sweep
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     raw = yaml.safe_load((ROOT / "sweeps" / "scoring.yaml").read_text())
     raw["output"] = str(tmp_path / "out")
@@ -137,7 +137,7 @@ def test_the_scoring_example_sweep(ray_local, tmp_path):
 def test_a_replay_only_sweep_starts_no_engine(ray_local, tmp_path):
     """Completions made elsewhere, scored with exact_match and no model in the spec: no actor, no engine."""
     from cluster.schedule.run import run_sweep
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     rows = [{"id": i, "q": f"{i}+{i}", "a": str(2 * i), "out": str(2 * i if i % 2 else i)} for i in range(6)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -165,7 +165,7 @@ def test_hostile_completions_are_recorded_and_the_sweep_completes(ray_local, tmp
     import socket
 
     from cluster.schedule.run import run_sweep
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     monkeypatch.setenv("RAYSWEEP_TEST_SECRET", "s3cr3t-value")
     outside = tmp_path / "escaped.txt"

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cluster.store.sink import JOURNAL, ResultSink, read_manifest, summarize
-from cluster.contracts.spec import load_spec
+from cluster.inputs.spec_file import load_spec
 from tests.conftest import QUICKSTART
 
 
@@ -78,7 +78,7 @@ def test_telemetry_keeps_every_column_when_a_failed_attempts_short_row_comes_fir
     import pyarrow.parquet as pq
 
     from cluster.store.sink import ResultSink
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
     from tests.conftest import QUICKSTART
 
     with ResultSink(str(tmp_path / "out"), load_spec(QUICKSTART)) as sink:

@@ -3,7 +3,8 @@
 import pytest
 import yaml
 
-from cluster.contracts.spec import SpecError, load_spec
+from cluster.contracts.spec import SpecError
+from cluster.inputs.spec_file import load_spec
 from tests.conftest import QUICKSTART
 
 

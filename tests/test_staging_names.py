@@ -4,7 +4,7 @@ model `a.b` with task `c`) stay apart: each shard reads its own task's rows."""
 import json
 
 from cluster.plan.plan_source import preflight
-from cluster.contracts.spec import load_spec
+from cluster.inputs.spec_file import load_spec
 
 
 def test_pairs_whose_names_join_alike_do_not_share_staged_prompts(tmp_path):

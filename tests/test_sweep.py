@@ -12,7 +12,7 @@ import pytest
 
 from cluster.schedule.run import run_sweep
 from cluster.store.sink import SinkError
-from cluster.contracts.spec import load_spec
+from cluster.inputs.spec_file import load_spec
 from tests.conftest import QUICKSTART, ROOT
 
 

@@ -58,7 +58,7 @@ GIB = 1 << 30
 
 def test_on_a_shared_gpu_the_kv_cache_is_sized_from_the_share_so_engines_can_start_together(tmp_path, monkeypatch):
     from actors.engine import EngineProfile
-    from actors.vllm_engine import engine_args, shared_kv_bytes
+    from actors.vllm_args import engine_args, shared_kv_bytes
     from cluster.contracts.spec import ModelSpec
 
     monkeypatch.delenv("RAYSWEEP_SHARED_GPU_START", raising=False)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from cluster.schedule.run import run_sweep
-from cluster.contracts.spec import load_spec
+from cluster.inputs.spec_file import load_spec
 
 
 def two_model_spec(tmp_path, models, rows=48, actors=None, max_tokens=6):
@@ -99,7 +99,7 @@ def test_an_engine_that_cannot_start_fails_only_its_model(ray_local, tmp_path, t
 
 @pytest.mark.slow
 def test_a_spec_no_node_can_hold_is_refused_before_any_engine(ray_local, tmp_path):
-    from cluster.schedule.placement import PlacementError
+    from cluster.plan.placement import PlacementError
 
     spec = two_model_spec(tmp_path, [("a", "builtin:tiny", "hf"), ("b", "builtin:tiny", "hf")],
                           actors={"count": 1, "num_gpus": 1, "accelerator_type": "L4"})

@@ -10,7 +10,7 @@ SHARED_GPU_START = "RAYSWEEP_SHARED_GPU_START"  # `serial`: engines sharing a GP
 
 def shared_starts_together() -> bool:
     """Whether engines sharing a GPU start at the same time (default: each sizes its KV cache from its share,
-    actors/vllm_engine.shared_kv_bytes, so nothing depends on what a neighbour holds at that moment) or one
+    actors/vllm_args.shared_kv_bytes, so nothing depends on what a neighbour holds at that moment) or one
     at a time (`RAYSWEEP_SHARED_GPU_START=serial`: vLLM measures free memory, which a neighbour must not move).
     Read by the driver and by actors; actors of a local Ray inherit the driver's environment."""
     return os.environ.get(SHARED_GPU_START, "together") != "serial"

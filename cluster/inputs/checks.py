@@ -14,14 +14,20 @@ from __future__ import annotations
 import importlib.util
 
 from cluster.contracts.errors import PreflightError
+from cluster.contracts.task_spec import TaskSpec
 from cluster.contracts.model_paths import is_builtin
 from cluster.inputs.builtin_model import find_model, resolve_model_path
 from cluster.inputs.data import TaskData, load_task
 from cluster.contracts.model_memory import accelerator_memory, refusal, weights
-from cluster.plan.planner import no_room
 from cluster.contracts.spec import ModelSpec, SweepSpec
 from cluster.contracts.structured import check as check_structured
 from cluster.contracts.structured import xgrammar_message
+
+
+def no_room(model: ModelSpec, task: TaskSpec, max_model_len: int) -> str:
+    """The length refusal no length_policy can help: max_tokens leaves no token for a prompt."""
+    return (f"tasks.{task.name}.sampling.max_tokens {task.sampling.max_tokens} leaves no room for a prompt in "
+            f"model {model.name}'s max_model_len {max_model_len}; lower max_tokens")
 
 
 def check_inputs(spec: SweepSpec) -> list[TaskData]:

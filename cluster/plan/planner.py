@@ -23,6 +23,7 @@ import numpy as np
 from cluster.contracts.errors import PreflightError
 from cluster.contracts.shard import LONG, SHORT, Shard
 from cluster.contracts.tokens import count_tokens, tokenize
+from cluster.inputs.checks import no_room
 from cluster.inputs.data import RowBatch, TaskData, render_prompts
 from cluster.contracts.loglikelihood import encode_pairs, pair_lengths, row_choices
 from cluster.contracts.spec import ModelSpec, ShardLimits, TaskSpec
@@ -130,12 +131,6 @@ def plan_replay(data: TaskData, limits: ShardLimits, staging: StagingFolder | No
                           np.zeros(n, np.uint8), None, True)
               for k, start in enumerate(range(0, n, limits.max_samples))]
     return TaskPlan(model=model, task=task, shards=shards, lengths=zeros, threshold=None)
-
-
-def no_room(model: ModelSpec, task: TaskSpec, max_model_len: int) -> str:
-    """The length refusal no length_policy can help: max_tokens leaves no token for a prompt."""
-    return (f"tasks.{task.name}.sampling.max_tokens {task.sampling.max_tokens} leaves no room for a prompt in "
-            f"model {model.name}'s max_model_len {max_model_len}; lower max_tokens")
 
 
 def _refusal(model, task, over: list[tuple[str, int]], limit, max_model_len) -> str:

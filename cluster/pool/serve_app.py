@@ -90,7 +90,7 @@ def build_app(spec: SweepSpec, min_replicas: int = 1, switch: bool = False):
     from ray import serve
 
     from cluster.launch import pool_deployments
-    from cluster.schedule.placement import actor_resources, capacity
+    from cluster.plan.placement import actor_resources, capacity
 
     PoolIngress, PoolReplica = pool_deployments()
 

@@ -55,7 +55,7 @@ class Bench:
         from vllm import LLM
 
         from actors.engine import EngineProfile
-        from actors.vllm_engine import engine_args
+        from actors.vllm_args import engine_args
         from cluster.contracts.spec import ModelSpec
 
         profile = overrides.pop("profile", EngineProfile())
@@ -115,7 +115,7 @@ def sweep_spec(name: str, output: Path, models: list, tasks: list, overrides: di
 def vllm_args(model_path: str, overrides: dict) -> dict:
     """What raysweep gives `vllm.LLM` for a short shard with a whole GPU."""
     from actors.engine import EngineProfile
-    from actors.vllm_engine import engine_args
+    from actors.vllm_args import engine_args
     from cluster.contracts.spec import ModelSpec
 
     return engine_args(ModelSpec("bench", model_path, engine=dict(overrides)), model_path, EngineProfile(), 1.0)

@@ -63,7 +63,7 @@ def _sweep_rate(bench: Bench, data: Path, depth: str, name: str) -> tuple[float,
     import ray
 
     from cluster.schedule.run import run_sweep
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     spec_path = bench.out / f"{name}.yaml"
     actors = {"count": 1, "num_gpus": 1, **({} if depth == "auto" else {"shards_in_flight": int(depth)})}

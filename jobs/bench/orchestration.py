@@ -52,7 +52,7 @@ def part_o(bench: Bench) -> None:
     import ray
 
     from cluster.schedule.run import execute, prepare
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -94,7 +94,7 @@ def _plan_twice(spec_path: str, cache: str) -> dict:
     os.environ["RAYSWEEP_CACHE"] = cache
     from cluster.inputs.builtin_model import resolve_model_path
     from cluster.plan.plan_source import preflight
-    from cluster.contracts.spec import load_spec
+    from cluster.inputs.spec_file import load_spec
 
     resolve_model_path("builtin:tiny")  # built before timing, as a sweep's model would be there already
     spec, out = load_spec(spec_path), {}

@@ -7,7 +7,7 @@ the same prompts, vLLM arguments and sampling (greedy, `max_tokens`, no stop str
 1. `raysweep`: `python -m jobs.sweep SPEC --output DIR --new-run`, once per `--e-raysweep-env` entry
    (extra environment variables for that run, e.g. RAYSWEEP_VLLM_CORE=spawn).
 2. `plain`: `python -m jobs.bench.plain_vllm`, one `vllm.LLM(**args).generate(...)`, where `args` are what
-   raysweep gives vLLM for a short shard on a whole GPU (`actors.vllm_engine.engine_args`).
+   raysweep gives vLLM for a short shard on a whole GPU (`actors.vllm_args.engine_args`).
 3. `ray_data`: `python -m jobs.bench.ray_data_llm`, Ray Data LLM's vLLM processor with the same arguments.
 4. `multi`: several models x two tasks (short and long prompts, the first size split between them) on
    one GPU as one raysweep process, against the plain script once per model over both tasks' prompts,
