@@ -26,7 +26,8 @@ from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 
 from cluster.contracts.errors import RaysweepError
-from cluster.store.sink import read_manifest
+from cluster.contracts.shard import ShardState
+from cluster.store.manifest import read_manifest
 from jobs import report_timeline as timeline
 
 
@@ -97,7 +98,8 @@ def _header(root: Path, manifest: dict) -> str:
     versions = manifest.get("versions") or {}
     facts = {"output": str(root), "spec hash": manifest.get("spec_hash"), "created": manifest.get("created_at"),
              "finished": manifest.get("finished_at") or "not finished",
-             "shards": f"{states['committed']} committed, {states['failed']} failed, {states['pending']} pending",
+             "shards": f"{states[ShardState.COMMITTED]} committed, {states[ShardState.FAILED]} failed, "
+                       f"{states[ShardState.PENDING]} pending",
              "versions": ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(versions.items()))}
     items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(_fmt(v))}</dd>" for k, v in facts.items())
     return f"<h1>{html.escape('raysweep report: ' + str(manifest.get('sweep')))}</h1>\n<dl>{items}</dl>"
@@ -241,7 +243,7 @@ def _phase_widths(starts: list[dict]) -> dict[str, np.ndarray]:
 
 
 def _failures(root: Path, manifest: dict) -> str:
-    failed = sorted((sid, s) for sid, s in manifest["shards"].items() if s.get("state") == "failed")
+    failed = sorted((sid, s) for sid, s in manifest["shards"].items() if s.get("state") == ShardState.FAILED)
     shards = (_table(["shard", "attempts", "errors"],
                      [[sid, s.get("attempts"), "\n".join(f"{i}: {e}" for i, e in enumerate(s.get("errors", []), 1))]
                       for sid, s in failed], "failed-shards")
@@ -255,7 +257,7 @@ def _failures(root: Path, manifest: dict) -> str:
 
 
 def _problem_rows(root: Path, manifest: dict, max_rows: int) -> str:
-    files = sorted(root / s["file"] for s in manifest["shards"].values() if s.get("state") == "committed")
+    files = sorted(root / s["file"] for s in manifest["shards"].values() if s.get("state") == ShardState.COMMITTED)
     for f in files:
         if not f.is_file():
             raise ReportError(f"output {root}/manifest.json: committed shard file {f} is missing")

@@ -15,6 +15,7 @@ import sys
 import time
 
 from cluster.contracts.errors import RaysweepError
+from cluster.contracts.shard import ShardState
 
 RAY_PROBE_S = 2.0  # an explicit Ray address must accept a connection this fast (ray.init waits minutes)
 
@@ -93,7 +94,7 @@ def run_spec(spec, args: argparse.Namespace, clock=None) -> int:
     if report.failed:
         for shard_id, entry in sorted(report.failed.items()):
             print(f"[raysweep] FAILED shard {shard_id}: {entry['errors'][-1]}")
-        retried = sum(entry["state"] == "failed" for entry in report.failed.values())
+        retried = sum(entry["state"] == ShardState.FAILED for entry in report.failed.values())
         kept = len(report.failed) - retried
         if retried:
             print(f"[raysweep] {retried} shard(s) failed; re-run the same command to retry them")

@@ -40,7 +40,7 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 def verify(args: argparse.Namespace) -> int:
     from cluster.inputs.data import data_hashes, rows_with_ids
-    from cluster.store.sink import read_manifest
+    from cluster.store.manifest import read_manifest
     from cluster.inputs.spec_file import load_spec
 
     if args.samples < 1:

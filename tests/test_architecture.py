@@ -12,11 +12,10 @@ or inside a function; `if TYPE_CHECKING:` imports left out, they never run):
 
 from pathlib import Path
 
+import grimp  # in the dev extra
 import pytest
 
 from tests.conftest import ROOT
-
-grimp = pytest.importorskip("grimp")
 
 LAUNCH = "cluster.launch"
 CONTRACTS = "cluster.contracts"

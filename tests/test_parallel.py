@@ -201,7 +201,7 @@ def test_shards_cut_at_the_tail_are_committed_once_each(ray_local, tmp_path):
     (parts of at least MIN_PART_ROWS rows), run apart, and committed whole under their own ids; every
     sample once, and the run's record keeps the tail's idle share and how many shards were cut."""
     from cluster.schedule.run import run_sweep
-    from cluster.store.sink import read_manifest
+    from cluster.store.manifest import read_manifest
 
     spec = load_spec(write_spec(tmp_path, [{"name": "m", "path": "builtin:tiny", "engine": "fake"}], rows=192,
                                 max_samples=64, actors={"count": 2, "num_cpus": 1, "shards_in_flight": 1}))
@@ -228,7 +228,8 @@ def _tail_scheduler(ray_local, events, raising=("s90",), dies_once: str | None =
     import pyarrow as pa
 
     from cluster.contracts.shard import Shard
-    from cluster.schedule.scheduler import Job, ModelWork, SweepScheduler
+    from cluster.schedule.scheduler import SweepScheduler
+    from cluster.schedule.work import Job, ModelWork
 
     class _Actor:  # defined here so Ray ships the class by value
         def ready(self) -> dict:
@@ -272,7 +273,7 @@ def test_a_tail_part_that_raises_sends_its_whole_shard_back(ray_local):
     """The part holding s90 raises: the split ends (its other part's result is dropped), the whole shard is
     retried whole, then bisected as any shard that raises alike twice, and reported once, with s90 the one
     row that fails alone. The shards that ran whole are reported once each."""
-    from cluster.schedule.scheduler import SchedulerEvents
+    from cluster.schedule.work import SchedulerEvents
 
     reported, attempts = [], []
     events = SchedulerEvents(
@@ -296,7 +297,7 @@ def test_a_tail_part_that_raises_sends_its_whole_shard_back(ray_local):
 
 
 def _recorder():
-    from cluster.schedule.scheduler import SchedulerEvents
+    from cluster.schedule.work import SchedulerEvents
 
     reported = []
     events = SchedulerEvents(

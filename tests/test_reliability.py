@@ -16,7 +16,9 @@ import yaml
 
 from cluster.contracts.errors import PreflightError
 from cluster.schedule.run import prepare, run_sweep
-from cluster.store.sink import ResultSink, SinkError, read_manifest
+from cluster.store.manifest import read_manifest
+from cluster.store.output_files import SinkError
+from cluster.store.sink import ResultSink
 from cluster.inputs.spec_file import load_spec
 from tests.conftest import QUICKSTART, ROOT
 from tests.test_metrics import metrics_url, scrape

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cluster.store.sink import result_file, summarize
+from cluster.score.summary import summarize
+from cluster.store.output_files import result_file
 from jobs import report_timeline
 from jobs.cli import main
 from jobs.report import _phase_widths, write_report

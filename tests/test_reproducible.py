@@ -152,7 +152,7 @@ def _commit_one_row(spec_path: str) -> None:
 
 def test_a_resume_never_mixes_reproducible_and_other_results(tmp_path):
     from cluster.schedule.run import prepare
-    from cluster.store.sink import SinkError
+    from cluster.store.output_files import SinkError
     from cluster.inputs.spec_file import load_spec
 
     _commit_one_row(spec_file(tmp_path, "mixed"))
@@ -166,7 +166,7 @@ def test_a_resume_never_adds_to_reproducible_results_of_another_setting(tmp_path
     import json
 
     from cluster.schedule.run import prepare
-    from cluster.store.sink import SinkError
+    from cluster.store.output_files import SinkError
     from cluster.inputs.spec_file import load_spec
 
     _commit_one_row(spec_file(tmp_path, "older"))

@@ -10,7 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cluster.store.sink import ResultSink, SinkError, read_manifest
+from cluster.store.manifest import read_manifest
+from cluster.store.output_files import SinkError
+from cluster.store.sink import ResultSink
 from cluster.inputs.spec_file import load_spec
 from tests.conftest import QUICKSTART
 

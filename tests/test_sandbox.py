@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 
 import cluster.score.sandbox as sandbox
+import cluster.score.sandbox_pool as sandbox_pool
+import cluster.score.sandbox_launch as sandbox_launch
+import cluster.score.sandbox_probe as sandbox_probe
 from cluster.score.sandbox import NOBODY, SandboxLimits, SandboxPool, check_available, run_program
 
 QUICK = SandboxLimits(timeout_s=2)
@@ -168,9 +171,9 @@ def test_a_sandbox_failure_of_every_program_fails_the_pools_future(monkeypatch):
     def broken(*args):
         raise sandbox.SandboxError("bwrap vanished")
 
-    monkeypatch.setattr(sandbox, "RETRY_PAUSES_S", (0, 0))
+    monkeypatch.setattr(sandbox_pool, "RETRY_PAUSES_S", (0, 0))
     with SandboxPool(workers=1) as pool:
-        monkeypatch.setattr(sandbox, "run_program", broken)
+        monkeypatch.setattr(sandbox_pool, "run_program", broken)
         with pytest.raises(sandbox.SandboxError, match="no program of 3 started: .*bwrap vanished"):
             pool.submit(["assert True"] * 3, QUICK).result(timeout=30)
 
@@ -188,8 +191,8 @@ def test_one_programs_sandbox_failing_to_start_is_retried_then_recorded_alone(mo
             raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
         return real(source, *args)
 
-    monkeypatch.setattr(sandbox, "RETRY_PAUSES_S", (0, 0))
-    monkeypatch.setattr(sandbox, "run_program", flaky)
+    monkeypatch.setattr(sandbox_pool, "RETRY_PAUSES_S", (0, 0))
+    monkeypatch.setattr(sandbox_pool, "run_program", flaky)
     programs = [f"print({i})" for i in range(4)] + ["print('once')", "print('always')"]
     with SandboxPool(workers=2) as pool:
         outcomes = pool.submit(programs, QUICK).result(timeout=60)
@@ -257,14 +260,14 @@ def test_the_oom_killer_takes_a_sandbox_first():
 def no_bwrap(monkeypatch, tmp_path):
     """bwrap hidden from PATH, as on a machine without it; the plan probed again, and again afterwards."""
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    sandbox._plan.cache_clear()
+    sandbox_probe._plan.cache_clear()
     yield
-    sandbox._plan.cache_clear()
+    sandbox_probe._plan.cache_clear()
 
 
 def test_not_root_without_bubblewrap_refuses_unless_the_task_opts_in(no_bwrap, monkeypatch):
     """Review 16, finding 1: without bwrap a driver that is not root would run programs under its own uid."""
-    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(sandbox.SandboxError) as refused:
         check_available()
     line = str(refused.value)
@@ -282,15 +285,15 @@ def test_python_that_uid_65534_cannot_reach_is_named_as_the_cause(no_bwrap, monk
     prefix = tmp_path / "home" / ".pyenv" / "3.11"
     (prefix / "bin").mkdir(parents=True)
     (tmp_path / "home").chmod(0o700)
-    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(sandbox.sys, "base_prefix", str(prefix))
-    monkeypatch.setattr(sandbox.sys, "executable", str(prefix / "bin" / "python3"))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(sys, "base_prefix", str(prefix))
+    monkeypatch.setattr(sys, "executable", str(prefix / "bin" / "python3"))
 
     def cannot_import(plan, *args):  # what such an interpreter does, dropped to uid 65534
         raise sandbox.SandboxError(f"{plan.label}: the sandbox did not start: exit 1: ModuleNotFoundError: "
                                    "No module named 'socket'")
 
-    monkeypatch.setattr(sandbox, "_run", cannot_import)
+    monkeypatch.setattr(sandbox_probe, "_run", cannot_import)
     with pytest.raises(sandbox.SandboxError) as none:
         check_available()
     line = str(none.value)  # the first directory on the way that others may not search: home, or one above
@@ -313,7 +316,7 @@ def _python_for(uid: int) -> str | None:
 
 DRIVER = r"""
 import os, sys
-import sandbox
+import cluster.score.sandbox as sandbox
 home, unsafe = os.environ["HOME"], sys.argv[1] == "unsafe"
 secret, results = os.path.join(home, "credentials"), os.path.join(home, "results.parquet")
 with open(secret, "w") as f:
@@ -343,7 +346,10 @@ def test_a_driver_that_is_not_root_with_and_without_bubblewrap(tmp_path):
     assert python, "no interpreter that uid 4242 can run"
     home = Path(tempfile.mkdtemp(prefix="raysweep-driver-"))
     try:
-        shutil.copy(Path(sandbox.__file__), home / "sandbox.py")  # stdlib only: runs alone
+        here = Path(sandbox.__file__).parent  # stdlib only: the sandbox's modules run alone
+        (home / "cluster" / "score").mkdir(parents=True)
+        for source in (here.parent / "__init__.py", here / "__init__.py", *here.glob("sandbox*.py")):
+            shutil.copy(source, home / source.relative_to(here.parent.parent))
         (home / "driver.py").write_text(DRIVER)
         os.chown(home, uid, uid)
 
@@ -395,8 +401,8 @@ def test_a_sandbox_that_never_starts_costs_its_row_not_the_shard(ray_local, tmp_
             raise sandbox.SandboxError("bwrap: Creating new namespace failed: Resource temporarily unavailable")
         return real(source, *args)
 
-    monkeypatch.setattr(sandbox, "RETRY_PAUSES_S", (0, 0))
-    monkeypatch.setattr(sandbox, "run_program", flaky)
+    monkeypatch.setattr(sandbox_pool, "RETRY_PAUSES_S", (0, 0))
+    monkeypatch.setattr(sandbox_pool, "run_program", flaky)
     rows = [{"id": f"r{i}", "code": "assert True" + {3: "  # ONCE", 5: "  # ALWAYS"}.get(i, "")} for i in range(8)]
     (tmp_path / "h.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "s.yaml").write_text(f"""
@@ -431,7 +437,7 @@ def test_a_code_exec_sweep_on_a_driver_with_no_sandbox_is_refused_before_ray(no_
     from cluster.inputs.checks import check_inputs
     from cluster.inputs.spec_file import load_spec
 
-    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     spec = load_spec(Path(__file__).resolve().parents[1] / "sweeps" / "scoring.yaml")
     with pytest.raises(PreflightError) as refused:
         check_inputs(spec)
@@ -452,7 +458,7 @@ def test_cleaning_a_programs_directory_never_changes_its_parent(tmp_path):
     (root / "locked" / "f").write_text("left by a program")
     parent.chmod(0o755)
     (root / "locked").chmod(0o500)  # a program's directory without write permission
-    handler = functools.partial(sandbox._writable_then_retry, str(root))
+    handler = functools.partial(sandbox_launch._writable_then_retry, str(root))
     handler(os.rmdir, str(root), None)  # the directory itself failing: left alone
     assert stat.S_IMODE(parent.stat().st_mode) == 0o755
     shutil.rmtree(root, onerror=handler)  # inside it: made writable, removed

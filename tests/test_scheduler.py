@@ -62,7 +62,8 @@ def test_an_actor_ray_cannot_place_holds_no_shards(ray_local, tmp_path):
 def _scheduler(ray_local, broken_engine: bool, results: list, one_by_one: bool = False):
     from types import SimpleNamespace
 
-    from cluster.schedule.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
+    from cluster.schedule.scheduler import SweepScheduler
+    from cluster.schedule.work import Job, ModelWork, SchedulerEvents
 
     # defined here so Ray ships the class by value (workers cannot import this test module)
     class _StartsThenServes:
@@ -160,7 +161,8 @@ def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_
     actor 1 gives the model up, and actor 0 runs every shard."""
     from types import SimpleNamespace
 
-    from cluster.schedule.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
+    from cluster.schedule.scheduler import SweepScheduler
+    from cluster.schedule.work import Job, ModelWork, SchedulerEvents
 
     class _SecondFails:
         def __init__(self, number: int):
@@ -206,7 +208,8 @@ def test_on_a_shared_gpu_an_actor_is_released_only_once_no_engine_is_starting(ra
     under it."""
     from types import SimpleNamespace
 
-    from cluster.schedule.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
+    from cluster.schedule.scheduler import SweepScheduler
+    from cluster.schedule.work import Job, ModelWork, SchedulerEvents
 
     log = str(tmp_path / "events.log")
 
@@ -267,7 +270,8 @@ def test_a_shard_that_raises_the_same_way_is_bisected_and_reported_once(ray_loca
     import pyarrow as pa
 
     from cluster.contracts.shard import Shard
-    from cluster.schedule.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
+    from cluster.schedule.scheduler import SweepScheduler
+    from cluster.schedule.work import Job, ModelWork, SchedulerEvents
 
     class _BreaksOnARow:
         def __init__(self, number: int):

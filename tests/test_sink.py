@@ -7,7 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cluster.store.sink import JOURNAL, ResultSink, read_manifest, summarize
+from cluster.score.summary import summarize
+from cluster.store.manifest import JOURNAL, read_manifest
+from cluster.store.sink import ResultSink
 from cluster.inputs.spec_file import load_spec
 from tests.conftest import QUICKSTART
 
@@ -97,7 +99,7 @@ def test_engine_starts_are_on_disk_as_they_happen_and_their_first_tokens_fold_in
     """A driver killed mid-sweep loses no telemetry/actors row: each is written as its engine starts, its
     first_token_s (known only once a shard comes back) as a small update; the next run's finish() folds
     the earliest update into its row, every row once."""
-    from cluster.store.sink import FIRST_TOKENS
+    from cluster.store.telemetry_store import FIRST_TOKENS
 
     spec, out = load_spec(QUICKSTART), tmp_path / "out"
     sink = ResultSink(str(out), spec)
@@ -155,7 +157,7 @@ def test_a_bisected_shard_over_its_policy_is_committed_and_fails_the_sweep_on_ev
 
 def test_a_folder_that_is_not_a_sweeps_output_is_refused_and_left_alone(tmp_path):
     """results/ without manifest.json: someone else's files; neither a run nor --new-run touches them."""
-    from cluster.store.sink import SinkError
+    from cluster.store.output_files import SinkError
 
     spec = load_spec(QUICKSTART)
     (tmp_path / "results").mkdir()
@@ -168,7 +170,7 @@ def test_a_folder_that_is_not_a_sweeps_output_is_refused_and_left_alone(tmp_path
 
 
 def test_an_output_uri_that_cannot_be_opened_is_one_error():
-    from cluster.store.sink import SinkError
+    from cluster.store.output_files import SinkError
 
     with pytest.raises(SinkError, match="output foo://bar/x: cannot be opened"):
         ResultSink("foo://bar/x", load_spec(QUICKSTART))
@@ -177,7 +179,7 @@ def test_an_output_uri_that_cannot_be_opened_is_one_error():
 def test_another_specs_output_that_committed_nothing_is_taken_over(tmp_path):
     """A run refused after the output was opened (say, a bad regex found after Ray started) committed
     nothing: the fixed spec may use the same output. One that committed shards is still refused."""
-    from cluster.store.sink import SinkError
+    from cluster.store.output_files import SinkError
 
     spec = load_spec(QUICKSTART)
     with ResultSink(str(tmp_path), spec) as sink:

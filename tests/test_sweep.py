@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cluster.schedule.run import run_sweep
-from cluster.store.sink import SinkError
+from cluster.store.output_files import SinkError
 from cluster.inputs.spec_file import load_spec
 from tests.conftest import QUICKSTART, ROOT
 

@@ -64,7 +64,7 @@ class Piece:
 @dataclass(eq=False)
 class Bisection:
     """One shard being bisected: the results of its parts that ran, the rows that failed alone."""
-    job: Any  # the whole shard's Job (cluster/schedule/scheduler.py)
+    job: Any  # the whole shard's Job (cluster/schedule/work.py)
     pending: int = 0  # parts handed out and not settled yet
     parts_run: int = 0  # parts handed out in all
     tables: dict[int, pa.Table] = field(default_factory=dict)  # start -> results of a part that ran

@@ -4,7 +4,7 @@
 2. the output is opened: committed shards of an earlier run of the same spec are skipped;
 3. one scheduler over every model (cluster/schedule/scheduler.py) starts actors once the models are checked,
    gives them models, and fans each task's shards out as soon as it is planned; each result is
-   scored and committed as it arrives;
+   scored and committed as it arrives (cluster/schedule/commit.py);
 4. telemetry, the run's timeline (manifest `runs`) and the summary are written; failures reported.
 """
 
@@ -12,35 +12,27 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import pyarrow as pa
 import ray
 
-from cluster.schedule.bisection import row_error_excess
+from cluster.schedule.commit import Commits
 from cluster.schedule.metrics import SweepMetrics
 from cluster.contracts.engine_defaults import shared_starts_together
-from cluster.schedule.placement import capacity, model_resources, requested_capacity
+from cluster.plan.placement import capacity, model_resources, requested_capacity
 from cluster.plan.planner import TaskPlan
 from cluster.plan.plan_source import ModelReady, PlanSource
 from cluster.schedule.progress import make_progress
-from cluster.score.shard_scoring import ShardScorer, replay_table
-from cluster.schedule.scheduler import Job, ModelWork, SchedulerEvents, SweepScheduler
-from cluster.store.sink import FIRST_TOKENS, ResultSink
+from cluster.score.shard_scoring import replay_table
+from cluster.schedule.scheduler import SweepScheduler
+from cluster.schedule.work import Job, ModelWork, SchedulerEvents
+from cluster.store.sink import ResultSink
 from cluster.contracts.spec import SweepSpec
 from cluster.contracts.timing import RunClock
 from cluster.plan.depth import MIN_SHARDS_IN_FLIGHT, shards_in_flight
 
 TICK_EVERY_S = 1.0  # progress is told what the sweep is doing at most this often
-
-
-@dataclass
-class Scoring:
-    """A shard on its way from the scorer to the sink."""
-    job: Job
-    telemetry: dict  # what the Ray metrics count when it is committed
-    future: Any  # its scored results table
-    extra: dict | None = None  # a shard put together from parts: more of its manifest entry (sink.commit)
 
 
 @dataclass
@@ -111,7 +103,8 @@ def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], N
 
 
 class _Run:
-    """One execution: the plans fed to the scheduler, its events into the sink, metrics and progress."""
+    """One execution: the plans fed to the scheduler, its events into the sink, metrics and progress
+    (cluster/schedule/commit.py)."""
 
     def __init__(self, prepared: Prepared, sink: ResultSink, log, progress_bar, clock: RunClock):
         self.spec, self.plans, self.sink, self.log, self.clock = prepared.spec, prepared.plans, sink, log, clock
@@ -120,13 +113,10 @@ class _Run:
         self.progress = make_progress(0, log, progress_bar)  # the total grows as tasks are planned
         self.metrics = SweepMetrics(self.spec.name)
         self.models = {m.name: m for m in self.spec.models}
-        self.engine_rows: dict[tuple, dict] = {}  # (actor_id, start_index) -> its telemetry/actors row
-        self.part_actors: dict[str, str] = {}  # shard being bisected -> the actor of its last part that ran
         self.n_shards = 0
         self._ticked = 0.0  # when on_tick last reported
         self.recorder = None  # sends the sweep's state to the engine pool, where the sweep uses one
-        self.scorer = ShardScorer(self.spec, on_sandbox=self.on_sandbox)
-        self.scoring: list[Scoring] = []  # shards being scored, committed each as soon as its scoring is done
+        self.commits = Commits(self.spec, sink, self.metrics, self.progress, clock)  # results scored, committed
 
     def schedule(self, max_attempts: int) -> None:
         from cluster.launch import eval_actor_class
@@ -148,9 +138,11 @@ class _Run:
                                   max_restarts=0, max_concurrency=depth + 2, **shape.options()).remote(
                 requested_at, shape.num_cpus, shape.num_gpus, backends, False, spec.reproducible)
 
-        events = SchedulerEvents(on_result=self.on_result, on_failed=self.on_failed, on_bisected=self.on_bisected,
-                                 on_bisecting=self.on_bisecting, on_split=self.on_split, on_attempt_failed=self.on_attempt_failed,
-                                 on_actor_started=self.add_engine_row,
+        commits = self.commits
+        events = SchedulerEvents(on_result=commits.on_result, on_failed=commits.on_failed,
+                                 on_bisected=commits.on_bisected, on_bisecting=commits.on_bisecting,
+                                 on_split=commits.on_split, on_attempt_failed=commits.on_attempt_failed,
+                                 on_actor_started=commits.add_engine_row,
                                  on_dispatched=lambda job: self.metrics.dispatched(job.shard.model, job.task.name),
                                  on_tick=self.on_tick)
         shared = any(0 < shape.num_gpus < 1 for shape in holds)
@@ -170,9 +162,9 @@ class _Run:
         try:
             with requested_capacity(wanted):
                 self.scheduler.run(self.feed)
-            self.commit_scored(wait=True)
+            self.commits.commit_scored(wait=True)
         finally:
-            self.scorer.close()
+            self.commits.close()
         self.report.model_changes = self.scheduler.model_changes
         tail = self.tail_record()
         if tail["tail_idle_share"] is not None:
@@ -263,11 +255,6 @@ class _Run:
         self.progress.grow(sum(job.shard.n_samples for job in jobs))
         self.scheduler.add_jobs(jobs)
 
-    def on_sandbox(self, isolation: str) -> None:
-        """Where code_exec programs run, said in the log and kept in the manifest beside the results."""
-        self.sink.manifest["sandbox"] = isolation
-        self.progress.log(f"[raysweep] code_exec programs run sandboxed: {isolation}")
-
     def add_replay(self, plan: TaskPlan, ids: list[str]) -> None:
         """A replay task's shards are scored and committed from the data here: no actor, no engine."""
         self.progress.log(f"[raysweep] replaying {plan.task.name} as model {plan.model.name}: "
@@ -282,15 +269,14 @@ class _Run:
             table = replay_table(shard)
             telemetry = {"actor_id": "driver", "n_samples": shard.n_samples, "output_tokens": 0,
                          "output_tok_per_s": None}  # for the Ray metrics: nothing ran
-            self.scoring.append(Scoring(Job(shard, plan.task), telemetry,
-                                        self.scorer.submit(plan.model.name, plan.task, shard, table)))
-        self.commit_scored()
+            self.commits.submit(Job(shard, plan.task), telemetry, table)
+        self.commits.commit_scored()
 
     def on_tick(self, scheduler: SweepScheduler) -> None:
         """Between results: shards whose scoring finished are committed; what the sweep is doing, for the
         progress line (once a second at most: the scheduler's loop turns every 50 ms while planning, and
         once per result)."""
-        self.commit_scored()
+        self.commits.commit_scored()
         now = time.perf_counter()
         if now - self._ticked < TICK_EVERY_S:
             return
@@ -300,125 +286,3 @@ class _Run:
         in_flight = sum(kind == "shard" for kind, _, _ in scheduler.inflight.values())
         self.progress.tick(f"{doing}; {in_flight} shard(s) in flight" + ("; planning" if not self.plans.done else ""))
         self.record("running")
-
-    def add_engine_row(self, row: dict) -> None:
-        if row:
-            self.engine_rows[(row["actor_id"], row["start_index"])] = row
-            self.sink.add_telemetry("actors", row)
-            self.sink.flush_telemetry(("actors",))  # on disk as it starts: a driver killed later keeps it
-            if row.get("reason") != "profile":
-                self.progress.log(f"[raysweep] engine up: model {row['model']} ({row['engine']}) on actor "
-                                  f"{row['actor_id'][:8]}, {row['startup_s']:.1f}s after it was asked for")
-
-    def on_result(self, job: Job, table: pa.Table, telemetry: dict) -> None:
-        model, task = job.shard.model, job.task.name
-        self.clock.mark("first_result", once=True)
-        self.metrics.returned(model, task)
-        telemetry.setdefault("served_by", "actor")  # a pool replica's says `pool:<replica>`
-        self._add_shard_telemetry(job, telemetry)
-        if job.piece is not None:  # a part of a shard being bisected: committed with the shard (on_bisected)
-            self.part_actors[job.shard.shard_id] = telemetry["actor_id"]
-            return
-        self.scoring.append(Scoring(job, telemetry, self.scorer.submit(model, job.task, job.shard, table)))
-        self.commit_scored()
-
-    def commit_scored(self, wait: bool = False) -> None:
-        """Commit the shards whose scoring is done (all of them, waiting, with `wait`), each as soon as its own
-        is: a code_exec shard's programs run in the sandbox pool meanwhile, the scheduler goes on, and shards
-        scored sooner (another task's, a later one's) are not held in memory behind it."""
-        for entry in [e for e in self.scoring if wait or e.future.done()]:
-            self.scoring.remove(entry)
-            job = entry.job
-            try:
-                scored = entry.future.result()
-            except Exception as e:  # the scorer itself broke (not a program: those are rows' outcomes)
-                self.on_attempt_failed(job, f"scoring failed: {type(e).__name__}: {e}")
-                job.errors.append(f"scoring failed: {type(e).__name__}: {e}")
-                self.on_failed(job)
-                continue
-            model, task = job.shard.model, job.task.name
-            extra = entry.extra
-            if extra is None and (excess := row_error_excess(job.task, scored)):
-                extra = {"errors": [excess]}  # scoring made error rows (programs that never ran) past the policy
-            # the shard's telemetry is on disk before its commit: a driver killed after the commit loses none
-            # of it (killed between the two, the shard runs again and both attempts' rows stay)
-            self.sink.flush_telemetry()
-            self.sink.commit(job.shard.shard_id, model, task, job.shard.index, scored, job.attempt, extra)
-            self.clock.mark("last_result")
-            self.metrics.committed(model, task, entry.telemetry)
-            self.progress.add(job.shard.n_samples, job.shard.shard_id)
-            if extra and extra.get("errors"):
-                self.progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED: {extra['errors'][0]}")
-
-    def _add_shard_telemetry(self, job: Job, telemetry: dict) -> None:
-        """A shard's (or a bisected shard's part's) telemetry row, its GPU readings and engine starts."""
-        for start in telemetry.pop("engine_starts"):
-            self.add_engine_row(start)
-        for switch in telemetry.pop("switches", []):  # a pool replica's model switch (sleep and wake)
-            self.sink.add_telemetry("switches", dict(switch, sweep_model=job.shard.model))
-        self._first_token(telemetry)
-        for sample in telemetry.pop("gpu_samples"):
-            self.sink.add_telemetry("gpu", sample)
-            self.metrics.gpu_reading(job.shard.model, sample)
-        if job.piece is not None:
-            telemetry["piece"] = job.piece.rows
-        self.sink.add_telemetry("shards", telemetry)
-
-    def _first_token(self, telemetry: dict) -> None:
-        """The earliest first token seen on an engine is its start's first_token_s: kept as an update of the
-        row already on disk (cluster/store/sink.py folds it in), on disk with the shard's telemetry."""
-        first = telemetry.pop("first_token_at")
-        key = (telemetry["actor_id"], telemetry.pop("engine_start_index"))
-        row = self.engine_rows.get(key)
-        if first is not None and row is not None and row.get("ready_at") is not None:
-            seconds = max(0.0, (first - row["ready_at"]).total_seconds())
-            if row["first_token_s"] is None or seconds < row["first_token_s"]:
-                row["first_token_s"] = seconds
-                self.sink.add_telemetry(FIRST_TOKENS, {"actor_id": key[0], "start_index": key[1],
-                                                       "first_token_s": seconds})
-
-    def on_attempt_failed(self, job: Job, error: str) -> None:
-        self.metrics.returned(job.shard.model, job.task.name)
-        self.metrics.attempt_failed(job.shard.model, job.task.name)
-        row = {"shard_id": job.shard.shard_id, "model": job.shard.model, "task": job.task.name,
-               "attempt": job.attempt, "error": error}
-        self.sink.add_telemetry("shards", row if job.piece is None else dict(row, piece=job.piece.rows))
-        if job.piece is None:
-            self.progress.log(f"[raysweep] shard {job.shard.shard_id} attempt {job.attempt} failed: {error}")
-
-    def on_bisecting(self, job: Job) -> None:
-        self.progress.log(f"[raysweep] shard {job.shard.shard_id} raised on {job.attempt} attempt(s): bisecting its "
-                          f"{job.shard.n_samples} rows to run those that can and find those that fail")
-
-    def on_split(self, job: Job, table: pa.Table) -> None:
-        """A shard cut in parts at its model's tail (cluster/schedule/tail_split.py): committed as the shard, once."""
-        self._commit_parts(job, table, {})
-
-    def on_bisected(self, job: Job, table: pa.Table, row_errors: dict) -> None:
-        """A bisected shard: its parts' results and its error rows, committed as the shard, once."""
-        self._commit_parts(job, table, row_errors)
-        shard = job.shard
-        listed = "; ".join(f"sample {sid}: {error}" for sid, error in list(row_errors.items())[:3])
-        self.progress.log(f"[raysweep] shard {shard.shard_id}: " + (
-            f"{len(row_errors)} row(s) fail alone and are error rows ({listed}); its other "
-            f"{table.num_rows - len(row_errors)} rows ran" if row_errors else "every part ran: no row fails alone"))
-
-    def _commit_parts(self, job: Job, table: pa.Table, row_errors: dict) -> None:
-        """A shard put together from its parts goes to the scorer as any shard does (committed by
-        commit_scored, the scheduler not waiting on its programs), with its manifest extras."""
-        shard = job.shard
-        excess = row_error_excess(job.task, table)  # its error rows judged by the task's fail_on_error
-        # counted once, as the shard, under the actor of its last part that ran; tok/s is not one shard's run here
-        tokens = sum(filter(None, table["output_tokens"].to_pylist()))
-        telemetry = {"actor_id": self.part_actors.pop(shard.shard_id), "output_tokens": tokens,
-                     "n_samples": table.num_rows, "output_tok_per_s": None}
-        extra = {"row_errors": row_errors, **({"errors": [excess]} if excess else {})}
-        self.scoring.append(Scoring(job, telemetry, self.scorer.submit(shard.model, job.task, shard, table), extra))
-        self.commit_scored()
-
-    def on_failed(self, job: Job) -> None:
-        self.part_actors.pop(job.shard.shard_id, None)
-        self.metrics.shard_failed(job.shard.model, job.task.name)
-        self.sink.fail(job.shard.shard_id, job.errors)
-        self.progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED after {job.attempt} attempt(s): "
-                          f"{job.errors[-1]}")

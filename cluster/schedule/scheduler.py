@@ -18,13 +18,14 @@
    (ReplicaDied) is retried as on an actor's death; one whose pool went away (PoolGone) goes back to its
    queue, and the model gets actors of its own. Engines sharing a GPU start together, each KV
    cache sized from its share (`RAYSWEEP_SHARED_GPU_START=serial`: one at a time, vLLM measuring free memory).
+
+What it moves (a shard's Job, each model's ModelWork queues, an actor's Slot) and the events it reports
+(SchedulerEvents) are in cluster/schedule/work.py.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import ray
@@ -33,99 +34,14 @@ from ray.exceptions import RayActorError, RayTaskError
 from cluster.contracts.errors import RaysweepError
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
 from cluster.schedule.tail_split import TailClock, TailSplit, splittable
-from cluster.contracts.shard import Shard
-from cluster.contracts.spec import TaskSpec
+from cluster.schedule.work import Job, ModelWork, SchedulerEvents, Slot
 
 
 class ActorStartError(RaysweepError, RuntimeError):
     """An actor could not start at all (its imports failed); the message carries the error."""
 
 
-@dataclass
-class Job:
-    shard: Shard
-    task: TaskSpec
-    attempt: int = 1
-    errors: list[str] = field(default_factory=list)
-    piece: Piece | None = None  # a part of a shard being bisected; None for a whole shard
-
-
-@dataclass
-class ModelWork:
-    """One model as the scheduler sees it."""
-    name: str
-    max_actors: int  # actors that may run it at once
-    depth: int  # shards in flight per actor
-    # (actor handle, requested_at) -> ref of its engine start row; None until the model passed its checks:
-    # actors are started for it meanwhile, but no engine
-    start: Callable[[Any, float], Any] | None = None
-    queues: dict[str, deque] = field(default_factory=dict)  # shards waiting, one queue per profile
-    assigned: int = 0  # actors running or starting it
-    failed: str | None = None  # the engine's error, if it could not start
-    # the kind of actor it runs on (cluster/schedule/placement.py ActorResources: an engine of N GPUs needs actors of
-    # N GPUs); models of one shape share actors, one of another shape gets actors of its own
-    shape: Any = None
-
-    def add(self, job: Job, first: bool = False) -> None:
-        queue = self.queues.setdefault(job.shard.profile, deque())
-        queue.appendleft(job) if first else queue.append(job)  # retries go first
-
-    def samples_left(self) -> int:
-        return sum(job.shard.n_samples for q in self.queues.values() for job in q)
-
-    def __bool__(self) -> bool:
-        return any(self.queues.values())
-
-    def take(self, slot: "_Slot", others: list["_Slot"]) -> Job | None:
-        if slot.state == "pooled":  # the pool's replicas change profile themselves: the longest queue first
-            left = [q for q in self.queues.values() if q]
-            return max(left, key=len).popleft() if left else None
-        same = self.queues.get(slot.profile)
-        if same:
-            return same.popleft()
-        if slot.inflight:  # wait for the shards in flight rather than restart under them
-            return None
-        left = [p for p, q in self.queues.items() if q]
-        if not left:
-            return None
-        served = {s.profile for s in others if s is not slot and s.model == self.name}
-        profile = min(left, key=lambda p: (p in served, -len(self.queues[p])))  # unserved, else the longest
-        return self.queues[profile].popleft()
-
-
-@dataclass
-class _Slot:
-    handle: Any
-    number: int  # the n in the actor's name
-    state: str = "importing"  # importing | idle | starting | running | pooled (the engine pool: not an actor)
-    model: str | None = None  # the model its engine runs (or is starting)
-    inflight: int = 0
-    profile: str | None = None  # the profile of the last shard sent: what its engine runs now
-    refused: set = field(default_factory=set)  # models whose engine failed to start here
-    depth: int | None = None  # shards it holds at once, where not its model's per-actor depth (the pool)
-    actors: int = 0  # a pool slot: the model's own actors should the pool go away
-    shape: Any = None  # the resources it holds (ModelWork.shape): it runs only models of that shape
-
-
 TICK_S = 1.0  # the longest the loop waits for a result before it reports in (progress lines)
-
-
-@dataclass
-class SchedulerEvents:
-    """What the scheduler reports; the sink and progress reporting subscribe."""
-    on_result: Callable[[Job, Any, dict], None]  # (job, results table, telemetry row)
-    on_failed: Callable[[Job], None]  # every attempt failed, or its model's engine could not start
-    # a bisected shard's rows, in its order: (its job, the parts' results with error rows, {sample id: error} of
-    # the rows that failed alone); None: no bisection, a shard that fails every attempt fails
-    on_bisected: Callable[[Job, Any, dict], None] | None = None
-    on_bisecting: Callable[[Job], None] = lambda job: None  # a shard is about to be bisected
-    # a shard cut in parts at its model's tail (cluster/schedule/tail_split.py): (its job, its parts' results in its order);
-    # None: no tail splitting
-    on_split: Callable[[Job, Any], None] | None = None
-    on_attempt_failed: Callable[[Job, str], None] = lambda job, error: None
-    on_actor_started: Callable[[dict], None] = lambda row: None  # an engine started: its telemetry row
-    on_dispatched: Callable[[Job], None] = lambda job: None  # sent to an actor; comes back as one of the above
-    on_tick: Callable[["SweepScheduler"], None] = lambda scheduler: None  # at least every TICK_S while it runs
 
 
 class SweepScheduler:
@@ -139,8 +55,8 @@ class SweepScheduler:
         self.spawn, self.events, self.capacity, self.max_attempts = spawn, events, capacity, max_attempts
         self.start_one_by_one = start_one_by_one  # engines sharing a GPU must not size their memory at once
         self.models: dict[str, ModelWork] = {}
-        self.slots: list[_Slot] = []
-        self.inflight: dict[Any, tuple[str, Job | None, _Slot]] = {}
+        self.slots: list[Slot] = []
+        self.inflight: dict[Any, tuple[str, Job | None, Slot]] = {}
         self.actors_started = self.actor_deaths = self.model_changes = 0
         self.pool_lost: list[str] = []  # models whose pool went away during the sweep
         self._most_slots = 1
@@ -155,7 +71,7 @@ class SweepScheduler:
         """Send `model`'s shards to the engine pool through `handle` (its `run_shard.remote`, as an actor's),
         `depth` at a time; no actor starts for it unless the pool goes away (a shard raises PoolGone)."""
         work = self.models[model]
-        self.slots.append(_Slot(handle=handle, number=-1, state="pooled", model=model, depth=depth,
+        self.slots.append(Slot(handle=handle, number=-1, state="pooled", model=model, depth=depth,
                                 actors=work.max_actors))
         work.max_actors = 0
 
@@ -226,7 +142,7 @@ class SweepScheduler:
             while sum(s.state != "pooled" and s.shape == shape for s in self.slots) < count:
                 number = self.actors_started
                 self.actors_started += 1
-                slot = _Slot(handle=self.spawn(number, time.time(), shape), number=number, shape=shape)
+                slot = Slot(handle=self.spawn(number, time.time(), shape), number=number, shape=shape)
                 self.slots.append(slot)
                 self.inflight[slot.handle.ready.remote()] = ("ready", None, slot)
 
@@ -260,7 +176,7 @@ class SweepScheduler:
         """Whether a shard of `model` is running on some actor."""
         return any(kind == "shard" and job.shard.model == model for kind, job, _ in self.inflight.values())
 
-    def _next_model(self, slot: _Slot) -> ModelWork | None:
+    def _next_model(self, slot: Slot) -> ModelWork | None:
         """The model with the most samples left per actor, among those with work below their maximum."""
         candidates = [m for m in self.models.values() if m and not m.failed and m.start is not None
                       and m.assigned < m.max_actors and m.name != slot.model and m.name not in slot.refused
@@ -301,7 +217,7 @@ class SweepScheduler:
             self.tail_splits += 1
 
     # -- what comes back --------------------------------------------------------------------------------
-    def _collect(self, ref, kind: str, job: Job | None, slot: _Slot) -> None:
+    def _collect(self, ref, kind: str, job: Job | None, slot: Slot) -> None:
         if kind == "shard":
             slot.inflight -= 1
             if slot.state != "pooled":
@@ -339,7 +255,7 @@ class SweepScheduler:
             if job.piece is not None:
                 self._bisect_step(job.piece.bisection, job.piece.bisection.part_ran(job.piece, value[0]))
 
-    def _model_failed(self, slot: _Slot, error: str) -> None:
+    def _model_failed(self, slot: Slot, error: str) -> None:
         """An engine that raised while starting. If another actor runs the same model, only this actor
         gives it up (its GPU share may be what failed); otherwise the model's shards fail with the error."""
         model = self.models[slot.model]
@@ -414,7 +330,7 @@ class SweepScheduler:
         else:
             self.events.on_bisected(bisection.job, bisection.table(), bisection.row_errors())
 
-    def _unpool(self, slot: _Slot, job: Job) -> None:
+    def _unpool(self, slot: Slot, job: Job) -> None:
         """The pool went away (`raysweep pool down --force`): the shard goes back to its queue, its attempt
         not counted, and the model gets its own actors from now on."""
         self.models[job.shard.model].add(job, first=True)
@@ -423,7 +339,7 @@ class SweepScheduler:
             self.models[slot.model].max_actors = slot.actors
             self.pool_lost.append(slot.model)
 
-    def _lost(self, slot: _Slot, error: RayActorError) -> None:
+    def _lost(self, slot: Slot, error: RayActorError) -> None:
         if slot not in self.slots:
             return  # its death was already seen through another of its calls
         if slot.state == "pooled":  # the sweep's pool client died: the model runs on actors of its own
@@ -440,7 +356,7 @@ class SweepScheduler:
             raise RuntimeError(f"{self.actor_deaths} actors died; the last: {_first_line(error)}") from error
         ray.kill(slot.handle)
 
-    def _release(self, slot: _Slot) -> None:
+    def _release(self, slot: Slot) -> None:
         """No model needs this actor any more: close its engine and give its resources back."""
         self.slots.remove(slot)
         if slot.model is not None:
@@ -452,7 +368,7 @@ class SweepScheduler:
         self._shutdown_slots(slots)
 
     @staticmethod
-    def _shutdown_slots(slots: list[_Slot], timeout_s: float = 120) -> None:
+    def _shutdown_slots(slots: list[Slot], timeout_s: float = 120) -> None:
         """Close engines first (a killed actor would orphan vLLM's engine-core process and its GPU
         memory), then kill the actors; an actor already dead or stuck is just killed."""
         refs = [slot.handle.close.remote() for slot in slots if slot.state in ("idle", "running")]

@@ -20,6 +20,8 @@ from collections import defaultdict
 
 import pyarrow as pa
 
+from cluster.contracts.shard import STATUSES  # a results row's statuses: ok, truncated, skipped, error
+
 
 METRIC = pa.struct([("name", pa.string()), ("value", pa.float64()), ("stderr", pa.float64()), ("n", pa.int64())])
 SUMMARY_SCHEMA = pa.schema([
@@ -30,7 +32,6 @@ SUMMARY_SCHEMA = pa.schema([
 ])
 # the results columns the summary reads (cluster/contracts/results_schema.py); those an older output lacks read as null
 COLUMNS = ("model", "task", "sample_id", "status", "score", "structured_valid", "output_tokens", "score_norm")
-STATUSES = ("ok", "truncated", "skipped", "error")
 
 
 class _Mean:

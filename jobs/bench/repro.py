@@ -142,7 +142,7 @@ def _killed_and_resumed(out: Path, model: str, data: Path, max_tokens: int) -> d
     log = open(out / "r_repro_resumed_killed.stdout", "w")
     driver = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
-    from cluster.store.sink import read_manifest
+    from cluster.store.manifest import read_manifest
 
     total, done = None, 0
     while driver.poll() is None:

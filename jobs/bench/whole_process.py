@@ -122,7 +122,7 @@ def raysweep_figures(output: Path) -> dict:
     median over actors of telemetry/actors.parquet. Absent fields and columns are left out."""
     import pyarrow.parquet as pq
 
-    from cluster.store.sink import read_manifest
+    from cluster.store.manifest import read_manifest
 
     runs = read_manifest(str(output)).get("runs") or [{}]
     figures = {f: (runs[-1][f], "s (manifest runs[-1])") for f in MANIFEST_FIELDS if runs[-1].get(f) is not None}

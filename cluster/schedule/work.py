@@ -1,0 +1,100 @@
+"""A shard's life in the scheduler (cluster/schedule/scheduler.py): the job that carries a shard through its
+attempts, bisection (cluster/schedule/bisection.py) and tail splits (cluster/schedule/tail_split.py); a model's
+queues, one per engine profile; an actor slot; and the events the scheduler reports.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from cluster.schedule.bisection import Piece
+from cluster.contracts.shard import Shard
+from cluster.contracts.spec import TaskSpec
+
+
+@dataclass
+class Job:
+    shard: Shard
+    task: TaskSpec
+    attempt: int = 1
+    errors: list[str] = field(default_factory=list)
+    piece: Piece | None = None  # a part of a shard being bisected; None for a whole shard
+
+
+@dataclass
+class ModelWork:
+    """One model as the scheduler sees it."""
+    name: str
+    max_actors: int  # actors that may run it at once
+    depth: int  # shards in flight per actor
+    # (actor handle, requested_at) -> ref of its engine start row; None until the model passed its checks:
+    # actors are started for it meanwhile, but no engine
+    start: Callable[[Any, float], Any] | None = None
+    queues: dict[str, deque] = field(default_factory=dict)  # shards waiting, one queue per profile
+    assigned: int = 0  # actors running or starting it
+    failed: str | None = None  # the engine's error, if it could not start
+    # the kind of actor it runs on (cluster/plan/placement.py ActorResources: an engine of N GPUs needs actors of
+    # N GPUs); models of one shape share actors, one of another shape gets actors of its own
+    shape: Any = None
+
+    def add(self, job: Job, first: bool = False) -> None:
+        queue = self.queues.setdefault(job.shard.profile, deque())
+        queue.appendleft(job) if first else queue.append(job)  # retries go first
+
+    def samples_left(self) -> int:
+        return sum(job.shard.n_samples for q in self.queues.values() for job in q)
+
+    def __bool__(self) -> bool:
+        return any(self.queues.values())
+
+    def take(self, slot: Slot, others: list[Slot]) -> Job | None:
+        if slot.state == "pooled":  # the pool's replicas change profile themselves: the longest queue first
+            left = [q for q in self.queues.values() if q]
+            return max(left, key=len).popleft() if left else None
+        same = self.queues.get(slot.profile)
+        if same:
+            return same.popleft()
+        if slot.inflight:  # wait for the shards in flight rather than restart under them
+            return None
+        left = [p for p, q in self.queues.items() if q]
+        if not left:
+            return None
+        served = {s.profile for s in others if s is not slot and s.model == self.name}
+        profile = min(left, key=lambda p: (p in served, -len(self.queues[p])))  # unserved, else the longest
+        return self.queues[profile].popleft()
+
+
+@dataclass
+class Slot:
+    """An actor of the sweep's (or the engine pool, through its client) as the scheduler sees it."""
+    handle: Any
+    number: int  # the n in the actor's name
+    state: str = "importing"  # importing | idle | starting | running | pooled (the engine pool: not an actor)
+    model: str | None = None  # the model its engine runs (or is starting)
+    inflight: int = 0
+    profile: str | None = None  # the profile of the last shard sent: what its engine runs now
+    refused: set = field(default_factory=set)  # models whose engine failed to start here
+    depth: int | None = None  # shards it holds at once, where not its model's per-actor depth (the pool)
+    actors: int = 0  # a pool slot: the model's own actors should the pool go away
+    shape: Any = None  # the resources it holds (ModelWork.shape): it runs only models of that shape
+
+
+@dataclass
+class SchedulerEvents:
+    """What the scheduler reports; the sink and progress reporting subscribe."""
+    on_result: Callable[[Job, Any, dict], None]  # (job, results table, telemetry row)
+    on_failed: Callable[[Job], None]  # every attempt failed, or its model's engine could not start
+    # a bisected shard's rows, in its order: (its job, the parts' results with error rows, {sample id: error} of
+    # the rows that failed alone); None: no bisection, a shard that fails every attempt fails
+    on_bisected: Callable[[Job, Any, dict], None] | None = None
+    on_bisecting: Callable[[Job], None] = lambda job: None  # a shard is about to be bisected
+    # a shard cut in parts at its model's tail (cluster/schedule/tail_split.py): (its job, its parts' results in its order);
+    # None: no tail splitting
+    on_split: Callable[[Job, Any], None] | None = None
+    on_attempt_failed: Callable[[Job, str], None] = lambda job, error: None
+    on_actor_started: Callable[[dict], None] = lambda row: None  # an engine started: its telemetry row
+    on_dispatched: Callable[[Job], None] = lambda job: None  # sent to an actor; comes back as one of the above
+    # (the SweepScheduler) at least every TICK_S (cluster/schedule/scheduler.py) while it runs
+    on_tick: Callable[[Any], None] = lambda scheduler: None

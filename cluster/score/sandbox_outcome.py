@@ -1,0 +1,64 @@
+"""Reading how a program ended: the Outcome a run gives, from the bootstrap's word on its status pipe (its
+exit code, or the exception it raised), else from the exit status alone.
+
+`sys.exit(137)` is thus a failure with exit code 137, not a kill. Only a program that leaves by `os._exit`
+is read from the exit status alone, where under bubblewrap a code above 128 reads as a signal (bwrap's
+128 + N).
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from cluster.score.sandbox_types import ERROR_EXIT, SandboxLimits, _Plan
+
+
+@dataclass
+class Outcome:
+    status: str            # passed | failed (AssertionError, non-zero exit) | timeout | error (raised else,
+                           # killed, or its sandbox never started)
+    error: str | None      # last non-empty stderr line, or why (timed out, killed by signal N); None if passed
+    exit_code: int | None  # the program's exit status; -N when killed by signal N; None when timed out
+    wall_s: float
+    stdout: str = ""
+    stderr: str = ""
+    started: bool = True   # False: its sandbox never started, on any try (status error); nothing of it ran
+
+
+def _ending(status: list[str]) -> str | None:
+    """The last of the bootstrap's status lines (after "ready") saying how the program ended, or None."""
+    ends = [line for line in status[1:] if line in ("raised assert", "raised error") or
+            (line[:5] == "exit " and line[5:].isdigit() and len(line) <= 8)]
+    return ends[-1] if ends else None
+
+
+def _classify(plan: _Plan, code: int, ended: str | None, timed_out: bool, limits: SandboxLimits, wall: float,
+              stdout: str, stderr: str) -> Outcome:
+    """`ended`: how the bootstrap saw the program end ("exit N", "raised assert|error"), None where it never
+    said (killed by a signal, or left by os._exit): then the exit status alone tells."""
+    def outcome(status: str, error: str | None, exit_code: int | None) -> Outcome:
+        return Outcome(status, error, exit_code, wall, stdout, stderr)
+
+    if timed_out:
+        return outcome("timeout", f"timed out after {limits.timeout_s:g} s", None)
+    if ended is not None:  # the program's word wins over a status an atexit os._exit or a late signal changed
+        code = int(ended.split()[1]) if ended.startswith("exit ") else 1 if ended == "raised assert" else ERROR_EXIT
+    elif plan.bwrap and code > 128:  # bwrap reports its child's death by signal N as exit 128 + N
+        code = 128 - code
+    if code == 0:
+        return outcome("passed", None, 0)
+    if code == -signal.SIGXCPU:
+        cpu = limits.timeout_s if limits.cpu_s is None else limits.cpu_s
+        return outcome("timeout", f"CPU time limit of {cpu:g} s exceeded", code)
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else "unknown"
+        return outcome("error", f"killed by signal {-code} ({name})", code)
+    if ended == "raised error" or (ended is None and code == ERROR_EXIT):
+        return outcome("error", _last_line(stderr) or "raised an exception", code)
+    return outcome("failed", _last_line(stderr) or f"exit code {code}", code)
+
+
+def _last_line(text: str) -> str | None:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else None

@@ -1,0 +1,200 @@
+"""The manifest of an output (DESIGN §5): the shards and their states (cluster/contracts/shard.py ShardState),
+the runs, and the checks a resume passes before it adds to an output.
+
+A shard is recorded once its results file is in place. On a local disk the record is one line appended to
+manifest.journal (flushed; a torn last line from a crash is ignored), and manifest.json, replaced
+atomically, takes the journal in when the plan is recorded and when the sweep finishes: a commit costs the
+same at the 4,000th shard as at the first. Object stores cannot append, so there manifest.json is replaced
+on every commit. `read_manifest` merges both.
+
+Re-running the same spec into the same output skips committed shards; a different spec into it is refused,
+as are results made under another reproducible setting or from changed data, and an output that is not a
+sweep's (`refuse_foreign`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import uuid
+from datetime import datetime, timezone
+
+import pyarrow.fs as pafs
+
+from cluster.contracts.results_schema import RESULT_SCHEMA
+from cluster.contracts.shard import ShardState
+from cluster.contracts.spec import SweepSpec
+from cluster.store.output_files import SinkError, filesystem, join, write_bytes
+
+# what `reproducible: true` runs (actors/vllm_engine.py REPRODUCIBLE_ARGS; the CPU engine runs one row at a
+# time), kept in the manifest: a resume adds to reproducible results only under the same setting. It changes
+# with REPRODUCIBLE_ARGS.
+REPRODUCIBLE_SETTING = ("vLLM batch-invariant mode with TRITON_ATTN, no prefix caching, no chunked prefill, CUDA "
+                        "graphs and torch.compile on")
+
+JOURNAL = "manifest.journal"
+
+
+def is_committed(entry: dict) -> bool:
+    return entry.get("state") == ShardState.COMMITTED
+
+
+def refuse_foreign(fs: pafs.FileSystem, root: str, output: str) -> None:
+    """An output with results/, or telemetry/ holding more than a killed run's telemetry/.pending, but no
+    manifest.json is not a sweep's (a sweep saves its manifest before its first result): nothing is
+    written beside those folders, and `--new-run` deletes nothing there."""
+    if fs.get_file_info(join(root, "manifest.json")).type != pafs.FileType.NotFound:
+        return
+    for rel in ("results", "telemetry"):
+        if fs.get_file_info(join(root, rel)).type != pafs.FileType.Directory:
+            continue
+        entries = fs.get_file_info(pafs.FileSelector(join(root, rel)))
+        if rel == "results" or any(e.base_name != ".pending" for e in entries):
+            raise SinkError(f"output {output}: holds {rel}/ but no manifest.json, so it is not a raysweep "
+                            "output; nothing was changed there: choose another output")
+
+
+def discard_earlier_run(fs: pafs.FileSystem, root: str) -> None:
+    """`--new-run`: the earlier run's results, telemetry, manifest, summary and report go."""
+    for rel in ("results", "telemetry"):
+        if fs.get_file_info(join(root, rel)).type == pafs.FileType.Directory:
+            fs.delete_dir(join(root, rel))
+    for rel in ("manifest.json", JOURNAL, "summary.parquet", "report.html"):
+        if fs.get_file_info(join(root, rel)).type == pafs.FileType.File:
+            fs.delete_file(join(root, rel))
+
+
+def load_manifest(fs: pafs.FileSystem, root: str, output: str, spec: SweepSpec, data_hashes: dict) -> dict:
+    """The manifest this run goes on with: a fresh one, or the output's after the resume checks (the same
+    spec, reproducible setting, layout and data as its committed results)."""
+    digest = spec.digest()
+    if fs.get_file_info(join(root, "manifest.json")).type == pafs.FileType.NotFound:
+        return fresh_manifest(spec, data_hashes, digest)
+    manifest = read_manifest(output)
+    any_committed = any(is_committed(e) for e in manifest["shards"].values())
+    made = bool(manifest.get("reproducible"))
+    if made != spec.reproducible and any_committed:
+        raise SinkError(f"output {output} holds results made with reproducible: {str(made).lower()}; this "
+                        f"spec says reproducible: {str(spec.reproducible).lower()}, and one output never "
+                        "mixes the two: use a new output, or --new-run to discard them")
+    setting = manifest.get("reproducible_setting")
+    if made and spec.reproducible and setting != REPRODUCIBLE_SETTING and any_committed:
+        raise SinkError(f"output {output} holds reproducible results made with another setting "
+                        f"({setting or 'one from before settings were recorded'}); this raysweep runs "
+                        f"{REPRODUCIBLE_SETTING}, and one output never mixes the two: use a new output, or "
+                        "--new-run to discard them")
+    if manifest.get("spec_hash") not in (digest, spec.digest(with_placement=True)) and not any_committed:
+        # another spec's run that committed nothing (refused or failed early): nothing to keep apart
+        return dict(fresh_manifest(spec, data_hashes, digest), runs=manifest.get("runs", []))
+    if manifest.get("spec_hash") not in (digest, spec.digest(with_placement=True)):
+        raise SinkError(f"output {output} holds results of another spec (hash {manifest.get('spec_hash')}, "
+                        f"this one is {digest}); use a new output, or --new-run to discard them")
+    old = next((e["file"] for e in manifest["shards"].values()
+                if is_committed(e) and "/model=" in f"/{e.get('file', '')}"), None)
+    if old is not None:
+        raise SinkError(f"output {output} holds results in an earlier raysweep's layout ({old}); this one "
+                        "writes results/<model>/<task>/ and cannot add to them: use a new output, or --new-run "
+                        "to discard them")
+    _check_data(output, manifest, data_hashes)
+    manifest["spec_hash"] = digest
+    manifest.update(reproducible=spec.reproducible, spec_source=_spec_source(spec),
+                    reproducible_setting=REPRODUCIBLE_SETTING if spec.reproducible else None)
+    return manifest
+
+
+def _check_data(output: str, manifest: dict, data_hashes: dict) -> None:
+    """Results planned from other data are never mixed in: a task's data hash must match the one its
+    committed results were made from; where nothing of it is committed, the new hash is recorded."""
+    recorded = manifest.setdefault("data", {})
+    committed = {sid.split("/")[1] for sid, entry in manifest["shards"].items() if is_committed(entry)}
+    for task, now in data_hashes.items():
+        before = recorded.get(task)
+        if before is not None and before["hash"] != now["hash"] and task in committed:
+            raise SinkError(f"output {output}: the data of task {task} ({now['path']}) changed since the "
+                            f"results there were made from it; restore it, or --new-run to discard them")
+        # nothing committed from the old data (or an output from before data was recorded): the new holds
+        recorded[task] = now
+
+
+def fresh_manifest(spec: SweepSpec, data_hashes: dict, digest: str) -> dict:
+    return {"sweep": spec.name, "spec_hash": digest, "created_at": now(), "versions": _versions(),
+            "shards": {}, "data": data_hashes, "reproducible": spec.reproducible,
+            "reproducible_setting": REPRODUCIBLE_SETTING if spec.reproducible else None,
+            "results_columns": list(RESULT_SCHEMA.names), "spec_source": _spec_source(spec)}
+
+
+class ManifestWriter:
+    """Writes one output's manifest: `record` a shard's entry (a journal line on a local disk, the whole
+    manifest.json on an object store), `save` the whole state."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str):
+        self.fs, self.root = fs, root
+        self.journal = None  # append handle of manifest.journal (local outputs)
+
+    def record(self, manifest: dict, shard_id: str, entry: dict) -> None:
+        manifest["shards"][shard_id] = entry
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            self.save(manifest)
+            return
+        if self.journal is None:
+            self.journal = open(join(self.root, JOURNAL), "a", encoding="utf-8")
+            self.journal.write("\n")  # ends a line a killed writer may have torn; empty lines are skipped
+        self.journal.write(json.dumps({"shard_id": shard_id, **entry}, sort_keys=True) + "\n")
+        self.journal.flush()  # in the OS once written: a killed driver loses nothing it recorded
+
+    def save(self, manifest: dict) -> None:
+        """Replace manifest.json with the whole state; the journal's lines are in it now, so it is emptied
+        (a crash between the two leaves lines that repeat what manifest.json says: harmless)."""
+        tmp = join(self.root, f".manifest.{uuid.uuid4().hex[:8]}.tmp")
+        write_bytes(self.fs, tmp, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        self.fs.move(tmp, join(self.root, "manifest.json"))
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            self.close()
+            if os.path.exists(join(self.root, JOURNAL)):
+                os.remove(join(self.root, JOURNAL))
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
+
+
+def read_manifest(output: str) -> dict:
+    """The manifest of an output: manifest.json with the commits journaled after it applied in order
+    (a torn last line, from a driver killed mid-write, is skipped). Raises FileNotFoundError if absent."""
+    fs, root = filesystem(output)
+    base = f"{root.rstrip('/')}"
+    with fs.open_input_stream(f"{base}/manifest.json") as f:
+        manifest = json.loads(f.read())
+    shards = manifest.get("shards") if isinstance(manifest, dict) else None
+    if isinstance(shards, dict) and fs.get_file_info(f"{base}/{JOURNAL}").type == pafs.FileType.File:
+        with fs.open_input_stream(f"{base}/{JOURNAL}") as f:
+            for line in f.read().decode("utf-8").splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                shards[entry.pop("shard_id")] = entry
+    return manifest
+
+
+def _spec_source(spec: SweepSpec) -> str | None:
+    """The spec file's absolute path (`raysweep verify` reads it again), where it came from a file."""
+    return os.path.abspath(spec.source) if os.path.isfile(spec.source) else None
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    versions = {"python": platform.python_version()}
+    for dist in ("raysweep", "ray", "pyarrow", "transformers", "torch", "xgrammar", "vllm"):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            versions[dist] = None
+    return versions
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat()

@@ -1,0 +1,136 @@
+"""An output location's files (DESIGN §5): opening it on any pyarrow filesystem URI, the lock held while a
+sweep writes it, and writes by rename, so that a reader never sees half a file.
+
+Results lie in results/<model>/<task>/shard-NNNNN.parquet with model and task as string columns in the
+files, not as hive key=value folders (see `result_file`): pyarrow, pandas, polars, DuckDB and Ray Data
+then read the folder as one table whatever the names.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from cluster.contracts.errors import RaysweepError
+
+LOCK = ".lock"  # held (flock) while a sweep writes the output; removed when it is done
+
+
+class SinkError(RaysweepError, RuntimeError):
+    """The output location cannot be used; the message names it."""
+
+
+def filesystem(output: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in output:
+        return pafs.FileSystem.from_uri(output)
+    return pafs.LocalFileSystem(), os.path.abspath(output)
+
+
+def open_output(output: str) -> tuple[pafs.FileSystem, str]:
+    """The output's filesystem and root, created and checked writable; SinkError where it cannot be used."""
+    try:
+        fs, root = filesystem(output)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid (an unknown scheme) is a ValueError
+        raise SinkError(f"output {output}: cannot be opened: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    try:
+        fs.create_dir(root, recursive=True)
+        write_bytes(fs, join(root, ".write-test"), b"")
+        fs.delete_file(join(root, ".write-test"))
+    except OSError as e:
+        raise SinkError(f"output {output}: not writable: {e}") from None
+    return fs, root
+
+
+def join(root: str, rel: str) -> str:
+    return f"{root.rstrip('/')}/{rel}"
+
+
+def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    with fs.open_output_stream(path) as f:
+        f.write(data)
+
+
+def write_table(fs: pafs.FileSystem, path: str, table: pa.Table, tmp: str | None = None) -> None:
+    """`table` written under a temporary name (`tmp`, else a hidden one beside it), then renamed into place."""
+    tmp = tmp or f"{os.path.dirname(path)}/.{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp"
+    fs.create_dir(os.path.dirname(path), recursive=True)
+    with fs.open_output_stream(tmp) as f:
+        pq.write_table(table, f)
+    fs.move(tmp, path)
+
+
+def read_table(fs: pafs.FileSystem, path: str) -> pa.Table | None:
+    """The Parquet file at `path`, or None where there is none."""
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    with fs.open_input_file(path) as f:
+        return pq.read_table(f)
+
+
+def result_file(model: str, task: str, index: int) -> str:
+    """A shard's results file, relative to the output: results/<model>/<task>/shard-NNNNN.parquet.
+
+    Plain folder names, not hive's model=M/task=T: model and task are string columns in every file, and a
+    key=value folder makes pyarrow, pandas, polars and DuckDB infer the column again from the path, as an
+    integer for a name like "13" (a type clash with the file's string, or "011" read as 11). With no
+    key=value in the path, every reader takes both columns from the files, as strings."""
+    for what, name in (("model", model), ("task", task)):
+        if not name or "/" in name or "=" in name:  # the spec's name rule keeps them out; the layout needs it
+            raise ValueError(f"{what} name {name!r}: a results folder name cannot be empty or hold '/' or '='")
+    return f"results/{model}/{task}/shard-{index:05d}.parquet"
+
+
+def plain_strings(table: pa.Table, columns: tuple[str, ...]) -> pa.Table:
+    """The named columns as plain strings: a dictionary-encoded column reads back as a pandas category and
+    a polars Categorical, not as text."""
+    for name in columns:
+        if name in table.column_names and table.schema.field(name).type != pa.string():
+            table = table.set_column(table.schema.get_field_index(name), name, table[name].cast(pa.string()))
+    return table
+
+
+def lock(fs: pafs.FileSystem, root: str, output: str):
+    """An exclusive lock on a local output (flock: the OS drops it when the holder dies, even by
+    kill -9). Object stores have no such lock; there two sweeps into one output are not prevented."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        return None
+    import fcntl
+    import socket
+
+    path = os.path.join(root, LOCK)
+    while True:
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise SinkError(f"output {output} is in use by another sweep ({holder}); wait for it or use another "
+                            "output") from None
+        try:  # the holder before us removes the file as it lets go: a lock on that removed file holds nothing
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        handle.close()
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
+    handle.flush()
+    return handle
+
+
+def unlock(handle, root: str) -> None:
+    """Let go of `lock`'s handle: the file is removed while still held (see `lock`); a clean exit leaves none."""
+    if handle is None:
+        return
+    try:
+        os.remove(join(root, LOCK))
+    except FileNotFoundError:
+        pass
+    handle.close()  # closing the file releases the flock
