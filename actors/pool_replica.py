@@ -123,10 +123,15 @@ class PoolIngress:
     """The pool application's ingress: what it serves (for sweeps and `raysweep pool status`), and a
     read-only HTTP API over the sweeps that used the pool, from what each sweep records as it runs:
 
-        GET /raysweep/sweeps                  every sweep: state, samples done of total, shards failed
-        GET /raysweep/sweeps/NAME             one sweep: progress, shards, failures
-        GET /raysweep/sweeps/NAME/summary     its summary table (model, task, n, score, ...) as JSON rows
+        GET /raysweep/sweeps                  every sweep run: run id, name, state, samples done of total
+        GET /raysweep/sweeps/RUN              one run (its run id, or a name: that name's latest run)
+        GET /raysweep/sweeps/RUN/summary      its summary table (model, task, n, score, ...) as JSON rows
+
+    Runs are keyed by run id, so two sweeps of one name keep two records. A run that has not reported for
+    GONE_AFTER_S while running (its driver was killed: it reports every 2 s) is shown as `gone`.
     """
+
+    GONE_AFTER_S = 30.0
 
     def __init__(self, description: dict, *replicas):
         self.description = description
@@ -136,9 +141,22 @@ class PoolIngress:
     def describe(self) -> dict:
         return self.description
 
-    def record(self, name: str, snapshot: dict) -> None:
-        """A sweep's state, sent by its driver as it runs and when it ends (cluster/pool.SweepRecorder)."""
-        self.sweeps[name] = dict(snapshot, name=name, updated_at=time.time())
+    def record(self, run_id: str, snapshot: dict) -> None:
+        """A sweep run's state, sent by its driver as it runs and when it ends (cluster/pool/client.SweepRecorder)."""
+        self.sweeps[run_id] = dict(snapshot, run_id=run_id, name=snapshot.get("name", run_id), updated_at=time.time())
+
+    def shown(self, sweep: dict) -> dict:
+        """A run as the API shows it: `running` past its heartbeat is `gone`."""
+        if sweep.get("state") == "running" and time.time() - sweep["updated_at"] > self.GONE_AFTER_S:
+            return dict(sweep, state="gone")
+        return sweep
+
+    def find(self, key: str) -> dict | None:
+        """A run by its id, else the latest run of that name."""
+        if key in self.sweeps:
+            return self.sweeps[key]
+        named = [s for s in self.sweeps.values() if s["name"] == key]
+        return max(named, key=lambda s: s["updated_at"]) if named else None
 
     async def __call__(self, request):
         from starlette.responses import JSONResponse
@@ -147,14 +165,14 @@ class PoolIngress:
         if parts[:1] == [ROUTE.strip("/")]:  # the application's route prefix
             parts = parts[1:]
         if parts == ["sweeps"]:
-            keys = ("name", "state", "samples_done", "samples_total", "shards_failed", "output", "updated_at")
-            return JSONResponse([{k: s.get(k) for k in keys} for s in self.sweeps.values()])
+            keys = ("run_id", "name", "state", "samples_done", "samples_total", "shards_failed", "output", "updated_at")
+            return JSONResponse([{k: s.get(k) for k in keys} for s in map(self.shown, self.sweeps.values())])
         if len(parts) in (2, 3) and parts[0] == "sweeps":
-            sweep = self.sweeps.get(parts[1])
+            sweep = self.find(parts[1])
             if sweep is None:
                 return JSONResponse({"error": f"no sweep {parts[1]!r} has used this pool"}, status_code=404)
             if len(parts) == 2:
-                return JSONResponse({k: v for k, v in sweep.items() if k != "summary"})
+                return JSONResponse({k: v for k, v in self.shown(sweep).items() if k != "summary"})
             if parts[2] == "summary":
                 return JSONResponse(sweep.get("summary") or [])
         return JSONResponse({"error": "not found; try /raysweep/sweeps"}, status_code=404)

@@ -72,7 +72,11 @@ def _connect(address: str | None) -> None:
 
     from cluster.pool.serve_app import PoolError
 
+    from jobs.sweep import check_ray_address
+
+    named = "--address" if address else "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "address"
     address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    check_ray_address(address, named)  # where nothing listens, ray.init retries for minutes: one line at once
     try:
         ray.init(address=address, log_to_driver=False, namespace="raysweep-pool")
     except (ConnectionError, RuntimeError, ValueError) as e:

@@ -29,12 +29,23 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="output directory or URI (default: the spec's `output`)")
     parser.add_argument("--address", help="Ray cluster address, or `auto` for the one `ray start` runs here "
                                           "(default: RAY_ADDRESS, set by `ray job submit`; else a new local Ray)")
-    parser.add_argument("--max-attempts", type=int, default=3, help="attempts per shard before it is failed")
+    parser.add_argument("--max-attempts", type=_at_least_one, default=3, help="attempts per shard before it is failed")
     parser.add_argument("--dashboard", action="store_true",
                         help="with a new local Ray, start its dashboard too (a cluster's is on its head node); "
                              "off by default: it adds seconds to every sweep's start")
     parser.add_argument("--new-run", action="store_true",
                         help="discard the output's earlier results (also another spec's) and start again")
+
+
+def _at_least_one(text: str) -> int:
+    """--max-attempts: refused by argparse in one line (exit 2) before anything starts, not after Ray started."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +60,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_spec(spec, args: argparse.Namespace, clock=None) -> int:
-    """`run` for a spec already loaded (`raysweep verify` builds one): the checks, Ray, the sweep, the summary."""
+    """`run` for a spec already loaded (`raysweep verify` builds one): the checks, Ray, the sweep, the summary.
+    Ctrl-C or SIGTERM at any moment: one line saying what was committed and how to resume (exit 1)."""
+    from jobs.interrupts import Interrupted, interruptible, stopped_line
+
+    held: dict = {}  # what the run has opened so far: the output's sink
+    with interruptible():
+        try:
+            report, node = _run_spec(spec, args, clock, held)
+        except Interrupted as stop:
+            sink = held.get("sink")
+            print(stopped_line(stop, sink, sink.output if sink else None), file=sys.stderr, flush=True)
+            return 1
+    return _print_report(report, node)
+
+
+def _run_spec(spec, args: argparse.Namespace, clock, held: dict):
     import ray
 
     from cluster.inputs.checks import check_inputs
@@ -68,10 +94,12 @@ def run_spec(spec, args: argparse.Namespace, clock=None) -> int:
     # 2. The output opened; the expensive part (models, tokenizers, tokens, shards) on the planner's thread
     #    from the checked data while Ray starts; engines start only for models that passed (cluster/inputs/checks.py)
     prepared = prepare(spec, lasting_output(args.output or spec.output_path()), args.new_run, background=True, data=data)
+    held["sink"] = prepared.sink
     try:
         start_ray(address, named, args.dashboard)
     except BaseException:
         prepared.sink.close()
+        ray.shutdown()  # a local Ray half started (a signal during its start) leaves no process behind
         raise
     clock.mark("ray_start")
     print(f"[raysweep] Ray is up ({clock.record()['ray_start_s']:.1f}s after the command started); actors starting",
@@ -82,6 +110,10 @@ def run_spec(spec, args: argparse.Namespace, clock=None) -> int:
         node = ray.util.get_node_ip_address() if "://" not in report.output and len(ray.nodes()) > 1 else None
     finally:
         ray.shutdown()
+    return report, node
+
+
+def _print_report(report, node) -> int:
     print(format_summary(report.summary))
     print(f"\n[raysweep] {report.samples} samples in {report.wall_s:.1f}s "
           f"({report.shards_run} shards run, {report.shards_skipped} already committed)")

@@ -22,6 +22,7 @@ import random
 import tempfile
 
 from cluster.contracts.errors import RaysweepError
+from cluster.contracts.shard import ShardState
 
 ID_COLUMN = "_raysweep_sample_id"
 
@@ -59,6 +60,7 @@ def verify(args: argparse.Namespace) -> int:
     if spec.digest() != manifest.get("spec_hash"):
         raise VerifyError(f"{source}: not the spec {args.output} was made from (hash {spec.digest()}, the "
                           f"manifest's {manifest.get('spec_hash')}): pass --spec with that one")
+    _check_files(args.output, manifest)  # the fast pass: every committed file is what was committed
     committed = _outputs(os.path.join(args.output, "results"), with_status=True)
     generated = {t.name for t in spec.tasks if t.replay is None}  # a replay task's outputs were read, not made
     candidates = [r for r in committed if r["status"] in ("ok", "truncated") and r["task"] in generated]
@@ -100,6 +102,23 @@ def verify(args: argparse.Namespace) -> int:
     print(f"[raysweep] verify: {len(chosen) - len(differ)} of {len(chosen)} sampled outputs match "
           f"({'reproducible: true' if reproducible else 'reproducible: false: batch numerics may move near-ties'})")
     return 1 if differ and reproducible else 0
+
+
+def _check_files(output: str, manifest: dict) -> None:
+    """Each committed shard's file against its manifest entry (rows, checksum); VerifyError naming those that
+    do not match, before any row is generated again."""
+    from cluster.store.integrity import problems
+    from cluster.store.output_files import filesystem
+
+    fs, root = filesystem(output)
+    found = problems(fs, root, manifest)
+    committed = sum(e.get("state") == ShardState.COMMITTED for e in manifest.get("shards", {}).values())
+    for line in found:
+        print(f"[raysweep] verify: {line}")
+    if found:
+        raise VerifyError(f"{len(found)} of {committed} committed results file(s) are not what was committed "
+                          "(listed above): restore them, or run the sweep again with --new-run")
+    print(f"[raysweep] verify: {committed} of {committed} committed results files match the manifest")
 
 
 def _outputs(results: str, with_status: bool = False) -> list[dict]:

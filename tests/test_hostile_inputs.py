@@ -5,6 +5,7 @@ is called at all), leaving an existing output byte-for-byte as it was."""
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -400,3 +401,51 @@ def test_the_command_itself_exits_2_at_once_for_a_hub_id_offline(tmp_path):
                            "(HF_HUB_OFFLINE is set)\n")
     assert "Ray" not in proc.stdout and not (tmp_path / "out").exists()
     assert time.perf_counter() - started < 30
+
+
+def _sweep_process(spec: Path, *args: str) -> subprocess.CompletedProcess:
+    from tests.conftest import ROOT
+
+    return subprocess.run([sys.executable, "-m", "jobs.sweep", str(spec), *args], cwd=ROOT,
+                          env=os.environ | {"RAY_ADDRESS": "local"}, capture_output=True, text=True, timeout=60)
+
+
+def test_a_named_pipe_as_the_data_file_is_one_line_not_a_hang(tmp_path):
+    """`open()` on a FIFO waited for a writer forever, with no message (plan and run alike)."""
+    os.mkfifo(tmp_path / "qa.jsonl")
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(SPEC)
+    from tests.conftest import ROOT
+
+    for command in (["-m", "jobs.sweep", str(spec), "--output", str(tmp_path / "out")],
+                    ["-m", "jobs.cli", "plan", str(spec)]):
+        proc = subprocess.run([sys.executable, *command], cwd=ROOT, env=os.environ | {"RAY_ADDRESS": "local"},
+                              capture_output=True, text=True, timeout=60)
+        assert (proc.returncode, proc.stderr) == (2, f"raysweep: error: {tmp_path / 'qa.jsonl'}: is a named pipe "
+                                                     "(FIFO); `data:` names one JSONL or Parquet file\n"), command
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_that_keeps_nothing_is_refused_before_ray(tmp_path):
+    """`--output mock://x` ran to exit 0, "results: mock://x", everything written to memory and gone."""
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(SPEC)
+    for output, why in (("mock://x", "mock:// is pyarrow's in-memory filesystem, gone when the run ends"),
+                        ("nope://y", "nope:// is not a filesystem raysweep writes to")):
+        proc = _sweep_process(spec, "--output", output)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"raysweep: error: output {output}: cannot be opened: {why}; ")
+        assert proc.stderr.count("\n") == 1 and "Ray is up" not in proc.stdout
+
+
+def test_pool_commands_on_an_address_where_nothing_listens_are_one_line_at_once():
+    """`raysweep pool status --address 127.0.0.1:1` hung (615 s before it was killed)."""
+    from tests.conftest import ROOT
+
+    for command in (["status"], ["down"], ["down", "--force"]):
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "jobs.cli", "pool", *command, "--address", "127.0.0.1:1"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stderr.startswith("raysweep: error: --address 127.0.0.1:1: no Ray "
+                                                               "there to connect to"), proc.stderr
+        assert proc.stderr.count("\n") == 1 and time.perf_counter() - started < 5

@@ -106,7 +106,8 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
             cwd=ROOT, env=os.environ | TOKEN_AUTH, stdout=subprocess.PIPE, text=True)
         try:
             assert holder.stdout.readline().strip() == "up"  # its client is alive and seen
-            down = cli("pool", "down", address=address)
+            with ray_head("--num-cpus=1"):  # another Ray on the host: the check asked the wrong one, found nobody
+                down = cli("pool", "down", address=address)
             assert down.returncode == 2 and "sweeps use the pool now (holder)" in down.stderr, down.stderr
             assert cli("pool", "down", "--force", address=address).returncode == 0
         finally:
@@ -350,3 +351,37 @@ def test_shards_queued_at_serves_router_when_the_pool_is_deleted_come_back_as_po
         assert waited < 10 * POOL_WATCH_S, waited
     finally:
         serve.shutdown()
+
+
+def _get(ingress, path: str):
+    """The pool ingress's HTTP answer to GET `path`, without Serve (the ingress is a plain class)."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    response = asyncio.run(ingress(Request({"type": "http", "method": "GET", "path": path, "headers": []})))
+    return response.status_code, json.loads(response.body)
+
+
+def test_two_sweeps_of_one_name_keep_two_records_and_a_silent_run_shows_as_gone(monkeypatch):
+    """The HTTP API keyed sweeps by name (two at once shared one record), and a pooled sweep whose driver was
+    killed said "running" forever."""
+    from actors.pool_replica import PoolIngress
+
+    ingress, now = PoolIngress({}), [1000.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    ingress.record("same-aaaa", {"name": "same", "state": "running", "samples_done": 5, "samples_total": 10})
+    now[0] += 1
+    ingress.record("same-bbbb", {"name": "same", "state": "running", "samples_done": 1, "samples_total": 10})
+    status, runs = _get(ingress, "/raysweep/sweeps")
+    assert status == 200 and sorted((r["run_id"], r["name"], r["samples_done"]) for r in runs) == \
+        [("same-aaaa", "same", 5), ("same-bbbb", "same", 1)]
+    assert _get(ingress, "/raysweep/sweeps/same-aaaa")[1]["samples_done"] == 5
+    assert _get(ingress, "/raysweep/sweeps/same")[1]["run_id"] == "same-bbbb"  # a name: its latest run
+    now[0] += PoolIngress.GONE_AFTER_S - 0.5
+    ingress.record("same-bbbb", {"name": "same", "state": "done", "samples_done": 10, "samples_total": 10})
+    now[0] += 1  # same-aaaa silent for longer than GONE_AFTER_S while running: its driver is gone
+    states = {r["run_id"]: r["state"] for r in _get(ingress, "/raysweep/sweeps")[1]}
+    assert states == {"same-aaaa": "gone", "same-bbbb": "done"}
+    assert _get(ingress, "/raysweep/sweeps/same-aaaa")[1]["state"] == "gone"
+    assert _get(ingress, "/raysweep/sweeps/nope")[0] == 404

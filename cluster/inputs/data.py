@@ -12,29 +12,18 @@ Prompts are rendered once per model (chat templates differ between models) by `r
 
 from __future__ import annotations
 
-import codecs
 import hashlib
-import json
-import os
-import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 
-from cluster.contracts.errors import RaysweepError
+from cluster.inputs.data_files import DataError, _first_line, _read_batches, content_hash
 from cluster.contracts.spec import SweepSpec, TaskSpec
 from cluster.contracts.loglikelihood import choices_problem, row_choices, target_index
 from cluster.contracts.task_spec import COMPLETION, template_fields
 
 
-class DataError(RaysweepError, ValueError):
-    """A task's data cannot be used; the message names the file and the line or column."""
-
-
-BATCH_ROWS = 8192  # rows per batch when a data file is streamed
-SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # only a line with one can decode to a lone surrogate
-SURROGATE = re.compile("[\ud800-\udfff]")  # after json.loads, a pair is one code point: any left is alone
 RENDER_ERRORS = (KeyError, IndexError, ValueError, TypeError, AttributeError)  # what str.format raises on a row
 
 
@@ -52,6 +41,14 @@ class TaskData:
     task: TaskSpec
     path: str
     n_rows: int
+    digest: str | None = None  # the file's content hash, taken before the checks read it
+
+    def check_unchanged(self) -> None:
+        """DataError where the file's bytes are not those the checks read: planning read it again, and a
+        file rewritten in between would be planned unchecked (rows twice, rows missing a column)."""
+        if self.digest is not None and content_hash(self.path) != self.digest:
+            raise DataError(f"{self.path}: changed while the sweep read it (after its checks, before task "
+                            f"{self.task.name}'s shards were cut); nothing of the task ran: run the sweep again")
 
     def batches(self) -> Iterator[RowBatch]:
         for rows, where, first in _read_batches(self.path):
@@ -77,23 +74,6 @@ def row_extra(task: TaskSpec, row: dict) -> dict | None:
     return extra or None
 
 
-def content_hash(path: str) -> str:
-    """A hash of the file's bytes, read in 1 MiB blocks: a resume checks that its data is what its committed
-    results were planned from (blake2b reads ~1 GB/s: a million-prompt file costs well under a second)."""
-    digest = hashlib.blake2b(digest_size=16)
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such data file") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a directory; `data:` names one JSONL or Parquet file") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
-    return digest.hexdigest()
-
-
 def data_hashes(spec: SweepSpec) -> dict[str, dict]:
     """Per task, its data file and that file's content hash (the manifest keeps them)."""
     return {task.name: {"path": spec.data_path(task), "hash": content_hash(spec.data_path(task))}
@@ -109,6 +89,7 @@ def load_task(spec: SweepSpec, task: TaskSpec) -> TaskData:
         template_fields(task.prompt or "")
     except ValueError as e:
         raise DataError(f"{spec.source}: tasks.{task.name}.{e}") from None
+    digest = content_hash(path)  # before the checks' read: planning's later read is compared with it
     hashes, n = [], 0
     for rows, where, first in _read_batches(path):
         _check_columns(task, path, rows, where)
@@ -121,7 +102,7 @@ def load_task(spec: SweepSpec, task: TaskSpec) -> TaskData:
     same = np.flatnonzero(ordered[1:] == ordered[:-1])
     if len(same):
         _raise_duplicate(task, path, {int(h) for h in ordered[same]})
-    return TaskData(task=task, path=path, n_rows=n)
+    return TaskData(task=task, path=path, n_rows=n, digest=digest)
 
 
 def render_prompts(task: TaskSpec, batch: RowBatch, tokenizer, path: str = "") -> tuple[list[str], bool]:
@@ -173,95 +154,6 @@ def _raise_duplicate(task: TaskSpec, path: str, suspects: set[int]) -> None:
                 if sid in seen:
                     raise DataError(f"{path}:{w}: duplicate sample id {sid!r} (first at {seen[sid]})")
                 seen[sid] = w
-
-
-def _read_batches(path: str) -> Iterator[tuple[list[dict], list[str], int]]:
-    """Rows in batches: the rows, where each was read (the 1-based line for JSONL, "row N" for
-    Parquet) and the 0-based position of the batch's first row."""
-    if os.path.isdir(path):
-        raise DataError(f"{path}: is a directory; `data:` names one JSONL or Parquet file")
-    if path.endswith(".parquet"):
-        yield from _parquet_batches(path)
-        return
-    rows, lines, first = [], [], 0
-    try:
-        f = open(path, "rb")  # bytes, decoded line by line: a decoding error then knows its line
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such data file") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
-    with f:
-        for n, raw in enumerate(f, 1):
-            if n == 1 and raw.startswith(codecs.BOM_UTF8):  # as editors on Windows save: not part of the row
-                raw = raw[len(codecs.BOM_UTF8):]
-            row = _json_row(path, n, raw)
-            if row is None:
-                continue
-            rows.append(row)
-            lines.append(str(n))
-            if len(rows) == BATCH_ROWS:
-                yield rows, lines, first
-                rows, lines, first = [], [], first + len(rows)
-    if rows:
-        yield rows, lines, first
-
-
-def _json_row(path: str, n: int, raw: bytes) -> dict | None:
-    """Line `n` of a JSONL file as a row; None for a blank line."""
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
-    if not line.strip():
-        return None
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{n}: not valid JSON: {e.msg} (column {e.colno})") from None
-    if not isinstance(row, dict):
-        raise DataError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
-    if SURROGATE_ESCAPE.search(raw):
-        column = next((k for k, v in row.items() if _lone_surrogate(k) or _lone_surrogate(v)), None)
-        if column is not None:
-            raise DataError(f"{path}:{n}: column {column!r} holds a lone surrogate (an unpaired \\uD800-\\uDFFF "
-                            "escape), which is not text")
-    return row
-
-
-def _lone_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        return SURROGATE.search(value) is not None
-    if isinstance(value, list):
-        return any(_lone_surrogate(v) for v in value)
-    if isinstance(value, dict):
-        return any(_lone_surrogate(k) or _lone_surrogate(v) for k, v in value.items())
-    return False
-
-
-def _parquet_batches(path: str) -> Iterator[tuple[list[dict], list[str], int]]:
-    import pyarrow.parquet as pq
-
-    try:
-        source = pq.ParquetFile(path)
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such data file") from None
-    except Exception as e:  # pyarrow's ArrowInvalid etc.: say which file
-        raise DataError(f"{path}: not a readable Parquet file: {_first_line(e)}") from None
-    n = 0
-    batches = source.iter_batches(batch_size=BATCH_ROWS)
-    while True:
-        try:
-            rows = next(batches).to_pylist()
-        except StopIteration:
-            return
-        except Exception as e:  # a corrupt page, or strings that are not UTF-8
-            raise DataError(f"{path}: not a readable Parquet file (after row {n}): {_first_line(e)}") from None
-        yield rows, [f"row {i}" for i in range(n, n + len(rows))], n
-        n += len(rows)
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _check_rendering(task: TaskSpec, path: str, rows: list[dict], where: list[str]) -> None:

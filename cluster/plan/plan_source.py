@@ -51,7 +51,9 @@ def plan_events(spec: SweepSpec, strict: bool = True,
     staging = StagingFolder()  # rendered prompts on local disk until their shards are dispatched
     for d in data:  # completions read from the data: no model, no tokenizer
         if d.task.replay is not None:
-            yield plan_replay(d, spec.shards, staging)
+            plan = plan_replay(d, spec.shards, staging)
+            d.check_unchanged()  # what was planned is what was checked
+            yield plan
     models = []
     for model in spec.models:
         path, tokenizer, max_len = load_model_meta(model, spec.model_path(model), spec.source)
@@ -61,7 +63,9 @@ def plan_events(spec: SweepSpec, strict: bool = True,
     for ready, tokenizer, max_len in models:
         cache = TokenCache(tokenizer)
         for d in (d for d in data if d.task.replay is None):
-            yield plan_task(ready.model, d, tokenizer, max_len, spec.shards, cache, strict, staging)
+            plan = plan_task(ready.model, d, tokenizer, max_len, spec.shards, cache, strict, staging)
+            d.check_unchanged()  # what was planned is what was checked (and what the manifest's hash says)
+            yield plan
 
 
 def preflight(spec: SweepSpec, strict: bool = True) -> list[ModelPlan]:

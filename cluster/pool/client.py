@@ -13,15 +13,14 @@ if TYPE_CHECKING:
 
 
 def sweeps_using_pool() -> list[str]:
-    """Sweeps whose PoolClient actor is alive (each sweep that uses the pool holds one, named after it)."""
-    from ray.util.state import list_actors
+    """Sweeps whose PoolClient actor is alive (each sweep that uses the pool holds one, named after it), asked
+    of the connected cluster's GCS (named actors are alive ones). An error is the caller's: "nobody" is never
+    a guess (the state API once answered for another Ray on the same host, and the pool was removed)."""
+    import ray
 
-    try:
-        actors = list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=10_000)
-    except Exception:
-        return []
-    return sorted(a.name.split(":")[1] for a in actors
-                  if a.name and a.name.startswith("pool-client:") and a.ray_namespace == CLIENT_NAMESPACE)
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return sorted(a["name"].split(":")[1] for a in named
+                  if a["name"].startswith("pool-client:") and a.get("namespace") == CLIENT_NAMESPACE)
 
 
 def client_name(sweep: str) -> str:
@@ -102,15 +101,20 @@ class _Forward:
 
 
 class SweepRecorder:
-    """A sweep's state, sent to the pool's ingress for its HTTP API (`GET /raysweep/sweeps/NAME`): at most
-    once every RECORD_EVERY_S while it runs, and once when it ends. Sending never blocks or fails the sweep."""
+    """A sweep's state, sent to the pool's ingress for its HTTP API (`GET /raysweep/sweeps/RUN`): at most
+    once every RECORD_EVERY_S while it runs (a heartbeat: a sweep silent for longer than the ingress's
+    GONE_AFTER_S is shown as gone), and once when it ends. Each run has its own id, so two sweeps of one
+    name keep two records. Sending never blocks or fails the sweep."""
 
     RECORD_EVERY_S = 2.0
 
     def __init__(self, name: str):
+        import uuid
+
         from ray import serve
 
         self.name, self._sent = name, 0.0
+        self.run_id = f"{name}-{uuid.uuid4().hex[:8]}"
         self.handle = serve.get_app_handle(APP)
 
     def record(self, snapshot: dict, final: bool = False) -> None:
@@ -121,7 +125,7 @@ class SweepRecorder:
             return
         self._sent = now
         try:
-            response = self.handle.record.remote(self.name, snapshot)
+            response = self.handle.record.remote(self.run_id, dict(snapshot, name=self.name))
             if final:
                 response.result(timeout_s=10)
         except Exception:  # the pool went away: the sweep goes on

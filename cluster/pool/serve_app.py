@@ -226,7 +226,13 @@ def pool_down(force: bool = False) -> None:
 
     if APP not in serve.status().applications:
         raise PoolError("no pool on this cluster")
-    users = sweeps_using_pool()
+    try:
+        users = sweeps_using_pool()
+    except Exception as e:  # unsure whether a sweep uses the pool: refuse, unless forced
+        if not force:
+            raise PoolError(f"cannot tell whether sweeps use the pool ({type(e).__name__}: "
+                            f"{(str(e).strip().splitlines() or [''])[0][:200]}); --force removes it anyway") from None
+        users = []
     if users and not force:
         raise PoolError(f"sweeps use the pool now ({', '.join(users)}); wait for them, or --force: they go on "
                         "with their own actors")

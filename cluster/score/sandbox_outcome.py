@@ -26,28 +26,37 @@ class Outcome:
     started: bool = True   # False: its sandbox never started, on any try (status error); nothing of it ran
 
 
-def _ending(status: list[str]) -> str | None:
-    """The last of the bootstrap's status lines (after "ready") saying how the program ended, or None."""
-    ends = [line for line in status[1:] if line in ("raised assert", "raised error") or
+COMPLETED = "completed"  # the program's last statement ran: the only way to pass
+
+
+def _ending(status: list[str], nonce: str) -> str | None:
+    """The last of the bootstrap's status lines (after "ready") saying how the program ended, or None;
+    "completed" only for the line carrying this run's nonce."""
+    ends = [COMPLETED if line == f"{COMPLETED} {nonce}" else line for line in status[1:]
+            if line in ("raised assert", "raised error", f"{COMPLETED} {nonce}") or
             (line[:5] == "exit " and line[5:].isdigit() and len(line) <= 8)]
     return ends[-1] if ends else None
 
 
 def _classify(plan: _Plan, code: int, ended: str | None, timed_out: bool, limits: SandboxLimits, wall: float,
               stdout: str, stderr: str) -> Outcome:
-    """`ended`: how the bootstrap saw the program end ("exit N", "raised assert|error"), None where it never
-    said (killed by a signal, or left by os._exit): then the exit status alone tells."""
+    """`ended`: how the bootstrap saw the program end ("completed", "exit N", "raised assert|error"), None where
+    it never said (killed by a signal, or left by os._exit): then the exit status alone tells. Only a program
+    that completed passes: one that left with code 0 before its end failed."""
     def outcome(status: str, error: str | None, exit_code: int | None) -> Outcome:
         return Outcome(status, error, exit_code, wall, stdout, stderr)
 
     if timed_out:
         return outcome("timeout", f"timed out after {limits.timeout_s:g} s", None)
+    if ended == COMPLETED:
+        return outcome("passed", None, 0)
     if ended is not None:  # the program's word wins over a status an atexit os._exit or a late signal changed
         code = int(ended.split()[1]) if ended.startswith("exit ") else 1 if ended == "raised assert" else ERROR_EXIT
     elif plan.bwrap and code > 128:  # bwrap reports its child's death by signal N as exit 128 + N
         code = 128 - code
     if code == 0:
-        return outcome("passed", None, 0)
+        how = "sys.exit or SystemExit" if ended is not None else "os._exit, or its harness was ended"
+        return outcome("failed", f"left with exit code 0 before its last statement ran ({how})", 0)
     if code == -signal.SIGXCPU:
         cpu = limits.timeout_s if limits.cpu_s is None else limits.cpu_s
         return outcome("timeout", f"CPU time limit of {cpu:g} s exceeded", code)

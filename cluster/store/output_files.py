@@ -24,8 +24,19 @@ class SinkError(RaysweepError, RuntimeError):
     """The output location cannot be used; the message names it."""
 
 
+# filesystems that keep what is written: local files, object stores, HDFS (pyarrow's, by URI scheme)
+DURABLE_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
+
+
 def filesystem(output: str) -> tuple[pafs.FileSystem, str]:
+    """The output's pyarrow filesystem and root; SinkError for a scheme that does not keep what is written
+    (`mock://`, pyarrow's in-memory filesystem, is gone when the process ends) or that pyarrow does not know."""
     if "://" in output:
+        scheme = output.split("://", 1)[0].lower()
+        if scheme not in DURABLE_SCHEMES:
+            why = "pyarrow's in-memory filesystem, gone when the run ends" if scheme == "mock" else "not a filesystem raysweep writes to"
+            raise SinkError(f"output {output}: cannot be opened: {scheme}:// is {why}; use a local path or one of "
+                            f"{', '.join(s + '://' for s in DURABLE_SCHEMES)}")
         return pafs.FileSystem.from_uri(output)
     return pafs.LocalFileSystem(), os.path.abspath(output)
 
@@ -60,6 +71,15 @@ def write_table(fs: pafs.FileSystem, path: str, table: pa.Table, tmp: str | None
     fs.create_dir(os.path.dirname(path), recursive=True)
     with fs.open_output_stream(tmp) as f:
         pq.write_table(table, f)
+    fs.move(tmp, path)
+
+
+def write_bytes_renamed(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """`data` written under a hidden temporary name beside `path`, then renamed into place."""
+    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp"
+    fs.create_dir(os.path.dirname(path), recursive=True)
+    with fs.open_output_stream(tmp) as f:
+        f.write(data)
     fs.move(tmp, path)
 
 
@@ -134,3 +154,18 @@ def unlock(handle, root: str) -> None:
     except FileNotFoundError:
         pass
     handle.close()  # closing the file releases the flock
+
+
+def remove_leftover_tmp(fs: pafs.FileSystem, root: str) -> int:
+    """Remove the temporary files (`.NAME.XXXXXXXX.tmp`) a run that died left beside the output's files: none
+    of them was renamed into place, so none holds anything committed. Called with the output's lock held.
+    Telemetry's own parts are the telemetry store's (cluster/store/telemetry_store.py)."""
+    removed = 0
+    for folder, recursive in ((root, False), (join(root, "results"), True)):
+        if fs.get_file_info(folder).type != pafs.FileType.Directory:
+            continue
+        for info in fs.get_file_info(pafs.FileSelector(folder, recursive=recursive)):
+            if info.type == pafs.FileType.File and info.base_name.startswith(".") and info.base_name.endswith(".tmp"):
+                fs.delete_file(info.path)
+                removed += 1
+    return removed

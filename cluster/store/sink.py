@@ -21,9 +21,11 @@ from cluster.contracts.shard import ShardState
 from cluster.contracts.spec import SweepSpec
 from cluster.score.summary import COLUMNS as SUMMARY_COLUMNS
 from cluster.score.summary import SummaryAccumulator
+from cluster.store.integrity import check_committed, checksum, table_bytes
 from cluster.store.manifest import (ManifestWriter, discard_earlier_run, load_manifest, now,
                                     refuse_foreign)
-from cluster.store.output_files import join, lock, open_output, plain_strings, result_file, unlock, write_table
+from cluster.store.output_files import (join, lock, open_output, plain_strings, remove_leftover_tmp, result_file,
+                                        unlock, write_bytes_renamed, write_table)
 from cluster.store.telemetry_store import DURABLE_TELEMETRY, TelemetryStore
 from cluster.store.widening import widen_older_results
 
@@ -41,12 +43,14 @@ class ResultSink:
         self._lock = lock(self.fs, self.root, output)
         try:
             refuse_foreign(self.fs, self.root, output)
+            remove_leftover_tmp(self.fs, self.root)  # a dead run's half-written files, never committed
             if new_run:
                 discard_earlier_run(self.fs, self.root)
             self.manifest = load_manifest(self.fs, self.root, output, spec, self.data_hashes)
             self.widened, save = widen_older_results(self.fs, self.root, output, self.manifest)  # files rewritten
             if save:
                 self._save_manifest()
+            check_committed(self.fs, self.root, output, self.manifest)  # each file is what was committed
         except BaseException:
             self.close()
             raise
@@ -101,9 +105,11 @@ class ResultSink:
         that failed alone) and, where they are more than its task allows, `errors` (see `failed`)."""
         rel = result_file(model, task, index)
         table = plain_strings(table, ("model", "task"))
-        write_table(self.fs, join(self.root, rel), table)  # a reader never sees half a file
+        data = table_bytes(table)
+        write_bytes_renamed(self.fs, join(self.root, rel), data)  # a reader never sees half a file
         self._writer.record(self.manifest, shard_id, {"state": ShardState.COMMITTED.value, "file": rel,
-                                                      "rows": table.num_rows, "attempts": attempts, **(extra or {})})
+                                                      "rows": table.num_rows, "checksum": checksum(data),
+                                                      "attempts": attempts, **(extra or {})})
         self._summary.add(table)
         self._summarized.add(shard_id)
 
@@ -134,8 +140,7 @@ class ResultSink:
                 self._summary.add(shard.read(columns=[c for c in SUMMARY_COLUMNS if c in shard.schema_arrow.names]))
             self._summarized.add(sid)
         summary = self._summary.table()
-        with self.fs.open_output_stream(join(self.root, "summary.parquet")) as f:
-            pq.write_table(summary, f)
+        write_table(self.fs, join(self.root, "summary.parquet"), summary)  # by rename: a reader never sees half
         self.manifest["finished_at"] = now()
         self._save_manifest()
         return summary

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 
 from cluster.contracts.results_schema import RESULT_SCHEMA
 from cluster.store.manifest import is_committed
-from cluster.store.output_files import SinkError, join, write_table
+from cluster.store.integrity import checksum, table_bytes
+from cluster.store.output_files import SinkError, join, write_bytes_renamed
 
 
 def widen_older_results(fs: pafs.FileSystem, root: str, output: str, manifest: dict) -> tuple[int, bool]:
@@ -38,7 +39,10 @@ def widen_older_results(fs: pafs.FileSystem, root: str, output: str, manifest: d
         for name in missing:
             table = table.append_column(RESULT_SCHEMA.field(name), pa.nulls(table.num_rows, RESULT_SCHEMA.field(name).type))
         extra = [name for name in table.column_names if name not in columns]  # kept, after the schema's
-        write_table(fs, join(root, entry["file"]), table.select([n for n in columns if n in table.column_names] + extra))
+        data = table_bytes(table.select([n for n in columns if n in table.column_names] + extra))
+        write_bytes_renamed(fs, join(root, entry["file"]), data)
+        if "checksum" in entry:  # the file is the committed rows, widened: its new bytes are what is checked
+            entry["checksum"] = checksum(data)
         widened += 1
     manifest["results_columns"] = columns
     return widened, bool(committed)

@@ -1,0 +1,192 @@
+"""Files you can trust: a committed results file that is swapped, shortened, missing or garbage is named by
+the resume and by `raysweep verify` (one line each, before any work), never resumed over (issue 29: a file
+copied over another resumed as "4 of 4 committed", exit 0, with 10 ids twice and 10 missing)."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from cluster.inputs.spec_file import load_spec
+from cluster.schedule.run import run_sweep
+from cluster.store.manifest import read_manifest
+from cluster.store.output_files import SinkError
+from tests.conftest import ROOT
+
+
+def _replay_output(tmp_path):
+    """A replay sweep (no engine) of 40 rows in 4 shards of 10, committed."""
+    rows = [{"id": f"r{i:02d}", "q": str(i), "a": str(i), "out": str(i)} for i in range(40)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.yaml").write_text(f"""
+name: trusted
+output: {tmp_path / 'out'}
+models: []
+tasks:
+  - {{name: t, data: d.jsonl, id_column: id, prompt: "{{q}}", target: a, scorer: exact_match,
+      replay: {{column: out, model: api-model}}}}
+shards: {{max_samples: 10}}
+""")
+    spec = load_spec(tmp_path / "s.yaml")
+    assert not run_sweep(spec, log=lambda line: None).failed
+    files = {sid: e["file"] for sid, e in read_manifest(str(tmp_path / "out"))["shards"].items()}
+    assert len(files) == 4 and all("checksum" in e for e in read_manifest(str(tmp_path / "out"))["shards"].values())
+    return spec, tmp_path / "out", files
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage, says", [
+    ("copy", "changed after it was committed (checksum)"),
+    ("delete", "is missing"),
+    ("garbage", "cannot be read"),
+    ("fewer rows", "has 5 rows, 10 were committed"),
+])
+def test_a_damaged_results_file_is_named_by_resume_and_verify(ray_local, tmp_path, damage, says):
+    spec, out, files = _replay_output(tmp_path)
+    first, second = (out / files[sid] for sid in sorted(files)[:2])
+    if damage == "copy":
+        shutil.copy(first, second)
+    elif damage == "delete":
+        os.remove(second)
+    elif damage == "garbage":
+        second.write_bytes(b"not parquet")
+    else:
+        pq.write_table(pq.read_table(second).slice(0, 5), second)
+    victim = sorted(files)[1]
+    with pytest.raises(SinkError, match=re.escape(f"shard {victim}: its results file {files[victim]} {says}") + ".*--new-run"):
+        run_sweep(spec, log=lambda line: None)
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "verify", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"[raysweep] verify: shard {victim}: its results file {files[victim]} {says}" in proc.stdout
+    assert proc.stderr.startswith("raysweep: error: 1 of 4 committed results file(s) are not what was committed")
+
+
+@pytest.mark.slow
+def test_an_output_from_before_checksums_is_checked_by_its_rows_shard_ids(ray_local, tmp_path):
+    spec, out, files = _replay_output(tmp_path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for entry in manifest["shards"].values():
+        entry.pop("checksum")
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / "manifest.journal").unlink(missing_ok=True)
+    first, second = sorted(files)[:2]
+    shutil.copy(out / files[first], out / files[second])
+    with pytest.raises(SinkError, match=re.escape(f"shard {second}: its results file {files[second]} holds the rows "
+                                                  f"of shard(s) {first}")):
+        run_sweep(spec, log=lambda line: None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("manifest, journal, says", [
+    ("[]", None, "manifest.json: no `shards` mapping, so not a raysweep manifest"),
+    (None, "5\n{}\n", "manifest.journal:1: not a shard's entry (no shard_id)"),
+    (None, '{"shard_id": "api-mo', None),  # a torn last line: skipped, as a killed writer leaves it
+    (None, '{"shard_id": "t/x/00009"}\n{"shard_id": "t/x/00008", "state": "committed"}\n',
+     "manifest.json: shard t/x/00009: no state of committed, failed, pending"),
+])
+def test_a_tampered_manifest_is_one_line_in_run_verify_and_report(ray_local, tmp_path, manifest, journal, says):
+    spec, out, _ = _replay_output(tmp_path)
+    if manifest is not None:
+        (out / "manifest.json").write_text(manifest)
+    if journal is not None:
+        (out / "manifest.journal").write_text(journal)
+    if says is None:
+        assert not run_sweep(spec, log=lambda line: None).failed  # resumes: every shard committed already
+        return
+    with pytest.raises(SinkError, match=re.escape(f"output {out}: {says}")):
+        run_sweep(spec, log=lambda line: None)
+    for command in (["verify", str(out)], ["report", str(out)]):
+        proc = subprocess.run([sys.executable, "-m", "jobs.cli", *command], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.startswith("raysweep: error: ") and says in proc.stderr, \
+            (command, proc.stderr)
+        assert proc.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_a_dead_runs_temporary_files_are_removed_and_the_summary_is_written_by_rename(ray_local, tmp_path):
+    spec, out, files = _replay_output(tmp_path)
+    leftovers = [out / ".manifest.0123abcd.tmp", (out / files[sorted(files)[0]]).parent / ".shard-00000.parquet.aa.tmp"]
+    for path in leftovers:
+        path.write_bytes(b"half")
+    inode = (out / "summary.parquet").stat().st_ino
+    assert not run_sweep(spec, log=lambda line: None).failed
+    assert not any(path.exists() for path in leftovers)
+    assert (out / "summary.parquet").stat().st_ino != inode  # a new file renamed into place, not rewritten
+
+
+def test_max_attempts_below_one_is_refused_before_anything_starts():
+    proc = subprocess.run([sys.executable, "-m", "jobs.sweep", str(ROOT / "sweeps" / "quickstart.yaml"),
+                           "--max-attempts", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1] == \
+        "python -m jobs.sweep: error: argument --max-attempts: 0: must be at least 1"
+    assert "Ray" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_data_file_rewritten_while_the_sweep_plans_is_refused_and_nothing_of_it_runs(ray_local, tmp_path,
+                                                                                        monkeypatch):
+    """Planning read the file again without the checks: rewritten 0.3 s after "inputs checked", the sweep
+    exited 0 with 102 rows for 100 ids, and the manifest kept the old file's hash."""
+    import cluster.plan.plan_source as plan_source
+    from cluster.inputs.data import DataError
+
+    rows = [{"id": f"r{i}", "q": str(i), "a": str(i)} for i in range(100)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.yaml").write_text(f"""
+name: rewritten
+output: {tmp_path / 'out'}
+models: [{{name: tiny, path: "builtin:tiny"}}]
+tasks:
+  - {{name: t, data: d.jsonl, id_column: id, prompt: "{{q}}", target: a, scorer: exact_match,
+      sampling: {{max_tokens: 2}}}}
+actors: {{count: 1, num_cpus: 1}}
+""")
+    real = plan_source.plan_task
+
+    def rewritten_first(*args, **kwargs):  # the hook: the file changes between the checks and planning
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows[:2] + rows))  # r0, r1 twice
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plan_source, "plan_task", rewritten_first)
+    with pytest.raises(DataError, match=re.escape(f"{data}: changed while the sweep read it") + ".*nothing of the task ran"):
+        run_sweep(load_spec(tmp_path / "s.yaml"), log=lambda line: None)
+    assert not (tmp_path / "out" / "results").exists() or not list((tmp_path / "out" / "results").rglob("*.parquet"))
+
+
+@pytest.mark.slow
+def test_a_second_sweep_of_the_same_name_on_one_cluster_is_refused_in_one_line(ray_local, tmp_path):
+    """It ended in Ray's ActorAlreadyExistsError traceback. (An actor named as the first sweep's stands in for
+    it: what the check reads is the actors' names.)"""
+    import ray
+
+    from cluster.schedule.run import SweepNameTaken
+
+    @ray.remote(num_cpus=0)
+    class Running:
+        pass
+
+    holder = Running.options(name="raysweep:twin:0", namespace="raysweep-twin").remote()
+    ray.get(holder.__ray_ready__.remote())
+    try:
+        rows = [{"id": i, "q": str(i), "a": str(i)} for i in range(4)]
+        (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (tmp_path / "s.yaml").write_text(f"""
+name: twin
+output: {tmp_path / 'out'}
+models: [{{name: tiny, path: "builtin:tiny"}}]
+tasks: [{{name: t, data: d.jsonl, id_column: id, prompt: "{{q}}", target: a, scorer: exact_match,
+          sampling: {{max_tokens: 2}}}}]
+actors: {{count: 1, num_cpus: 1}}
+""")
+        with pytest.raises(SweepNameTaken, match="a sweep named 'twin' is running on this cluster now"):
+            run_sweep(load_spec(tmp_path / "s.yaml"), log=lambda line: None)
+    finally:
+        ray.kill(holder)

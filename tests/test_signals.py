@@ -1,0 +1,64 @@
+"""Ctrl-C and SIGTERM at three moments of a quickstart run (during Ray's start, once engines are up, with
+shards half done): one line saying what was committed and how to resume, exit 1, no traceback, no Ray
+process left behind; and the same command then resumes to every sample exactly once (issue 29: tracebacks,
+Ray's C++ dump with exit -6, and 2-7 Ray processes left behind)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import QUICKSTART, ROOT
+
+MOMENTS = {  # the line after which the signal is sent
+    "ray start": lambda line: "starting a local Ray" in line,
+    "engines up": lambda line: "engine up:" in line,
+    "mid-shards": lambda line: "samples (" in line and "] 0/" not in line,
+}
+
+
+def _raylets() -> set[int]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return {int(line.split()[0]) for line in out.splitlines()[1:] if "/raylet/raylet " in line}
+
+
+def _run(out, env=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "jobs.sweep", str(QUICKSTART), "--output", str(out)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=os.environ | {"PYTHONUNBUFFERED": "1", "RAY_ADDRESS": ""} | (env or {}))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", list(MOMENTS))
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behind(tmp_path, moment, signum):
+    before = _raylets()
+    sweep = _run(tmp_path / "out")
+    lines = []
+    for line in sweep.stdout:  # the signal goes to the whole process group, as a terminal's Ctrl-C does
+        lines.append(line)
+        if MOMENTS[moment](line):
+            os.killpg(sweep.pid, signum)
+            break
+    rest, _ = sweep.communicate(timeout=180)
+    text = "".join(lines) + rest
+    name = signal.Signals(signum).name
+    assert sweep.returncode == 1, text[-3000:]
+    stopped = [line for line in text.splitlines() if line.startswith(f"[raysweep] stopped by {name}: ")]
+    assert len(stopped) == 1 and stopped[0].endswith("; the same command resumes the rest"), text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    deadline = time.time() + 30
+    while _raylets() - before and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _raylets() - before  # the local Ray this run started is gone with it
+    if moment == "mid-shards" and signum == signal.SIGTERM:  # what was committed is kept: the rest resumes
+        again = _run(tmp_path / "out")
+        text, _ = again.communicate(timeout=300)
+        assert again.returncode == 0, text[-3000:]
+        assert "already committed" in text
+        ids = pq.read_table(tmp_path / "out" / "results", columns=["task", "sample_id"]).to_pylist()
+        assert len(ids) == len({(r["task"], r["sample_id"]) for r in ids}) == 350
