@@ -14,6 +14,7 @@ import threading
 from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_OURS: list = []  # the handler interruptible() installed, while it is in force
 
 
 class Interrupted(BaseException):
@@ -42,11 +43,23 @@ def interruptible():
         raise Interrupted(signum)
 
     before = {s: signal.signal(s, first) for s in SIGNALS}
+    _OURS.append(first)
     try:
         yield
     finally:
+        _OURS.remove(first)
         for s, handler in before.items():
             signal.signal(s, handler)
+
+
+def reclaim() -> None:
+    """Take SIGTERM and SIGINT back after `ray.init`, which installs its own handlers over ours: one that
+    exits with the signal's number and no word, and a C-level one that prints "*** SIGTERM received ***"
+    with a stack dump."""
+    if threading.current_thread() is not threading.main_thread() or not _OURS:
+        return
+    for s in SIGNALS:
+        signal.signal(s, _OURS[-1])
 
 
 def stopped_line(stop: Interrupted, sink, output: str | None) -> str:

@@ -81,6 +81,7 @@ def _run_spec(spec, args: argparse.Namespace, clock, held: dict):
     from cluster.inputs.checks import check_inputs
     from cluster.schedule.run import execute, prepare
     from cluster.contracts.timing import RunClock
+    from jobs.interrupts import reclaim
 
     clock = clock or RunClock()
     data = check_inputs(spec)
@@ -97,6 +98,7 @@ def _run_spec(spec, args: argparse.Namespace, clock, held: dict):
     held["sink"] = prepared.sink
     try:
         start_ray(address, named, args.dashboard)
+        reclaim()  # Ray's core worker took SIGTERM over: ours again, so it ends the run in one line
     except BaseException:
         prepared.sink.close()
         ray.shutdown()  # a local Ray half started (a signal during its start) leaves no process behind
