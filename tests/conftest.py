@@ -121,3 +121,20 @@ def fake_cluster(model_cache):
         cluster.shutdown()
     if was_up:
         start_local_ray()
+
+
+def replay_spec(folder: Path, name: str, rows: list[dict], scorer: str = "exact_match", extra: str = "",
+                shards: str = "", data: str = "d.jsonl") -> Path:
+    """A spec of one replay task (completions from the rows' `out` column, no engine) over `rows` (written as
+    `data` unless it is there already: a Parquet file the test wrote), prompt {q}, target a; its output is
+    folder/out. `extra`: more of the task's fields; `shards`: the spec's shards mapping."""
+    import json
+
+    if data.endswith(".jsonl"):
+        (folder / data).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = folder / "s.yaml"
+    spec.write_text(f"name: {name}\noutput: {folder / 'out'}\nmodels: []\ntasks:\n"
+                    f"  - {{name: t, data: {data}, id_column: id, prompt: \"{{q}}\", target: a, scorer: {scorer},"
+                    f" replay: {{column: out, model: api-model}}{', ' + extra if extra else ''}}}\n"
+                    + (f"shards: {shards}\n" if shards else ""))
+    return spec

@@ -16,22 +16,13 @@ from cluster.inputs.spec_file import load_spec
 from cluster.schedule.run import run_sweep
 from cluster.store.manifest import read_manifest
 from cluster.store.output_files import SinkError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, replay_spec
 
 
 def _replay_output(tmp_path):
     """A replay sweep (no engine) of 40 rows in 4 shards of 10, committed."""
     rows = [{"id": f"r{i:02d}", "q": str(i), "a": str(i), "out": str(i)} for i in range(40)]
-    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "s.yaml").write_text(f"""
-name: trusted
-output: {tmp_path / 'out'}
-models: []
-tasks:
-  - {{name: t, data: d.jsonl, id_column: id, prompt: "{{q}}", target: a, scorer: exact_match,
-      replay: {{column: out, model: api-model}}}}
-shards: {{max_samples: 10}}
-""")
+    replay_spec(tmp_path, "trusted", rows, shards="{max_samples: 10}")
     spec = load_spec(tmp_path / "s.yaml")
     assert not run_sweep(spec, log=lambda line: None).failed
     files = {sid: e["file"] for sid, e in read_manifest(str(tmp_path / "out"))["shards"].items()}

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, replay_spec
 
 
 def test_pass_at_k_is_the_chance_that_k_drawn_completions_hold_a_pass():
@@ -219,15 +219,7 @@ def test_a_scorer_that_raises_on_one_row_makes_that_row_an_error_row_and_scores_
 
     rows = [{"id": i, "q": str(i), "a": json.dumps({"n": i}), "out": json.dumps({"n": i})} for i in range(10)]
     rows[3]["out"] = "[" * 5000
-    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "s.yaml").write_text(f"""
-name: deep
-output: {tmp_path / 'out'}
-models: []
-tasks:
-  - {{name: js, data: d.jsonl, id_column: id, prompt: "{{q}}", target: a, scorer: json_match,
-      fail_on_error: false, replay: {{column: out, model: api-model}}}}
-""")
+    replay_spec(tmp_path, "deep", rows, scorer="json_match", extra="fail_on_error: false")
     report = run_sweep(load_spec(tmp_path / "s.yaml"), log=print)
     assert not report.failed
     results = pq.read_table(tmp_path / "out" / "results").to_pandas().sort_values("sample_id")
@@ -249,14 +241,7 @@ def test_binary_parquet_columns_are_read_as_text_and_bytes_that_are_not_utf8_are
     pq.write_table(pa.table({"id": ["a", "b"], "q": pa.array([b"1+1", b"2+2"], pa.binary()),
                              "a": pa.array([b"2", b"4"], pa.binary()), "out": pa.array([b"2", b"5"], pa.binary())}),
                    tmp_path / "d.parquet")
-    (tmp_path / "s.yaml").write_text(f"""
-name: binary
-output: {tmp_path / 'out'}
-models: []
-tasks:
-  - {{name: sums, data: d.parquet, id_column: id, prompt: "{{q}}=", target: a, scorer: exact_match,
-      replay: {{column: out, model: api-model}}}}
-""")
+    replay_spec(tmp_path, "binary", [], data="d.parquet")
     assert not run_sweep(load_spec(tmp_path / "s.yaml"), log=print).failed
     results = pq.read_table(tmp_path / "out" / "results").to_pandas().sort_values("sample_id")
     assert list(results.target) == ["2", "4"] and list(results.score) == [1.0, 0.0]

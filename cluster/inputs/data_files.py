@@ -46,11 +46,7 @@ def content_hash(path: str) -> str:
         with open(path, "rb") as f:
             while block := f.read(1 << 20):
                 digest.update(block)
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such data file") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a directory; `data:` names one JSONL or Parquet file") from None
-    except OSError as e:
+    except OSError as e:  # check_regular said what it is; this is a read that failed
         raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
     return digest.hexdigest()
 

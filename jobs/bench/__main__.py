@@ -2,16 +2,8 @@
 
     python -m jobs.bench --model builtin:small --parts a,b,c,d --out bench/out
 
-(a) raysweep sweep output tok/s ÷ one raw `vllm.LLM.generate` over the same prompts, seeds and sampling
-    (variable-length outputs: temperature 1 with stop strings). raysweep's rate is measured over the span
-    from its first shard's start to its last shard's end (engines warm, like the raw call); its whole
-    wall time, Ray and engine start included, is reported beside it. `--repeats N` runs it all N times
-    (raw runs alone vary by a few percent); `--in-flight auto,8` compares shards-in-flight settings.
-(b) CUDA graphs ÷ eager: single-stream decode, and a 256-prompt batch (fixed length: ignore_eos).
-(c) a long shard (prompts of 12-16k tokens) with chunked prefill vs without: throughput, peak GPU memory
-    (NVML) and the KV-cache blocks vLLM could allocate.
-(d) guided (JSON schema, xgrammar) ÷ free generation on the same prompts.
-    (a)-(d): jobs/bench/engine_ratios.py.
+(a)-(d) raysweep ÷ raw `LLM.generate`, CUDA graphs ÷ eager, chunked ÷ unchunked prefill, guided ÷ free
+    (jobs/bench/engine_ratios.py says how each is measured).
 (e) whole processes, start to exit: raysweep ÷ a plain vLLM script ÷ Ray Data LLM, and several models in
     one sweep ÷ the plain script once per model (jobs/bench/whole_process.py; flags --e-*).
 (x) diagnostic for (a), one engine: raw `generate` in the bench's order and in raysweep's (sorted by
