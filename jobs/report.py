@@ -287,8 +287,14 @@ def _read(path: Path, columns: list[str]) -> pa.Table | None:
     attempt failed holds only shard_id, attempt and error."""
     if not path.is_file():
         return None
-    have = set(pq.read_schema(path).names)
-    table = pq.read_table(path, columns=[c for c in columns if c in have])
+    try:
+        have = set(pq.read_schema(path).names)
+        table = pq.read_table(path, columns=[c for c in columns if c in have])
+    except (OSError, pa.ArrowInvalid) as e:  # torn or replaced: say which file, in one line
+        raise ReportError(f"output {path.parent if path.name == 'summary.parquet' else path.parent.parent}: "
+                          f"{path.name if path.name == 'summary.parquet' else 'telemetry/' + path.name} cannot be "
+                          f"read ({(str(e).strip().splitlines() or [type(e).__name__])[0][:160]}); the sweep's next "
+                          "run writes it again") from None
     for c in columns:
         if c not in have:
             table = table.append_column(c, pa.nulls(table.num_rows))

@@ -449,3 +449,30 @@ def test_pool_commands_on_an_address_where_nothing_listens_are_one_line_at_once(
         assert proc.returncode == 2 and proc.stderr.startswith("raysweep: error: --address 127.0.0.1:1: no Ray "
                                                                "there to connect to"), proc.stderr
         assert proc.stderr.count("\n") == 1 and time.perf_counter() - started < 5
+
+
+@pytest.mark.parametrize("row, says", [
+    ('{"id": "b", "question": ' + "[" * 50000 + "]" * 50000 + ', "answer": "2"}',
+     "qa.jsonl:5: JSON nested too deep to read (thousands of levels)"),
+    ('{"id": "b", "question": "2", "answer": ' + "9" * 5000 + "}",
+     "qa.jsonl:5: not a value raysweep reads: Exceeds the limit (4300 digits) for integer string conversion"),
+])
+def test_a_row_nested_50000_deep_or_an_integer_of_5000_digits_is_one_line(tmp_path, row, says):
+    from cluster.inputs.checks import check_inputs
+    from cluster.inputs.data import DataError
+    from cluster.inputs.spec_file import load_spec
+
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS) + row + "\n")
+    (tmp_path / "sweep.yaml").write_text(SPEC)
+    with pytest.raises(DataError) as err:
+        check_inputs(load_spec(tmp_path / "sweep.yaml"))
+    assert str(err.value).startswith(f"{tmp_path / says}")
+
+
+def test_an_integer_of_5000_digits_in_the_spec_is_one_line(tmp_path):
+    from cluster.contracts.spec import SpecError
+    from cluster.inputs.spec_file import load_spec
+
+    (tmp_path / "sweep.yaml").write_text(SPEC.replace("max_samples: 2", "max_samples: " + "9" * 5000))
+    with pytest.raises(SpecError, match="sweep.yaml: not a value raysweep reads: Exceeds the limit"):
+        load_spec(tmp_path / "sweep.yaml")

@@ -181,3 +181,41 @@ actors: {{count: 1, num_cpus: 1}}
             run_sweep(load_spec(tmp_path / "s.yaml"), log=lambda line: None)
     finally:
         ray.kill(holder)
+
+
+@pytest.mark.slow
+def test_a_torn_summary_or_telemetry_file_is_one_line_in_report_and_set_aside_by_the_next_run(ray_local, tmp_path):
+    rows = [{"id": f"r{i}", "q": str(i), "a": str(i)} for i in range(8)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.yaml").write_text(f"""
+name: torn
+output: {tmp_path / 'out'}
+models: [{{name: tiny, path: "builtin:tiny"}}]
+tasks: [{{name: t, data: d.jsonl, id_column: id, prompt: "{{q}}", target: a, scorer: exact_match,
+          sampling: {{max_tokens: 2}}}}]
+shards: {{max_samples: 4}}
+actors: {{count: 1, num_cpus: 1}}
+""")
+    spec, out = load_spec(tmp_path / "s.yaml"), tmp_path / "out"
+    assert not run_sweep(spec, log=lambda line: None).failed
+    (out / "summary.parquet").write_bytes(b"PAR1 torn")
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "report", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(f"raysweep: error: output {out}: summary.parquet cannot be read (")
+    (out / "telemetry" / "shards.parquet").write_bytes(b"PAR1 torn")
+    manifest = read_manifest(str(out))  # one shard made uncommitted, so the next run writes its telemetry
+    sid, entry = sorted(manifest["shards"].items())[-1]
+    manifest["shards"][sid] = {"state": "pending"}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / "manifest.journal").unlink(missing_ok=True)
+    os.remove(out / entry["file"])
+    lines = []
+    assert not run_sweep(spec, log=lines.append).failed
+    assert any(line.startswith("[raysweep] telemetry/shards.parquet could not be read (torn or replaced): set aside")
+               for line in lines), lines
+    assert list((out / "telemetry").glob("shards.parquet.unreadable-*"))
+    assert pq.read_table(out / "telemetry" / "shards.parquet").num_rows == 1  # this run's shard
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "report", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

@@ -93,6 +93,10 @@ def _json_row(path: str, n: int, raw: bytes) -> dict | None:
         row = json.loads(line)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{n}: not valid JSON: {e.msg} (column {e.colno})") from None
+    except RecursionError:
+        raise DataError(f"{path}:{n}: JSON nested too deep to read (thousands of levels)") from None
+    except ValueError as e:  # an integer of more than 4,300 digits (Python's limit on int conversion)
+        raise DataError(f"{path}:{n}: not a value raysweep reads: {str(e).split(';')[0]}") from None
     if not isinstance(row, dict):
         raise DataError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
     if SURROGATE_ESCAPE.search(raw):

@@ -197,6 +197,8 @@ def load_spec(path: str | os.PathLike) -> SweepSpec:
         raise SpecError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML: {problem}") from None
     except RecursionError:  # PyYAML composes recursively: `[[[[...` thousands deep
         raise SpecError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:  # an integer of more than 4,300 digits (Python's limit on int conversion)
+        raise SpecError(f"{path}: not a value raysweep reads: {str(e).split(';')[0]}") from None
     if raw is None:
         raise SpecError(f"{path}: the spec file is empty")
     if isinstance(raw, dict):  # unknown keys before the walk: what a stray key's aliases hold is never walked

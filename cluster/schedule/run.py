@@ -102,6 +102,9 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
             run.metrics.close()
             sink.add_run({**clock.record(), **run.tail_record()})
             run.report.summary = sink.finish()
+            for name in sink.set_aside:
+                log(f"[raysweep] {name} could not be read (torn or replaced): set aside as {name}.unreadable-*, "
+                    "and this run's telemetry written anew")
             run.record("failed" if sink.failed() else "done", run.report.summary.to_pylist())
         run.report.failed = sink.failed()
         run.report.gpu_samples = sink.gpu_samples

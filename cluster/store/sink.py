@@ -77,6 +77,11 @@ class ResultSink:
         return self._writer.journal
 
     @property
+    def set_aside(self) -> list[str]:
+        """Earlier telemetry tables that could not be read (torn, replaced), renamed `.unreadable-<time>`."""
+        return self._telemetry.set_aside
+
+    @property
     def gpu_samples(self) -> int:
         """NVML readings written by this run."""
         return self._telemetry.gpu_samples

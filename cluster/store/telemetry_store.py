@@ -31,6 +31,7 @@ class TelemetryStore:
         self.fs, self.root = fs, root
         self.rows: dict[str, list[dict]] = {name: [] for name in DURABLE_TELEMETRY}
         self.gpu_samples = 0  # NVML readings written by this run
+        self.set_aside: list[str] = []  # earlier telemetry tables that could not be read, kept beside as is
 
     def add(self, table: str, row: dict) -> None:
         check_row(table, row)  # a key not in the schema fails here, where it is added
@@ -78,7 +79,12 @@ class TelemetryStore:
     def _append(self, name: str, table: pa.Table) -> None:
         """Appended to the table on disk (an older output's: null-typed where its columns were all null)."""
         path = join(self.root, f"telemetry/{name}.parquet")
-        earlier = read_table(self.fs, path)
+        try:
+            earlier = read_table(self.fs, path)
+        except (OSError, pa.ArrowInvalid):  # torn or replaced by hand: set aside, never appended to or lost
+            self.fs.move(path, f"{path}.unreadable-{int(time.time())}")
+            self.set_aside.append(f"telemetry/{name}.parquet")
+            earlier = None
         if earlier is not None:
             table = pa.concat_tables([conform(name, earlier), table], promote_options="permissive")
         write_table(self.fs, path, table)
