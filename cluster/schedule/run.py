@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -28,6 +29,7 @@ from cluster.schedule.progress import make_progress
 from cluster.score.shard_scoring import replay_table
 from cluster.schedule.scheduler import SweepScheduler
 from cluster.schedule.work import Job, ModelWork, SchedulerEvents
+from cluster.store.output_files import OutputWriteError
 from cluster.store.sink import ResultSink
 from cluster.contracts.spec import SweepSpec
 from cluster.contracts.timing import RunClock
@@ -100,12 +102,13 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
         finally:  # what was measured before a failure is kept
             run.progress.close()
             run.metrics.close()
-            sink.add_run({**clock.record(), **run.tail_record()})
-            run.report.summary = sink.finish()
-            for name in sink.set_aside:
-                log(f"[raysweep] {name} could not be read (torn or replaced): set aside as {name}.unreadable-*, "
-                    "and this run's telemetry written anew")
-            run.record("failed" if sink.failed() else "done", run.report.summary.to_pylist())
+            if not isinstance(sys.exc_info()[1], OutputWriteError):  # else the output takes nothing more now
+                sink.add_run({**clock.record(), **run.tail_record()})
+                run.report.summary = sink.finish()
+                for name in sink.set_aside:
+                    log(f"[raysweep] {name} could not be read (torn or replaced): set aside as {name}.unreadable-*, "
+                        "and this run's telemetry written anew")
+                run.record("failed" if sink.failed() else "done", run.report.summary.to_pylist())
         run.report.failed = sink.failed()
         run.report.gpu_samples = sink.gpu_samples
     run.report.samples, run.report.wall_s = run.progress.done, time.perf_counter() - started

@@ -24,6 +24,12 @@ class SinkError(RaysweepError, RuntimeError):
     """The output location cannot be used; the message names it."""
 
 
+class OutputWriteError(SinkError):
+    """Writing to the output failed mid-run (the disk full, the folder made read-only): what was committed
+    before is kept, and the same command resumes once the cause is fixed. A run's failure: exit 1."""
+    exit_code = 1
+
+
 # filesystems that keep what is written: local files, object stores, HDFS (pyarrow's, by URI scheme)
 DURABLE_SCHEMES = ("file", "s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
 
@@ -69,18 +75,35 @@ def write_table(fs: pafs.FileSystem, path: str, table: pa.Table, tmp: str | None
     """`table` written under a temporary name (`tmp`, else a hidden one beside it), then renamed into place."""
     tmp = tmp or f"{os.path.dirname(path)}/.{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp"
     fs.create_dir(os.path.dirname(path), recursive=True)
-    with fs.open_output_stream(tmp) as f:
-        pq.write_table(table, f)
-    fs.move(tmp, path)
+    try:
+        with fs.open_output_stream(tmp) as f:
+            pq.write_table(table, f)
+        fs.move(tmp, path)
+    except OSError:
+        _remove_quietly(fs, tmp)
+        raise
+
+
+def _remove_quietly(fs: pafs.FileSystem, tmp: str) -> None:
+    """A failed write's temporary file, removed where it can be (the next run removes what is left)."""
+    try:
+        fs.delete_file(tmp)
+    except OSError:  # never written, or the folder is read-only now
+        pass
 
 
 def write_bytes_renamed(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    """`data` written under a hidden temporary name beside `path`, then renamed into place."""
+    """`data` written under a hidden temporary name beside `path`, then renamed into place; a write that fails
+    (the disk full) removes its temporary file where it can."""
     tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp"
     fs.create_dir(os.path.dirname(path), recursive=True)
-    with fs.open_output_stream(tmp) as f:
-        f.write(data)
-    fs.move(tmp, path)
+    try:
+        with fs.open_output_stream(tmp) as f:
+            f.write(data)
+        fs.move(tmp, path)
+    except OSError:
+        _remove_quietly(fs, tmp)
+        raise
 
 
 def read_table(fs: pafs.FileSystem, path: str) -> pa.Table | None:
@@ -152,6 +175,8 @@ def unlock(handle, root: str) -> None:
     try:
         os.remove(join(root, LOCK))
     except FileNotFoundError:
+        pass
+    except OSError:  # the folder was made read-only: the lock is released all the same, the file stays
         pass
     handle.close()  # closing the file releases the flock
 

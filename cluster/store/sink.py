@@ -14,6 +14,8 @@ driver's memory does not grow with the number of results.
 
 from __future__ import annotations
 
+import functools
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -24,10 +26,23 @@ from cluster.score.summary import SummaryAccumulator
 from cluster.store.integrity import check_committed, checksum, table_bytes
 from cluster.store.manifest import (ManifestWriter, discard_earlier_run, load_manifest, now,
                                     refuse_foreign)
-from cluster.store.output_files import (join, lock, open_output, plain_strings, remove_leftover_tmp, result_file,
-                                        unlock, write_bytes_renamed, write_table)
+from cluster.store.output_files import (OutputWriteError, join, lock, open_output, plain_strings,
+                                        remove_leftover_tmp, result_file, unlock, write_bytes_renamed, write_table)
 from cluster.store.telemetry_store import DURABLE_TELEMETRY, TelemetryStore
 from cluster.store.widening import widen_older_results
+
+
+def _writes(method):
+    """A write to the output that fails with an OSError (the disk full, the folder made read-only) raises
+    OutputWriteError naming the output and the cause: one line at the process's edge, exit 1."""
+    @functools.wraps(method)
+    def write(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as e:
+            raise OutputWriteError(f"output {self.output}: writing failed: {e.strerror or e}; what was committed "
+                                   "before is kept: fix the cause and run the same command again") from None
+    return write
 
 
 class ResultSink:
@@ -96,6 +111,7 @@ class ResultSink:
         fail_on_error allows (cluster/schedule/bisection.py; they stay so: their spec and data cannot change)."""
         return {sid: s for sid, s in self.manifest["shards"].items() if s["state"] == ShardState.FAILED or "errors" in s}
 
+    @_writes
     def plan(self, shard_ids: list[str]) -> None:
         for sid in shard_ids:
             self.manifest["shards"].setdefault(sid, {"state": ShardState.PENDING.value})
@@ -104,6 +120,7 @@ class ResultSink:
         self._save_manifest()
 
     # -- writes ------------------------------------------------------------------------------------
+    @_writes
     def commit(self, shard_id: str, model: str, task: str, index: int, table: pa.Table, attempts: int,
                extra: dict | None = None) -> None:
         """`extra`: more of the manifest entry; a bisected shard's `row_errors` ({sample id: error} of its rows
@@ -118,6 +135,7 @@ class ResultSink:
         self._summary.add(table)
         self._summarized.add(shard_id)
 
+    @_writes
     def fail(self, shard_id: str, errors: list[str]) -> None:
         self._writer.record(self.manifest, shard_id, {"state": ShardState.FAILED.value, "attempts": len(errors),
                                                       "errors": errors})
@@ -131,10 +149,12 @@ class ResultSink:
         """A row of telemetry/<table> (or a FIRST_TOKENS update); ValueError for a key not in its schema."""
         self._telemetry.add(table, row)
 
+    @_writes
     def flush_telemetry(self, tables: tuple[str, ...] = DURABLE_TELEMETRY) -> None:
         """Put the rows added so far to `tables` on disk now (cluster/store/telemetry_store.py)."""
         self._telemetry.flush(tables)
 
+    @_writes
     def finish(self) -> pa.Table:
         """Write telemetry (appended to earlier runs', with the parts an earlier run left when it died)
         and the summary over every committed shard."""

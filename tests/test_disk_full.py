@@ -1,0 +1,50 @@
+"""The output's disk filling up mid-run (a 60 KiB tmpfs as the output): one line naming the cause, exit 1, what
+was committed kept, no temporary file left; once there is room, the same command resumes to every sample
+exactly once (issue 29: two or three chained OSErrors, and .tmp files left forever)."""
+
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import QUICKSTART, ROOT
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=60k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"no small filesystem can be made here (mount -t tmpfs: {made.stderr.strip()})")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def _sweep(out) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jobs.sweep", str(QUICKSTART), "--output", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"PYTHONUNBUFFERED": "1", "RAY_ADDRESS": ""})
+
+
+@pytest.mark.slow
+def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes_once_there_is_room(small_disk):
+    out = small_disk / "out"
+    full = _sweep(out)
+    assert full.returncode == 1, full.stdout[-2000:] + full.stderr[-2000:]
+    ours = [line for line in full.stderr.splitlines() if line.startswith("raysweep:")]  # beside Ray's own lines
+    assert len(ours) == 1 and "Traceback" not in full.stderr + full.stdout, full.stderr[-3000:]
+    assert ours[0].startswith(f"raysweep: error: output {out}: writing failed: ")
+    assert "No space left on device" in ours[0] and ours[0].endswith("run the same command again")
+    assert not [p for p in out.rglob("*.tmp")]
+    committed = len(list((out / "results").rglob("*.parquet")))
+    subprocess.run(["mount", "-o", "remount,size=16m", str(small_disk)], check=True)
+    again = _sweep(out)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert f"{committed} already committed" in again.stdout
+    rows = pq.read_table(out / "results", columns=["task", "sample_id"]).to_pylist()
+    assert len(rows) == len({(r["task"], r["sample_id"]) for r in rows}) == 350
