@@ -60,12 +60,12 @@ def verify(args: argparse.Namespace) -> int:
     if spec.digest() != manifest.get("spec_hash"):
         raise VerifyError(f"{source}: not the spec {args.output} was made from (hash {spec.digest()}, the "
                           f"manifest's {manifest.get('spec_hash')}): pass --spec with that one")
-    _check_files(args.output, manifest)  # the fast pass: every committed file is what was committed
+    mismatched = _check_files(args.output, manifest)  # the fast pass: every committed file is what was committed
     committed = _outputs(os.path.join(args.output, "results"), with_status=True)
     generated = {t.name for t in spec.tasks if t.replay is None}  # a replay task's outputs were read, not made
     candidates = [r for r in committed if r["status"] in ("ok", "truncated") and r["task"] in generated]
     if not candidates:
-        raise VerifyError(f"{args.output}: no committed row with an output to verify")
+        raise VerifyError(mismatched or f"{args.output}: no committed row with an output to verify")
     chosen = random.Random(args.seed).sample(candidates, min(args.samples, len(candidates)))
     recorded = manifest.get("data", {})
     now = data_hashes(spec)
@@ -101,12 +101,15 @@ def verify(args: argparse.Namespace) -> int:
     reproducible = bool(manifest.get("reproducible"))
     print(f"[raysweep] verify: {len(chosen) - len(differ)} of {len(chosen)} sampled outputs match "
           f"({'reproducible: true' if reproducible else 'reproducible: false: batch numerics may move near-ties'})")
-    return 1 if differ and reproducible else 0
+    if mismatched:
+        print(f"[raysweep] verify: {mismatched}")
+    return 1 if mismatched or (differ and reproducible) else 0
 
 
-def _check_files(output: str, manifest: dict) -> None:
-    """Each committed shard's file against its manifest entry (rows, checksum); VerifyError naming those that
-    do not match, before any row is generated again."""
+def _check_files(output: str, manifest: dict) -> str | None:
+    """Each committed shard's file against its manifest entry (rows, checksum), each mismatch printed. A file
+    that is missing or unreadable stops verify (VerifyError); one that reads but is not what was committed is
+    said at the end, after the rows are generated again. Returns that closing line, or None: all match."""
     from cluster.store.integrity import problems
     from cluster.store.output_files import filesystem
 
@@ -115,10 +118,14 @@ def _check_files(output: str, manifest: dict) -> None:
     committed = sum(e.get("state") == ShardState.COMMITTED for e in manifest.get("shards", {}).values())
     for line in found:
         print(f"[raysweep] verify: {line}")
-    if found:
-        raise VerifyError(f"{len(found)} of {committed} committed results file(s) are not what was committed "
-                          "(listed above): restore them, or run the sweep again with --new-run")
-    print(f"[raysweep] verify: {committed} of {committed} committed results files match the manifest")
+    if not found:
+        print(f"[raysweep] verify: {committed} of {committed} committed results files match the manifest")
+        return None
+    what = (f"{len(found)} of {committed} committed results file(s) are not what was committed (listed above): "
+            "restore them, or run the sweep again with --new-run")
+    if any(line.endswith(" is missing") or " cannot be read " in line for line in found):
+        raise VerifyError(what)
+    return what
 
 
 def _outputs(results: str, with_status: bool = False) -> list[dict]:
