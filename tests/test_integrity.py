@@ -30,6 +30,22 @@ def _replay_output(tmp_path):
     return spec, tmp_path / "out", files
 
 
+def _tiny_spec(tmp_path, name: str, n: int, max_samples: int = 50):
+    """A spec of one task of `n` rows on builtin:tiny (2 tokens each), one CPU actor; output tmp_path/out."""
+    rows = [{"id": f"r{i}", "q": str(i), "a": str(i)} for i in range(n)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.yaml").write_text(f"""
+name: {name}
+output: {tmp_path / 'out'}
+models: [{{name: tiny, path: "builtin:tiny"}}]
+tasks: [{{name: t, data: d.jsonl, id_column: id, prompt: "{{q}}", target: a, scorer: exact_match,
+          sampling: {{max_tokens: 2}}}}]
+shards: {{max_samples: {max_samples}}}
+actors: {{count: 1, num_cpus: 1}}
+""")
+    return load_spec(tmp_path / "s.yaml")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("damage, says", [
     ("copy", "changed after it was committed (checksum)"),
@@ -167,36 +183,15 @@ def test_a_second_sweep_of_the_same_name_on_one_cluster_is_refused_in_one_line(r
     holder = Running.options(name="raysweep:twin:0", namespace="raysweep-twin").remote()
     ray.get(holder.__ray_ready__.remote())
     try:
-        rows = [{"id": i, "q": str(i), "a": str(i)} for i in range(4)]
-        (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (tmp_path / "s.yaml").write_text(f"""
-name: twin
-output: {tmp_path / 'out'}
-models: [{{name: tiny, path: "builtin:tiny"}}]
-tasks: [{{name: t, data: d.jsonl, id_column: id, prompt: "{{q}}", target: a, scorer: exact_match,
-          sampling: {{max_tokens: 2}}}}]
-actors: {{count: 1, num_cpus: 1}}
-""")
         with pytest.raises(SweepNameTaken, match="a sweep named 'twin' is running on this cluster now"):
-            run_sweep(load_spec(tmp_path / "s.yaml"), log=lambda line: None)
+            run_sweep(_tiny_spec(tmp_path, "twin", 4), log=lambda line: None)
     finally:
         ray.kill(holder)
 
 
 @pytest.mark.slow
 def test_a_torn_summary_or_telemetry_file_is_one_line_in_report_and_set_aside_by_the_next_run(ray_local, tmp_path):
-    rows = [{"id": f"r{i}", "q": str(i), "a": str(i)} for i in range(8)]
-    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "s.yaml").write_text(f"""
-name: torn
-output: {tmp_path / 'out'}
-models: [{{name: tiny, path: "builtin:tiny"}}]
-tasks: [{{name: t, data: d.jsonl, id_column: id, prompt: "{{q}}", target: a, scorer: exact_match,
-          sampling: {{max_tokens: 2}}}}]
-shards: {{max_samples: 4}}
-actors: {{count: 1, num_cpus: 1}}
-""")
-    spec, out = load_spec(tmp_path / "s.yaml"), tmp_path / "out"
+    spec, out = _tiny_spec(tmp_path, "torn", 8, max_samples=4), tmp_path / "out"
     assert not run_sweep(spec, log=lambda line: None).failed
     (out / "summary.parquet").write_bytes(b"PAR1 torn")
     proc = subprocess.run([sys.executable, "-m", "jobs.cli", "report", str(out)], cwd=ROOT, capture_output=True,
