@@ -6,7 +6,9 @@
 2. A generate task with `sampling.n` > 1 sends n requests per row, completion c with its own seed.
 3. The engine is called once for the shard; where that raises and the task tolerates row errors
    (`fail_on_error` not True), the requests run one by one, so only the rows that break are error rows.
-4. One results row per completion (per row for loglikelihood, with one value per choice).
+4. One results row per completion (per row for loglikelihood, with one value per choice), with the prompt as
+   the engine was given it (rendered: chat template, few-shot context).
+5. lm-eval's loglikelihood_rolling rows: the document in windows, one request each, summed per row.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class ShardOutcome:
 
 def run_rows(engine, rows: list[dict], task: TaskSpec, tokenizer, add_special_tokens: bool) -> ShardOutcome:
     runnable = [r for r in rows if r["status"] not in ("skipped", "error")]  # error: refused in planning
+    if task.rolling:
+        return _rolling(engine, rows, runnable, task, tokenizer, add_special_tokens)
     if task.loglikelihood:
         return _choices(engine, rows, runnable, task, tokenizer, add_special_tokens)
     return _completions(engine, rows, runnable, task, tokenizer, add_special_tokens)
@@ -52,7 +56,7 @@ def _completions(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_
             g = generated.get(key)
             error = errors.get(key) or (EMPTY_PROMPT if r["status"] == "error" else None)
             out.rows.append({"sample_id": r["sample_id"], "completion": c, "status": "error" if error else r["status"],
-                             "error": error, "output_text": g.output_text if g else None,
+                             "error": error, "prompt": r["prompt"], "output_text": g.output_text if g else None,
                              "output_tokens": g.output_tokens if g else None,
                              "finish_reason": g.finish_reason if g else None,
                              "latency_s": g.latency_s if g else None, "ttft_s": g.ttft_s if g else None})
@@ -75,8 +79,34 @@ def _choices(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_toke
         s = scored.get(r["sample_id"])
         error = errors.get(r["sample_id"]) or (EMPTY_PROMPT if r["status"] == "error" else None)
         out.rows.append({"sample_id": r["sample_id"], "completion": 0, "status": "error" if error else r["status"],
-                         "error": error, "latency_s": s.latency_s if s else None,
+                         "error": error, "prompt": r["prompt"], "latency_s": s.latency_s if s else None,
                          "choice_logprobs": s.logprobs if s else None, "choice_greedy": s.greedy if s else None})
+    return out
+
+
+def _rolling(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_tokens: bool) -> ShardOutcome:
+    """lm-eval's loglikelihood_rolling: each row's document tokenized whole, cut into its windows
+    (cluster/contracts/loglikelihood.py: rolling_windows), one request per window; the row's one choice is
+    scored the sum of its windows, greedy where every window is."""
+    from cluster.contracts.loglikelihood import prefix_token, rolling_length, rolling_windows
+
+    requests, windows = [], {}
+    for r, ids in zip(runnable, tokenize([r["choices"][0] for r in runnable], tokenizer, add_special_tokens)):
+        _same_length(r, rolling_length(len(ids), r["window"]))
+        pairs = rolling_windows(ids, prefix_token(tokenizer), r["window"])
+        windows[r["sample_id"]] = [f"{r['sample_id']}#w{k}" for k in range(len(pairs))]
+        requests.extend(LoglikRequest(key, ctx, [cont]) for key, (ctx, cont) in zip(windows[r["sample_id"]], pairs))
+    scored, errors = _tolerant(engine.loglikelihood, requests, task)
+    out = ShardOutcome([])
+    for r in rows:
+        keys = windows.get(r["sample_id"], [])
+        error = next((errors[k] for k in keys if k in errors), None) or (EMPTY_PROMPT if r["status"] == "error" else None)
+        done = not error and r["sample_id"] in windows
+        out.rows.append({"sample_id": r["sample_id"], "completion": 0, "status": "error" if error else r["status"],
+                         "error": error, "prompt": r["prompt"],
+                         "latency_s": max((scored[k].latency_s or 0.0 for k in keys), default=None) if done else None,
+                         "choice_logprobs": [sum(scored[k].logprobs[0] for k in keys)] if done else None,
+                         "choice_greedy": [all(scored[k].greedy[0] for k in keys)] if done else None})
     return out
 
 

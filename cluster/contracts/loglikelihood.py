@@ -108,3 +108,29 @@ def acc_norm(logprobs: Sequence[float], choices: Sequence[str], target: int) -> 
 
 def _argmax(values: Sequence[float]) -> int:
     return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
+def rolling_windows(tokens: Sequence[int], prefix: int, window: int) -> list[tuple[list[int], list[int]]]:
+    """lm-eval's loglikelihood_rolling windows of a document's tokens (its `get_rolling_token_windows` with
+    `context_len=1`, then `make_disjoint_window`): (context, continuation) pairs whose continuations cover
+    every token once. The first predicts up to `window` tokens from the prefix token; each later one the next
+    `window` (or fewer) from the tokens before them, so no sequence the engine runs is longer than window + 1.
+    lm-eval's vLLM backend uses window = max_model_len - 2 (one token
+    for the context it adds, one that vLLM generates); raysweep does the same."""
+    tokens = list(tokens)
+    if not tokens:
+        return []
+    first = min(window, len(tokens))
+    pairs = [([prefix] + tokens[:first - 1], tokens[:first])]
+    done = first
+    while done < len(tokens):
+        size = min(len(tokens) - done, window)
+        end = done + size
+        pairs.append((tokens[max(0, end - window - 1):end - 1], tokens[end - size:end]))
+        done = end
+    return [(ctx[:len(ctx) - (len(cont) - 1)], cont) for ctx, cont in pairs]
+
+
+def rolling_length(n_tokens: int, window: int) -> int:
+    """The longest sequence (context + continuation) of a document's rolling windows: what planning measures."""
+    return min(n_tokens, window) + 1 if n_tokens else 0

@@ -50,6 +50,8 @@ COLUMNS: tuple[Column, ...] = (
            "log-likelihood: whether each of the choice's tokens was the most likely one"),
     Column("exec_status", pa.string(), "driver", "completion", "code_exec: passed | failed | timeout | error"),
     Column("exec_error", pa.string(), "driver", "completion", "code_exec: the last line of the program's error"),
+    Column("prompt", pa.string(), "actor", "sample", "the prompt as the engine was given it: rendered (chat "
+           "template, few-shot context); log-likelihood: the context (null in outputs made before it was kept)"),
 )
 
 RESULT_SCHEMA = pa.schema([(c.name, c.type) for c in COLUMNS])

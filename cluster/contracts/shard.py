@@ -65,7 +65,7 @@ class Shard:
     @property
     def rows(self) -> pa.Table:
         """sample_id, prompt, prompt_token_ids (truncated rows only), prompt_tokens, seed, status, choices
-        (loglikelihood rows only)."""
+        (loglikelihood rows only), window (rolling rows only)."""
         if isinstance(self.source, pa.Table):
             return self.source
         records = self.source.read(self.positions)
@@ -78,6 +78,8 @@ class Shard:
             "seed": pa.array([sample_seed(self.seed_base, self.task, sid) for sid in ids], pa.int64()),
             "status": pa.array([STATUSES[c] for c in self.status], pa.string()),
             "choices": pa.array([(r[4] or {}).get("choices") for r in records], pa.list_(pa.string())),
+            # lm-eval's loglikelihood_rolling rows: the tokens each window predicts at most (cluster/contracts/loglikelihood.py)
+            "window": pa.array([(r[4] or {}).get("window") for r in records], pa.int32()),
         })
 
     def targets(self) -> list:

@@ -172,9 +172,12 @@ class SweepSpec:
         if not self.reproducible:  # as before the field existed: outputs made then still resume
             body.pop("reproducible")
         for task in body["tasks"]:  # fields added later, at their defaults: the hash of a spec made before
-            for key, default in (("type", "generate"), ("choices", None), ("pass_at", ()), ("replay", None)):
+            for key, default in (("type", "generate"), ("choices", None), ("pass_at", ()), ("replay", None),
+                                 ("lm_eval", None)):
                 if task[key] == default:
                     task.pop(key)
+            if "lm_eval" in task:  # its data is lm-eval's requests, cached where this machine keeps them
+                task.pop("data")
             if task["sampling"]["n"] == 1:
                 task["sampling"].pop("n")
         if not with_placement:  # whether actors have GPUs stays: it decides the engine (vLLM or the CPU one)

@@ -7,6 +7,7 @@ Each dataclass checks its own values in `__post_init__` and raises `ValueError` 
 - `loglikelihood`: multiple choice the lm-evaluation-harness way, each choice's log-probability given the
   prompt, scored acc and acc_norm; nothing is generated;
 - either with `replay: {column: ...}`: completions made elsewhere, read from the data and scored; no engine.
+A task made from a `lm_eval:` entry carries `lm_eval` (cluster/contracts/lm_eval_task.py): lm-eval scores it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import re
 import string
 from dataclasses import dataclass, field
 from typing import Any
+
+from cluster.contracts.lm_eval_task import LmEvalTask
 
 STRUCTURED_KINDS = ("json_schema", "choice", "regex", "grammar")
 SCORERS = ("exact_match", "numeric_match", "choice", "json_match", "regex_match", "code_exec")
@@ -206,6 +209,7 @@ class TaskSpec:
     choices: str | tuple[str, ...] | None = None
     pass_at: tuple[int, ...] = ()  # k values for pass@k over sampling.n completions (Chen et al., 2021)
     replay: ReplaySpec | None = None  # completions read from the data instead of generated: no engine
+    lm_eval: LmEvalTask | None = None  # made from a `lm_eval:` entry: its rows are lm-eval's requests
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -247,6 +251,11 @@ class TaskSpec:
     @property
     def loglikelihood(self) -> bool:
         return self.type == "loglikelihood"
+
+    @property
+    def rolling(self) -> bool:
+        """lm-eval's loglikelihood_rolling: each row's one choice is scored in windows of the model's length."""
+        return self.lm_eval is not None and self.lm_eval.rolling
 
     def _check_choices(self) -> None:
         if self.choices is None:

@@ -136,17 +136,42 @@ def _listed(raw: Any, key: str, build) -> tuple:
     return tuple(build(item, f"{key}[{i}]") for i, item in enumerate(raw))
 
 
+def _tasks(raw: Any, models: tuple[ModelSpec, ...], base_dir: str) -> tuple[TaskSpec, ...]:
+    """The spec's tasks: its own, and those a `lm_eval:` entry names (cluster/inputs/lm_eval_tasks.py)."""
+    if not isinstance(raw, list):
+        raise ValueError("tasks: must be a list")
+    tasks, entries = [], 0
+    for i, item in enumerate(raw):
+        if not (isinstance(item, dict) and "lm_eval" in item):
+            tasks.append(_task(item, f"tasks[{i}]"))
+            continue
+        extra = sorted(set(item) - {"lm_eval"})
+        if extra:
+            raise ValueError(f"tasks[{i}].{extra[0]}: an lm_eval entry holds only `lm_eval:` (its tasks are named "
+                             "by lm-eval)")
+        from cluster.inputs.lm_eval_tasks import SETTING_ERROR, chat_tokenizer, lm_eval_entry
+
+        try:
+            tasks.extend(lm_eval_entry(item["lm_eval"], base_dir, entries,
+                                       lambda: chat_tokenizer(models, base_dir)))
+        except ValueError as e:
+            sep = "." if SETTING_ERROR.match(str(e)) else ": "
+            raise ValueError(f"tasks[{i}].lm_eval{sep}{e}") from None
+        entries += 1
+    return tuple(tasks)
+
+
 def parse_spec(raw: Any, source: str = "<spec>", base_dir: str = ".") -> SweepSpec:
     """Validate a parsed YAML document; errors are SpecError naming `source` and the field."""
     try:
         f = _Fields(raw, "", _names(SweepSpec, "source", "base_dir"))
         shards = _Fields(f.pop("shards") or {}, "shards", _names(ShardLimits))
         actors = _Fields(f.pop("actors") or {}, "actors", _names(ActorSpec))
+        models = _listed(f.pop("models"), "models", _model)
         spec = _build(
             SweepSpec, "",
             name=f.pop("name"), output=_or(f.pop("output"), f"results/{raw.get('name', 'sweep')}"),
-            models=_listed(f.pop("models"), "models", _model),
-            tasks=_listed(f.pop("tasks"), "tasks", _task),
+            models=models, tasks=_tasks(f.pop("tasks"), models, base_dir),
             shards=_build(ShardLimits, "shards", **{k: shards.pop(k) for k in _names(ShardLimits)}),
             actors=_build(ActorSpec, "actors", **{k: actors.pop(k) for k in _names(ActorSpec)}),
             reproducible=_or(f.pop("reproducible"), False),

@@ -25,7 +25,7 @@ from cluster.contracts.shard import LONG, SHORT, Shard
 from cluster.contracts.tokens import count_tokens, tokenize
 from cluster.inputs.checks import no_room
 from cluster.inputs.data import RowBatch, TaskData, render_prompts
-from cluster.contracts.loglikelihood import encode_pairs, pair_lengths, row_choices
+from cluster.contracts.loglikelihood import encode_pairs, pair_lengths, rolling_length, row_choices
 from cluster.contracts.spec import ModelSpec, ShardLimits, TaskSpec
 from cluster.inputs.staging import StagedRows, StagingFolder
 from cluster.inputs.token_cache import TokenCache
@@ -68,7 +68,9 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
     for batch in data.batches():
         prompts, add_special = render_prompts(task, batch, tokenizer, data.path)
         extras = [data.extra_of(row) for row in batch.rows]
-        if task.loglikelihood:  # the longest context + choice the engine runs (no cache: keyed by prompt alone)
+        if task.rolling:  # lm-eval's windows: no sequence longer than the model's length less 1 (its vLLM model's)
+            counts = np.asarray(_rolling_lengths(model, task, extras, tokenizer, add_special, max_model_len), np.int64)
+        elif task.loglikelihood:  # the longest context + choice the engine runs (no cache: keyed by prompt alone)
             encoded = encode_pairs(prompts, [e["choices"] for e in extras], tokenizer, add_special)
             _check_pairs(model, task, data.path, batch, prompts, encoded)
             counts = np.asarray(pair_lengths(encoded), dtype=np.int64)
@@ -169,6 +171,20 @@ def _check_pairs(model: ModelSpec, task: TaskSpec, path: str, batch: RowBatch, p
             raise PreflightError(f"{at}.choices: choice {empty} ({choice!r}) is 0 tokens after the context "
                                  f"{prompts[k][-20:]!r} for model {model.name} (its tokenizer merges the choice "
                                  "into the context's end): it leaves nothing to score")
+
+
+def _rolling_lengths(model: ModelSpec, task: TaskSpec, extras: list[dict], tokenizer, add_special: bool,
+                     max_model_len: int | None) -> list[int]:
+    """Each rolling row's longest window, the window size kept on the row for the actor (lm-eval's vLLM
+    model's: max_model_len - 2, one token for the context and one the engine generates)."""
+    if max_model_len is None or max_model_len < 3:
+        raise PreflightError(f"tasks.{task.name}: loglikelihood_rolling needs model {model.name}'s length (set "
+                             f"engine.max_model_len to 3 or more), got {max_model_len}")
+    window = max_model_len - 2
+    for extra in extras:
+        extra["window"] = window
+    return [rolling_length(len(ids), window)
+            for ids in tokenize([e["choices"][0] for e in extras], tokenizer, add_special)]
 
 
 def _threshold(task: TaskSpec, lengths: np.ndarray) -> int | None:

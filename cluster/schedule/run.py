@@ -104,7 +104,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
             run.metrics.close()
             if not isinstance(sys.exc_info()[1], OutputWriteError):  # else the output takes nothing more now
                 sink.add_run({**clock.record(), **run.tail_record()})
-                run.report.summary = sink.finish()
+                run.report.summary = sink.finish(log)
                 for name in sink.set_aside:
                     log(f"[raysweep] {name} could not be read (torn or replaced): set aside as {name}.unreadable-*, "
                         "and this run's telemetry written anew")

@@ -9,7 +9,9 @@ cluster/contracts/results_schema.py), off the scheduler's path where scoring is 
      completion) runs in the sandbox pool (cluster/score/sandbox.py): the shard is handed back as a pending
      future, and the scheduler keeps dispatching while the programs run; score 1 where it passed, 0 where
      not, null where its sandbox never started (exec_status error, exec_error why);
-   - any other scorer: a function of the output and the target (cluster/score/scorers.py), here and now.
+   - any other scorer: a function of the output and the target (cluster/score/scorers.py), here and now;
+   - a task made from a `lm_eval:` entry: nothing here; lm-eval scores it after the sweep
+     (cluster/score/lm_eval_scores.py).
 3. Structured validity for generated rows; the table assembled by column name.
 `replay_table` makes the actor's part of a replay task's shard from its data, with no engine.
 """
@@ -68,7 +70,9 @@ class ShardScorer:
                        for t in targets],
             "score": None, "score_norm": None, "exec_status": None, "exec_error": None,
         }
-        if task.loglikelihood:
+        if task.lm_eval is not None:  # scored by lm-eval's own code once every row is in (lm_eval_scores.py)
+            driver["target"] = None
+        elif task.loglikelihood:
             _choice_scores(driver, table, targets, extras)
         elif task.scorer is not None and task.scorer.name == "code_exec":
             return self._programs(task, driver, table, outputs, generated, extras)
@@ -172,8 +176,8 @@ def replay_table(shard: Shard) -> pa.Table:
     """A replay task's shard as an actor would return it: each row's completions from its data column
     (a string, or a list: one results row per completion), status ok; nothing timed or counted."""
     rows = []
-    for sample_id, _, _, _, extra in shard.source.read(shard.positions):
+    for sample_id, prompt, _, _, extra in shard.source.read(shard.positions):
         replayed = extra["replay"]
         for c, text in enumerate([replayed] if isinstance(replayed, str) else replayed):
-            rows.append({"sample_id": sample_id, "completion": c, "output_text": text, "status": "ok"})
+            rows.append({"sample_id": sample_id, "completion": c, "output_text": text, "status": "ok", "prompt": prompt})
     return actor_table(rows)

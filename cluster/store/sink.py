@@ -155,9 +155,9 @@ class ResultSink:
         self._telemetry.flush(tables)
 
     @_writes
-    def finish(self) -> pa.Table:
+    def finish(self, log=print) -> pa.Table:
         """Write telemetry (appended to earlier runs', with the parts an earlier run left when it died)
-        and the summary over every committed shard."""
+        and the summary over every committed shard; lm-eval's results of `lm_eval:` tasks whose rows are all in."""
         self._telemetry.finish()
         for sid in sorted(self.committed() - self._summarized):  # committed by an earlier run
             with self.fs.open_input_file(join(self.root, self.manifest["shards"][sid]["file"])) as f:
@@ -165,10 +165,31 @@ class ResultSink:
                 self._summary.add(shard.read(columns=[c for c in SUMMARY_COLUMNS if c in shard.schema_arrow.names]))
             self._summarized.add(sid)
         summary = self._summary.table()
+        if any(t.lm_eval is not None for t in self.spec.tasks):
+            summary = self._lm_eval(summary, log)
         write_table(self.fs, join(self.root, "summary.parquet"), summary)  # by rename: a reader never sees half
         self.manifest["finished_at"] = now()
         self._save_manifest()
         return summary
+
+    def _lm_eval(self, summary: pa.Table, log) -> pa.Table:
+        from cluster.score.lm_eval_scores import ANSWER_COLUMNS, merge_summary, score_lm_eval
+
+        def read(model: str, task: str) -> pa.Table | None:
+            entries = [s for sid, s in self.manifest["shards"].items() if sid.startswith(f"{model}/{task}/")]
+            if not entries or any(s["state"] != ShardState.COMMITTED for s in entries):
+                return None
+            tables = []
+            for s in entries:
+                with self.fs.open_input_file(join(self.root, s["file"])) as f:
+                    tables.append(pq.read_table(f, columns=list(ANSWER_COLUMNS)))
+            return pa.concat_tables(tables)
+
+        def text(rel: str, body: str) -> None:
+            write_bytes_renamed(self.fs, join(self.root, rel), body.encode())
+
+        metrics = score_lm_eval(self.spec, read, text, lambda rel, t: write_table(self.fs, join(self.root, rel), t), log)
+        return merge_summary(summary, metrics)
 
     def _save_manifest(self) -> None:
         self._writer.save(self.manifest)

@@ -1,0 +1,87 @@
+"""lm-evaluation-harness tasks in a spec (docs/lm-eval.md): the settings of a `lm_eval:` task entry, and what
+each raysweep task made from it remembers of them.
+
+A `lm_eval:` entry names lm-eval tasks or groups. At spec load (cluster/inputs/lm_eval_tasks.py) lm-eval
+itself builds their requests; each lm-eval task becomes one raysweep task over every model of the sweep:
+- `generate_until`: a `generate` task, its sampling from the task's generation arguments;
+- `loglikelihood` and `multiple_choice`: a `loglikelihood` task, a row per document (its requests' continuations
+  as the row's choices, where they share one context; else a row per request);
+- `loglikelihood_rolling`: a `loglikelihood` task whose one choice is the document, scored in lm-eval's
+  rolling windows (`rolling_windows`, cluster/contracts/loglikelihood.py) by the actor.
+After the sweep, lm-eval's own code scores and aggregates what the engines returned
+(cluster/score/lm_eval_scores.py). This module imports nothing of lm-eval: actors read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+OUTPUT_TYPES = ("generate_until", "loglikelihood", "multiple_choice", "loglikelihood_rolling")
+VERSION = "0.4.13"  # the lm-eval release raysweep's extra pins (pyproject.toml: raysweep[lm-eval])
+EXTRA = "pip install 'raysweep[lm-eval]'"
+
+
+def _int_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+@dataclass(frozen=True)
+class LmEvalSettings:
+    """What lm-eval's `simple_evaluate` is given, as its command line names it."""
+    tasks: tuple[str, ...]  # task or group names, as `--tasks`
+    include_path: str | None = None  # a folder of task YAMLs (relative: from the spec's folder), as `--include_path`
+    num_fewshot: int | None = None  # None: each task's own default
+    fewshot_seed: int = 1234  # `--seed`'s fourth value: which documents become the few-shot examples
+    limit: int | float | None = None  # documents per task: a count, or a fraction (< 1) of each task's
+    apply_chat_template: bool = False  # the model's chat template (every model of the sweep must share it)
+    fewshot_as_multiturn: bool = False  # with the chat template: few-shot examples as turns of the conversation
+    system_instruction: str | None = None
+    gen_kwargs: dict | None = None  # overrides of generate_until tasks' generation arguments, as `--gen_kwargs`
+    bootstrap_iters: int = 100000  # stderr of metrics lm-eval bootstraps (0: none)
+    confirm_run_unsafe_code: bool = False  # tasks lm-eval marks unsafe (code execution)
+
+    def __post_init__(self) -> None:
+        tasks = (self.tasks,) if isinstance(self.tasks, str) else self.tasks
+        if not isinstance(tasks, (list, tuple)) or not tasks or not all(isinstance(t, str) and t for t in tasks):
+            raise ValueError(f"tasks: lm-eval task or group names (a list), got {self.tasks!r}")
+        object.__setattr__(self, "tasks", tuple(tasks))
+        if self.include_path is not None and (not isinstance(self.include_path, str) or not self.include_path):
+            raise ValueError(f"include_path: a folder of lm-eval task YAMLs, got {self.include_path!r}")
+        if not _int_or_none(self.num_fewshot) or (self.num_fewshot is not None and self.num_fewshot < 0):
+            raise ValueError(f"num_fewshot: an integer >= 0, got {self.num_fewshot!r}")
+        if not _int_or_none(self.fewshot_seed) or self.fewshot_seed is None:
+            raise ValueError(f"fewshot_seed: an integer, got {self.fewshot_seed!r}")
+        limit = self.limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                                  or not math.isfinite(limit) or limit <= 0
+                                  or (isinstance(limit, float) and limit >= 1 and not limit.is_integer())):
+            raise ValueError(f"limit: documents per task (an integer >= 1) or a fraction in (0, 1), got {limit!r}")
+        for name in ("apply_chat_template", "fewshot_as_multiturn", "confirm_run_unsafe_code"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+        if self.system_instruction is not None and not isinstance(self.system_instruction, str):
+            raise ValueError(f"system_instruction: must be a string, got {self.system_instruction!r}")
+        if self.gen_kwargs is not None and not isinstance(self.gen_kwargs, dict):
+            raise ValueError(f"gen_kwargs: a mapping of generation arguments, got {self.gen_kwargs!r}")
+        if not _int_or_none(self.bootstrap_iters) or self.bootstrap_iters is None or self.bootstrap_iters < 0:
+            raise ValueError(f"bootstrap_iters: an integer >= 0, got {self.bootstrap_iters!r}")
+
+
+@dataclass(frozen=True)
+class LmEvalTask:
+    """On a raysweep task made from a `lm_eval:` entry: which lm-eval task it is and the entry's settings."""
+    task: str  # lm-eval's name of the task
+    output_type: str  # one of OUTPUT_TYPES
+    settings: LmEvalSettings
+    entry: int = 0  # which `lm_eval:` entry of the spec it came from (its tasks are scored together)
+
+    def __post_init__(self) -> None:
+        if self.output_type not in OUTPUT_TYPES:
+            raise ValueError(f"{self.task}: lm-eval output type {self.output_type!r} is not one raysweep serves "
+                             f"({', '.join(OUTPUT_TYPES)})")
+
+    @property
+    def rolling(self) -> bool:
+        return self.output_type == "loglikelihood_rolling"

@@ -1,0 +1,301 @@
+"""A spec's `lm_eval:` entries made into raysweep tasks (cluster/contracts/lm_eval_task.py): lm-eval builds the
+requests, exactly as `lm_eval --model ...` would, and this module writes them as a task's rows.
+
+1. `lm_eval_entry` checks the entry's settings, then runs lm-eval's `simple_evaluate` with `RecordingLM`, a
+   model that answers nothing real and keeps every request it is asked (`run_lm_eval`: the one call, also
+   used to score, cluster/score/lm_eval_scores.py). Documents, few-shot contexts, `until` strings and
+   generation arguments are lm-eval's own.
+2. `request_rows` turns each lm-eval task's requests into rows (the row ids are how scoring finds a request's
+   answer again); they are written as JSONL under raysweep's cache, named by their content, and each task
+   becomes a `TaskSpec` whose `data` is that file.
+Bad input is one line before any engine starts: lm-eval not installed, an unknown task (with lm-eval's
+closest names), a dataset that cannot be loaded offline, a task whose requests raysweep cannot serve.
+"""
+
+from __future__ import annotations
+
+import difflib
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+from collections import defaultdict
+from typing import Iterable
+
+from cluster.contracts.lm_eval_task import EXTRA, LmEvalSettings, LmEvalTask
+from cluster.contracts.task_spec import NAME_RE, SamplingSpec, TaskSpec
+
+GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}
+# a message that starts with one of the entry's settings: the spec loader names it as tasks[i].lm_eval.<setting>
+SETTING_ERROR = re.compile(rf"^({'|'.join(LmEvalSettings.__dataclass_fields__)}):")
+MAX_GEN_TOKS = 256  # lm-eval's default for a task that does not say (its HFLM and VLLM models)
+
+
+def import_lm_eval():
+    try:
+        import lm_eval.evaluator  # noqa: F401
+        import lm_eval.tasks  # noqa: F401
+    except ImportError as e:
+        raise ValueError(f"lm-eval is not installed ({e}); {EXTRA}") from None
+    import lm_eval
+    return lm_eval
+
+
+def recording_lm(chat_tokenizer=None):
+    """An lm-eval model that records its requests and answers each with a placeholder."""
+    from lm_eval.api.model import LM
+
+    class RecordingLM(LM):
+        def __init__(self):
+            super().__init__()
+            self.requests: list = []
+
+        def _record(self, requests, answer):
+            self.requests.extend(requests)
+            return [answer] * len(requests)
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            return self._record(requests, (0.0, False))
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            return self._record(requests, 0.0)
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            return self._record(requests, "")
+
+    lm = RecordingLM()
+    if chat_tokenizer is not None:
+        add_chat_template(lm, chat_tokenizer)
+    return lm
+
+
+def add_chat_template(lm, tokenizer) -> None:
+    """The chat template lm-eval's HF model applies: its `apply_chat_template` and what it logs of it."""
+    def apply_chat_template(chat_history, add_generation_prompt: bool = True) -> str:
+        return tokenizer.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=not add_generation_prompt)
+    lm.apply_chat_template = apply_chat_template
+    lm.chat_template = lambda chat_template=False: tokenizer.chat_template
+    lm.tokenizer_name = getattr(tokenizer, "name_or_path", "").replace("/", "__")
+
+
+@contextlib.contextmanager
+def quiet():
+    """lm-eval's progress bars, INFO and WARNING lines and its `git describe` (whose "fatal: not a git
+    repository" goes to the process's stderr) kept out of the sweep's terminal; its errors still raise."""
+    logger = logging.getLogger("lm_eval")
+    level, before = logger.level, os.environ.get("TQDM_DISABLE")
+    logger.setLevel(logging.ERROR)
+    os.environ["TQDM_DISABLE"] = "1"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        logger.setLevel(level)
+        if before is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = before
+
+
+def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, bootstrap_iters: int,
+                tracker=None) -> dict:
+    """lm-eval's `simple_evaluate` with the entry's settings: the one call that builds and that scores."""
+    import lm_eval.evaluator
+
+    return lm_eval.evaluator.simple_evaluate(
+        model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot, limit=settings.limit,
+        bootstrap_iters=bootstrap_iters, log_samples=log_samples, system_instruction=settings.system_instruction,
+        apply_chat_template=settings.apply_chat_template, fewshot_as_multiturn=settings.fewshot_as_multiturn,
+        gen_kwargs=settings.gen_kwargs, task_manager=task_manager, fewshot_random_seed=settings.fewshot_seed,
+        confirm_run_unsafe_code=settings.confirm_run_unsafe_code, evaluation_tracker=tracker)
+
+
+def task_manager(settings: LmEvalSettings):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=settings.include_path)
+
+
+def check_names(settings: LmEvalSettings, manager) -> None:
+    known = set(manager.all_tasks)
+    for name in settings.tasks:
+        if name not in known and not os.path.isfile(name):
+            close = difflib.get_close_matches(name, sorted(known), n=3)
+            hint = f"; closest: {', '.join(close)}" if close else ""
+            where = f" or in include_path {settings.include_path}" if settings.include_path else ""
+            raise ValueError(f"tasks: {name!r} is not an lm-eval task or group (lm-eval {_version()}{where}){hint}")
+
+
+def _version() -> str:
+    import lm_eval
+    return lm_eval.__version__
+
+
+def record(settings: LmEvalSettings, manager, chat_tokenizer=None) -> list:
+    """Every request lm-eval would send a model for the entry's tasks."""
+    lm = recording_lm(chat_tokenizer)
+    try:
+        with quiet():
+            run_lm_eval(settings, lm, manager, log_samples=False, bootstrap_iters=0)
+    except ValueError as e:  # lm-eval's own refusals: an unsafe task, a multimodal one ...
+        raise ValueError(f"lm-eval refused the tasks: {e}") from None
+    except Exception as e:  # a dataset lm-eval could not load (no network here, or a wrong local path)
+        raise ValueError(_load_failure(settings, manager, e)) from None
+    return lm.requests
+
+
+def _load_failure(settings: LmEvalSettings, manager, error: Exception) -> str:
+    first = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    for name in settings.tasks:
+        try:
+            manager.load([name])
+        except Exception:
+            return (f"tasks: {name!r}: lm-eval could not load its dataset ({first[:300]}). raysweep reads data offline: "
+                    "give the task local files (dataset_path: json, dataset_kwargs: {data_files: ...}), or put the "
+                    "dataset in the Hugging Face cache and set HF_DATASETS_OFFLINE=1 (HF_DATASETS_CACHE names the cache)")
+    return f"lm-eval failed while building requests: {first[:400]}"
+
+
+def request_rows(requests: Iterable) -> dict[str, list[tuple[dict, list[tuple[int, int, int]]]]]:
+    """Per lm-eval task, its rows: (row, [(doc_id, idx, position in the row's choices)]). A document's
+    loglikelihood requests that share a context are one row (their continuations its choices); otherwise each
+    request is a row `<doc>.<idx>`. The same requests always give the same rows: scoring recomputes them."""
+    by_doc: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
+    for r in requests:
+        by_doc[r.task_name][r.doc_id].append(r)
+    out: dict[str, list] = {}
+    for task, docs in by_doc.items():
+        rows = out[task] = []
+        for doc_id in sorted(docs):
+            reqs = sorted({r.idx: r for r in docs[doc_id]}.values(), key=lambda r: r.idx)
+            kind = reqs[0].request_type
+            if kind == "loglikelihood" and len({r.args[0] for r in reqs}) == 1:
+                rows.append(({"id": str(doc_id), "context": reqs[0].args[0], "choices": [r.args[1] for r in reqs],
+                              "target": 0}, [(doc_id, r.idx, j) for j, r in enumerate(reqs)]))
+                continue
+            for r in reqs:
+                rid = str(doc_id) if len(reqs) == 1 else f"{doc_id}.{r.idx}"
+                if kind == "loglikelihood":
+                    row = {"id": rid, "context": r.args[0], "choices": [r.args[1]], "target": 0}
+                elif kind == "loglikelihood_rolling":
+                    row = {"id": rid, "context": "", "choices": [r.args[0]], "target": 0}
+                else:
+                    row = {"id": rid, "context": r.args[0]}
+                rows.append((row, [(doc_id, r.idx, 0)]))
+    return out
+
+
+def sampling_of(task: str, requests: list) -> SamplingSpec:
+    """A generate_until task's sampling from its generation arguments (the same for every request), as
+    lm-eval's HF and vLLM models read them."""
+    kwargs = {json.dumps(r.args[1], sort_keys=True, default=str) for r in requests}
+    if len(kwargs) > 1:
+        raise ValueError(f"{task}: its documents ask for different generation arguments; raysweep runs one "
+                         "sampling per task")
+    gen = dict(requests[0].args[1])
+    unknown = sorted(set(gen) - GEN_KEYS)
+    if unknown:
+        raise ValueError(f"{task}: generation argument {unknown[0]!r} is not one raysweep passes to its engines "
+                         f"(it takes {', '.join(sorted(GEN_KEYS))})")
+    until = gen.get("until") or ()
+    do_sample = gen.get("do_sample")
+    temperature = 0.0 if do_sample is False else float(gen.get("temperature", 1.0 if do_sample else 0.0))
+    repeats = max(r.repeats for r in requests)
+    return SamplingSpec(max_tokens=int(gen.get("max_gen_toks", MAX_GEN_TOKS)), temperature=temperature,
+                        top_p=float(gen.get("top_p", 1.0)), top_k=int(gen.get("top_k", 0) or 0),
+                        stop=tuple([until] if isinstance(until, str) else until),
+                        n=repeats if temperature > 0 else 1)
+
+
+def chat_tokenizer(models, base_dir: str):
+    """The tokenizer whose chat template renders an entry's requests: every model's template must be the same
+    text (the requests are built once, for all of them)."""
+    from transformers import AutoTokenizer
+
+    from cluster.inputs.builtin_model import resolve_model_path
+
+    tokenizers = []
+    for model in models:
+        path = os.path.expanduser(model.path)
+        local = os.path.normpath(os.path.join(base_dir, path))
+        tokenizers.append(AutoTokenizer.from_pretrained(resolve_model_path(local if os.path.exists(local) else path)))
+    templates = {getattr(t, "chat_template", None) for t in tokenizers}
+    if None in templates:
+        raise ValueError("apply_chat_template: a model's tokenizer has no chat template")
+    if len(templates) > 1:
+        raise ValueError("apply_chat_template: the sweep's models have different chat templates; lm-eval requests "
+                         "rendered with one would be wrong for the others (give each its own sweep)")
+    return tokenizers[0]
+
+
+def lm_eval_entry(raw: dict, base_dir: str, entry: int, get_chat_tokenizer=lambda: None) -> list[TaskSpec]:
+    """The raysweep tasks of one `lm_eval:` entry (its settings as the spec gives them)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"a mapping of settings (tasks, include_path, num_fewshot ...), got {raw!r}")
+    known = set(LmEvalSettings.__dataclass_fields__)
+    extra = sorted(set(raw) - known)
+    if extra:
+        close = difflib.get_close_matches(extra[0], sorted(known), n=1)
+        raise ValueError(f"{extra[0]}: not a setting{f' (did you mean {close[0]!r}?)' if close else ''}")
+    settings = dict(raw)
+    if settings.get("include_path") is not None and isinstance(settings["include_path"], str):
+        path = os.path.expanduser(settings["include_path"])
+        settings["include_path"] = path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
+        if not os.path.isdir(settings["include_path"]):
+            raise ValueError(f"include_path: {settings['include_path']} is not a folder")
+    settings = LmEvalSettings(**settings)
+    import_lm_eval()
+    with quiet():
+        manager = task_manager(settings)
+    check_names(settings, manager)
+    requests = record(settings, manager, get_chat_tokenizer() if settings.apply_chat_template else None)
+    by_task: dict[str, list] = defaultdict(list)
+    for r in requests:
+        by_task[r.task_name].append(r)
+    rows = request_rows(requests)
+    return [_task_spec(name, reqs, rows[name], settings, entry) for name, reqs in by_task.items()]
+
+
+def _task_spec(name: str, requests: list, rows: list, settings: LmEvalSettings, entry: int) -> TaskSpec:
+    if not NAME_RE.fullmatch(name):
+        raise ValueError(f"{name}: an lm-eval task name raysweep cannot use as a task name (letters, digits, '.', "
+                         "'_' or '-')")
+    kinds = sorted({r.request_type for r in requests})
+    if len(kinds) > 1:
+        raise ValueError(f"{name}: its documents make requests of several types ({', '.join(kinds)}); raysweep "
+                         "serves a task of one type")
+    kind = "multiple_choice" if kinds[0] == "loglikelihood" and any(len(row["choices"]) > 1 for row, _ in rows) \
+        else kinds[0]
+    ref = LmEvalTask(task=name, output_type=kind, settings=settings, entry=entry)
+    path = _write_rows(name, [row for row, _ in rows])
+    if kinds[0] == "generate_until":
+        return TaskSpec(name=name, data=path, prompt="{context}", id_column="id", lm_eval=ref,
+                        sampling=sampling_of(name, requests), length_policy="truncate_left")
+    return TaskSpec(name=name, data=path, prompt="{context}", id_column="id", lm_eval=ref, type="loglikelihood",
+                    choices="choices", target="target")
+
+
+def _write_rows(name: str, rows: list[dict]) -> str:
+    """The rows as JSONL under raysweep's cache, named by their content (the same requests: the same file)."""
+    from cluster.inputs.builtin_model import cache_root
+
+    body = "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows).encode()
+    folder = cache_root() / "lm_eval"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{hashlib.sha256(body).hexdigest()[:16]}.jsonl"
+    if not path.exists():
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(body)
+        os.replace(tmp, path)
+    return str(path)
+

@@ -1,0 +1,185 @@
+"""lm-eval's scores of a sweep's `lm_eval:` tasks, by lm-eval's own code, once their rows are committed.
+
+Per `lm_eval:` entry and model: `ReplayLM` is an lm-eval model that answers each request from the committed
+results rows (found again through `request_rows`, cluster/inputs/lm_eval_tasks.py), and `run_lm_eval` runs
+lm-eval's `simple_evaluate` with it and the entry's settings, so filters, `process_results`, aggregation,
+groups and stderr are lm-eval's. Written under the output, per model (docs/lm-eval.md):
+- `lm_eval/<model>/results_<date>.json` and `samples_<task>_<date>.jsonl`: lm-eval's results and its
+  `--log_samples` records, written by lm-eval's EvaluationTracker as `lm_eval --output_path` writes them;
+- `lm_eval/<model>/samples_<task>.parquet`: one row per document and filter (doc_id, filter, target,
+  arguments, resps, filtered_resps as JSON, each metric a column);
+and each task's summary row gets lm-eval's metrics with their stderr (`merge_summary`).
+A model whose rows are not all in (a failed shard) is left out, and the run says so.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+
+from cluster.contracts.spec import SweepSpec
+from cluster.inputs.lm_eval_tasks import quiet, request_rows, run_lm_eval, task_manager
+
+ANSWER_COLUMNS = ("sample_id", "completion", "status", "error", "output_text", "choice_logprobs", "choice_greedy")
+
+
+class MissingAnswer(Exception):
+    """A request whose row is not committed, or is an error or skipped row: lm-eval cannot score its task."""
+
+
+def replay_lm(answers: dict[str, dict[tuple[str, int], dict]]):
+    """An lm-eval model answering from results rows: `answers[task][(sample_id, completion)]` = row."""
+    from lm_eval.api.model import LM
+
+    class ReplayLM(LM):
+        def _rows(self, requests):
+            where = {}
+            for task, rows in request_rows(requests).items():
+                for row, keys in rows:
+                    for doc_id, idx, position in keys:
+                        where[(task, doc_id, idx)] = (row["id"], position)
+            seen: dict[tuple, int] = defaultdict(int)
+            for r in requests:
+                key = (r.task_name, r.doc_id, r.idx)
+                sample_id, position = where[key]
+                completion = seen[key]
+                seen[key] += 1
+                row = answers.get(r.task_name, {}).get((sample_id, completion)) or \
+                    answers.get(r.task_name, {}).get((sample_id, 0))  # greedy repeats: the one completion
+                if row is None or row["status"] not in ("ok", "truncated"):
+                    why = "no committed row" if row is None else f"a {row['status']} row ({row.get('error')})"
+                    raise MissingAnswer(f"task {r.task_name}: document {r.doc_id} has {why}")
+                yield row, position
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            return [(row["choice_logprobs"][p], bool(row["choice_greedy"][p])) for row, p in self._rows(requests)]
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            return [row["choice_logprobs"][0] for row, _ in self._rows(requests)]
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            return [row["output_text"] for row, _ in self._rows(requests)]
+
+    return ReplayLM()
+
+
+def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], write_text: Callable[[str, str], None],
+                  write_table: Callable[[str, pa.Table], None], log: Callable[[str], None]) -> dict[tuple[str, str], dict]:
+    """lm-eval's results for each model x `lm_eval:` entry whose rows are all committed; `read(model, task)`
+    gives a task's committed rows (None while a shard is missing). Returns {(model, task): lm-eval's metrics}."""
+    from lm_eval.loggers import EvaluationTracker
+
+    entries: dict[int, list] = defaultdict(list)
+    for task in spec.tasks:
+        if task.lm_eval is not None:
+            entries[task.lm_eval.entry].append(task)
+    metrics: dict[tuple[str, str], dict] = {}
+    for tasks in entries.values():
+        settings = tasks[0].lm_eval.settings
+        manager = None
+        for model in spec.models:
+            answers = {}
+            for task in tasks:
+                table = read(model.name, task.name)
+                if table is None:
+                    break
+                answers[task.name] = {(r["sample_id"], r["completion"]): r for r in table.select(ANSWER_COLUMNS).to_pylist()}
+            else:
+                with quiet():
+                    manager = manager or task_manager(settings)
+                    tracker = EvaluationTracker()
+                    try:
+                        results = run_lm_eval(settings, replay_lm(answers), manager, log_samples=True,
+                                              bootstrap_iters=settings.bootstrap_iters, tracker=tracker)
+                    except MissingAnswer as e:
+                        log(f"[raysweep] lm-eval results of model {model.name} not written: {e}")
+                        continue
+                    metrics.update(_write(model.name, results, tracker, write_text, write_table))
+                continue
+            log(f"[raysweep] lm-eval results of model {model.name} not written: task {task.name} is not complete")
+    return metrics
+
+
+def _write(model: str, results: dict, tracker, write_text, write_table) -> dict[tuple[str, str], dict]:
+    """lm-eval's own files, written by its EvaluationTracker into a local folder and copied into the output
+    (which may be a remote filesystem): results_<date>.json and samples_<task>_<date>.jsonl, as
+    `lm_eval --output_path ... --log_samples` names them; beside them each task's samples as Parquet."""
+    from lm_eval.utils import handle_non_serializable
+
+    samples = results.pop("samples", {})
+    results["config"]["model"] = "raysweep"
+    results["config"]["model_args"] = f"model={model}"
+
+    def dumps(value) -> str:
+        return json.dumps(value, default=handle_non_serializable, ensure_ascii=False)
+
+    for task, records in samples.items():
+        write_table(f"lm_eval/{model}/samples_{task}.parquet", samples_table(records, dumps))
+    documents = {task: n.get("effective") for task, n in results.get("n-samples", {}).items()}
+    metrics = {(model, task): {**values, "documents": documents.get(task)}
+               for task, values in results["results"].items() if task in samples}
+    with tempfile.TemporaryDirectory(prefix="raysweep-lm-eval-") as folder:
+        tracker.output_path = folder
+        tracker.general_config_tracker.model_name = tracker.general_config_tracker.model_name_sanitized = model
+        tracker.save_results_aggregated(results=results, samples=samples)
+        for task, records in samples.items():
+            tracker.save_results_samples(task_name=task, samples=records)
+        for path in sorted(Path(folder).rglob("*")):
+            if path.is_file():
+                write_text(f"lm_eval/{model}/{path.name}", path.read_text(encoding="utf-8"))
+    return metrics
+
+
+def samples_table(records: list[dict], dumps) -> pa.Table:
+    """lm-eval's per-document records as a table: each metric a column (float where every value is a number,
+    else its JSON, as lm-eval's perplexity metrics keep (log-likelihood, length) pairs)."""
+    names = list(dict.fromkeys(m for r in records for m in r["metrics"]))
+    columns = {
+        "doc_id": pa.array([r["doc_id"] for r in records], pa.int64()),
+        "filter": pa.array([r["filter"] for r in records], pa.string()),
+        "target": pa.array([dumps(r["target"]) if not isinstance(r["target"], str) else r["target"]
+                            for r in records], pa.string()),
+        **{k: pa.array([dumps(r[k]) for r in records], pa.string())
+           for k in ("arguments", "resps", "filtered_resps")},
+    }
+    for name in names:
+        values = [r.get(name) for r in records]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) or v is None for v in values)
+        columns[name] = pa.array([float(v) if v is not None else None for v in values] if numeric
+                                 else [dumps(v) for v in values], pa.float64() if numeric else pa.string())
+    return pa.table(columns)
+
+
+def summary_metrics(values: dict) -> tuple[float | None, float | None, list[dict]]:
+    """lm-eval's `results[task]` as the summary keeps it: the first metric as score and stderr, and every
+    metric,filter pair with its stderr (lm-eval's "N/A" stderr: null)."""
+    out = []
+    for key, value in values.items():
+        if "," not in key or "_stderr," in key or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        metric, _, filt = key.partition(",")
+        stderr = values.get(f"{metric}_stderr,{filt}")
+        out.append({"name": metric if filt == "none" else key, "value": float(value),
+                    "stderr": float(stderr) if isinstance(stderr, (int, float)) else None, "n": None})
+    first = out[0] if out else {"value": None, "stderr": None}
+    return first["value"], first["stderr"], out
+
+
+def merge_summary(summary: pa.Table, metrics: dict[tuple[str, str], dict]) -> pa.Table:
+    """The summary with lm-eval's metrics on its lm-eval tasks' rows."""
+    if not metrics:
+        return summary
+    rows = summary.to_pylist()
+    for row in rows:
+        values = metrics.get((row["model"], row["task"]))
+        if values is not None:
+            row["score"], row["stderr"], row["metrics"] = summary_metrics(values)
+            row["n_scored"] = values.get("documents")
+            for m in row["metrics"]:
+                m["n"] = values.get("documents")
+    return pa.Table.from_pylist(rows, schema=summary.schema)
