@@ -39,7 +39,12 @@ SHAPES = {
                       "`structured: {json_schema: {...}}`, `structured: {regex: '...'}`, `structured: {grammar: '...'}`.",
     "ScorerSpec": "In YAML a scorer name (`scorer: exact_match`) or a mapping of `name` and the scorer's "
                   "arguments (`scorer: {name: json_match, fields: [name, age]}`).",
+    "LmEvalSettings": "A task entry of its own, `- lm_eval: {tasks: [arc_easy], num_fewshot: 2}`, beside or instead of "
+                      "the tasks above: each lm-eval task it names becomes a raysweep task of that name, its requests "
+                      "built and its results scored by lm-eval (docs/lm-eval.md; needs `pip install 'raysweep[lm-eval]'`).",
 }
+# sections reached through a field the YAML does not spell that way: (YAML path, the dataclass to show there)
+ENTRIES = {"LmEvalTask": ("tasks[].lm_eval", "LmEvalSettings")}
 # cluster/contracts/spec.py's _model: a shorthand the loader reads
 NOTES = {"ModelSpec": "`engine: NAME` is short for `engine: {backend: NAME}`; every other `engine` key goes to the "
                       "engine as is (vLLM's or transformers' own arguments). `tensor_parallel_size` and "
@@ -76,6 +81,10 @@ def _header() -> str:
 def sections(path: str = "", cls: type = S.SweepSpec) -> list[tuple[str, type]]:
     """(YAML path, dataclass), from SweepSpec down through the fields' types, each section followed by
     its own sections."""
+    if cls.__name__ in ENTRIES:  # a task made from a `lm_eval:` entry: the entry's settings are what YAML holds
+        entry_path, shown = ENTRIES[cls.__name__]
+        return [(entry_path, next(typing.get_type_hints(cls)[f.name] for f in dataclasses.fields(cls)
+                                  if getattr(typing.get_type_hints(cls)[f.name], "__name__", "") == shown))]
     found = [(path, cls)]
     for f in dataclasses.fields(cls):
         inner, many = _dataclass_in(typing.get_type_hints(cls)[f.name])
@@ -110,8 +119,9 @@ def _section(path: str, cls: type, probe: "_Probe") -> str:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key = f.name if cls.__name__ in SHAPES else probe.key(path, cls, f)
-        if key is None:  # not read from YAML (e.g. the spec file's own path)
-            continue
+        inner = _dataclass_in(hints[f.name])[0]
+        if key is None or (inner is not None and inner.__name__ in ENTRIES):  # not read from YAML (the spec
+            continue  # file's own path), or read as an entry of its own (a task's lm_eval)
         listed = allowed.get(f.name, "")
         said = [c for c in checks.get(f.name, []) if not (listed and listed.replace("`", "") in c)]
         cells = [f"`{key}`", _type(hints[f.name]), _default(f, path, probe), listed, "; ".join(said),

@@ -2,10 +2,10 @@
 requests, exactly as `lm_eval --model ...` would, and this module writes them as a task's rows.
 
 1. `lm_eval_entry` checks the entry's settings, then runs lm-eval's `simple_evaluate` with `RecordingLM`, a
-   model that answers nothing real and keeps every request it is asked (`run_lm_eval`: the one call, also
-   used to score, cluster/score/lm_eval_scores.py). Documents, few-shot contexts, `until` strings and
+   model that answers nothing real and keeps every request it is asked (`run_lm_eval`, cluster/harness/lm_eval_run.py:
+   the one call, also used to score). Documents, few-shot contexts, `until` strings and
    generation arguments are lm-eval's own.
-2. `request_rows` turns each lm-eval task's requests into rows (the row ids are how scoring finds a request's
+2. `request_rows` (cluster/harness/lm_eval_run.py) turns each lm-eval task's requests into rows (the row ids are how scoring finds a request's
    answer again); they are written as JSONL under raysweep's cache, named by their content, and each task
    becomes a `TaskSpec` whose `data` is that file.
 Bad input is one line before any engine starts: lm-eval not installed, an unknown task (with lm-eval's
@@ -15,33 +15,20 @@ closest names), a dataset that cannot be loaded offline, a task whose requests r
 from __future__ import annotations
 
 import difflib
-import contextlib
 import hashlib
 import json
-import logging
 import os
 import re
-import sys
 from collections import defaultdict
-from typing import Iterable
 
-from cluster.contracts.lm_eval_task import EXTRA, LmEvalSettings, LmEvalTask
+from cluster.contracts.lm_eval_task import LmEvalSettings, LmEvalTask
 from cluster.contracts.task_spec import NAME_RE, SamplingSpec, TaskSpec
+from cluster.harness.lm_eval_run import import_lm_eval, quiet, request_rows, run_lm_eval, task_manager
 
 GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}
 # a message that starts with one of the entry's settings: the spec loader names it as tasks[i].lm_eval.<setting>
 SETTING_ERROR = re.compile(rf"^({'|'.join(LmEvalSettings.__dataclass_fields__)}):")
 MAX_GEN_TOKS = 256  # lm-eval's default for a task that does not say (its HFLM and VLLM models)
-
-
-def import_lm_eval():
-    try:
-        import lm_eval.evaluator  # noqa: F401
-        import lm_eval.tasks  # noqa: F401
-    except ImportError as e:
-        raise ValueError(f"lm-eval is not installed ({e}); {EXTRA}") from None
-    import lm_eval
-    return lm_eval
 
 
 def recording_lm(chat_tokenizer=None):
@@ -82,50 +69,6 @@ def add_chat_template(lm, tokenizer) -> None:
     lm.tokenizer_name = getattr(tokenizer, "name_or_path", "").replace("/", "__")
 
 
-@contextlib.contextmanager
-def quiet():
-    """lm-eval's progress bars, INFO and WARNING lines and its `git describe` (whose "fatal: not a git
-    repository" goes to the process's stderr) kept out of the sweep's terminal; its errors still raise."""
-    logger = logging.getLogger("lm_eval")
-    level, before = logger.level, os.environ.get("TQDM_DISABLE")
-    logger.setLevel(logging.ERROR)
-    os.environ["TQDM_DISABLE"] = "1"
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 2)
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        logger.setLevel(level)
-        if before is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = before
-
-
-def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, bootstrap_iters: int,
-                tracker=None) -> dict:
-    """lm-eval's `simple_evaluate` with the entry's settings: the one call that builds and that scores."""
-    import lm_eval.evaluator
-
-    return lm_eval.evaluator.simple_evaluate(
-        model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot, limit=settings.limit,
-        bootstrap_iters=bootstrap_iters, log_samples=log_samples, system_instruction=settings.system_instruction,
-        apply_chat_template=settings.apply_chat_template, fewshot_as_multiturn=settings.fewshot_as_multiturn,
-        gen_kwargs=settings.gen_kwargs, task_manager=task_manager, fewshot_random_seed=settings.fewshot_seed,
-        confirm_run_unsafe_code=settings.confirm_run_unsafe_code, evaluation_tracker=tracker)
-
-
-def task_manager(settings: LmEvalSettings):
-    from lm_eval.tasks import TaskManager
-
-    return TaskManager(include_path=settings.include_path)
-
-
 def check_names(settings: LmEvalSettings, manager) -> None:
     known = set(manager.all_tasks)
     for name in settings.tasks:
@@ -164,35 +107,6 @@ def _load_failure(settings: LmEvalSettings, manager, error: Exception) -> str:
                     "give the task local files (dataset_path: json, dataset_kwargs: {data_files: ...}), or put the "
                     "dataset in the Hugging Face cache and set HF_DATASETS_OFFLINE=1 (HF_DATASETS_CACHE names the cache)")
     return f"lm-eval failed while building requests: {first[:400]}"
-
-
-def request_rows(requests: Iterable) -> dict[str, list[tuple[dict, list[tuple[int, int, int]]]]]:
-    """Per lm-eval task, its rows: (row, [(doc_id, idx, position in the row's choices)]). A document's
-    loglikelihood requests that share a context are one row (their continuations its choices); otherwise each
-    request is a row `<doc>.<idx>`. The same requests always give the same rows: scoring recomputes them."""
-    by_doc: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
-    for r in requests:
-        by_doc[r.task_name][r.doc_id].append(r)
-    out: dict[str, list] = {}
-    for task, docs in by_doc.items():
-        rows = out[task] = []
-        for doc_id in sorted(docs):
-            reqs = sorted({r.idx: r for r in docs[doc_id]}.values(), key=lambda r: r.idx)
-            kind = reqs[0].request_type
-            if kind == "loglikelihood" and len({r.args[0] for r in reqs}) == 1:
-                rows.append(({"id": str(doc_id), "context": reqs[0].args[0], "choices": [r.args[1] for r in reqs],
-                              "target": 0}, [(doc_id, r.idx, j) for j, r in enumerate(reqs)]))
-                continue
-            for r in reqs:
-                rid = str(doc_id) if len(reqs) == 1 else f"{doc_id}.{r.idx}"
-                if kind == "loglikelihood":
-                    row = {"id": rid, "context": r.args[0], "choices": [r.args[1]], "target": 0}
-                elif kind == "loglikelihood_rolling":
-                    row = {"id": rid, "context": "", "choices": [r.args[0]], "target": 0}
-                else:
-                    row = {"id": rid, "context": r.args[0]}
-                rows.append((row, [(doc_id, r.idx, 0)]))
-    return out
 
 
 def sampling_of(task: str, requests: list) -> SamplingSpec:

@@ -1,7 +1,7 @@
 """lm-eval's scores of a sweep's `lm_eval:` tasks, by lm-eval's own code, once their rows are committed.
 
 Per `lm_eval:` entry and model: `ReplayLM` is an lm-eval model that answers each request from the committed
-results rows (found again through `request_rows`, cluster/inputs/lm_eval_tasks.py), and `run_lm_eval` runs
+results rows (found again through `request_rows`, cluster/harness/lm_eval_run.py), and `run_lm_eval` runs
 lm-eval's `simple_evaluate` with it and the entry's settings, so filters, `process_results`, aggregation,
 groups and stderr are lm-eval's. Written under the output, per model (docs/lm-eval.md):
 - `lm_eval/<model>/results_<date>.json` and `samples_<task>_<date>.jsonl`: lm-eval's results and its
@@ -23,7 +23,7 @@ from typing import Callable
 import pyarrow as pa
 
 from cluster.contracts.spec import SweepSpec
-from cluster.inputs.lm_eval_tasks import quiet, request_rows, run_lm_eval, task_manager
+from cluster.harness.lm_eval_run import quiet, request_rows, run_lm_eval, task_manager
 
 ANSWER_COLUMNS = ("sample_id", "completion", "status", "error", "output_text", "choice_logprobs", "choice_greedy")
 

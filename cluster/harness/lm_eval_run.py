@@ -1,0 +1,99 @@
+"""lm-eval as raysweep calls it (docs/lm-eval.md): the one `simple_evaluate` call that both builds a `lm_eval:`
+entry's requests (cluster/inputs/lm_eval_tasks.py) and scores its results (cluster/score/lm_eval_scores.py),
+and `request_rows`, the rule that makes requests into a task's rows, which scoring applies again to find each
+request's answer. lm-eval is imported only inside these functions: it is an optional extra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections import defaultdict
+from typing import Iterable
+
+from cluster.contracts.lm_eval_task import EXTRA, LmEvalSettings
+
+
+def import_lm_eval():
+    try:
+        import lm_eval.evaluator  # noqa: F401
+        import lm_eval.tasks  # noqa: F401
+    except ImportError as e:
+        raise ValueError(f"lm-eval is not installed ({e}); {EXTRA}") from None
+    import lm_eval
+    return lm_eval
+
+
+@contextlib.contextmanager
+def quiet():
+    """lm-eval's progress bars, INFO and WARNING lines and its `git describe` (whose "fatal: not a git
+    repository" goes to the process's stderr) kept out of the sweep's terminal; its errors still raise."""
+    logger = logging.getLogger("lm_eval")
+    level, before = logger.level, os.environ.get("TQDM_DISABLE")
+    logger.setLevel(logging.ERROR)
+    os.environ["TQDM_DISABLE"] = "1"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        logger.setLevel(level)
+        if before is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = before
+
+
+def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, bootstrap_iters: int,
+                tracker=None) -> dict:
+    """lm-eval's `simple_evaluate` with the entry's settings: the one call that builds and that scores."""
+    import lm_eval.evaluator
+
+    return lm_eval.evaluator.simple_evaluate(
+        model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot, limit=settings.limit,
+        bootstrap_iters=bootstrap_iters, log_samples=log_samples, system_instruction=settings.system_instruction,
+        apply_chat_template=settings.apply_chat_template, fewshot_as_multiturn=settings.fewshot_as_multiturn,
+        gen_kwargs=settings.gen_kwargs, task_manager=task_manager, fewshot_random_seed=settings.fewshot_seed,
+        confirm_run_unsafe_code=settings.confirm_run_unsafe_code, evaluation_tracker=tracker)
+
+
+def task_manager(settings: LmEvalSettings):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=settings.include_path)
+
+
+def request_rows(requests: Iterable) -> dict[str, list[tuple[dict, list[tuple[int, int, int]]]]]:
+    """Per lm-eval task, its rows: (row, [(doc_id, idx, position in the row's choices)]). A document's
+    loglikelihood requests that share a context are one row (their continuations its choices); otherwise each
+    request is a row `<doc>.<idx>`. The same requests always give the same rows: scoring recomputes them."""
+    by_doc: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
+    for r in requests:
+        by_doc[r.task_name][r.doc_id].append(r)
+    out: dict[str, list] = {}
+    for task, docs in by_doc.items():
+        rows = out[task] = []
+        for doc_id in sorted(docs):
+            reqs = sorted({r.idx: r for r in docs[doc_id]}.values(), key=lambda r: r.idx)
+            kind = reqs[0].request_type
+            if kind == "loglikelihood" and len({r.args[0] for r in reqs}) == 1:
+                rows.append(({"id": str(doc_id), "context": reqs[0].args[0], "choices": [r.args[1] for r in reqs],
+                              "target": 0}, [(doc_id, r.idx, j) for j, r in enumerate(reqs)]))
+                continue
+            for r in reqs:
+                rid = str(doc_id) if len(reqs) == 1 else f"{doc_id}.{r.idx}"
+                if kind == "loglikelihood":
+                    row = {"id": rid, "context": r.args[0], "choices": [r.args[1]], "target": 0}
+                elif kind == "loglikelihood_rolling":
+                    row = {"id": rid, "context": "", "choices": [r.args[0]], "target": 0}
+                else:
+                    row = {"id": rid, "context": r.args[0]}
+                rows.append((row, [(doc_id, r.idx, 0)]))
+    return out
