@@ -27,7 +27,7 @@ from cluster.harness.lm_eval_run import import_lm_eval, quiet, request_rows, run
 
 GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}
 # a message that starts with one of the entry's settings: the spec loader names it as tasks[i].lm_eval.<setting>
-SETTING_ERROR = re.compile(rf"^({'|'.join(LmEvalSettings.__dataclass_fields__)}):")
+SETTING_ERROR = re.compile(rf"^({'|'.join(LmEvalSettings.__dataclass_fields__)}):|^\w+: not a setting")
 MAX_GEN_TOKS = 256  # lm-eval's default for a task that does not say (its HFLM and VLLM models)
 
 
@@ -169,8 +169,7 @@ def lm_eval_entry(raw: dict, base_dir: str, entry: int, get_chat_tokenizer=lambd
             raise ValueError(f"include_path: {settings['include_path']} is not a folder")
     settings = LmEvalSettings(**settings)
     import_lm_eval()
-    with quiet():
-        manager = task_manager(settings)
+    manager = task_manager(settings)
     check_names(settings, manager)
     requests = record(settings, manager, get_chat_tokenizer() if settings.apply_chat_template else None)
     by_task: dict[str, list] = defaultdict(list)

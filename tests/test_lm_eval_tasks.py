@@ -1,0 +1,285 @@
+"""lm-evaluation-harness tasks in a spec (docs/lm-eval.md), against lm-eval's own run.
+
+The reference is `lm_eval --model hf` on builtin:tiny (CPU, float32) over three local task YAMLs whose data
+the test writes (`dataset_path: json`): a multiple-choice task with 2-shot contexts, a `generate_until` task
+with GSM8K's two regex filters, and a `loglikelihood_rolling` task whose longer documents need several
+windows. raysweep runs the same tasks from a spec's `lm_eval:` entry; per-document records and aggregated
+metrics (with stderr) must be lm-eval's.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cluster.contracts.spec import SpecError
+from tests.conftest import ROOT
+
+pytest.importorskip("lm_eval")
+
+MAX_MODEL_LEN = 400  # raysweep's windows are max_model_len - 2 tokens, as lm-eval's vLLM model's
+WORDS = "alpha beta gamma delta river stone cloud paper silver green seven music table".split()
+
+
+def _phrase(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))
+
+
+def write_tasks(folder: Path) -> Path:
+    """Data and task YAMLs under `folder`; returns the include_path."""
+    rng = random.Random(0)
+    data = folder / "data"
+    data.mkdir(parents=True)
+    for name, n in (("mc_test", 24), ("mc_train", 8)):
+        (data / f"{name}.jsonl").write_text("".join(json.dumps({
+            "question": _phrase(rng) + "?", "choices": [_phrase(rng) for _ in range(4)], "label": rng.randrange(4)})
+            + "\n" for _ in range(n)))
+    sums = [(rng.randrange(20), rng.randrange(20)) for _ in range(16)]
+    (data / "gen_test.jsonl").write_text("".join(json.dumps({
+        "question": f"What is {a} plus {b}?", "answer": f"{a} plus {b} is #### {a + b}"}) + "\n" for a, b in sums))
+    texts = [" ".join(_phrase(rng) for _ in range(rng.randint(1, 30))) for _ in range(10)]
+    texts[0] = texts[0] * 3  # at least one document of several windows
+    (data / "ppl_test.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tasks = folder / "tasks"
+    tasks.mkdir()
+    source = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}/%s_test.jsonl\n"
+    (tasks / "rs_mc.yaml").write_text(f"task: rs_mc\n{source % 'mc'}    train: {data}/mc_train.jsonl\n" + textwrap.dedent("""\
+        test_split: test
+        fewshot_split: train
+        output_type: multiple_choice
+        doc_to_text: "Question: {{question}}\\nAnswer:"
+        doc_to_choice: "{{choices}}"
+        doc_to_target: label
+        metric_list:
+          - {metric: acc, aggregation: mean, higher_is_better: true}
+          - {metric: acc_norm, aggregation: mean, higher_is_better: true}
+        """))
+    (tasks / "rs_gen.yaml").write_text(f"task: rs_gen\n{source % 'gen'}" + textwrap.dedent("""\
+        test_split: test
+        output_type: generate_until
+        doc_to_text: "Q: {{question}}\\nA:"
+        doc_to_target: "{{answer.split('####')[-1].strip()}}"
+        generation_kwargs: {until: ["\\n\\n", "Q:"], max_gen_toks: 12, do_sample: false}
+        filter_list:
+          - name: strict-match
+            filter:
+              - {function: regex, regex_pattern: "#### (\\\\-?[0-9]+)"}
+              - {function: take_first}
+          - name: flexible-extract
+            filter:
+              - {function: regex, group_select: -1, regex_pattern: "(-?[0-9]+)"}
+              - {function: take_first}
+        metric_list:
+          - {metric: exact_match, aggregation: mean, higher_is_better: true}
+        """))
+    (tasks / "rs_ppl.yaml").write_text(f"task: rs_ppl\n{source % 'ppl'}" + textwrap.dedent("""\
+        test_split: test
+        output_type: loglikelihood_rolling
+        doc_to_text: ""
+        doc_to_target: "{{text}}"
+        metric_list:
+          - {metric: word_perplexity}
+          - {metric: byte_perplexity}
+          - {metric: bits_per_byte}
+        """))
+    return tasks
+
+
+def write_spec(folder: Path, lm_eval: dict, name: str = "lmt") -> Path:
+    spec = folder / f"{name}.yaml"
+    spec.write_text(json.dumps({"name": name, "output": str(folder / "out"),
+                                "models": [{"name": "tiny", "path": "builtin:tiny",
+                                            "engine": {"max_model_len": MAX_MODEL_LEN}}],
+                                "tasks": [{"lm_eval": lm_eval}]}))
+    return spec
+
+
+@pytest.fixture(scope="module")
+def include_path(tmp_path_factory) -> Path:
+    return write_tasks(tmp_path_factory.mktemp("lm-eval-tasks"))
+
+
+def _env() -> dict:
+    return {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def compare(reference: Path, ours: Path) -> dict:
+    """lm-eval's files against raysweep's: aggregated metrics and stderr to 1e-6, every per-document record's
+    arguments, responses and metrics; returns the number of records per task."""
+    ref = json.loads(Path(glob.glob(f"{reference}/results_*.json")[0]).read_text())
+    got = json.loads(Path(glob.glob(f"{ours}/results_*.json")[0]).read_text())
+    counts = {}
+    for task, values in ref["results"].items():
+        for key, value in values.items():
+            mine = got["results"][task][key]
+            if isinstance(value, float):
+                assert mine == pytest.approx(value, rel=1e-6, abs=1e-6), (task, key)
+            else:
+                assert mine == value, (task, key)
+        assert got["n-samples"][task] == ref["n-samples"][task]
+        records = [[json.loads(line) for line in Path(glob.glob(f"{d}/samples_{task}_*.jsonl")[0]).read_text().splitlines()]
+                   for d in (reference, ours)]
+        assert len(records[0]) == len(records[1])
+        order = lambda r: (r["filter"], r["doc_id"])  # noqa: E731
+        for a, b in zip(sorted(records[0], key=order), sorted(records[1], key=order)):
+            assert (a["doc_id"], a["arguments"], a["target"], a["filter"]) == (b["doc_id"], b["arguments"], b["target"], b["filter"])
+            for metric in a["metrics"]:
+                assert b[metric] == pytest.approx(a[metric], rel=1e-5, abs=1e-5), (task, a["doc_id"], metric)
+            if task == "rs_gen":
+                assert a["resps"] == b["resps"] and a["filtered_resps"] == b["filtered_resps"]
+        counts[task] = len(records[0])
+    return counts
+
+
+def lm_eval_reference(include_path: Path, out: Path, tiny_path: str) -> Path:
+    """lm-eval's own run: `lm_eval --model hf` on the CPU, float32; max_length is raysweep's window."""
+    subprocess.run(
+        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+         f"pretrained={tiny_path},dtype=float32,max_length={MAX_MODEL_LEN - 2}", "--tasks", "rs_mc,rs_gen,rs_ppl",
+         "--include_path", str(include_path), "--num_fewshot", "2", "--device", "cpu", "--batch_size", "8",
+         "--output_path", str(out), "--log_samples"],
+        check=True, env=_env(), capture_output=True, text=True, timeout=600)
+    return Path(glob.glob(f"{out}/*/results_*.json")[0]).parent
+
+
+@pytest.mark.slow
+def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_path):
+    spec = write_spec(tmp_path, {"tasks": ["rs_mc", "rs_gen", "rs_ppl"], "include_path": str(include_path),
+                                 "num_fewshot": 2})
+    run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Traceback" not in run.stderr and "fatal:" not in run.stderr  # lm-eval's own noise kept out
+    reference = lm_eval_reference(include_path, tmp_path / "reference", tiny_path)
+    ours = tmp_path / "out" / "lm_eval" / "tiny"
+    assert compare(reference, ours) == {"rs_mc": 24, "rs_gen": 32, "rs_ppl": 10}  # rs_gen: 16 documents x 2 filters
+
+    import pyarrow.parquet as pq
+
+    summary = {r["task"]: r for r in pq.read_table(tmp_path / "out" / "summary.parquet").to_pylist()}
+    results = json.loads(next(ours.glob("results_*.json")).read_text())["results"]
+    assert summary["rs_mc"]["score"] == pytest.approx(results["rs_mc"]["acc,none"])
+    assert summary["rs_mc"]["stderr"] == pytest.approx(results["rs_mc"]["acc_stderr,none"])
+    metrics = {m["name"]: m for m in summary["rs_gen"]["metrics"]}
+    assert metrics["exact_match,flexible-extract"]["value"] == pytest.approx(
+        results["rs_gen"]["exact_match,flexible-extract"])
+    samples = pq.read_table(ours / "samples_rs_mc.parquet").to_pylist()
+    assert sorted(r["doc_id"] for r in samples) == list(range(24)) and {"acc", "acc_norm"} <= set(samples[0])
+    rows = pq.read_table(tmp_path / "out" / "results").to_pylist()
+    mc = next(r for r in rows if r["task"] == "rs_mc" and r["sample_id"] == "0")
+    assert mc["prompt"].count("Question:") == 3 and mc["prompt"].endswith("Answer:")  # 2 shots, then the question
+    assert len(mc["choice_logprobs"]) == 4
+    ppl = [r for r in rows if r["task"] == "rs_ppl"]
+    assert max(len(r["prompt"] or "") for r in ppl) == 0  # a rolling row's text is its one choice
+    # the longest document needed several windows (a byte-level tokenizer: a token per byte)
+    assert max(len(json.loads(line)["text"].encode()) for line in
+               (include_path.parent / "data" / "ppl_test.jsonl").read_text().splitlines()) > MAX_MODEL_LEN - 2
+
+    again = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "0 shards run, 3 already committed" in again.stdout, again.stdout[-1500:]
+
+
+def _load(spec: Path):
+    from cluster.inputs.spec_file import load_spec
+
+    return load_spec(spec)
+
+
+def test_an_unknown_lm_eval_task_is_named_with_lm_evals_closest(include_path, tmp_path):
+    spec = write_spec(tmp_path, {"tasks": ["rs_mcc"], "include_path": str(include_path)})
+    with pytest.raises(SpecError) as e:
+        _load(spec)
+    message = str(e.value)
+    assert "tasks[0].lm_eval.tasks: 'rs_mcc' is not an lm-eval task or group" in message and "rs_mc" in message
+    assert "\n" not in message
+
+
+def test_a_dataset_that_cannot_be_loaded_names_the_task_and_how_to_read_data_offline(include_path, tmp_path):
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "gone.yaml").write_text(textwrap.dedent(f"""\
+        task: rs_gone
+        dataset_path: json
+        dataset_kwargs: {{data_files: {{test: {tmp_path}/missing.jsonl}}}}
+        test_split: test
+        output_type: loglikelihood
+        doc_to_text: "{{{{q}}}}"
+        doc_to_target: "{{{{a}}}}"
+        """))
+    spec = write_spec(tmp_path, {"tasks": ["rs_gone"], "include_path": "tasks"})
+    with pytest.raises(SpecError) as e:
+        _load(spec)
+    message = str(e.value)
+    assert "'rs_gone': lm-eval could not load its dataset" in message and "HF_DATASETS_OFFLINE" in message
+    assert "\n" not in message
+
+
+def test_settings_are_checked_by_name(include_path, tmp_path):
+    for settings, said in (({"tasks": ["rs_mc"], "num_fewshots": 2}, "tasks[0].lm_eval.num_fewshots: not a setting "
+                                                                     "(did you mean 'num_fewshot'?)"),
+                           ({"tasks": ["rs_mc"], "limit": -1}, "tasks[0].lm_eval.limit: documents per task"),
+                           ({"tasks": []}, "tasks[0].lm_eval.tasks: lm-eval task or group names"),
+                           ({"tasks": ["rs_mc"], "include_path": "nowhere"}, "tasks[0].lm_eval.include_path: ")):
+        with pytest.raises(SpecError, match="^" + re.escape(f"{tmp_path}/lmt.yaml: {said}")):
+            _load(write_spec(tmp_path, settings))
+
+
+def test_lm_eval_not_installed_names_the_extra(tmp_path):
+    spec = write_spec(tmp_path, {"tasks": ["arc_easy"]})
+    code = ("import sys; sys.modules['lm_eval'] = None\n"
+            "from cluster.inputs.spec_file import load_spec\n"
+            "from cluster.contracts.spec import SpecError\n"
+            f"try:\n    load_spec({str(spec)!r})\nexcept SpecError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "tasks[0].lm_eval: lm-eval is not installed" in out.stdout and "raysweep[lm-eval]" in out.stdout, out
+
+
+def test_a_task_whose_requests_are_of_several_types_is_refused():
+    from cluster.contracts.lm_eval_task import LmEvalSettings
+    from cluster.harness.lm_eval_run import request_rows
+    from cluster.inputs.lm_eval_tasks import _task_spec
+
+    requests = [SimpleNamespace(task_name="mixed", doc_id=0, idx=0, request_type="loglikelihood", args=("Q", " a"),
+                                repeats=1),
+                SimpleNamespace(task_name="mixed", doc_id=0, idx=1, request_type="generate_until",
+                                args=("Q", {"until": ["\n"]}), repeats=1)]
+    with pytest.raises(ValueError, match="mixed: its documents make requests of several types "
+                                         r"\(generate_until, loglikelihood\); raysweep serves a task of one type"):
+        _task_spec("mixed", requests, request_rows(requests)["mixed"], LmEvalSettings(tasks=("mixed",)), 0)
+
+
+def test_request_rows_group_a_documents_choices_and_split_differing_contexts():
+    from cluster.harness.lm_eval_run import request_rows
+
+    def req(doc, idx, ctx, cont):
+        return SimpleNamespace(task_name="t", doc_id=doc, idx=idx, request_type="loglikelihood", args=(ctx, cont))
+
+    rows = request_rows([req(0, 0, "Q:", " a"), req(0, 1, "Q:", " b"), req(1, 1, "The cat", " sat"),
+                         req(1, 0, "The dog", " sat")])["t"]
+    assert rows == [({"id": "0", "context": "Q:", "choices": [" a", " b"], "target": 0}, [(0, 0, 0), (0, 1, 1)]),
+                    ({"id": "1.0", "context": "The dog", "choices": [" sat"], "target": 0}, [(1, 0, 0)]),
+                    ({"id": "1.1", "context": "The cat", "choices": [" sat"], "target": 0}, [(1, 1, 0)])]
+
+
+def test_rolling_windows_are_lm_evals():
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    from cluster.contracts.loglikelihood import rolling_length, rolling_windows
+
+    rng = random.Random(0)
+    for n in range(40):
+        for window in (1, 2, 3, 7, 16):
+            tokens = [rng.randrange(50) for _ in range(n)]
+            expected = [tuple(map(list, make_disjoint_window(p))) for p in get_rolling_token_windows(tokens, 99, window, 1)]
+            assert rolling_windows(tokens, 99, window) == expected
+            assert max((len(c) + len(x) for c, x in expected), default=0) == rolling_length(n, window)
