@@ -101,6 +101,11 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["lm-eval"]:  # lm-eval's own command line follows, as lm-eval parses it (jobs/lm_eval_model.py)
+        from jobs.lm_eval_model import run as lm_eval
+
+        return guarded(lambda rest: lm_eval(rest), argv[1:])
     parser = argparse.ArgumentParser(prog="raysweep", description="Ray-distributed LLM evaluation sweeps.")
     parser.add_argument("--version", action="version", version=f"raysweep {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -115,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("spec-reference", help="print the sweep spec reference (Markdown; sweeps/REFERENCE.md)")
     add_pool_arguments(sub.add_parser("pool", help="engines kept warm between sweeps (Ray Serve): up, status, down"))
     add_verify_arguments(sub.add_parser("verify", help="generate a sample of a sweep's rows again: do they match?"))
+    sub.add_parser("lm-eval", help="lm-eval's command line with raysweep as its model: raysweep lm-eval --model "
+                                   "raysweep --model_args pretrained=builtin:tiny --tasks ... (docs/lm-eval.md)")
     args = parser.parse_args(argv)
     commands = {"run": run, "plan": plan, "report": report, "models": models, "spec-reference": spec_reference,
                 "pool": pool, "verify": verify}

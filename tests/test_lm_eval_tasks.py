@@ -189,6 +189,17 @@ def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_pa
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "0 shards run, 3 already committed" in again.stdout, again.stdout[-1500:]
 
+    # lm-eval's command line, raysweep as its model, two actors: the same files, the same numbers
+    cli = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
+         f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=2,output={tmp_path / 'lm-eval-runs'}",
+         "--tasks", "rs_mc,rs_gen,rs_ppl", "--include_path", str(include_path), "--num_fewshot", "2",
+         "--output_path", str(tmp_path / "via-cli"), "--log_samples"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert cli.returncode == 0, cli.stdout[-1500:] + cli.stderr[-1500:]
+    assert compare(reference, tmp_path / "via-cli" / "builtin__tiny") == {"rs_mc": 24, "rs_gen": 32, "rs_ppl": 10}
+    assert "planned tiny/rs_mc: 24 samples" in cli.stderr
+
 
 def _load(spec: Path):
     from cluster.inputs.spec_file import load_spec
@@ -247,7 +258,7 @@ def test_lm_eval_not_installed_names_the_extra(tmp_path):
 def test_a_task_whose_requests_are_of_several_types_is_refused():
     from cluster.contracts.lm_eval_task import LmEvalSettings
     from cluster.harness.lm_eval_run import request_rows
-    from cluster.inputs.lm_eval_tasks import _task_spec
+    from cluster.inputs.lm_eval_tasks import task_spec
 
     requests = [SimpleNamespace(task_name="mixed", doc_id=0, idx=0, request_type="loglikelihood", args=("Q", " a"),
                                 repeats=1),
@@ -255,7 +266,7 @@ def test_a_task_whose_requests_are_of_several_types_is_refused():
                                 args=("Q", {"until": ["\n"]}), repeats=1)]
     with pytest.raises(ValueError, match="mixed: its documents make requests of several types "
                                          r"\(generate_until, loglikelihood\); raysweep serves a task of one type"):
-        _task_spec("mixed", requests, request_rows(requests)["mixed"], LmEvalSettings(tasks=("mixed",)), 0)
+        task_spec("mixed", requests, request_rows(requests)["mixed"], LmEvalSettings(tasks=("mixed",)), 0)
 
 
 def test_request_rows_group_a_documents_choices_and_split_differing_contexts():

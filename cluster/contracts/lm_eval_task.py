@@ -75,7 +75,9 @@ class LmEvalTask:
     task: str  # lm-eval's name of the task
     output_type: str  # one of OUTPUT_TYPES
     settings: LmEvalSettings
-    entry: int = 0  # which `lm_eval:` entry of the spec it came from (its tasks are scored together)
+    # which `lm_eval:` entry of the spec it came from (its tasks are scored together); -1: made by `raysweep
+    # lm-eval`, whose lm-eval process scores the answers itself
+    entry: int = 0
 
     def __post_init__(self) -> None:
         if self.output_type not in OUTPUT_TYPES:

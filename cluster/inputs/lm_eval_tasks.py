@@ -176,10 +176,10 @@ def lm_eval_entry(raw: dict, base_dir: str, entry: int, get_chat_tokenizer=lambd
     for r in requests:
         by_task[r.task_name].append(r)
     rows = request_rows(requests)
-    return [_task_spec(name, reqs, rows[name], settings, entry) for name, reqs in by_task.items()]
+    return [task_spec(name, reqs, rows[name], settings, entry) for name, reqs in by_task.items()]
 
 
-def _task_spec(name: str, requests: list, rows: list, settings: LmEvalSettings, entry: int) -> TaskSpec:
+def task_spec(name: str, requests: list, rows: list, settings: LmEvalSettings, entry: int) -> TaskSpec:
     if not NAME_RE.fullmatch(name):
         raise ValueError(f"{name}: an lm-eval task name raysweep cannot use as a task name (letters, digits, '.', "
                          "'_' or '-')")

@@ -76,7 +76,7 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
 
     entries: dict[int, list] = defaultdict(list)
     for task in spec.tasks:
-        if task.lm_eval is not None:
+        if task.lm_eval is not None and task.lm_eval.entry >= 0:  # < 0: `raysweep lm-eval`, lm-eval scores them
             entries[task.lm_eval.entry].append(task)
     metrics: dict[tuple[str, str], dict] = {}
     for tasks in entries.values():

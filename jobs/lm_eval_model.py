@@ -1,0 +1,147 @@
+"""`raysweep lm-eval ARGS`: lm-eval's own command line (`lm_eval ARGS`), with raysweep registered as its model
+`raysweep`, so an lm-eval user keeps their command and gets raysweep's engines and distribution:
+
+    raysweep lm-eval --model raysweep --model_args pretrained=builtin:tiny,actors=2 --tasks arc_easy ...
+
+lm-eval 0.4.13 finds models only in its own registry (no plugin entry points), so plain `lm_eval --model
+raysweep` cannot find it; `raysweep lm-eval` registers it, then runs lm-eval's CLI on the rest of the line.
+From Python, `import jobs.lm_eval_model` does the same for `lm_eval.simple_evaluate(model="raysweep", ...)`.
+
+Each request type lm-eval asks for (loglikelihood, loglikelihood_rolling, generate_until) is one raysweep
+sweep: the requests made into rows by the rule a spec's `lm_eval:` entry uses (cluster/harness/lm_eval_run.py),
+sharded over the model's actors, and answered from the committed rows (cluster/score/lm_eval_scores.py).
+model_args: pretrained (a model folder, hub id or builtin:NAME; also `model`), max_model_len, backend
+(auto | hf | vllm), actors (per model), num_gpus (per actor), address (a Ray cluster; default: a local Ray),
+output (where the sweeps' results stay, and resume from; default: a temporary folder).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import re
+import sys
+import tempfile
+from collections import defaultdict
+
+NAME = "raysweep"
+
+
+def make_model_class():
+    from lm_eval.api.model import LM
+
+    class RaysweepLM(LM):
+        def __init__(self, pretrained: str | None = None, model: str | None = None, max_model_len: int | None = None,
+                     backend: str = "auto", actors: int = 1, num_gpus: float = 1.0, address: str | None = None,
+                     output: str | None = None, **lm_eval_options):
+            super().__init__()
+            from cluster.contracts.spec import ActorSpec, ModelSpec
+
+            path = pretrained or model
+            if not path:
+                raise ValueError("--model_args: raysweep needs pretrained=PATH (a model folder, hub id or builtin:NAME)")
+            engine = {"max_model_len": int(max_model_len)} if max_model_len else {}
+            name = re.sub(r"[^A-Za-z0-9._-]", "_", str(path).rstrip("/").split("/")[-1].split(":")[-1]).lstrip("._-")
+            self.model = ModelSpec(name=name or "model", path=str(path), backend=backend, engine=engine)
+            self.actors = ActorSpec(count=int(actors), num_gpus=float(num_gpus))
+            self.output = output or tempfile.mkdtemp(prefix="raysweep-lm-eval-")
+            self.address = address or os.environ.get("RAY_ADDRESS") or "local"
+            self._ray = False
+
+        def _answers(self, kind: str, requests) -> dict:
+            """One sweep over the requests; the committed rows by task and (sample id, completion)."""
+            from cluster.contracts.lm_eval_task import LmEvalSettings
+            from cluster.contracts.spec import SweepSpec
+            from cluster.harness.lm_eval_run import request_rows
+            from cluster.inputs.lm_eval_tasks import task_spec
+            from cluster.schedule.run import execute, prepare
+
+            by_task = defaultdict(list)
+            for r in requests:
+                by_task[r.task_name].append(r)
+            rows = request_rows(requests)
+            tasks = tuple(task_spec(name, reqs, rows[name], LmEvalSettings(tasks=(name,)), entry=-1)
+                          for name, reqs in by_task.items())
+            digest = hashlib.sha256(repr(tasks).encode()).hexdigest()[:8]
+            spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),
+                             models=(self.model,), tasks=tasks, actors=self.actors)
+            self._start_ray()
+            report = execute(prepare(spec, spec.output), log=lambda line: print(line, file=sys.stderr, flush=True))
+            if report.failed:
+                first = next(iter(report.failed.values()))["errors"][-1]
+                raise RuntimeError(f"raysweep: {len(report.failed)} shard(s) failed (first: {first}); the run's "
+                                   f"output {spec.output} keeps what was committed: the same command resumes it")
+            return _read_answers(spec.output, self.model.name, [t.name for t in tasks])
+
+        def _start_ray(self) -> None:
+            if self._ray:
+                return
+            import ray
+
+            from jobs.sweep import check_ray_address, start_ray
+
+            check_ray_address(self.address, "address")
+            start_ray(self.address, "address", dashboard=False)
+            atexit.register(ray.shutdown)
+            self._ray = True
+
+        def _replay(self, kind: str, requests):
+            from cluster.score.lm_eval_scores import replay_lm
+
+            return getattr(replay_lm(self._answers(kind, requests)), kind)(requests)
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            return self._replay("loglikelihood", requests)
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            return self._replay("loglikelihood_rolling", requests)
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            return self._replay("generate_until", requests)
+
+    return RaysweepLM
+
+
+def _read_answers(output: str, model: str, tasks: list[str]) -> dict:
+    import pyarrow.parquet as pq
+
+    from cluster.score.lm_eval_scores import ANSWER_COLUMNS
+
+    answers = {}
+    for task in tasks:
+        table = pq.read_table(os.path.join(output, "results", model, task), columns=list(ANSWER_COLUMNS))
+        answers[task] = {(r["sample_id"], r["completion"]): r for r in table.to_pylist()}
+    return answers
+
+
+def register() -> None:
+    """raysweep as lm-eval's model `raysweep` (its own models stay registered beside it)."""
+    import lm_eval.models  # noqa: F401  (lm-eval loads its models only while its registry is empty)
+    from lm_eval.api.registry import model_registry
+
+    if NAME not in model_registry.keys():
+        model_registry.register(NAME)(make_model_class())
+
+
+def run(argv: list[str]) -> int:
+    """lm-eval's command line on `argv`, with raysweep registered."""
+    from cluster.harness.lm_eval_run import import_lm_eval
+
+    try:
+        import_lm_eval()
+    except ValueError as e:  # not installed: one line naming the extra
+        print(f"raysweep: error: {e}", file=sys.stderr)
+        return 2
+    register()
+    from lm_eval.__main__ import cli_evaluate
+
+    sys.argv = ["lm_eval", *argv]
+    cli_evaluate()
+    return 0
+
+
+try:  # `import jobs.lm_eval_model` registers the model where lm-eval is installed
+    register()
+except ImportError:
+    pass
