@@ -54,10 +54,15 @@ def quiet():
 
 def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, bootstrap_iters: int,
                 tracker=None) -> dict:
-    """lm-eval's `simple_evaluate` with the entry's settings: the one call that builds and that scores."""
+    """lm-eval's `simple_evaluate` with the entry's settings: the one call that builds and that scores.
+    Without a `limit`, lm-eval's request cache is on, in a folder of this process's own: the scoring pass
+    reads the requests the building pass made (lm-eval renders each document's few-shot context again
+    otherwise, about half of a pass), and no later process can read a cache made from other data."""
     import lm_eval.evaluator
 
+    _own_request_cache()
     return lm_eval.evaluator.simple_evaluate(
+        cache_requests=settings.limit is None,  # with a limit, lm-eval's cache would build every document
         model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot, limit=settings.limit,
         bootstrap_iters=bootstrap_iters, log_samples=log_samples, system_instruction=settings.system_instruction,
         apply_chat_template=settings.apply_chat_template, fewshot_as_multiturn=settings.fewshot_as_multiturn,
@@ -65,18 +70,38 @@ def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, b
         confirm_run_unsafe_code=settings.confirm_run_unsafe_code, evaluation_tracker=tracker)
 
 
+@functools.lru_cache(maxsize=1)
+def _own_request_cache() -> str:
+    """lm-eval's request cache moved from its package folder to a temporary one removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    import lm_eval.caching.cache as cache
+
+    folder = tempfile.mkdtemp(prefix="raysweep-lm-eval-requests-")
+    atexit.register(shutil.rmtree, folder, True)
+    cache.PATH = folder  # read by lm-eval at each load and save
+    return folder
+
+
 def task_manager(settings: LmEvalSettings):
-    """lm-eval's index of its task YAMLs (and the include_path's): built once per folder in a process (it reads
-    some 14,000 files, about 6 s), for building requests and for scoring them."""
-    return _task_manager(settings.include_path)
+    """lm-eval's index of task YAMLs, built once per folder in a process, for building requests and for
+    scoring them. Where the include_path holds every task named, only it is indexed (lm-eval's own tasks
+    are some 14,000 files, 6-9 s to read); otherwise lm-eval's tasks too, as its command line does."""
+    if settings.include_path is not None:
+        own = _task_manager(settings.include_path, False)
+        if all(name in own.all_tasks for name in settings.tasks):
+            return own
+    return _task_manager(settings.include_path, True)
 
 
 @functools.lru_cache(maxsize=8)
-def _task_manager(include_path: str | None):
+def _task_manager(include_path: str | None, include_defaults: bool):
     from lm_eval.tasks import TaskManager
 
     with quiet():
-        return TaskManager(include_path=include_path)
+        return TaskManager(include_path=include_path, include_defaults=include_defaults)
 
 
 def request_rows(requests: Iterable) -> dict[str, list[tuple[dict, list[tuple[int, int, int]]]]]:

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = {"model": args.model, "documents_per_task": args.docs, "max_model_len": MAX_MODEL_LEN,
                "lm_eval_vllm_s": lm_s, "raysweep_s": rs_s, "ratio_lm_eval_over_raysweep": lm_s / rs_s,
                "raysweep_run_line": next((line for line in (out / "t_rs.stdout").read_text().splitlines()
-                                          if "samples in" in line), None),
+                                          if "samples in" in line and "shards run" in line), None),
                "agreement": agreement(out / "t-sweep_out" / "lm_eval", out / "t_lm")}
     print(f"[bench] t whole process: raysweep {rs_s:.1f} s, lm_eval --model vllm {lm_s:.1f} s "
           f"({args.docs} documents x 2 tasks, {args.model}); RATIO lm-eval/raysweep = {lm_s / rs_s:.3f} x")
