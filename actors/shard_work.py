@@ -66,10 +66,10 @@ def _completions(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_
 
 
 def _choices(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_tokens: bool) -> ShardOutcome:
-    from cluster.contracts.loglikelihood import encode_pairs, pair_lengths
+    from cluster.contracts.loglikelihood import continuations, encode_pairs, pair_lengths
 
-    encoded = encode_pairs([r["prompt"] for r in runnable], [r["choices"] for r in runnable], tokenizer,
-                           add_special_tokens)
+    encoded = encode_pairs([r["prompt"] for r in runnable], [continuations(task, r["choices"]) for r in runnable],
+                           tokenizer, add_special_tokens)
     for r, length in zip(runnable, pair_lengths(encoded)):
         _same_length(r, length)
     requests = [LoglikRequest(r["sample_id"], ctx, conts) for r, (ctx, conts) in zip(runnable, encoded)]

@@ -84,8 +84,11 @@ def verify(args: argparse.Namespace) -> int:
                     f.write(json.dumps({**row, ID_COLUMN: sample_id}, default=str) + "\n")
             new_tasks.append(dataclasses.replace(task, data=path, id_column=ID_COLUMN))
         models = tuple(m for m in spec.models if m.name in {r["model"] for r in chosen})
+        from cluster.store.manifest import as_made
+
         again = dataclasses.replace(spec, name=f"{spec.name}-verify", output=os.path.join(tmp, "out"),
                                     models=models, tasks=tuple(new_tasks))
+        again = as_made(again, manifest)  # generated as the output was made (its target_delimiter)
         from jobs.sweep import run_spec
 
         code = run_spec(again, argparse.Namespace(output=None, address=args.address, max_attempts=3,

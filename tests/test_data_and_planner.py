@@ -330,7 +330,8 @@ def test_an_empty_context_is_the_prefix_token_as_lm_eval_has_it(tmp_path, tiny_p
     spec, task = loglik(tmp_path, [{"q": "", "c": ["yes", " no"], "a": 0}, {"q": "Q:", "c": [" a"], "a": 0}])
     plan = plan_task(spec.models[0], load_task(spec, task), tok, None, ShardLimits())
     lengths = {r["sample_id"]: r["prompt_tokens"] for s in plan.shards for r in s.rows.to_pylist()}
-    assert lengths == {"0": 1 + 3, "1": 2 + 2}
+    # the default target_delimiter " " goes before each choice: " yes" (4 bytes), "Q:" + "  a"
+    assert lengths == {"0": 1 + 4, "1": 2 + 3}
     tok.bos_token = None  # Qwen's tokenizers have none: lm-eval's prefix is then EOS
     assert encode_pairs([""], [["yes", " no"]], tok, True) == [([tok.eos_token_id], alone)]
 

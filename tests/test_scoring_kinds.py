@@ -125,7 +125,7 @@ def test_the_scoring_example_sweep(ray_local, tmp_path):
     summary = {(r["model"], r["task"]): r for r in pq.read_table(tmp_path / "out" / "summary.parquet").to_pylist()}
     metrics = {m["name"]: m["value"] for m in summary[("handwritten", "code-replay")]["metrics"]}
     assert metrics == {"pass@1": pytest.approx(1 / 3), "pass@3": 1.0}
-    assert {m["name"] for m in summary[("tiny", "mc")]["metrics"]} == {"acc_norm"}
+    assert {m["name"] for m in summary[("tiny", "mc")]["metrics"]} == {"acc_norm", "acc_bytes"}
     assert summary[("tiny", "code")]["n_scored"] == 8  # prompts, not completions
     from jobs.report import write_report
 

@@ -9,8 +9,11 @@
    and each choice its own tokens. A context or a choice that is still 0 tokens is refused in planning.
 3. An engine returns, per choice, the summed log-probability of its tokens given what precedes them and
    whether each token was the most likely one (lm-eval's `is_greedy`).
-4. acc: the choice with the highest sum is the target; acc_norm: the highest sum per UTF-8 byte of the
-   choice's text. Ties go to the first choice (numpy's argmax, as lm-eval).
+4. acc: the choice with the highest sum is the target; acc_norm: the highest sum per character of the
+   choice (lm-eval's acc_norm), acc_bytes per UTF-8 byte (lm-eval's acc_bytes). Ties go to the first
+   choice (numpy's argmax, as lm-eval).
+5. What is scored after the prompt is the task's target_delimiter (default " ", lm-eval's) then the choice
+   (`continuations`); lengths for acc_norm and acc_bytes are the choice's alone, as lm-eval measures them.
 The driver plans with `pair_lengths` and the actor builds its requests with `encode_pairs`: one function
 for both, so the length the driver measured is the length the engine runs.
 """
@@ -98,11 +101,20 @@ def acc(logprobs: Sequence[float], target: int) -> float:
     return float(_argmax(logprobs) == target)
 
 
+def continuations(task: TaskSpec, choices: Sequence[str]) -> list[str]:
+    """What the engine scores after the prompt for each choice: the task's target_delimiter, then the choice
+    (lm-eval's `target_delimiter + choice`)."""
+    return [task.delimiter + c for c in choices]
+
+
 def acc_norm(logprobs: Sequence[float], choices: Sequence[str], target: int) -> float:
-    """acc with each choice's sum divided by its length in UTF-8 bytes: what lm-eval calls acc_bytes (its
-    acc_norm divides by characters; the two agree for ASCII). The length is of the choice's text as given:
-    lm-eval measures a choice without the target_delimiter it adds, so a choice written " silver" here
-    counts 7 bytes where lm-eval's would count 6 (put the space at the end of the prompt instead)."""
+    """lm-eval's acc_norm: acc with each choice's sum divided by the choice's length in characters, the
+    choice as the data writes it (without the target_delimiter, as lm-eval measures it)."""
+    return float(_argmax([lp / max(1, len(c)) for lp, c in zip(logprobs, choices)]) == target)
+
+
+def acc_bytes(logprobs: Sequence[float], choices: Sequence[str], target: int) -> float:
+    """lm-eval's acc_bytes: the same, by the choice's length in UTF-8 bytes (equal to acc_norm for ASCII)."""
     return float(_argmax([lp / max(1, len(c.encode("utf-8"))) for lp, c in zip(logprobs, choices)]) == target)
 
 

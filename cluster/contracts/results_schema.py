@@ -43,7 +43,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("target", pa.string(), "driver", "sample", "the reference, as text (JSON for non-strings)"),
     Column("score", pa.float64(), "driver", "completion", "the scorer's value in [0, 1]; log-likelihood: acc"),
     Column("completion", pa.int32(), "actor", "completion", "which of the sample's sampling.n completions"),
-    Column("score_norm", pa.float64(), "driver", "sample", "log-likelihood: acc_norm (by the choices' UTF-8 bytes)"),
+    Column("score_norm", pa.float64(), "driver", "sample", "log-likelihood: acc_norm, lm-eval's (by the choices' "
+           "characters; in outputs made before 2026-11-24, by their UTF-8 bytes)"),
     Column("choice_logprobs", pa.list_(pa.float64()), "actor", "choice",
            "log-likelihood: each choice's summed log-probability given the prompt"),
     Column("choice_greedy", pa.list_(pa.bool_()), "actor", "choice",
@@ -52,6 +53,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("exec_error", pa.string(), "driver", "completion", "code_exec: the last line of the program's error"),
     Column("prompt", pa.string(), "actor", "sample", "the prompt as the engine was given it: rendered (chat "
            "template, few-shot context); log-likelihood: the context (null in outputs made before it was kept)"),
+    Column("score_bytes", pa.float64(), "driver", "sample", "log-likelihood: acc_bytes, lm-eval's (by the choices' "
+           "UTF-8 bytes)"),
 )
 
 RESULT_SCHEMA = pa.schema([(c.name, c.type) for c in COLUMNS])

@@ -173,7 +173,7 @@ class SweepSpec:
             body.pop("reproducible")
         for task in body["tasks"]:  # fields added later, at their defaults: the hash of a spec made before
             for key, default in (("type", "generate"), ("choices", None), ("pass_at", ()), ("replay", None),
-                                 ("lm_eval", None)):
+                                 ("lm_eval", None), ("target_delimiter", None)):
                 if task[key] == default:
                     task.pop(key)
             if "lm_eval" in task:  # its data is lm-eval's requests, cached where this machine keeps them

@@ -207,6 +207,9 @@ class TaskSpec:
     type: str = "generate"  # generate | loglikelihood (each choice's log-probability given the prompt)
     # loglikelihood: the column holding each row's list of choice texts, or one list for every row
     choices: str | tuple[str, ...] | None = None
+    # loglikelihood: put between the prompt and each choice, as lm-eval's `target_delimiter`; None: lm-eval's
+    # default, " " (an output made before this setting existed keeps "", what it was made with)
+    target_delimiter: str | None = None
     pass_at: tuple[int, ...] = ()  # k values for pass@k over sampling.n completions (Chen et al., 2021)
     replay: ReplaySpec | None = None  # completions read from the data instead of generated: no engine
     lm_eval: LmEvalTask | None = None  # made from a `lm_eval:` entry: its rows are lm-eval's requests
@@ -253,11 +256,18 @@ class TaskSpec:
         return self.type == "loglikelihood"
 
     @property
+    def delimiter(self) -> str:
+        """What goes between a loglikelihood task's prompt and each choice."""
+        return " " if self.target_delimiter is None else self.target_delimiter
+
+    @property
     def rolling(self) -> bool:
         """lm-eval's loglikelihood_rolling: each row's one choice is scored in windows of the model's length."""
         return self.lm_eval is not None and self.lm_eval.rolling
 
     def _check_choices(self) -> None:
+        if self.target_delimiter is not None and (self.type != "loglikelihood" or not isinstance(self.target_delimiter, str)):
+            raise ValueError(f"target_delimiter: a string, for `type: loglikelihood` tasks only, got {self.target_delimiter!r}")
         if self.choices is None:
             return
         if self.type != "loglikelihood":

@@ -195,7 +195,7 @@ def task_spec(name: str, requests: list, rows: list, settings: LmEvalSettings, e
         return TaskSpec(name=name, data=path, prompt="{context}", id_column="id", lm_eval=ref,
                         sampling=sampling_of(name, requests), length_policy="truncate_left")
     return TaskSpec(name=name, data=path, prompt="{context}", id_column="id", lm_eval=ref, type="loglikelihood",
-                    choices="choices", target="target")
+                    choices="choices", target="target", target_delimiter="")  # lm-eval's continuations hold theirs
 
 
 def _write_rows(name: str, rows: list[dict]) -> str:

@@ -97,6 +97,7 @@ def _task(raw: Any, path: str) -> TaskSpec:
         scorer=_scorer(f.pop("scorer"), f.at("scorer")),
         length_policy=f.pop("length_policy"), fail_on_error=f.pop("fail_on_error"),
         chunked_prefill=_on_off(f.pop("chunked_prefill")), type=f.pop("type"), choices=f.pop("choices"),
+        target_delimiter=f.pop("target_delimiter"),
         pass_at=f.pop("pass_at"), replay=_replay(f.pop("replay"), f.at("replay")),
     )
 

@@ -25,7 +25,7 @@ from cluster.contracts.shard import LONG, SHORT, Shard
 from cluster.contracts.tokens import count_tokens, tokenize
 from cluster.inputs.checks import no_room
 from cluster.inputs.data import RowBatch, TaskData, render_prompts
-from cluster.contracts.loglikelihood import encode_pairs, pair_lengths, rolling_length, row_choices
+from cluster.contracts.loglikelihood import continuations, encode_pairs, pair_lengths, rolling_length, row_choices
 from cluster.contracts.spec import ModelSpec, ShardLimits, TaskSpec
 from cluster.inputs.staging import StagedRows, StagingFolder
 from cluster.inputs.token_cache import TokenCache
@@ -71,7 +71,7 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
         if task.rolling:  # lm-eval's windows: no sequence longer than the model's length less 1 (its vLLM model's)
             counts = np.asarray(_rolling_lengths(model, task, extras, tokenizer, add_special, max_model_len), np.int64)
         elif task.loglikelihood:  # the longest context + choice the engine runs (no cache: keyed by prompt alone)
-            encoded = encode_pairs(prompts, [e["choices"] for e in extras], tokenizer, add_special)
+            encoded = encode_pairs(prompts, [continuations(task, e["choices"]) for e in extras], tokenizer, add_special)
             _check_pairs(model, task, data.path, batch, prompts, encoded)
             counts = np.asarray(pair_lengths(encoded), dtype=np.int64)
         elif cache is not None:

@@ -29,6 +29,7 @@ from cluster.schedule.progress import make_progress
 from cluster.score.shard_scoring import replay_table
 from cluster.schedule.scheduler import SweepScheduler
 from cluster.schedule.work import Job, ModelWork, SchedulerEvents
+from cluster.store.manifest import as_made
 from cluster.store.output_files import OutputWriteError
 from cluster.store.sink import ResultSink
 from cluster.contracts.spec import SweepSpec
@@ -82,6 +83,7 @@ def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, b
     sink = ResultSink(out, spec, new_run=new_run, data_hashes={d.task.name: {"path": d.path, "hash": d.digest}
                                                                 for d in data})
     try:
+        spec = as_made(spec, sink.manifest)  # an output made before a setting existed goes on as it was made
         plans = PlanSource(spec, background=background, data=data)
     except BaseException:
         sink.close()

@@ -4,7 +4,7 @@ cluster/contracts/results_schema.py), off the scheduler's path where scoring is 
 1. The shard's staged rows give each sample's target, prompt tokens and extras (choices, a code_exec
    program's columns, replayed completions); a sample's values go on each of its completions' rows.
 2. Per task kind:
-   - loglikelihood: acc and acc_norm from the rows' choice log-probabilities (cluster/contracts/loglikelihood.py);
+   - loglikelihood: acc, acc_norm and acc_bytes from the rows' choice log-probabilities (cluster/contracts/loglikelihood.py);
    - code_exec: each completion's program (the template formatted over the row's columns and the
      completion) runs in the sandbox pool (cluster/score/sandbox.py): the shard is handed back as a pending
      future, and the scheduler keeps dispatching while the programs run; score 1 where it passed, 0 where
@@ -23,7 +23,7 @@ from concurrent.futures import Future
 
 import pyarrow as pa
 
-from cluster.contracts.loglikelihood import acc, acc_norm, target_index
+from cluster.contracts.loglikelihood import acc, acc_bytes, acc_norm, target_index
 from cluster.contracts.shard import Shard
 from cluster.contracts.results_schema import actor_table, assemble
 from cluster.score.scorers import scorer_for
@@ -68,7 +68,7 @@ class ShardScorer:
                                  for o, g in zip(outputs, generated)],
             "target": [None if t is None else t if isinstance(t, str) else json.dumps(t, sort_keys=True)
                        for t in targets],
-            "score": None, "score_norm": None, "exec_status": None, "exec_error": None,
+            "score": None, "score_norm": None, "score_bytes": None, "exec_status": None, "exec_error": None,
         }
         if task.lm_eval is not None:  # scored by lm-eval's own code once every row is in (lm_eval_scores.py)
             driver["target"] = None
@@ -159,17 +159,18 @@ def _error_rows(table: pa.Table, rows: list[int], errors) -> pa.Table:
 
 
 def _choice_scores(driver: dict, table: pa.Table, targets: list, extras: list) -> None:
-    """acc and acc_norm of each loglikelihood row that was scored."""
+    """acc, acc_norm and acc_bytes of each loglikelihood row that was scored."""
     logprobs = table["choice_logprobs"].to_pylist()
-    driver["score"], driver["score_norm"] = [], []
+    driver["score"], driver["score_norm"], driver["score_bytes"] = [], [], []
     for lps, target, extra in zip(logprobs, targets, extras):
         if lps is None:
-            driver["score"].append(None)
-            driver["score_norm"].append(None)
+            for column in ("score", "score_norm", "score_bytes"):
+                driver[column].append(None)
             continue
         right = target_index(target, extra["choices"])
         driver["score"].append(acc(lps, right))
         driver["score_norm"].append(acc_norm(lps, extra["choices"], right))
+        driver["score_bytes"].append(acc_bytes(lps, extra["choices"], right))
 
 
 def replay_table(shard: Shard) -> pa.Table:

@@ -4,7 +4,8 @@ Metrics are aggregated per prompt first, then over prompts, so the standard erro
 over prompts, never over a prompt's completions:
 - `score`: per prompt, the mean score of its scored completions (with n = 1, the row's score; a
   loglikelihood task's acc);
-- `acc_norm` (loglikelihood): the rows' score_norm (cluster/contracts/loglikelihood.py: normalised by UTF-8 bytes);
+- `acc_norm` and `acc_bytes` (loglikelihood): the rows' score_norm and score_bytes (cluster/contracts/loglikelihood.py:
+  normalised by the choices' characters, as lm-eval's acc_norm, and by their UTF-8 bytes, its acc_bytes);
 - `pass@k` (tasks with `pass_at`): per prompt with n scored completions of which c passed (score 1),
   1 - C(n - c, k) / C(n, k) (Chen et al., 2021, the unbiased estimator); a prompt with fewer than k
   scored completions does not count towards pass@k.
@@ -31,7 +32,8 @@ SUMMARY_SCHEMA = pa.schema([
     ("output_tokens", pa.int64()), ("metrics", pa.list_(METRIC)),
 ])
 # the results columns the summary reads (cluster/contracts/results_schema.py); those an older output lacks read as null
-COLUMNS = ("model", "task", "sample_id", "status", "score", "structured_valid", "output_tokens", "score_norm")
+COLUMNS = ("model", "task", "sample_id", "status", "score", "structured_valid", "output_tokens", "score_norm",
+           "score_bytes")
 
 
 class _Mean:
@@ -95,9 +97,10 @@ class SummaryAccumulator:
                 for k in self.pass_at.get(task, ()):
                     if len(scores) >= k:
                         g["metrics"][f"pass@{k}"].add([pass_at_k(len(scores), sum(s == 1.0 for s in scores), k)])
-            norm = [cols["score_norm"][i] for i in idx if cols["score_norm"][i] is not None]
-            if norm:
-                g["metrics"]["acc_norm"].add([norm[0]])
+            for column, metric in (("score_norm", "acc_norm"), ("score_bytes", "acc_bytes")):
+                norm = [cols[column][i] for i in idx if cols[column][i] is not None]
+                if norm:
+                    g["metrics"][metric].add([norm[0]])
 
     def _group(self, model: str, task: str) -> dict:
         return self.groups.setdefault((model, task), {

@@ -14,6 +14,8 @@ sweep's (`refuse_foreign`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import platform
@@ -117,8 +119,24 @@ def _check_data(output: str, manifest: dict, data_hashes: dict) -> None:
         recorded[task] = now
 
 
+# in the manifests of outputs made since loglikelihood tasks had a target_delimiter (lm-eval's default " ")
+DELIMITER_DEFAULT = "target_delimiter_default"
+
+
+def as_made(spec: SweepSpec, manifest: dict) -> SweepSpec:
+    """The spec as this output's results were made: an output made before loglikelihood tasks had a
+    target_delimiter was made with none, so its tasks that leave it out go on with "" (their spec hash is
+    the same either way: a default is not hashed), and resumed shards score what the first ones scored."""
+    if manifest.get(DELIMITER_DEFAULT) is not None:
+        return spec
+    tasks = tuple(dataclasses.replace(t, target_delimiter="") if t.loglikelihood and t.target_delimiter is None
+                  else t for t in spec.tasks)
+    return dataclasses.replace(spec, tasks=tasks)
+
+
 def fresh_manifest(spec: SweepSpec, data_hashes: dict, digest: str) -> dict:
     return {"sweep": spec.name, "spec_hash": digest, "created_at": now(), "versions": _versions(),
+            DELIMITER_DEFAULT: " ",
             "shards": {}, "data": data_hashes, "reproducible": spec.reproducible,
             "reproducible_setting": REPRODUCIBLE_SETTING if spec.reproducible else None,
             "results_columns": list(RESULT_SCHEMA.names), "spec_source": _spec_source(spec)}
