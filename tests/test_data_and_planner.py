@@ -1,5 +1,6 @@
 """Task data errors name file and line; prompts render; the planner sorts, cuts and profiles shards."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -383,3 +384,18 @@ def test_raysweep_plan_says_a_0_token_context_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"raysweep: error: {tmp_path}/d.jsonl:1: tasks.mc.prompt renders ' ', a context of 0 "
                           "tokens for model tiny") and len(err.splitlines()) == 1
+
+
+def test_an_output_made_before_target_delimiter_goes_on_without_one(tmp_path):
+    """Outputs made before loglikelihood tasks had a target_delimiter were made with none: their manifest has
+    no marker, and their tasks that leave the setting out go on with "" (the spec hash is the same)."""
+    from cluster.store.manifest import DELIMITER_DEFAULT, as_made, fresh_manifest
+
+    spec, task = loglik(tmp_path, [{"q": "Q:", "c": ["a", "b"], "a": 0}])
+    assert task.delimiter == " " and task.target_delimiter is None
+    made_now = fresh_manifest(spec, {}, spec.digest())
+    assert made_now[DELIMITER_DEFAULT] == " " and as_made(spec, made_now) is spec
+    made_before = {k: v for k, v in made_now.items() if k != DELIMITER_DEFAULT}
+    old = as_made(spec, made_before)
+    assert [t.delimiter for t in old.tasks] == [""] and old.digest() != spec.digest()  # "" said: hashed
+    assert spec.digest() == dataclasses.replace(spec, tasks=(dataclasses.replace(task, target_delimiter=None),)).digest()

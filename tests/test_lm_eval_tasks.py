@@ -28,7 +28,8 @@ from tests.conftest import ROOT
 pytest.importorskip("lm_eval")
 
 MAX_MODEL_LEN = 400  # raysweep's windows are max_model_len - 2 tokens, as lm-eval's vLLM model's
-WORDS = "alpha beta gamma delta river stone cloud paper silver green seven music table".split()
+# with non-ASCII words: acc_norm (characters) and acc_bytes (UTF-8 bytes) can tell them apart
+WORDS = "alpha beta gamma delta river stone cloud paper silver green seven music table café 서울 東京".split()
 
 
 def _phrase(rng: random.Random) -> str:
@@ -64,6 +65,10 @@ def write_tasks(folder: Path) -> Path:
           - {metric: acc, aggregation: mean, higher_is_better: true}
           - {metric: acc_norm, aggregation: mean, higher_is_better: true}
         """))
+    # the same documents 0-shot (a task's own num_fewshot: 0 is kept whatever --num_fewshot says): the
+    # reference of a native `type: loglikelihood` task over mc_test.jsonl
+    (tasks / "rs_mc0.yaml").write_text((tasks / "rs_mc.yaml").read_text().replace("task: rs_mc\n", "task: rs_mc0\nnum_fewshot: 0\n")
+                                       + "  - {metric: acc_bytes, aggregation: mean, higher_is_better: true}\n")
     (tasks / "rs_gen.yaml").write_text(f"task: rs_gen\n{source % 'gen'}" + textwrap.dedent("""\
         test_split: test
         output_type: generate_until
@@ -95,12 +100,12 @@ def write_tasks(folder: Path) -> Path:
     return tasks
 
 
-def write_spec(folder: Path, lm_eval: dict, name: str = "lmt") -> Path:
+def write_spec(folder: Path, lm_eval: dict, name: str = "lmt", native: tuple = ()) -> Path:
     spec = folder / f"{name}.yaml"
     spec.write_text(json.dumps({"name": name, "output": str(folder / "out"),
                                 "models": [{"name": "tiny", "path": "builtin:tiny",
                                             "engine": {"max_model_len": MAX_MODEL_LEN}}],
-                                "tasks": [{"lm_eval": lm_eval}]}))
+                                "tasks": [{"lm_eval": lm_eval}, *native]}))
     return spec
 
 
@@ -113,13 +118,14 @@ def _env() -> dict:
     return {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def compare(reference: Path, ours: Path) -> dict:
+def compare(reference: Path, ours: Path, tasks=("rs_mc", "rs_gen", "rs_ppl")) -> dict:
     """lm-eval's files against raysweep's: aggregated metrics and stderr to 1e-6, every per-document record's
     arguments, responses and metrics; returns the number of records per task."""
     ref = json.loads(Path(glob.glob(f"{reference}/results_*.json")[0]).read_text())
     got = json.loads(Path(glob.glob(f"{ours}/results_*.json")[0]).read_text())
     counts = {}
-    for task, values in ref["results"].items():
+    for task in tasks:
+        values = ref["results"][task]
         for key, value in values.items():
             mine = got["results"][task][key]
             if isinstance(value, float):
@@ -145,7 +151,7 @@ def lm_eval_reference(include_path: Path, out: Path, tiny_path: str) -> Path:
     """lm-eval's own run: `lm_eval --model hf` on the CPU, float32; max_length is raysweep's window."""
     subprocess.run(
         [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-         f"pretrained={tiny_path},dtype=float32,max_length={MAX_MODEL_LEN - 2}", "--tasks", "rs_mc,rs_gen,rs_ppl",
+         f"pretrained={tiny_path},dtype=float32,max_length={MAX_MODEL_LEN - 2}", "--tasks", "rs_mc,rs_gen,rs_ppl,rs_mc0",
          "--include_path", str(include_path), "--num_fewshot", "2", "--device", "cpu", "--batch_size", "8",
          "--output_path", str(out), "--log_samples"],
         check=True, env=_env(), capture_output=True, text=True, timeout=600)
@@ -154,8 +160,12 @@ def lm_eval_reference(include_path: Path, out: Path, tiny_path: str) -> Path:
 
 @pytest.mark.slow
 def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_path):
+    # beside the lm_eval: entry, a native multiple-choice task over rs_mc0's documents, written as a user
+    # would write it (bare choices, the default target_delimiter)
+    native = {"name": "mc_native", "type": "loglikelihood", "data": str(include_path.parent / "data" / "mc_test.jsonl"),
+              "prompt": "Question: {question}\nAnswer:", "choices": "choices", "target": "label"}
     spec = write_spec(tmp_path, {"tasks": ["rs_mc", "rs_gen", "rs_ppl"], "include_path": str(include_path),
-                                 "num_fewshot": 2})
+                                 "num_fewshot": 2}, native=(native,))
     run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
@@ -185,9 +195,22 @@ def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_pa
     assert max(len(json.loads(line)["text"].encode()) for line in
                (include_path.parent / "data" / "ppl_test.jsonl").read_text().splitlines()) > MAX_MODEL_LEN - 2
 
+    # the native task is lm-eval's 0-shot rs_mc0: each choice's log-likelihood, acc, acc_norm and acc_bytes
+    reference_mc0 = {r["doc_id"]: r for r in map(json.loads, open(glob.glob(f"{reference}/samples_rs_mc0_*.jsonl")[0]))}
+    mine = {int(r["sample_id"]): r for r in rows if r["task"] == "mc_native"}
+    assert sorted(mine) == sorted(reference_mc0) == list(range(24))
+    for doc, r in mine.items():
+        ref = reference_mc0[doc]
+        assert r["choice_logprobs"] == pytest.approx([float(x[0][0]) for x in ref["resps"]], abs=2e-4)
+        assert (r["score"], r["score_norm"], r["score_bytes"]) == (ref["acc"], ref["acc_norm"], ref["acc_bytes"])
+    ref_mc0 = json.loads(next(reference.glob("results_*.json")).read_text())["results"]["rs_mc0"]
+    native_metrics = {m["name"]: m["value"] for m in summary["mc_native"]["metrics"]}
+    assert summary["mc_native"]["score"] == pytest.approx(ref_mc0["acc,none"])
+    assert native_metrics == pytest.approx({"acc_norm": ref_mc0["acc_norm,none"], "acc_bytes": ref_mc0["acc_bytes,none"]})
+
     again = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
                            capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "0 shards run, 3 already committed" in again.stdout, again.stdout[-1500:]
+    assert again.returncode == 0 and "0 shards run, 4 already committed" in again.stdout, again.stdout[-1500:]
 
     # lm-eval's command line, raysweep as its model, two actors: the same files, the same numbers
     cli = subprocess.run(
