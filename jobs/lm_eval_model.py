@@ -61,7 +61,7 @@ def make_model_class():
             for r in requests:
                 by_task[r.task_name].append(r)
             rows = request_rows(requests)
-            tasks = tuple(task_spec(name, reqs, rows[name], LmEvalSettings(tasks=(name,)), entry=-1)
+            tasks = tuple(task_spec(name, reqs, rows.get(name, []), LmEvalSettings(tasks=(name,)), entry=-1)
                           for name, reqs in by_task.items())
             digest = hashlib.sha256(repr(tasks).encode()).hexdigest()[:8]
             spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),

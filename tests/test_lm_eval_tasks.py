@@ -50,6 +50,7 @@ def write_tasks(folder: Path) -> Path:
         "question": f"What is {a} plus {b}?", "answer": f"{a} plus {b} is #### {a + b}"}) + "\n" for a, b in sums))
     texts = [" ".join(_phrase(rng) for _ in range(rng.randint(1, 30))) for _ in range(10)]
     texts[0] = texts[0] * 3  # at least one document of several windows
+    texts[1] = ""  # an empty document: no windows, lm-eval's models give it 0
     (data / "ppl_test.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     tasks = folder / "tasks"
     tasks.mkdir()
@@ -254,7 +255,7 @@ def test_a_dataset_that_cannot_be_loaded_names_the_task_and_how_to_read_data_off
     with pytest.raises(SpecError) as e:
         _load(spec)
     message = str(e.value)
-    assert "'rs_gone': lm-eval could not load its dataset" in message and "HF_DATASETS_OFFLINE" in message
+    assert "'rs_gone': lm-eval could not load the dataset" in message and "HF_DATASETS_OFFLINE" in message
     assert "\n" not in message
 
 

@@ -104,10 +104,15 @@ def _task_manager(include_path: str | None, include_defaults: bool):
         return TaskManager(include_path=include_path, include_defaults=include_defaults)
 
 
+def empty_document(request) -> bool:
+    """A loglikelihood_rolling request of an empty document: no tokens, no windows; lm-eval's models give 0."""
+    return request.request_type == "loglikelihood_rolling" and request.args[0] == ""
+
+
 def request_rows(requests: Iterable) -> dict[str, list[tuple[dict, list[tuple[int, int, int]]]]]:
     """Per lm-eval task, its rows: (row, [(doc_id, idx, position in the row's choices)]). A document's
     loglikelihood requests that share a context are one row (their continuations its choices); otherwise each
-    request is a row `<doc>.<idx>`. The same requests always give the same rows: scoring recomputes them."""
+    request is a row `<doc>.<idx>` (an empty document's rolling request none: `empty_document`). The same requests always give the same rows: scoring recomputes them."""
     by_doc: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
     for r in requests:
         by_doc[r.task_name][r.doc_id].append(r)
@@ -122,6 +127,8 @@ def request_rows(requests: Iterable) -> dict[str, list[tuple[dict, list[tuple[in
                               "target": 0}, [(doc_id, r.idx, j) for j, r in enumerate(reqs)]))
                 continue
             for r in reqs:
+                if empty_document(r):  # lm-eval scores it 0 (no windows): no row, scoring answers it
+                    continue
                 rid = str(doc_id) if len(reqs) == 1 else f"{doc_id}.{r.idx}"
                 if kind == "loglikelihood":
                     row = {"id": rid, "context": r.args[0], "choices": [r.args[1]], "target": 0}

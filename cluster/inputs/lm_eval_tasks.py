@@ -90,23 +90,36 @@ def record(settings: LmEvalSettings, manager, chat_tokenizer=None) -> list:
     try:
         with quiet():
             run_lm_eval(settings, lm, manager, log_samples=False, bootstrap_iters=0)
-    except ValueError as e:  # lm-eval's own refusals: an unsafe task, a multimodal one ...
-        raise ValueError(f"lm-eval refused the tasks: {e}") from None
-    except Exception as e:  # a dataset lm-eval could not load (no network here, or a wrong local path)
-        raise ValueError(_load_failure(settings, manager, e)) from None
+    except Exception as e:  # a dataset lm-eval could not load, a template that fails, lm-eval's own refusals
+        raise ValueError(_failure(settings, manager, e)) from None
     return lm.requests
 
 
-def _load_failure(settings: LmEvalSettings, manager, error: Exception) -> str:
-    first = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-    for name in settings.tasks:
-        try:
-            manager.load([name])
-        except Exception:
-            return (f"tasks: {name!r}: lm-eval could not load its dataset ({first[:300]}). raysweep reads data offline: "
-                    "give the task local files (dataset_path: json, dataset_kwargs: {data_files: ...}), or put the "
-                    "dataset in the Hugging Face cache and set HF_DATASETS_OFFLINE=1 (HF_DATASETS_CACHE names the cache)")
-    return f"lm-eval failed while building requests: {first[:400]}"
+# what `datasets` and huggingface_hub raise for data that is not there or not reachable offline
+DATA_ERRORS = ("FileNotFoundError", "ConnectionError", "DatasetNotFoundError", "DataFilesNotFoundError",
+               "EmptyDatasetError", "OfflineModeIsEnabled", "LocalEntryNotFoundError", "HfHubHTTPError")
+
+
+def _failure(settings: LmEvalSettings, manager, error: Exception) -> str:
+    """One line: the task that fails (found by loading each alone, where more than one is named) and why."""
+    first = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else '(no message)'}"
+    name = None
+    if len(settings.tasks) == 1:
+        name = settings.tasks[0]
+    else:
+        for candidate in settings.tasks:
+            try:
+                with quiet():
+                    manager.load([candidate])
+            except Exception:
+                name = candidate
+                break
+    where = f"tasks: {name!r}: " if name else ""
+    if type(error).__name__ in DATA_ERRORS:
+        return (f"{where}lm-eval could not load the dataset ({first[:300]}). raysweep reads data offline: give the "
+                "task local files (dataset_path: json, dataset_kwargs: {data_files: ...}), or put the dataset in the "
+                "Hugging Face cache and set HF_DATASETS_OFFLINE=1 (HF_DATASETS_CACHE names the cache)")
+    return f"{where}lm-eval could not build the requests: {first[:400]}"
 
 
 def sampling_of(task: str, requests: list) -> SamplingSpec:
@@ -176,7 +189,7 @@ def lm_eval_entry(raw: dict, base_dir: str, entry: int, get_chat_tokenizer=lambd
     for r in requests:
         by_task[r.task_name].append(r)
     rows = request_rows(requests)
-    return [task_spec(name, reqs, rows[name], settings, entry) for name, reqs in by_task.items()]
+    return [task_spec(name, reqs, rows.get(name, []), settings, entry) for name, reqs in by_task.items()]
 
 
 def task_spec(name: str, requests: list, rows: list, settings: LmEvalSettings, entry: int) -> TaskSpec:
@@ -189,6 +202,8 @@ def task_spec(name: str, requests: list, rows: list, settings: LmEvalSettings, e
                          "serves a task of one type")
     kind = "multiple_choice" if kinds[0] == "loglikelihood" and any(len(row["choices"]) > 1 for row, _ in rows) \
         else kinds[0]
+    if not rows:
+        raise ValueError(f"{name}: every document is empty: nothing to run")
     ref = LmEvalTask(task=name, output_type=kind, settings=settings, entry=entry)
     path = _write_rows(name, [row for row, _ in rows])
     if kinds[0] == "generate_until":

@@ -23,7 +23,7 @@ from typing import Callable
 import pyarrow as pa
 
 from cluster.contracts.spec import SweepSpec
-from cluster.harness.lm_eval_run import quiet, request_rows, run_lm_eval, task_manager
+from cluster.harness.lm_eval_run import empty_document, quiet, request_rows, run_lm_eval, task_manager
 
 ANSWER_COLUMNS = ("sample_id", "completion", "status", "error", "output_text", "choice_logprobs", "choice_greedy")
 
@@ -45,6 +45,9 @@ def replay_lm(answers: dict[str, dict[tuple[str, int], dict]]):
                         where[(task, doc_id, idx)] = (row["id"], position)
             seen: dict[tuple, int] = defaultdict(int)
             for r in requests:
+                if empty_document(r):
+                    yield {"choice_logprobs": [0.0]}, 0  # no windows: lm-eval's models sum nothing
+                    continue
                 key = (r.task_name, r.doc_id, r.idx)
                 sample_id, position = where[key]
                 completion = seen[key]
