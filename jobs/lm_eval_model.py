@@ -48,6 +48,7 @@ def make_model_class():
             self.output = output or tempfile.mkdtemp(prefix="raysweep-lm-eval-")
             self.address = address or os.environ.get("RAY_ADDRESS") or "local"
             self._ray = False
+            _chat_templated(self, str(path))
 
         def _answers(self, kind: str, requests) -> dict:
             """One sweep over the requests; the committed rows by task and (sample id, completion)."""
@@ -101,6 +102,21 @@ def make_model_class():
             return self._replay("generate_until", requests)
 
     return RaysweepLM
+
+
+def _chat_templated(lm, path: str) -> None:
+    """The model's chat template for lm-eval's --apply_chat_template, where its tokenizer has one."""
+    from transformers import AutoTokenizer
+
+    from cluster.harness.lm_eval_run import with_chat_template
+    from cluster.inputs.builtin_model import resolve_model_path
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(path))
+    except (OSError, ValueError):  # a hub id not in the cache: lm-eval says so if a chat template is asked for
+        return
+    if getattr(tokenizer, "chat_template", None):
+        with_chat_template(lm, tokenizer)
 
 
 def _read_answers(output: str, model: str, tasks: list[str]) -> dict:

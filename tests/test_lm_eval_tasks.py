@@ -318,3 +318,28 @@ def test_rolling_windows_are_lm_evals():
             expected = [tuple(map(list, make_disjoint_window(p))) for p in get_rolling_token_windows(tokens, 99, window, 1)]
             assert rolling_windows(tokens, 99, window) == expected
             assert max((len(c) + len(x) for c, x in expected), default=0) == rolling_length(n, window)
+
+
+@pytest.mark.slow
+def test_chat_templated_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_path):
+    """apply_chat_template with few-shot examples as turns and a system instruction: the requests rendered by
+    builtin:tiny's chat template as lm-eval's HF model renders them, the same records and metrics."""
+    spec = write_spec(tmp_path, {"tasks": ["rs_mc", "rs_gen"], "include_path": str(include_path), "num_fewshot": 2,
+                                 "apply_chat_template": True, "fewshot_as_multiturn": True,
+                                 "system_instruction": "Be brief."})
+    run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    subprocess.run(
+        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+         f"pretrained={tiny_path},dtype=float32,max_length={MAX_MODEL_LEN - 2}", "--tasks", "rs_mc,rs_gen",
+         "--include_path", str(include_path), "--num_fewshot", "2", "--apply_chat_template", "--fewshot_as_multiturn",
+         "--system_instruction", "Be brief.", "--device", "cpu", "--batch_size", "8",
+         "--output_path", str(tmp_path / "reference"), "--log_samples"],
+        check=True, env=_env(), capture_output=True, text=True, timeout=600)
+    reference = Path(glob.glob(f"{tmp_path / 'reference'}/*/results_*.json")[0]).parent
+    assert compare(reference, tmp_path / "out" / "lm_eval" / "tiny", tasks=("rs_mc", "rs_gen")) == {"rs_mc": 24, "rs_gen": 32}
+    import pyarrow.parquet as pq
+
+    prompt = pq.read_table(tmp_path / "out" / "results" / "tiny" / "rs_gen").column("prompt")[0].as_py()
+    assert "Be brief." in prompt and prompt.count("Q: ") == 3  # the system message, 2 shots as turns, the question

@@ -43,7 +43,8 @@ class LmEvalSettings:
     confirm_run_unsafe_code: bool = False  # tasks lm-eval marks unsafe (code execution)
 
     def __post_init__(self) -> None:
-        tasks = (self.tasks,) if isinstance(self.tasks, str) else self.tasks
+        # a string as lm-eval's --tasks reads it: names separated by commas
+        tasks = tuple(t.strip() for t in self.tasks.split(",")) if isinstance(self.tasks, str) else self.tasks
         if not isinstance(tasks, (list, tuple)) or not tasks or not all(isinstance(t, str) and t for t in tasks):
             raise ValueError(f"tasks: lm-eval task or group names (a list), got {self.tasks!r}")
         object.__setattr__(self, "tasks", tuple(tasks))
@@ -61,6 +62,8 @@ class LmEvalSettings:
         for name in ("apply_chat_template", "fewshot_as_multiturn", "confirm_run_unsafe_code"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+        if self.fewshot_as_multiturn and not self.apply_chat_template:  # as lm-eval's command line refuses it
+            raise ValueError("fewshot_as_multiturn: few-shot examples as turns need apply_chat_template: true")
         if self.system_instruction is not None and not isinstance(self.system_instruction, str):
             raise ValueError(f"system_instruction: must be a string, got {self.system_instruction!r}")
         if self.gen_kwargs is not None and not isinstance(self.gen_kwargs, dict):

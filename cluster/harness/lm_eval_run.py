@@ -52,6 +52,35 @@ def quiet():
             os.environ["TQDM_DISABLE"] = before
 
 
+def with_chat_template(lm, tokenizer):
+    """`lm` (an lm-eval model) rendering chat templates with `tokenizer`, as lm-eval's HF model does: its
+    `apply_chat_template` (the system message dropped where the template refuses one), `chat_template` and
+    `tokenizer_name` (which lm-eval's request cache and results name). None: `lm` as it is."""
+    if tokenizer is None:
+        return lm
+    import jinja2
+
+    class ChatTemplated(type(lm)):
+        @property
+        def tokenizer_name(self) -> str:
+            return tokenizer.name_or_path.replace("/", "__")
+
+        def chat_template(self, chat_template: bool | str = False) -> str | None:
+            return tokenizer.chat_template if chat_template else None
+
+        def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+            def render(history):
+                return tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                     continue_final_message=not add_generation_prompt)
+            try:
+                return render(chat_history)
+            except jinja2.exceptions.TemplateError:
+                return render([m for m in chat_history if m["role"] != "system"])
+
+    lm.__class__ = ChatTemplated
+    return lm
+
+
 def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, bootstrap_iters: int,
                 tracker=None) -> dict:
     """lm-eval's `simple_evaluate` with the entry's settings: the one call that builds and that scores.

@@ -23,7 +23,8 @@ from collections import defaultdict
 
 from cluster.contracts.lm_eval_task import LmEvalSettings, LmEvalTask
 from cluster.contracts.task_spec import NAME_RE, SamplingSpec, TaskSpec
-from cluster.harness.lm_eval_run import import_lm_eval, quiet, request_rows, run_lm_eval, task_manager
+from cluster.harness.lm_eval_run import (import_lm_eval, quiet, request_rows, run_lm_eval, task_manager,
+                                         with_chat_template)
 
 GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}
 # a message that starts with one of the entry's settings: the spec loader names it as tasks[i].lm_eval.<setting>
@@ -53,20 +54,7 @@ def recording_lm(chat_tokenizer=None):
         def generate_until(self, requests, disable_tqdm: bool = False):
             return self._record(requests, "")
 
-    lm = RecordingLM()
-    if chat_tokenizer is not None:
-        add_chat_template(lm, chat_tokenizer)
-    return lm
-
-
-def add_chat_template(lm, tokenizer) -> None:
-    """The chat template lm-eval's HF model applies: its `apply_chat_template` and what it logs of it."""
-    def apply_chat_template(chat_history, add_generation_prompt: bool = True) -> str:
-        return tokenizer.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                             continue_final_message=not add_generation_prompt)
-    lm.apply_chat_template = apply_chat_template
-    lm.chat_template = lambda chat_template=False: tokenizer.chat_template
-    lm.tokenizer_name = getattr(tokenizer, "name_or_path", "").replace("/", "__")
+    return with_chat_template(RecordingLM(), chat_tokenizer)
 
 
 def check_names(settings: LmEvalSettings, manager) -> None:

@@ -140,7 +140,10 @@ def _refusal(model, task, over: list[tuple[str, int]], limit, max_model_len) -> 
     more = f" (and {len(over) - 10} more)" if len(over) > 10 else ""
     return (f"task {task.name} on model {model.name}: {len(over)} prompt(s) over the limit of {limit} tokens "
             f"(max_model_len {max_model_len} - max_tokens {task.sampling.max_tokens}): {listed}{more}. "
-            f"Set the task's length_policy to truncate_left or skip to run them anyway.")
+            + ("lm-eval's models would cut the context from the left; raysweep does not cut a context a choice is "
+               "scored on: raise the model's engine.max_model_len, or lower the entry's num_fewshot"
+               if task.lm_eval is not None and task.loglikelihood else
+               "Set the task's length_policy to truncate_left or skip to run them anyway."))
 
 
 def _empty_refusal(task: TaskSpec, path: str, empty: list[tuple[str, str]], allowed: float) -> str:

@@ -23,7 +23,8 @@ from typing import Callable
 import pyarrow as pa
 
 from cluster.contracts.spec import SweepSpec
-from cluster.harness.lm_eval_run import empty_document, quiet, request_rows, run_lm_eval, task_manager
+from cluster.harness.lm_eval_run import (empty_document, quiet, request_rows, run_lm_eval, task_manager,
+                                         with_chat_template)
 
 ANSWER_COLUMNS = ("sample_id", "completion", "status", "error", "output_text", "choice_logprobs", "choice_greedy")
 
@@ -72,9 +73,11 @@ def replay_lm(answers: dict[str, dict[tuple[str, int], dict]]):
 
 
 def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], write_text: Callable[[str, str], None],
-                  write_table: Callable[[str, pa.Table], None], log: Callable[[str], None]) -> dict[tuple[str, str], dict]:
+                  write_table: Callable[[str, pa.Table], None], log: Callable[[str], None],
+                  chat_tokenizer: Callable[[], object] = lambda: None) -> dict[tuple[str, str], dict]:
     """lm-eval's results for each model x `lm_eval:` entry whose rows are all committed; `read(model, task)`
-    gives a task's committed rows (None while a shard is missing). Returns {(model, task): lm-eval's metrics}."""
+    gives a task's committed rows (None while a shard is missing); `chat_tokenizer()` the tokenizer whose chat
+    template built the requests of an entry that applies one. Returns {(model, task): lm-eval's metrics}."""
     from lm_eval.loggers import EvaluationTracker
 
     entries: dict[int, list] = defaultdict(list)
@@ -97,7 +100,9 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
                     manager = manager or task_manager(settings)
                     tracker = EvaluationTracker()
                     try:
-                        results = run_lm_eval(settings, replay_lm(answers), manager, log_samples=True,
+                        lm = with_chat_template(replay_lm(answers),
+                                                chat_tokenizer() if settings.apply_chat_template else None)
+                        results = run_lm_eval(settings, lm, manager, log_samples=True,
                                               bootstrap_iters=settings.bootstrap_iters, tracker=tracker)
                     except MissingAnswer as e:
                         log(f"[raysweep] lm-eval results of model {model.name} not written: {e}")

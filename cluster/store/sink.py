@@ -188,7 +188,10 @@ class ResultSink:
         def text(rel: str, body: str) -> None:
             write_bytes_renamed(self.fs, join(self.root, rel), body.encode())
 
-        metrics = score_lm_eval(self.spec, read, text, lambda rel, t: write_table(self.fs, join(self.root, rel), t), log)
+        from cluster.inputs.lm_eval_tasks import chat_tokenizer
+
+        metrics = score_lm_eval(self.spec, read, text, lambda rel, t: write_table(self.fs, join(self.root, rel), t), log,
+                                lambda: chat_tokenizer(self.spec.models, self.spec.base_dir))
         return merge_summary(summary, metrics)
 
     def _save_manifest(self) -> None:
