@@ -10,7 +10,8 @@
      tasks, `num_fewshot: 2`, no `actors:` section;
    - lm-eval: `python -m lm_eval --model vllm --model_args pretrained=PATH,max_model_len=N --tasks
      bench_mc,bench_gen --include_path ... --num_fewshot 2 --batch_size auto --log_samples`;
-   both with the same model and max_model_len (vLLM's defaults otherwise). `--phase warm` runs each once
+   both with the same model and max_model_len (vLLM's defaults otherwise); `--two-engines` times raysweep
+   again with `actors: {count: 2, num_gpus: 0.5}`. `--phase warm` runs each once
    with `limit: 32` (vLLM's compile cache and the page cache warm), `timed` the full runs, `all` both.
 3. Agreement, from the two runs' lm-eval sample files: per document, the same acc (mc) and the same
    response (gen); aggregated metrics side by side (bf16 may move near-ties: counted, not hidden).
@@ -84,14 +85,14 @@ def write_tasks(out: Path, docs: int) -> Path:
     return tasks
 
 
-def spec_file(out: Path, name: str, model_path: str, tasks: Path, limit: int | None) -> Path:
+def spec_file(out: Path, name: str, model_path: str, tasks: Path, limit: int | None, actors: dict | None = None) -> Path:
     entry = {"tasks": ["bench_mc", "bench_gen"], "include_path": str(tasks), "num_fewshot": 2}
     if limit:
         entry["limit"] = limit
     path = out / f"{name}.yaml"
     path.write_text(json.dumps({"name": name, "output": str(out / f"{name}_out"),
                                 "models": [{"name": "m", "path": model_path, "engine": {"max_model_len": MAX_MODEL_LEN}}],
-                                "tasks": [{"lm_eval": entry}]}))
+                                "tasks": [{"lm_eval": entry}], **({"actors": actors} if actors else {})}))
     return path
 
 
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="builtin:small")
     parser.add_argument("--docs", type=int, default=1200)
     parser.add_argument("--phase", choices=("all", "warm", "timed"), default="all")
+    parser.add_argument("--two-engines", action="store_true",
+                        help="also time the spec with two engines on the GPU (actors: count 2, num_gpus 0.5)")
     args = parser.parse_args(argv)
     from cluster.inputs.builtin_model import resolve_model_path
 
@@ -148,7 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] t lm_eval --model vllm: {lm_s:.1f} s", flush=True)
     rs_s = timed([sys.executable, "-m", "jobs.cli", "run", str(spec)], out / "t_rs")
     print(f"[bench] t raysweep run: {rs_s:.1f} s", flush=True)
+    two_s = None
+    if args.two_engines:
+        two = spec_file(out, "t-two", model_path, tasks, None, actors={"count": 2, "num_gpus": 0.5})
+        two_s = timed([sys.executable, "-m", "jobs.cli", "run", str(two)], out / "t_two")
+        print(f"[bench] t raysweep run, two engines on the GPU: {two_s:.1f} s", flush=True)
     figures = {"model": args.model, "documents_per_task": args.docs, "max_model_len": MAX_MODEL_LEN,
+               "raysweep_two_engines_s": two_s,
                "lm_eval_vllm_s": lm_s, "raysweep_s": rs_s, "ratio_lm_eval_over_raysweep": lm_s / rs_s,
                "raysweep_run_line": next((line for line in (out / "t_rs.stdout").read_text().splitlines()
                                           if "samples in" in line and "shards run" in line), None),
