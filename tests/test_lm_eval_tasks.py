@@ -231,13 +231,17 @@ def _load(spec: Path):
     return load_spec(spec)
 
 
-def test_an_unknown_lm_eval_task_is_named_with_lm_evals_closest(include_path, tmp_path):
-    spec = write_spec(tmp_path, {"tasks": ["rs_mcc"], "include_path": str(include_path)})
+def refusal(spec: Path) -> str:
+    """The one line loading `spec` is refused with."""
     with pytest.raises(SpecError) as e:
         _load(spec)
-    message = str(e.value)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_an_unknown_lm_eval_task_is_named_with_lm_evals_closest(include_path, tmp_path):
+    message = refusal(write_spec(tmp_path, {"tasks": ["rs_mcc"], "include_path": str(include_path)}))
     assert "tasks[0].lm_eval.tasks: 'rs_mcc' is not an lm-eval task or group" in message and "rs_mc" in message
-    assert "\n" not in message
 
 
 def test_a_dataset_that_cannot_be_loaded_names_the_task_and_how_to_read_data_offline(include_path, tmp_path):
@@ -251,12 +255,8 @@ def test_a_dataset_that_cannot_be_loaded_names_the_task_and_how_to_read_data_off
         doc_to_text: "{{{{q}}}}"
         doc_to_target: "{{{{a}}}}"
         """))
-    spec = write_spec(tmp_path, {"tasks": ["rs_gone"], "include_path": "tasks"})
-    with pytest.raises(SpecError) as e:
-        _load(spec)
-    message = str(e.value)
+    message = refusal(write_spec(tmp_path, {"tasks": ["rs_gone"], "include_path": "tasks"}))
     assert "'rs_gone': lm-eval could not load the dataset" in message and "HF_DATASETS_OFFLINE" in message
-    assert "\n" not in message
 
 
 def test_settings_are_checked_by_name(include_path, tmp_path):
