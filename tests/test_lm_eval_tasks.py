@@ -343,3 +343,26 @@ def test_chat_templated_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tm
 
     prompt = pq.read_table(tmp_path / "out" / "results" / "tiny" / "rs_gen").column("prompt")[0].as_py()
     assert "Be brief." in prompt and prompt.count("Q: ") == 3  # the system message, 2 shots as turns, the question
+
+
+def test_a_group_gets_a_summary_row_with_lm_evals_aggregate():
+    """lm-eval's group aggregate (results["groups"]) becomes a summary row of its own, its counts summed over
+    its tasks' rows; each task's row carries lm-eval's metrics."""
+    import pyarrow as pa
+
+    from cluster.score.lm_eval_scores import merge_summary
+    from cluster.score.summary import SUMMARY_SCHEMA
+
+    rows = [{"model": "m", "task": t, "n": 6, "n_ok": 6, "n_truncated": 0, "n_skipped": 0, "n_error": 0,
+             "output_tokens": 0, "metrics": []} for t in ("a", "b")]
+    summary = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
+    metrics = {("m", "a"): {"acc,none": 0.5, "acc_stderr,none": 0.2, "documents": 6},
+               ("m", "b"): {"acc,none": 0.25, "acc_stderr,none": 0.1, "documents": 6},
+               ("m", "g"): {"acc,none": 0.375, "acc_stderr,none": 0.12, "acc_norm,none": 0.4,
+                            "acc_norm_stderr,none": "N/A", "subtasks": ["a", "b"], "documents": 12}}
+    got = {r["task"]: r for r in merge_summary(summary, metrics).to_pylist()}
+    assert list(got) == ["a", "b", "g"]
+    assert (got["g"]["n"], got["g"]["n_ok"], got["g"]["score"], got["g"]["stderr"]) == (12, 12, 0.375, 0.12)
+    assert got["g"]["metrics"] == [{"name": "acc", "value": 0.375, "stderr": 0.12, "n": 12},
+                                   {"name": "acc_norm", "value": 0.4, "stderr": None, "n": 12}]
+    assert got["a"]["score"] == 0.5 and got["b"]["stderr"] == 0.1

@@ -8,7 +8,8 @@ groups and stderr are lm-eval's. Written under the output, per model (docs/lm-ev
   `--log_samples` records, written by lm-eval's EvaluationTracker as `lm_eval --output_path` writes them;
 - `lm_eval/<model>/samples_<task>.parquet`: one row per document and filter (doc_id, filter, target,
   arguments, resps, filtered_resps as JSON, each metric a column);
-and each task's summary row gets lm-eval's metrics with their stderr (`merge_summary`).
+and each task's summary row gets lm-eval's metrics with their stderr, and each group a row of its own with
+lm-eval's aggregate (`merge_summary`).
 A model whose rows are not all in (a failed shard) is left out, and the run says so.
 """
 
@@ -26,6 +27,7 @@ from cluster.contracts.spec import SweepSpec
 from cluster.harness.lm_eval_run import (empty_document, quiet, request_rows, run_lm_eval, task_manager,
                                          with_chat_template)
 
+COUNTS = ("n", "n_ok", "n_truncated", "n_skipped", "n_error", "output_tokens")  # summary columns a group sums
 ANSWER_COLUMNS = ("sample_id", "completion", "status", "error", "output_text", "choice_logprobs", "choice_greedy")
 
 
@@ -131,6 +133,10 @@ def _write(model: str, results: dict, tracker, write_text, write_table) -> dict[
     documents = {task: n.get("effective") for task, n in results.get("n-samples", {}).items()}
     metrics = {(model, task): {**values, "documents": documents.get(task)}
                for task, values in results["results"].items() if task in samples}
+    for group, subtasks in results.get("group_subtasks", {}).items():  # a group's own row: lm-eval's aggregate
+        if subtasks and group in results.get("groups", {}):
+            metrics[(model, group)] = {**results["groups"][group], "subtasks": list(subtasks),
+                                       "documents": sum(documents.get(t) or 0 for t in subtasks if t in documents)}
     with tempfile.TemporaryDirectory(prefix="raysweep-lm-eval-") as folder:
         tracker.output_path = folder
         tracker.general_config_tracker.model_name = tracker.general_config_tracker.model_name_sanitized = model
@@ -183,6 +189,11 @@ def merge_summary(summary: pa.Table, metrics: dict[tuple[str, str], dict]) -> pa
     if not metrics:
         return summary
     rows = summary.to_pylist()
+    listed = {(row["model"], row["task"]): row for row in rows}
+    for (model, task), values in metrics.items():  # a group: counts summed over its tasks' rows
+        if "subtasks" in values and (model, task) not in listed:
+            parts = [listed[(model, t)] for t in values["subtasks"] if (model, t) in listed]
+            rows.append({"model": model, "task": task, **{k: sum(p[k] or 0 for p in parts) for k in COUNTS}})
     for row in rows:
         values = metrics.get((row["model"], row["task"]))
         if values is not None:
@@ -190,4 +201,4 @@ def merge_summary(summary: pa.Table, metrics: dict[tuple[str, str], dict]) -> pa
             row["n_scored"] = values.get("documents")
             for m in row["metrics"]:
                 m["n"] = values.get("documents")
-    return pa.Table.from_pylist(rows, schema=summary.schema)
+    return pa.Table.from_pylist(sorted(rows, key=lambda r: (r["model"], r["task"])), schema=summary.schema)
