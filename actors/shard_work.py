@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from actors.engine import GenRequest, LoglikRequest
+from actors.engine import GenRequest, LoglikRequest, LoglikResult
 from cluster.contracts.shard import EMPTY_PROMPT, completion_seed
 from cluster.contracts.tokens import tokenize
 from cluster.contracts.task_spec import TaskSpec
@@ -70,10 +70,26 @@ def _choices(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_toke
 
     encoded = encode_pairs([r["prompt"] for r in runnable], [continuations(task, r["choices"]) for r in runnable],
                            tokenizer, add_special_tokens)
-    for r, length in zip(runnable, pair_lengths(encoded)):
-        _same_length(r, length)
-    requests = [LoglikRequest(r["sample_id"], ctx, conts) for r, (ctx, conts) in zip(runnable, encoded)]
+    requests, cut = [], {}
+    for r, length, (ctx, conts) in zip(runnable, pair_lengths(encoded), encoded):
+        cap = None if r.get("window") is None else r["window"] + 1
+        _same_length(r, length if cap is None else min(length, cap))
+        if cap is None or length <= cap:
+            requests.append(LoglikRequest(r["sample_id"], ctx, conts))
+            continue
+        # an lm-eval task's context too long: each choice on the context's last tokens that fit, as lm-eval's
+        # models keep (context + choice)[-(max_length + 1):]
+        cut[r["sample_id"]] = [f"{r['sample_id']}#c{j}" for j in range(len(conts))]
+        requests.extend(LoglikRequest(key, ctx[len(ctx) - max(1, cap - len(c)):], [c])
+                        for key, c in zip(cut[r["sample_id"]], conts))
     scored, errors = _tolerant(engine.loglikelihood, requests, task)
+    for sample_id, keys in cut.items():  # the cut row's choices, one result again
+        if all(k in scored for k in keys):
+            parts = [scored.pop(k) for k in keys]
+            scored[sample_id] = LoglikResult(sample_id, [p.logprobs[0] for p in parts], [p.greedy[0] for p in parts],
+                                             max((p.latency_s or 0.0) for p in parts))
+        elif any(k in errors for k in keys):
+            errors[sample_id] = next(errors[k] for k in keys if k in errors)
     out = ShardOutcome([])
     for r in rows:
         s = scored.get(r["sample_id"])

@@ -366,3 +366,30 @@ def test_a_group_gets_a_summary_row_with_lm_evals_aggregate():
     assert got["g"]["metrics"] == [{"name": "acc", "value": 0.375, "stderr": 0.12, "n": 12},
                                    {"name": "acc_norm", "value": 0.4, "stderr": None, "n": 12}]
     assert got["a"]["score"] == 0.5 and got["b"]["stderr"] == 0.1
+
+
+@pytest.mark.slow
+def test_a_multiple_choice_context_too_long_is_cut_as_lm_eval_cuts_it(include_path, tmp_path, tiny_path):
+    """3-shot contexts over a max_model_len of 300: each choice is scored on the context's last tokens that fit,
+    as lm-eval's HF model keeps (context + choice)[-(max_length + 1):] (max_length = 300 - 2, raysweep's window);
+    the rows are `truncated`, and the records and metrics are lm-eval's."""
+    spec = tmp_path / "cut.yaml"
+    spec.write_text(json.dumps({"name": "cut", "output": str(tmp_path / "out"),
+                                "models": [{"name": "tiny", "path": "builtin:tiny", "engine": {"max_model_len": 300}}],
+                                "tasks": [{"lm_eval": {"tasks": ["rs_mc"], "include_path": str(include_path),
+                                                       "num_fewshot": 3, "limit": 10}}]}))
+    run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    subprocess.run(
+        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+         f"pretrained={tiny_path},dtype=float32,max_length=298", "--tasks", "rs_mc", "--include_path", str(include_path),
+         "--num_fewshot", "3", "--limit", "10", "--device", "cpu", "--batch_size", "8",
+         "--output_path", str(tmp_path / "reference"), "--log_samples"],
+        check=True, env=_env(), capture_output=True, text=True, timeout=600)
+    reference = Path(glob.glob(f"{tmp_path / 'reference'}/*/results_*.json")[0]).parent
+    assert compare(reference, tmp_path / "out" / "lm_eval" / "tiny", tasks=("rs_mc",)) == {"rs_mc": 10}
+    import pyarrow.parquet as pq
+
+    statuses = pq.read_table(tmp_path / "out" / "results", columns=["status"]).column("status").to_pylist()
+    assert statuses.count("truncated") >= 5  # most 3-shot contexts are over 299 tokens here

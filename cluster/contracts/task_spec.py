@@ -307,7 +307,7 @@ class TaskSpec:
                 raise ValueError(f"{name}: not for a loglikelihood task ({why}); drop it")
         if self.sampling not in (SamplingSpec(), SamplingSpec(max_tokens=1)):
             raise ValueError("sampling: a loglikelihood task generates nothing; drop `sampling`")
-        if self.length_policy == "truncate_left":
+        if self.length_policy == "truncate_left" and self.lm_eval is None:  # lm-eval's models cut it: its tasks too
             raise ValueError("length_policy: truncate_left would cut the context a choice is scored on; use "
                              "error or skip for a loglikelihood task")
         # one token's room: the engine computes the prompt's log-probabilities and generates a single token

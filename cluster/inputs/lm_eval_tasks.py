@@ -197,8 +197,11 @@ def task_spec(name: str, requests: list, rows: list, settings: LmEvalSettings, e
     if kinds[0] == "generate_until":
         return TaskSpec(name=name, data=path, prompt="{context}", id_column="id", lm_eval=ref,
                         sampling=sampling_of(name, requests), length_policy="truncate_left")
+    # lm-eval's continuations hold their delimiter; a context too long is cut from the left, as lm-eval's models
+    # cut it (rolling rows are windows: never too long)
     return TaskSpec(name=name, data=path, prompt="{context}", id_column="id", lm_eval=ref, type="loglikelihood",
-                    choices="choices", target="target", target_delimiter="")  # lm-eval's continuations hold theirs
+                    choices="choices", target="target", target_delimiter="",
+                    length_policy="error" if kind == "loglikelihood_rolling" else "truncate_left")
 
 
 def _write_rows(name: str, rows: list[dict]) -> str:

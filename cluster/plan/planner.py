@@ -83,6 +83,9 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
         over = np.flatnonzero(counts > limit) if limit is not None else np.empty(0, np.int64)
         if len(over) and task.length_policy == "error":
             over_list.extend((batch.ids[k], int(counts[k])) for k in over)
+        elif len(over) and task.length_policy == "truncate_left" and task.loglikelihood:
+            for k in over:  # an lm-eval task's context, cut per choice on the actor (actors/shard_work.py)
+                counts[k], codes[k], extras[k]["window"] = limit, 1, limit - 1
         elif len(over) and task.length_policy == "truncate_left":
             for k, ids in zip(over, tokenize([prompts[k] for k in over], tokenizer, add_special)):
                 truncated[int(k)] = ids[len(ids) - limit:] if limit > 0 else []
