@@ -5,9 +5,11 @@
     python -m jobs.bench.pool --out DIR                          # part w: sweeps on a warm engine pool
     python -m jobs.bench.repro --out DIR                         # part r: do outputs repeat?
     python -m jobs.bench.repro_probe --configs JSON              # which vLLM settings are batch-invariant
+    python -m jobs.bench.lm_eval_tasks --out DIR                 # part t: lm-eval tasks against lm_eval --model vllm
 
 Modules: common (prompts, the Bench that records figures, child processes), engine_ratios (a-d),
-whole_process (e), breakdown (x, y), orchestration (p, o), loglik (l), pool (w), repro (r), repro_probe;
+whole_process (e), breakdown (x, y), orchestration (p, o), loglik (l), pool (w), repro (r), repro_probe,
+lm_eval_tasks (t);
 and the alternatives timed against raysweep, each run as its own process: plain_vllm, plain_vllm_loglik,
 ray_data_llm.
 """
