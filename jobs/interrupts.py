@@ -4,14 +4,21 @@ The first signal raises `Interrupted` in the driver's main thread, wherever it i
 scheduler's loop, scoring): the run's own cleanup then runs as on any error (engines closed, the telemetry
 and summary of what was committed written, the output's lock released, a local Ray this run started shut
 down), and the edge prints what was committed and how to resume. A second signal stops the process at once.
+Where the signal also ended the cluster's GCS (a SIGTERM to the whole process group reaches the local Ray this
+run started), every Ray call of that cleanup would wait out Ray's 60 s GCS timeout and then abort the process
+with a C++ message: once the GCS stops answering, the run gives up its cleanup, says its line and exits
+(`abandon`). What was committed is in the manifest already; the output's lock is the OS's (flock).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
+import time
 from contextlib import contextmanager
+from typing import Callable
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _OURS: list = []  # the handler interruptible() installed, while it is in force
@@ -26,9 +33,15 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+GCS_PROBE_S = 0.5  # how often, after a signal, the run checks that the cluster's GCS still answers
+GCS_LOST_AFTER = 2  # refused connections in a row that say the GCS is gone (not a busy moment)
+
+
 @contextmanager
-def interruptible():
-    """The first SIGINT or SIGTERM raises Interrupted here; the second exits at once (128 + signal)."""
+def interruptible(abandon: Callable[[Interrupted], None] | None = None):
+    """The first SIGINT or SIGTERM raises Interrupted here; the second exits at once (128 + signal).
+    `abandon(stop)`: said before the process exits (1) without its cleanup, where after the first signal the
+    connected cluster's GCS stops answering."""
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield
         return
@@ -44,12 +57,92 @@ def interruptible():
 
     before = {s: signal.signal(s, first) for s in SIGNALS}
     _OURS.append(first)
+    watch = _SignalWatch(abandon) if abandon is not None else None
     try:
         yield
     finally:
+        if watch is not None:
+            watch.close()
         _OURS.remove(first)
         for s, handler in before.items():
             signal.signal(s, handler)
+
+
+class _SignalWatch:
+    """Signals seen the moment they arrive, not when the main thread next runs Python (it may be inside a
+    C call, as ray.init's 30 s wait for a GCS that died): Python's C-level handler writes each signal's
+    number to a wakeup pipe, read by a thread that then watches the GCS (`_abandon_when_gcs_gone`)."""
+
+    def __init__(self, abandon: Callable[[Interrupted], None]):
+        self.read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self.write_fd = write_fd
+        self.before = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self._wait, args=(abandon,), daemon=True, name="raysweep-signal-watch").start()
+
+    def _wait(self, abandon) -> None:
+        for number in iter(lambda: os.read(self.read_fd, 1), b""):
+            if number[0] in {int(s) for s in SIGNALS}:
+                _abandon_when_gcs_gone(Interrupted(number[0]), abandon)
+                return
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self.before)
+        os.close(self.write_fd)  # the thread's read ends
+
+
+def _abandon_when_gcs_gone(stop: Interrupted, abandon: Callable[[Interrupted], None]) -> None:
+    """After a signal, while the process cleans up: where the GCS is gone (its port refuses GCS_LOST_AFTER
+    times in a row, or the local Ray's gcs_server, this process's child, has exited), the cleanup cannot finish
+    (each Ray call waits 60 s for it, ray.init 30 s): say the line, exit 1."""
+    refused = 0
+    while True:
+        refused = refused + 1 if _gcs_gone() else 0
+        if refused >= GCS_LOST_AFTER:
+            try:
+                abandon(stop)
+            finally:
+                os._exit(1)
+        time.sleep(GCS_PROBE_S)
+
+
+def _gcs_gone() -> bool:
+    """Whether the cluster's GCS is gone; False where it cannot be told (a slow answer is not a lost GCS)."""
+    import ray
+
+    try:
+        address = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+    except Exception:  # Ray half connected or half shut down: only the local children can tell
+        address = None
+    if address is None:  # not connected yet: a local Ray starting is this process's children
+        return _local_gcs_exited()
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=GCS_PROBE_S).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _local_gcs_exited() -> bool:
+    """A gcs_server among this process's children that has exited (a zombie: nobody waited for it yet)."""
+    try:
+        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+            children = f.read().split()
+    except OSError:  # no /proc (macOS): cannot tell
+        return False
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read()
+        except OSError:
+            continue
+        name, state = fields[fields.index("(") + 1:fields.rindex(")")], fields[fields.rindex(")") + 2:][:1]
+        if name == "gcs_server" and state == "Z":
+            return True
+    return False
 
 
 def reclaim() -> None:

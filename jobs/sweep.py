@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import time
@@ -65,12 +66,16 @@ def run_spec(spec, args: argparse.Namespace, clock=None) -> int:
     from jobs.interrupts import Interrupted, interruptible, stopped_line
 
     held: dict = {}  # what the run has opened so far: the output's sink
-    with interruptible():
+
+    def say_stopped(stop: Interrupted) -> None:
+        sink = held.get("sink")
+        print(stopped_line(stop, sink, sink.output if sink else None), file=sys.stderr, flush=True)
+
+    with interruptible(abandon=say_stopped):  # a GCS gone with the signal: the line, then exit without cleanup
         try:
             report, node = _run_spec(spec, args, clock, held)
         except Interrupted as stop:
-            sink = held.get("sink")
-            print(stopped_line(stop, sink, sink.output if sink else None), file=sys.stderr, flush=True)
+            say_stopped(stop)
             return 1
     return _print_report(report, node)
 
@@ -81,7 +86,7 @@ def _run_spec(spec, args: argparse.Namespace, clock, held: dict):
     from cluster.inputs.checks import check_inputs
     from cluster.schedule.run import execute, prepare
     from cluster.contracts.timing import RunClock
-    from jobs.interrupts import reclaim
+    from jobs.interrupts import Interrupted, reclaim
 
     clock = clock or RunClock()
     data = check_inputs(spec)
@@ -99,9 +104,11 @@ def _run_spec(spec, args: argparse.Namespace, clock, held: dict):
     try:
         start_ray(address, named, args.dashboard)
         reclaim()  # Ray's core worker took SIGTERM over: ours again, so it ends the run in one line
-    except BaseException:
+    except BaseException as e:
         prepared.sink.close()
         ray.shutdown()  # a local Ray half started (a signal during its start) leaves no process behind
+        if isinstance(e, SystemExit) and e.code == signal.SIGTERM:  # ray.init's own handler: sys.exit(15), no word
+            raise Interrupted(signal.SIGTERM) from None
         raise
     clock.mark("ray_start")
     print(f"[raysweep] Ray is up ({clock.record()['ray_start_s']:.1f}s after the command started); actors starting",

@@ -65,3 +65,31 @@ def test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behin
         assert "already committed" in text
         ids = pq.read_table(tmp_path / "out" / "results", columns=["task", "sample_id"]).to_pylist()
         assert len(ids) == len({(r["task"], r["sample_id"]) for r in ids}) == 350
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_whole_process_group_ends_the_run_in_one_line_without_waiting_for_its_dead_ray(tmp_path):
+    """`kill -TERM -- -PGID` (what `timeout`, a shell's job control or a container stop send) also ends the local
+    Ray this run started: its GCS is gone, and every Ray call of the cleanup used to wait Ray's 60 s for it, then
+    abort the process with a C++ message and no line of ours (issue 29)."""
+    before = _raylets()
+    sweep = _run(tmp_path / "out")
+    lines = []
+    for line in sweep.stdout:
+        lines.append(line)
+        if MOMENTS["mid-shards"](line):
+            os.killpg(sweep.pid, signal.SIGTERM)
+            signalled = time.monotonic()
+            break
+    rest, _ = sweep.communicate(timeout=180)
+    took = time.monotonic() - signalled
+    text = "".join(lines) + rest
+    assert sweep.returncode == 1, text[-3000:]
+    stopped = [line for line in text.splitlines() if line.startswith("[raysweep] stopped by SIGTERM: ")]
+    assert len(stopped) == 1 and stopped[0].endswith("; the same command resumes the rest"), text[-3000:]
+    assert "Failed to connect to GCS" not in text and "Traceback" not in text, text[-3000:]
+    assert took < 30, f"{took:.1f}s after the signal"  # Ray's GCS timeout is 60 s
+    deadline = time.time() + 30
+    while _raylets() - before and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _raylets() - before
