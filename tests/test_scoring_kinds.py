@@ -250,3 +250,57 @@ def test_binary_parquet_columns_are_read_as_text_and_bytes_that_are_not_utf8_are
                              "a": ["2", "4"], "out": ["2", "4"]}), tmp_path / "d.parquet")
     with pytest.raises(DataError, match=r"d\.parquet: row 1: column 'q' holds bytes that are not UTF-8 text"):
         check_inputs(load_spec(tmp_path / "s.yaml"))
+
+
+def test_every_arrow_type_that_reaches_a_prompt_or_target_is_rendered_as_written_or_refused_in_one_line(tmp_path):
+    """issue 29: timestamps with nanoseconds crashed without pandas and rendered by pandas' rules with it, a year
+    past 9999 was an OverflowError traceback, fractions read `…05.123000`, float32's 0.1 was 0.10000000149011612,
+    a map rendered as [('k', 1)], a duration as `0:01:30` (or `0 days …` where pandas is installed)."""
+    import datetime as dt
+    import decimal
+
+    from cluster.inputs.checks import check_inputs
+    from cluster.inputs.data import DataError, render_prompts
+    from cluster.inputs.spec_file import load_spec
+
+    seconds = int(dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc).timestamp())
+    cases = {  # the column, and the text a user who wrote it expects in the prompt and as the target
+        "ts": (pa.array([seconds], pa.timestamp("s")), "2024-01-02 03:04:05"),
+        "ts_us_utc": (pa.array([seconds * 10**6], pa.timestamp("us", "UTC")), "2024-01-02 03:04:05+00:00"),
+        "ts_ms": (pa.array([seconds * 1000 + 120], pa.timestamp("ms")), "2024-01-02 03:04:05.12"),
+        "ts_ns": (pa.array([seconds * 10**9 + 789], pa.timestamp("ns", "UTC")), "2024-01-02 03:04:05.000000789+00:00"),
+        "ts_ny": (pa.array([seconds], pa.timestamp("s", "America/New_York")), "2024-01-01 22:04:05-05:00"),
+        "ts_far": (pa.array([253402300800], pa.timestamp("s")), "10000-01-01 00:00:00"),
+        "date": (pa.array([dt.date(2024, 1, 2)], pa.date32()), "2024-01-02"),
+        "time_ns": (pa.array([(3 * 3600 + 245) * 10**9 + 1], pa.time64("ns")), "03:04:05.000000001"),
+        "dec": (pa.array([decimal.Decimal("1.50")], pa.decimal128(5, 2)), "1.50"),
+        "f16": (pa.array([0.1], pa.float32()).cast(pa.float16()), "0.1"),
+        "f32": (pa.array([0.1], pa.float32()), "0.1"),
+        "map": (pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int64())), "{'k': 1}"),
+        "dates": (pa.array([[dt.date(2024, 1, 2)]], pa.list_(pa.date32())), "['2024-01-02']"),
+    }
+    pq.write_table(pa.table({"id": ["0"], **{name: column for name, (column, _) in cases.items()}}),
+                   tmp_path / "d.parquet")
+    tasks = "".join(f"  - {{name: {name}, data: d.parquet, id_column: id, prompt: \"<{{{name}}}>\", target: {name}}}\n"
+                    for name in cases)
+    (tmp_path / "s.yaml").write_text(f"name: types\noutput: out\nmodels: [{{name: tiny, path: builtin:tiny}}]\n"
+                                     f"tasks:\n{tasks}")
+    for data in check_inputs(load_spec(tmp_path / "s.yaml")):
+        batch = next(data.batches())
+        prompts, _ = render_prompts(data.task, batch, None, data.path)
+        expected = cases[data.task.name][1]
+        assert prompts == [f"<{expected}>"], data.task.name
+        target = data.target_of(batch.rows[0])
+        assert (target if isinstance(target, str) else repr(target) if isinstance(target, (dict, list))
+                else str(target)) == expected, data.task.name
+
+    refused = {"dur": (pa.array([90], pa.duration("s")), r"column 'dur' is duration\[s\], which has no text form"),
+               "nan": (pa.array([float("nan")]), r"d\.parquet:row 0: column 'nan' is NaN"),
+               "raw": (pa.array([[b"x"]], pa.list_(pa.binary())), r"column 'raw' holds binary values inside a list")}
+    for name, (column, line) in refused.items():
+        pq.write_table(pa.table({"id": ["0"], name: column}), tmp_path / "d.parquet")
+        (tmp_path / "s.yaml").write_text(f"name: types\noutput: out\nmodels: [{{name: tiny, path: builtin:tiny}}]\n"
+                                         f"tasks:\n  - {{name: t, data: d.parquet, id_column: id, prompt: \"{{{name}}}\", "
+                                         f"target: {name}}}\n")
+        with pytest.raises(DataError, match=line):
+            check_inputs(load_spec(tmp_path / "s.yaml"))

@@ -201,6 +201,9 @@ def _check_columns(task: TaskSpec, path: str, rows: list[dict], where: list[str]
             if row[column] is None and column != task.messages:
                 raise DataError(f"{path}:{where[i]}: column {column!r} is null "
                                 f"(the task {task.name!r} needs a value as its {why})")
+            if column == task.target and row[column] != row[column]:  # NaN: no completion can equal it
+                raise DataError(f"{path}:{where[i]}: column {column!r} is NaN "
+                                f"(the task {task.name!r} needs a value as its {why})")
         if task.messages is not None:
             problem = _messages_problem(row[task.messages])
             if problem:

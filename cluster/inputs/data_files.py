@@ -135,9 +135,23 @@ def _parquet_batches(path: str) -> Iterator[tuple[list[dict], list[str], int]]:
             return
         except Exception as e:  # a corrupt page, or strings that are not UTF-8
             raise DataError(f"{path}: not a readable Parquet file (after row {n}): {_first_line(e)}") from None
-        rows = _as_text(batch, path, n).to_pylist()
+        rows = _python_rows(_as_text(batch, path, n), path, n)
         yield rows, [f"row {i}" for i in range(n, n + len(rows))], n
         n += len(rows)
+
+
+def _python_rows(batch, path: str, first: int) -> list[dict]:
+    """The batch's rows as Python values, maps as dicts; a value Python cannot hold (a map with a key twice, a
+    value out of Python's range) is one line naming the column."""
+    columns = []
+    for i, field in enumerate(batch.schema):
+        try:
+            columns.append(batch.column(i).to_pylist(maps_as_pydicts="strict"))
+        except Exception as e:
+            raise DataError(f"{path}: rows {first}-{first + batch.num_rows - 1}: column {field.name!r} ({field.type}) "
+                            f"cannot be read as Python values: {_first_line(e)}") from None
+    names = batch.schema.names
+    return [dict(zip(names, values)) for values in zip(*columns)] if columns else [{} for _ in range(batch.num_rows)]
 
 
 def _binary(t) -> bool:
@@ -147,25 +161,109 @@ def _binary(t) -> bool:
         getattr(pa.types, "is_binary_view", lambda _: False)(t)
 
 
+def _temporal(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t)
+
+
+def _unrenderable(t) -> bool:
+    """Types with no text a user would write the same way (a duration's `0:01:30`, or `0 days 00:00:01.5`
+    where pandas is installed) or none at all (intervals)."""
+    import pyarrow as pa
+
+    return pa.types.is_duration(t) or pa.types.is_interval(t)
+
+
 def _as_text(batch, path: str, first: int):
-    """Binary columns decoded as UTF-8 text (a prompt or target read as `b'...'` scored the right answer 0);
-    a value that is not UTF-8, or binary inside a list or struct, is refused naming the column and row."""
+    """Each column's values as a prompt, a target and a scorer read them (issue 29: every Arrow type that can
+    reach a prompt or target is rendered as the user expects, or refused naming the file and column):
+    - binary decoded as UTF-8 (read as `b'...'` it scored the right answer 0); bytes that are not UTF-8 refused;
+    - timestamps, dates and times as text, exactly (`render_temporal`): nanoseconds kept, years past 9999 read;
+    - float16 and float32 as the shortest decimal of their own width (0.1 stays 0.1, not 0.10000000149011612);
+    - durations and intervals, and binary inside a list, struct or map, refused.
+    Lists, structs and maps of the rest are read as Python values (a map as a dict)."""
     import pyarrow as pa
 
     for i, field in enumerate(batch.schema):
-        nested = [f for f in _leaf_types(field.type) if _binary(f)]
-        if _binary(field.type):
-            column = batch.column(i)
-            try:
-                batch = batch.set_column(i, pa.field(field.name, pa.string()), column.cast(pa.string()))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                bad = next(k for k, v in enumerate(column.to_pylist()) if v is not None and not _utf8(v))
-                raise DataError(f"{path}: row {first + bad}: column {field.name!r} holds bytes that are not UTF-8 "
-                                "text") from None
-        elif nested:
-            raise DataError(f"{path}: column {field.name!r} holds binary values inside a {field.type}; raysweep "
-                            "reads text: store them as strings")
+        t, column = field.type, batch.column(i)
+        leaves = _leaf_types(t)
+        if _binary(t):
+            batch = batch.set_column(i, pa.field(field.name, pa.string()), _decoded(column, path, first, field.name))
+        elif _temporal(t):
+            batch = batch.set_column(i, pa.field(field.name, pa.string()), render_temporal(column))
+        elif pa.types.is_float16(t) or pa.types.is_float32(t):
+            batch = batch.set_column(i, pa.field(field.name, pa.float64()), _shortest_float64(column))
+        elif any(_unrenderable(leaf) for leaf in leaves):
+            raise DataError(f"{path}: column {field.name!r} is {t}, which has no text form raysweep could render "
+                            "as a prompt or compare as a target: store it as a number (e.g. seconds) or as text")
+        elif len(leaves) > 1 or leaves[0] is not t:  # a list, struct or map
+            if any(_binary(leaf) for leaf in leaves):
+                raise DataError(f"{path}: column {field.name!r} holds binary values inside a {t}; raysweep "
+                                "reads text: store them as strings")
+            text = _with_text_leaves(t)
+            if text != t:  # dates, times and narrow floats inside: as text, in Arrow's own form
+                batch = batch.set_column(i, pa.field(field.name, text), column.cast(text))
     return batch
+
+
+def render_temporal(column):
+    """Timestamps, dates and times as the text Python's `str` gives whole-second values (`2024-01-02 03:04:05`,
+    `2024-01-02 03:04:05+00:00`), computed by Arrow so that it is exact at every unit and needs no pandas:
+    a fraction keeps its significant digits (`03:04:05.123`, `…05.123456789`), none when it is zero."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    text = column.cast(pa.string())
+    if pa.types.is_date(column.type):
+        return text
+    tz = r"((?:Z|[+-]\d{4})?)$"
+    text = pc.replace_substring_regex(text, r"\.(\d*[1-9])0*" + tz, r".\1\2")  # trailing zeros of a fraction
+    text = pc.replace_substring_regex(text, r"\.0+" + tz, r"\1")  # a fraction of zeros: none
+    if pa.types.is_timestamp(column.type) and column.type.tz is not None:  # ISO 8601's offset, as Python writes it
+        text = pc.replace_substring_regex(text, r"Z$", "+00:00")
+        text = pc.replace_substring_regex(text, r"([+-]\d{2})(\d{2})$", r"\1:\2")
+    return text
+
+
+def _shortest_float64(column):
+    """A float16 or float32 column as float64 holding the shortest decimal that reads back to the same value
+    at its own width: what the writer meant (0.1), not the wider type's expansion of it."""
+    import pyarrow as pa
+
+    if pa.types.is_float16(column.type):
+        import numpy as np
+
+        values = [None if v is None else float(str(np.float16(v))) for v in column.to_pylist()]
+        return pa.array(values, pa.float64())
+    return column.cast(pa.string()).cast(pa.float64())
+
+
+def _with_text_leaves(t):
+    """`t` with its temporal leaves as strings and its narrow floats as float64 (Arrow casts nested values)."""
+    import pyarrow as pa
+
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return pa.list_(_with_text_leaves(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(t.field(k).name, _with_text_leaves(t.field(k).type)) for k in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(_with_text_leaves(t.key_type), _with_text_leaves(t.item_type))
+    if _temporal(t):
+        return pa.string()
+    if pa.types.is_float16(t) or pa.types.is_float32(t):
+        return pa.float64()
+    return t
+
+
+def _decoded(column, path: str, first: int, name: str):
+    import pyarrow as pa
+
+    try:
+        return column.cast(pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        bad = next(k for k, v in enumerate(column.to_pylist()) if v is not None and not _utf8(v))
+        raise DataError(f"{path}: row {first + bad}: column {name!r} holds bytes that are not UTF-8 text") from None
 
 
 def _leaf_types(t) -> list:
