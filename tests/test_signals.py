@@ -93,3 +93,78 @@ def test_sigterm_to_the_whole_process_group_ends_the_run_in_one_line_without_wai
     while _raylets() - before and time.time() < deadline:
         time.sleep(0.5)
     assert not _raylets() - before
+
+
+def _code_spec(folder, sleep_s: float):
+    """A replay sweep of 20 programs through code_exec (no engine), each sleeping `sleep_s`, shards of 5."""
+    import json
+
+    program = f"import time\ntime.sleep({sleep_s})\nassert True"
+    (folder / "c.jsonl").write_text("".join(json.dumps({"id": str(i), "code": program}) + "\n" for i in range(20)))
+    spec = folder / "s.yaml"
+    spec.write_text(f"name: slow-code\noutput: {folder / 'out'}\nmodels: []\ntasks:\n"
+                    "  - {name: slow, data: c.jsonl, id_column: id, prompt: '{id}', replay: {column: code},\n"
+                    "     scorer: {name: code_exec, program: \"{completion}\\n\", timeout_s: 10}}\n"
+                    "shards: {max_samples: 5}\n")
+    return spec
+
+
+def _driver(spec, code: str = "") -> subprocess.Popen:
+    """`python -m jobs.sweep SPEC` in a process group of its own, after `code` (a test's hook) ran in it."""
+    script = f"{code}\nfrom jobs.sweep import exit_now, main\nexit_now(main([{str(spec)!r}]))"
+    return subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=os.environ | {"PYTHONUNBUFFERED": "1", "RAY_ADDRESS": ""})
+
+
+def _interrupted_at(sweep: subprocess.Popen, marker: str, delay_s: float = 0.0) -> str:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) once `marker` is printed; all it printed."""
+    lines = []
+    for line in sweep.stdout:
+        lines.append(line)
+        if marker in line:
+            time.sleep(delay_s)
+            os.killpg(sweep.pid, signal.SIGINT)
+            break
+    rest, _ = sweep.communicate(timeout=120)
+    return "".join(lines) + rest
+
+
+def _assert_one_stop_line(sweep: subprocess.Popen, text: str) -> str:
+    assert sweep.returncode == 1, text[-3000:]
+    stopped = [line for line in text.splitlines() if line.startswith("[raysweep] stopped by SIGINT: ")]
+    assert len(stopped) == 1 and stopped[0].endswith("; the same command resumes the rest"), text[-3000:]
+    assert "Traceback" not in text and "exception calling callback" not in text, text[-3000:]
+    return stopped[0]
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_code_exec_scoring_is_one_line_and_the_run_resumes(tmp_path):
+    """issue 29: Ctrl-C while code_exec programs ran printed chained tracebacks (a CancelledError from each
+    sandbox batch the closing pool cancelled)."""
+    spec = _code_spec(tmp_path, 1.0)
+    sweep = _driver(spec)
+    _assert_one_stop_line(sweep, _interrupted_at(sweep, "code_exec programs run sandboxed", delay_s=1.0))
+    again = _driver(spec)
+    text, _ = again.communicate(timeout=180)
+    assert again.returncode == 0, text[-3000:]
+    ids = pq.read_table(tmp_path / "out" / "results", columns=["sample_id"])["sample_id"].to_pylist()
+    assert len(ids) == len(set(ids)) == 20
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_finish_is_one_line_and_the_next_run_writes_the_summary(tmp_path):
+    """Ctrl-C while the run writes its telemetry and summary (a hook holds `finish` open): every shard is
+    committed, the line says so, and the same command then runs nothing and writes the summary."""
+    spec = _code_spec(tmp_path, 0.0)
+    hook = ("import time\nfrom cluster.store import sink\nfinish = sink.ResultSink.finish\n"
+            "def held(self, log=print):\n    print('[test] finishing', flush=True)\n    time.sleep(30)\n"
+            "    return finish(self, log)\nsink.ResultSink.finish = held")
+    sweep = _driver(spec, hook)
+    line = _assert_one_stop_line(sweep, _interrupted_at(sweep, "[test] finishing"))
+    assert ": 4 of 4 shard(s) committed in " in line
+    assert not (tmp_path / "out" / "summary.parquet").exists()
+    again = _driver(spec)
+    text, _ = again.communicate(timeout=180)
+    assert again.returncode == 0 and "(0 shards run, 4 already committed)" in text, text[-3000:]
+    assert pq.read_table(tmp_path / "out" / "summary.parquet").column("n").to_pylist() == [20]

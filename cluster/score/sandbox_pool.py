@@ -46,6 +46,9 @@ class SandboxPool:
             if not part.cancelled() and part.exception() is not None:
                 _settle(result, exception=part.exception())
             elif last:
+                if any(p.cancelled() for p in parts):  # the pool closed under it (a stop): nobody waits for it
+                    result.cancel()
+                    return
                 outcomes = [p.result() for p in parts]
                 if any(o.started for o in outcomes):
                     _settle(result, value=outcomes)
