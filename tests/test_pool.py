@@ -311,7 +311,7 @@ def test_a_pool_of_another_raysweep_version_is_not_used(monkeypatch):
 
 
 @pytest.mark.slow
-def test_shards_queued_at_serves_router_when_the_pool_is_deleted_come_back_as_pool_gone(ray_local):
+def test_shards_queued_at_serves_router_or_sent_after_the_pool_is_deleted_come_back_as_pool_gone(ray_local):
     """Serve never fails a request that waits at its router for a replica when the application is deleted
     (it waited forever: the `pool down --force` hang); the sweep's pool client notices the pool is gone."""
     import ray
@@ -349,6 +349,10 @@ def test_shards_queued_at_serves_router_when_the_pool_is_deleted_come_back_as_po
         waited = time.monotonic() - started
         assert outcomes.count("PoolGone") >= 3 and set(outcomes) <= {"PoolGone", "done"}, outcomes
         assert waited < 10 * POOL_WATCH_S, waited
+        sent = time.monotonic()  # the moment before a shard reaches the pool: sent once the pool is gone
+        with pytest.raises(PoolGone):
+            ray.get(client.run_shard.remote("model-fake", "fake", 9, None, 1), timeout=60)
+        assert time.monotonic() - sent < 10 * POOL_WATCH_S
     finally:
         serve.shutdown()
 
