@@ -4,6 +4,8 @@ It exists to measure what raysweep itself costs — planning, scheduling, Ray tr
 commits — with no model in the way (`engine: fake` in a spec; `python -m jobs.bench --parts o`).
 Its output is the constant "fake" and one token per sample; nothing it returns is a measurement of a model.
 Like vLLM it holds one profile and is restarted for another, so profile routing can be tested on CPU.
+`engine: {backend: fake, delay_s: S}` makes each batch take S seconds, so a test can hold shards in flight
+(which actor runs what then does not hang on how fast a second actor's process starts).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class FakeEngine:
 
         started = time.perf_counter()
         self.profile = profile
+        self.delay_s = float(model.engine.get("delay_s", 0))
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)  # the actor tokenizes shards with it
         self._init_s = time.perf_counter() - started
 
@@ -37,13 +40,21 @@ class FakeEngine:
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingSpec,
                  structured: StructuredSpec | None) -> list[GenResult]:
         check_requests(requests)
+        self._wait()
         return [GenResult(r.sample_id, "fake", 1, "stop", None, None) for r in requests]
 
     def loglikelihood(self, requests: Sequence[LoglikRequest]) -> list[LoglikResult]:
         """-1 per token: no model's figure."""
         check_loglik_requests(requests)
+        self._wait()
         return [LoglikResult(r.sample_id, [-float(len(c)) for c in r.continuations], [False] * len(r.continuations),
                              None) for r in requests]
+
+    def _wait(self) -> None:
+        if self.delay_s:
+            import time
+
+            time.sleep(self.delay_s)
 
     def sleep(self) -> None:
         pass

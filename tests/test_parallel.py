@@ -203,7 +203,10 @@ def test_shards_cut_at_the_tail_are_committed_once_each(ray_local, tmp_path):
     from cluster.schedule.run import run_sweep
     from cluster.store.manifest import read_manifest
 
-    spec = load_spec(write_spec(tmp_path, [{"name": "m", "path": "builtin:tiny", "engine": "fake"}], rows=192,
+    # each shard takes 2 s: the third waits while both actors run, however far apart their processes came up
+    # (at once, the first actor up could run all three before the second was: 1 run in 4 cut nothing here)
+    fake = {"backend": "fake", "delay_s": 2.0}
+    spec = load_spec(write_spec(tmp_path, [{"name": "m", "path": "builtin:tiny", "engine": fake}], rows=192,
                                 max_samples=64, actors={"count": 2, "num_cpus": 1, "shards_in_flight": 1}))
     report = run_sweep(spec, log=lambda line: None)
     assert not report.failed and report.samples == 192
@@ -218,6 +221,8 @@ def test_shards_cut_at_the_tail_are_committed_once_each(ray_local, tmp_path):
     assert parts["n_samples"].min() >= MIN_PART_ROWS
     run = manifest["runs"][-1]
     assert run["tail_splits"] == report.tail["tail_splits"] and 0 <= run["tail_idle_share"] < 1
+    assert run["engines"] == {"count": 2, "num_gpus": 1.0, "engines_per_gpu": 1,  # the run records its actors
+                              "reason": "no GPU in the cluster: one CPU engine per actor"}
 
 
 def _tail_scheduler(ray_local, events, raising=("s90",), dies_once: str | None = None):

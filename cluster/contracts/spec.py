@@ -75,8 +75,12 @@ class ShardLimits:
 
 @dataclass(frozen=True)
 class ActorSpec:
-    count: int = 1  # actors per model
-    num_gpus: float = 1.0  # GPUs per actor (fractions share a GPU); ignored where the cluster has none
+    # actors per model; None (left out): chosen with num_gpus once Ray is up (cluster/plan/engines_per_gpu.py):
+    # engines per GPU x the cluster's GPUs, or 1 without GPUs
+    count: int | None = None
+    # GPUs per actor (fractions share a GPU); ignored where the cluster has none; None (left out): 0.5 (two
+    # engines per GPU) for models of at most 2 GiB of weights on a GPU of 40 GiB or more, else 1
+    num_gpus: float | None = None
     num_cpus: float = 1.0  # CPUs per actor; the CPU engine uses this many threads
     # e.g. "L4": actors go to nodes with this accelerator (Ray's accelerator_type:<name> resource), and
     # their GPUs are asked of the autoscaler even while the cluster has none (GPU groups at min 0)
@@ -91,9 +95,9 @@ class ActorSpec:
         if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str)
                                                   or not NAME_RE.match(self.accelerator_type)):
             raise ValueError(f"accelerator_type: must be a name such as L4 or H100, got {self.accelerator_type!r}")
-        if not _is_int(self.count) or self.count < 1:
+        if self.count is not None and (not _is_int(self.count) or self.count < 1):
             raise ValueError(f"count: must be an integer >= 1, got {self.count!r}")
-        if not _is_number(self.num_gpus) or self.num_gpus < 0:
+        if self.num_gpus is not None and (not _is_number(self.num_gpus) or self.num_gpus < 0):
             raise ValueError(f"num_gpus: must be >= 0, got {self.num_gpus!r}")
         if not _is_number(self.num_cpus) or self.num_cpus <= 0:
             raise ValueError(f"num_cpus: must be > 0, got {self.num_cpus!r}")
@@ -169,6 +173,9 @@ class SweepSpec:
         body = dataclasses.asdict(self)
         for key in ("output", "source", "base_dir"):
             body.pop(key)
+        for key, default in (("count", 1), ("num_gpus", 1.0)):  # left out: the defaults they had then
+            if body["actors"][key] is None:
+                body["actors"][key] = default
         if not self.reproducible:  # as before the field existed: outputs made then still resume
             body.pop("reproducible")
         for task in body["tasks"]:  # fields added later, at their defaults: the hash of a spec made before
@@ -181,5 +188,5 @@ class SweepSpec:
             if task["sampling"]["n"] == 1:
                 task["sampling"].pop("n")
         if not with_placement:  # whether actors have GPUs stays: it decides the engine (vLLM or the CPU one)
-            body["actors"] = {"gpus": self.actors.num_gpus > 0}
+            body["actors"] = {"gpus": self.actors.num_gpus is None or self.actors.num_gpus > 0}
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]

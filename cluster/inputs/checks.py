@@ -130,7 +130,8 @@ def check_memory(spec: SweepSpec, model: ModelSpec, path: str, config: dict | No
         return
     found = weights(None if is_builtin(path) else path, config, model.engine)
     why = found and refusal(model.name, model.engine, found, gpu_bytes, f"one {spec.actors.accelerator_type}",
-                            spec.actors.num_gpus, config.get("num_attention_heads"))
+                            1.0 if spec.actors.num_gpus is None else spec.actors.num_gpus,  # auto shares only what fits
+                            config.get("num_attention_heads"))
     if why:
         raise PreflightError(f"{spec.source}: {why}")
 

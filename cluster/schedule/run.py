@@ -22,6 +22,7 @@ from cluster.schedule.commit import Commits
 from cluster.schedule.metrics import SweepMetrics
 from cluster.contracts.engine_defaults import shared_starts_together
 from cluster.contracts.errors import RaysweepError
+from cluster.plan.engines_per_gpu import choose, resolved
 from cluster.plan.placement import capacity, model_resources, requested_capacity
 from cluster.plan.planner import TaskPlan
 from cluster.plan.plan_source import ModelReady, PlanSource
@@ -105,7 +106,8 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
             run.progress.close()
             run.metrics.close()
             if not isinstance(sys.exc_info()[1], OutputWriteError):  # else the output takes nothing more now
-                sink.add_run({**clock.record(), **run.tail_record()})
+                engines = {"engines": run.engines.record()} if run.engines else {}
+                sink.add_run({**clock.record(), **run.tail_record(), **engines})
                 run.report.summary = sink.finish(log)
                 for name in sink.set_aside:
                     log(f"[raysweep] {name} could not be read (torn or replaced): set aside as {name}.unreadable-*, "
@@ -136,14 +138,20 @@ class _Run:
         self.n_shards = 0
         self._ticked = 0.0  # when on_tick last reported
         self.recorder = None  # sends the sweep's state to the engine pool, where the sweep uses one
+        self.engines = None  # the actors' count and GPU share, and why (cluster/plan/engines_per_gpu.py)
         self.commits = Commits(self.spec, sink, self.metrics, self.progress, clock)  # results scored, committed
 
     def schedule(self, max_attempts: int) -> None:
         from cluster.launch import eval_actor_class
 
         EvalActor = eval_actor_class()
-        spec = self.spec
-        shapes = model_resources(spec.actors, spec.models, ray.cluster_resources())  # per model: its actors' shape
+        resources = ray.cluster_resources()
+        self.engines = choose(self.spec, resources)
+        chosen = self.spec.actors.count is None or self.spec.actors.num_gpus is None
+        if chosen and (resources.get("GPU") or self.spec.actors.accelerator_type):
+            self.log(f"[raysweep] actors: {self.engines.reason}")
+        spec = self.spec = resolved(self.spec, self.engines)
+        shapes = model_resources(spec.actors, spec.models, resources)  # per model: its actors' shape
         holds = {}  # per shape: how many actors the cluster holds at once; refuses a shape no node can hold
         for shape in dict.fromkeys(shapes.values()):
             holds[shape] = capacity(shape, [name for name, s in shapes.items() if s == shape])

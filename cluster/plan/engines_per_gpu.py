@@ -1,0 +1,110 @@
+"""How many engines share each GPU, and so how many actors a model gets, where the spec leaves `actors.count` or
+`actors.num_gpus` out (issue 30): chosen once Ray is up, from the cluster's GPUs, their memory and the models'
+weights, and recorded with its reason in the manifest (`runs[].engines`) and the run's output.
+
+The rule, measured on one H100 80GB (vLLM 0.26; bench/README.md, "GPU whole process" and "lm-eval tasks"):
+two engines on one GPU beat one engine as a whole process for a 136M and a 254M model (1.25x on lm-eval
+tasks, 1.27x at 5,248 prompts), because a small model's one engine leaves the GPU idle between its steps. So:
+- two engines per GPU where every model's weights take at most SMALL_WEIGHTS_BYTES, each engine spans one GPU,
+  and the GPU has at least SHARED_GPU_MIN_BYTES (each engine then keeps tens of GiB for its KV cache);
+- one engine per GPU otherwise: a large model (`builtin:large`, 8B) is compute-bound, and sharing halves its
+  KV cache for nothing measured; a GPU of unknown memory is not shared;
+- actors per model: engines per GPU x the GPUs the cluster has now, over the GPUs one engine spans (at least
+  one: an autoscaled group at zero nodes starts with one);
+- without GPUs (the CPU engine): one actor per model, as before;
+- a value the spec gives is kept, and the other is chosen around it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cluster.contracts.model_memory import GIB, accelerator_memory, weights
+from cluster.contracts.spec import ActorSpec, SweepSpec
+
+SMALL_WEIGHTS_BYTES = 2 * GIB  # about 1B parameters in bf16: the largest model measured to gain is 254M
+SHARED_GPU_MIN_BYTES = 40 * GIB  # a GPU two engines share: an A100-40G or larger
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    count: int  # actors per model
+    num_gpus: float  # each actor's share of a GPU
+    engines_per_gpu: int
+    reason: str
+
+    def record(self) -> dict:
+        return {"count": self.count, "num_gpus": self.num_gpus, "engines_per_gpu": self.engines_per_gpu,
+                "reason": self.reason}
+
+
+def choose(spec: SweepSpec, cluster_resources: dict, model_bytes=None) -> EngineChoice:
+    """The actors' count and GPU share for `spec`. `cluster_resources`: ray.cluster_resources(); `model_bytes`:
+    each model's weights in bytes, None where unknown (default: `model_weights(spec)`, read only when needed)."""
+    actors = spec.actors
+    gpus = int(cluster_resources.get("GPU", 0))
+    if not gpus and actors.accelerator_type is None:
+        return _kept(actors, 1, "no GPU in the cluster: one CPU engine per actor")
+    if actors.num_gpus is not None:
+        per_gpu = max(1, int(1 / actors.num_gpus)) if 0 < actors.num_gpus < 1 else 1
+        return _kept(actors, per_gpu, f"actors.num_gpus {actors.num_gpus:g} set in the spec")
+    per_gpu, why = _engines_per_gpu(spec, cluster_resources, model_weights(spec) if model_bytes is None else model_bytes)
+    span = max((m.gpus_per_engine for m in spec.models), default=1)  # an engine of N GPUs: one actor per N
+    count = actors.count if actors.count is not None else per_gpu * max(gpus // span, 1)
+    where = f"; {count} actor(s) per model" + ("" if actors.count is not None else f" for {max(gpus, 1)} GPU(s)")
+    return EngineChoice(count, 1.0 / per_gpu, per_gpu, why + where)
+
+
+def resolved(spec: SweepSpec, choice: EngineChoice) -> SweepSpec:
+    """`spec` with its actors' count and share as chosen."""
+    return replace(spec, actors=replace(spec.actors, count=choice.count, num_gpus=choice.num_gpus))
+
+
+def model_weights(spec: SweepSpec) -> dict[str, int | None]:
+    """Each model's weights in bytes at the dtype vLLM loads them in, where its config is at hand."""
+    from cluster.inputs.builtin_model import find_model, is_builtin
+
+    found = {}
+    for model in spec.models:
+        path = spec.model_path(model)
+        try:
+            config = find_model(path)
+            counted = config and weights(None if is_builtin(path) else path, config, model.engine)
+        except (OSError, ValueError):  # checked before Ray started: here only a size is wanted
+            counted = None
+        found[model.name] = counted.bytes if counted else None
+    return found
+
+
+def _engines_per_gpu(spec: SweepSpec, cluster_resources: dict, model_bytes: dict[str, int | None]) -> tuple[int, str]:
+    kind = spec.actors.accelerator_type or _accelerator(cluster_resources)
+    memory = accelerator_memory(kind)
+    if memory is None:
+        return 1, f"one engine per GPU: the memory of a {kind or 'GPU of unknown type'} is not known to raysweep"
+    if memory < SHARED_GPU_MIN_BYTES:
+        return 1, f"one engine per GPU: one {kind} has {memory / GIB:.0f} GiB, under {SHARED_GPU_MIN_BYTES / GIB:.0f} GiB"
+    spanning = [m for m in spec.models if m.gpus_per_engine > 1]
+    if spanning:
+        return 1, f"one engine per GPU: model {spanning[0].name}'s engine spans {spanning[0].gpus_per_engine} GPUs"
+    unknown = [name for name, size in model_bytes.items() if size is None]
+    if unknown:
+        return 1, f"one engine per GPU: model {unknown[0]}'s size is not known before it loads"
+    large = {name: size for name, size in model_bytes.items() if size > SMALL_WEIGHTS_BYTES}
+    if large:
+        name, size = max(large.items(), key=lambda item: item[1])
+        return 1, (f"one engine per GPU: model {name}'s weights take {size / GIB:.1f} GiB, over "
+                   f"{SMALL_WEIGHTS_BYTES / GIB:.0f} GiB")
+    largest = max(model_bytes.values(), default=0)
+    return 2, (f"two engines per GPU: the largest model's weights take {largest / GIB:.2f} GiB (at most "
+               f"{SMALL_WEIGHTS_BYTES / GIB:.0f} GiB) on a {kind} of {memory / GIB:.0f} GiB")
+
+
+def _accelerator(cluster_resources: dict) -> str | None:
+    kinds = sorted(key.split(":", 1)[1] for key in cluster_resources if key.startswith("accelerator_type:"))
+    return kinds[0] if len(kinds) == 1 else None
+
+
+def _kept(actors: ActorSpec, per_gpu: int, reason: str) -> EngineChoice:
+    count = actors.count if actors.count is not None else 1
+    num_gpus = actors.num_gpus if actors.num_gpus is not None else 1.0
+    return EngineChoice(count, num_gpus, per_gpu, reason)

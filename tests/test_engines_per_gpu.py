@@ -1,0 +1,81 @@
+"""Engines per GPU and actors per model, chosen where the spec leaves them out (issue 30,
+cluster/plan/engines_per_gpu.py): from the cluster's GPUs, their memory and the models' weights; a value the
+spec gives is kept."""
+
+import pytest
+
+from cluster.contracts.spec import ActorSpec, ModelSpec, SweepSpec
+from cluster.plan.engines_per_gpu import choose, model_weights, resolved
+from tests.conftest import QUICKSTART
+
+H100 = {"CPU": 16.0, "GPU": 1.0, "accelerator_type:H100": 1.0}
+GIB = 1 << 30
+
+
+def _spec(models: dict[str, str], actors: dict | None = None, engine: dict | None = None) -> SweepSpec:
+    from cluster.inputs.spec_file import load_spec
+
+    base = load_spec(QUICKSTART)
+    return SweepSpec(name="s", output="out", models=tuple(ModelSpec(name=n, path=p, engine=engine or {})
+                                                          for n, p in models.items()),
+                     tasks=base.tasks[:1], actors=ActorSpec(**(actors or {})), base_dir=base.base_dir)
+
+
+@pytest.mark.parametrize("model, per_gpu", [("builtin:tiny", 2), ("builtin:small", 2), ("builtin:medium", 2),
+                                            ("builtin:large", 1)])
+def test_a_small_model_gets_two_engines_per_gpu_on_an_h100_and_a_large_one_one(model, per_gpu):
+    spec = _spec({"m": model})
+    choice = choose(spec, H100, model_weights(spec))
+    assert (choice.engines_per_gpu, choice.count, choice.num_gpus) == (per_gpu, per_gpu, 1 / per_gpu)
+    assert choice.reason.startswith("two engines per GPU" if per_gpu == 2 else "one engine per GPU: model m's weights")
+    assert choice.reason.endswith(f"; {per_gpu} actor(s) per model for 1 GPU(s)")
+    again = resolved(spec, choice)
+    assert (again.actors.count, again.actors.num_gpus) == (per_gpu, 1 / per_gpu)
+    assert again.digest() == spec.digest()  # placement never changes what a resume checks
+
+
+def test_the_largest_model_decides_and_every_gpu_of_the_cluster_is_used():
+    spec = _spec({"a": "builtin:small", "b": "builtin:large"})
+    assert choose(spec, H100 | {"GPU": 4.0}, model_weights(spec)).record() == {
+        "count": 4, "num_gpus": 1.0, "engines_per_gpu": 1,
+        "reason": "one engine per GPU: model b's weights take 13.0 GiB, over 2 GiB; 4 actor(s) per model for 4 GPU(s)"}
+    small = _spec({"a": "builtin:small"})
+    assert choose(small, H100 | {"GPU": 4.0}, model_weights(small)).count == 8
+
+
+def test_a_value_the_spec_gives_is_kept():
+    spec = _spec({"m": "builtin:small"}, {"num_gpus": 1})
+    choice = choose(spec, H100, model_weights(spec))
+    assert (choice.count, choice.num_gpus, choice.reason) == (1, 1, "actors.num_gpus 1 set in the spec")
+    spec = _spec({"m": "builtin:small"}, {"count": 3})  # the share is chosen around the given count
+    choice = choose(spec, H100, model_weights(spec))
+    assert (choice.count, choice.num_gpus) == (3, 0.5) and choice.reason.endswith("; 3 actor(s) per model")
+
+
+@pytest.mark.parametrize("resources, actors, engine, reason", [
+    ({"CPU": 2.0}, {}, {}, "no GPU in the cluster: one CPU engine per actor"),
+    ({"CPU": 8.0, "GPU": 1.0, "accelerator_type:L4": 1.0}, {}, {}, "one engine per GPU: one L4 has 22 GiB, under 40 GiB"),
+    ({"CPU": 8.0, "GPU": 1.0}, {}, {}, "one engine per GPU: the memory of a GPU of unknown type is not known"),
+    ({"CPU": 8.0}, {"accelerator_type": "A10G"}, {}, "one engine per GPU: one A10G has 22 GiB"),
+    (H100 | {"GPU": 4.0}, {}, {"tensor_parallel_size": 2}, "one engine per GPU: model m's engine spans 2 GPUs; "
+                                                            "2 actor(s) per model for 4 GPU(s)"),
+])
+def test_one_engine_per_gpu_where_sharing_was_not_measured_to_gain(resources, actors, engine, reason):
+    spec = _spec({"m": "builtin:small"}, actors, engine)
+    choice = choose(spec, resources, model_weights(spec))
+    assert choice.engines_per_gpu == 1 and choice.num_gpus == 1.0 and choice.reason.startswith(reason)
+    said = choice.reason.rpartition("; ")[2]
+    assert choice.count == (int(said.split()[0]) if "actor(s)" in said else 1)
+
+
+def test_a_model_of_unknown_size_is_not_shared():
+    spec = _spec({"m": "builtin:small"})
+    choice = choose(spec, H100, {"m": None})
+    assert choice.engines_per_gpu == 1 and "model m's size is not known" in choice.reason
+
+
+def test_specs_made_before_the_choice_keep_their_hash_with_placement():
+    """Outputs made before 2026-11-22 recorded a hash over `actors:` at its defaults then (count 1, num_gpus 1)."""
+    left_out = _spec({"m": "builtin:small"})
+    explicit = _spec({"m": "builtin:small"}, {"count": 1, "num_gpus": 1.0})
+    assert left_out.digest(with_placement=True) == explicit.digest(with_placement=True)
