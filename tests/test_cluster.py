@@ -4,6 +4,7 @@ fake_multinode provider (the CPU engine standing in for vLLM)."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -47,8 +48,11 @@ def free_port() -> int:
 def ray_head(*extra: str, env: dict | None = None, port: int | None = None):
     """`ray start --head --block` in its own process group; yields (gcs address, dashboard URL)."""
     port, dash = port or free_port(), free_port()
+    # every port a head binds by a fixed default is a free one: another Ray on the host (a user's, a test's) holds
+    # 52365 or 10001 otherwise, and `ray job submit` then answers "No available agent" for minutes
     cmd = ["ray", "start", "--head", "--block", f"--port={port}", "--dashboard-host=127.0.0.1",
-           f"--dashboard-port={dash}", "--disable-usage-stats", *extra]
+           f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={free_port()}",
+           f"--ray-client-server-port={free_port()}", "--disable-usage-stats", *extra]
     head = subprocess.Popen(cmd, env=os.environ | TOKEN_AUTH | (env or {}), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{dash}"
@@ -92,22 +96,48 @@ def _forget_cluster(port: int) -> None:
 
 
 @pytest.mark.slow
-def test_ray_job_submit_runs_a_sweep(tmp_path):
+def test_ray_job_submit_runs_a_sweep_and_ray_job_stop_ends_it_in_one_line(tmp_path, monkeypatch):
     """The README's job, with the spec's own relative output (no --output): the results must outlast the
     job's temporary copy of its working dir, and the run says where they are."""
     out = tmp_path / "kept" / "results" / "quickstart"  # RAYSWEEP_RESULTS + the spec's `output`
     env_json = json.dumps({"env_vars": {"RAYSWEEP_RESULTS": str(tmp_path / "kept")}})
+    for key, value in TOKEN_AUTH.items():
+        monkeypatch.setenv(key, value)
     with ray_head("--num-cpus=2") as (_, dashboard):
+        stopped = _stopped_mid_shards(dashboard, {"working_dir": str(ROOT), **json.loads(env_json)})
+        assert stopped.count("[raysweep] stopped by SIGTERM: ") == 1, stopped[-3000:]
+        assert "; the same command resumes the rest" in stopped and "Traceback" not in stopped, stopped[-3000:]
         proc = subprocess.run(
             ["ray", "job", "submit", "--address", dashboard, "--working-dir", str(ROOT), "--runtime-env-json",
              env_json, "--", "python", "-m", "jobs.sweep", "sweeps/quickstart.yaml"],
             env=os.environ | TOKEN_AUTH, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "succeeded" in proc.stdout
-    assert "[raysweep] 350/350 samples (100%)" in proc.stdout  # progress in the job's logs
+    assert re.search(r"\[raysweep\] (\d+)/\1 samples \(100%\)", proc.stdout)  # progress in the job's logs
+    assert "already committed)" in proc.stdout and " 0 already committed)" not in proc.stdout  # it resumed
     assert f"the relative output results/quickstart goes to {out}" in proc.stdout
     assert f"[raysweep] results: {out}" in proc.stdout
     assert pq.read_table(out / "results").num_rows == 350
+
+
+def _stopped_mid_shards(dashboard: str, runtime_env: dict) -> str:
+    """`ray job stop` (Ray's job supervisor sends the driver SIGTERM, then SIGKILL after 3 s) once the job's
+    logs show samples done; the job's logs once it ended (issue 29: the same one line as any SIGTERM)."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(dashboard)  # token auth as the `ray job` CLI: RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH
+    job = client.submit_job(entrypoint="python -m jobs.sweep sweeps/quickstart.yaml", runtime_env=runtime_env)
+    deadline = time.time() + 300
+    while not re.search(r"\[raysweep\] [1-9]\d*/350 samples \(", client.get_job_logs(job)):
+        assert time.time() < deadline and not client.get_job_status(job).is_terminal(), client.get_job_logs(job)[-3000:]
+        time.sleep(0.3)
+    client.stop_job(job)
+    while not client.get_job_status(job).is_terminal():
+        assert time.time() < deadline
+        time.sleep(0.3)
+    assert client.get_job_status(job) == JobStatus.STOPPED
+    time.sleep(1)  # the supervisor's last writes of the driver's output
+    return client.get_job_logs(job)
 
 
 FAKE_CLUSTER = {
