@@ -38,10 +38,12 @@ GCS_LOST_AFTER = 2  # refused connections in a row that say the GCS is gone (not
 
 
 @contextmanager
-def interruptible(abandon: Callable[[Interrupted], None] | None = None):
+def interruptible(say: Callable[[Interrupted], None] | None = None):
     """The first SIGINT or SIGTERM raises Interrupted here; the second exits at once (128 + signal).
-    `abandon(stop)`: said before the process exits (1) without its cleanup, where after the first signal the
-    connected cluster's GCS stops answering."""
+    `say(stop)`: the run's line, said at the first signal, before the cleanup (`ray job stop` sends SIGKILL 3 s
+    after its SIGTERM, which a cleanup of closing engines may outlast); and where after it the connected
+    cluster's GCS stops answering, the process then exits (1) without its cleanup. `say` is called from the
+    signal handler or another thread: it writes with os.write, and says its line once."""
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield
         return
@@ -53,11 +55,14 @@ def interruptible(abandon: Callable[[Interrupted], None] | None = None):
     def first(signum, frame):
         for s in SIGNALS:
             signal.signal(s, second)
-        raise Interrupted(signum)
+        stop = Interrupted(signum)
+        if say is not None:
+            say(stop)
+        raise stop
 
     before = {s: signal.signal(s, first) for s in SIGNALS}
     _OURS.append(first)
-    watch = _SignalWatch(abandon) if abandon is not None else None
+    watch = _SignalWatch(say) if say is not None else None
     try:
         yield
     finally:

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 from cluster.contracts.errors import RaysweepError
@@ -66,16 +67,19 @@ def run_spec(spec, args: argparse.Namespace, clock=None) -> int:
     from jobs.interrupts import Interrupted, interruptible, stopped_line
 
     held: dict = {}  # what the run has opened so far: the output's sink
+    said = threading.Lock()  # the line is said once: by the signal's handler, the GCS watch or here
 
     def say_stopped(stop: Interrupted) -> None:
-        sink = held.get("sink")
-        print(stopped_line(stop, sink, sink.output if sink else None), file=sys.stderr, flush=True)
+        if not said.acquire(blocking=False):
+            return
+        sink = held.get("sink")  # what is committed at the signal is final: the cleanup commits nothing more
+        os.write(2, (stopped_line(stop, sink, sink.output if sink else None) + "\n").encode())
 
-    with interruptible(abandon=say_stopped):  # a GCS gone with the signal: the line, then exit without cleanup
+    with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)
         try:
             report, node = _run_spec(spec, args, clock, held)
         except Interrupted as stop:
-            say_stopped(stop)
+            say_stopped(stop)  # ray.init's own SIGTERM handler, turned into Interrupted: not said yet
             return 1
     return _print_report(report, node)
 
