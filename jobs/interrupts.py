@@ -3,11 +3,11 @@
 The first signal raises `Interrupted` in the driver's main thread, wherever it is (checks, Ray's start, the
 scheduler's loop, scoring): the run's own cleanup then runs as on any error (engines closed, the telemetry
 and summary of what was committed written, the output's lock released, a local Ray this run started shut
-down), and the edge prints what was committed and how to resume. A second signal stops the process at once.
-Where the signal also ended the cluster's GCS (a SIGTERM to the whole process group reaches the local Ray this
-run started), every Ray call of that cleanup would wait out Ray's 60 s GCS timeout and then abort the process
-with a C++ message: once the GCS stops answering, the run gives up its cleanup, says its line and exits
-(`abandon`). What was committed is in the manifest already; the output's lock is the OS's (flock).
+down). The line saying what was committed and how to resume is said at the signal, before that cleanup (`say`).
+A second signal stops the process at once. Where the signal also ended the cluster's GCS (a SIGTERM to the whole
+process group reaches the local Ray this run started), every Ray call of that cleanup would wait out Ray's 60 s
+GCS timeout and then abort the process with a C++ message: once the GCS stops answering, the run gives up its
+cleanup and exits. What was committed is in the manifest already; the output's lock is the OS's (flock).
 """
 
 from __future__ import annotations
@@ -78,17 +78,17 @@ class _SignalWatch:
     C call, as ray.init's 30 s wait for a GCS that died): Python's C-level handler writes each signal's
     number to a wakeup pipe, read by a thread that then watches the GCS (`_abandon_when_gcs_gone`)."""
 
-    def __init__(self, abandon: Callable[[Interrupted], None]):
+    def __init__(self, say: Callable[[Interrupted], None]):
         self.read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         self.write_fd = write_fd
         self.before = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        threading.Thread(target=self._wait, args=(abandon,), daemon=True, name="raysweep-signal-watch").start()
+        threading.Thread(target=self._wait, args=(say,), daemon=True, name="raysweep-signal-watch").start()
 
-    def _wait(self, abandon) -> None:
+    def _wait(self, say) -> None:
         for number in iter(lambda: os.read(self.read_fd, 1), b""):
             if number[0] in {int(s) for s in SIGNALS}:
-                _abandon_when_gcs_gone(Interrupted(number[0]), abandon)
+                _abandon_when_gcs_gone(Interrupted(number[0]), say)
                 return
 
     def close(self) -> None:
@@ -96,7 +96,7 @@ class _SignalWatch:
         os.close(self.write_fd)  # the thread's read ends
 
 
-def _abandon_when_gcs_gone(stop: Interrupted, abandon: Callable[[Interrupted], None]) -> None:
+def _abandon_when_gcs_gone(stop: Interrupted, say: Callable[[Interrupted], None]) -> None:
     """After a signal, while the process cleans up: where the GCS is gone (its port refuses GCS_LOST_AFTER
     times in a row, or the local Ray's gcs_server, this process's child, has exited), the cleanup cannot finish
     (each Ray call waits 60 s for it, ray.init 30 s): say the line, exit 1."""
@@ -105,7 +105,7 @@ def _abandon_when_gcs_gone(stop: Interrupted, abandon: Callable[[Interrupted], N
         refused = refused + 1 if _gcs_gone() else 0
         if refused >= GCS_LOST_AFTER:
             try:
-                abandon(stop)
+                say(stop)  # said already at the signal, unless the main thread was inside a C call
             finally:
                 os._exit(1)
         time.sleep(GCS_PROBE_S)
