@@ -126,8 +126,14 @@ def _stopped_mid_shards(dashboard: str, runtime_env: dict) -> str:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(dashboard)  # token auth as the `ray job` CLI: RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH
-    job = client.submit_job(entrypoint="python -m jobs.sweep sweeps/quickstart.yaml", runtime_env=runtime_env)
     deadline = time.time() + 300
+    while True:  # a head just started may have its dashboard up before its agent: "No available agent"
+        try:
+            job = client.submit_job(entrypoint="python -m jobs.sweep sweeps/quickstart.yaml", runtime_env=runtime_env)
+            break
+        except RuntimeError as e:
+            assert "No available agent" in str(e) and time.time() < deadline, e
+            time.sleep(1)
     while not re.search(r"\[raysweep\] [1-9]\d*/350 samples \(", client.get_job_logs(job)):
         assert time.time() < deadline and not client.get_job_status(job).is_terminal(), client.get_job_logs(job)[-3000:]
         time.sleep(0.3)
