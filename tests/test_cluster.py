@@ -96,13 +96,11 @@ def _forget_cluster(port: int) -> None:
 
 
 @pytest.mark.slow
-def test_ray_job_submit_runs_a_sweep_and_ray_job_stop_ends_it_in_one_line(tmp_path, monkeypatch):
+def test_ray_job_submit_runs_a_sweep_and_ray_job_stop_ends_it_in_one_line(tmp_path):
     """The README's job, with the spec's own relative output (no --output): the results must outlast the
     job's temporary copy of its working dir, and the run says where they are."""
     out = tmp_path / "kept" / "results" / "quickstart"  # RAYSWEEP_RESULTS + the spec's `output`
     env_json = json.dumps({"env_vars": {"RAYSWEEP_RESULTS": str(tmp_path / "kept")}})
-    for key, value in TOKEN_AUTH.items():
-        monkeypatch.setenv(key, value)
     with ray_head("--num-cpus=2") as (_, dashboard):
         stopped = _stopped_mid_shards(dashboard, {"working_dir": str(ROOT), **json.loads(env_json)})
         assert stopped.count("[raysweep] stopped by SIGTERM: ") == 1, stopped[-3000:]
@@ -120,30 +118,43 @@ def test_ray_job_submit_runs_a_sweep_and_ray_job_stop_ends_it_in_one_line(tmp_pa
     assert pq.read_table(out / "results").num_rows == 350
 
 
+STOP_MID_SHARDS = """
+import json, re, sys, time
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+dashboard, runtime_env = sys.argv[1], json.loads(sys.argv[2])
+client = JobSubmissionClient(dashboard)
+deadline = time.time() + 300
+while True:  # a head just started may have its dashboard up before its agent: "No available agent"
+    try:
+        job = client.submit_job(entrypoint="python -m jobs.sweep sweeps/quickstart.yaml", runtime_env=runtime_env)
+        break
+    except RuntimeError as e:
+        assert "No available agent" in str(e) and time.time() < deadline, e
+        time.sleep(1)
+while not re.search(r"\\[raysweep\\] [1-9]\\d*/350 samples \\(", client.get_job_logs(job)):
+    assert time.time() < deadline and not client.get_job_status(job).is_terminal(), client.get_job_logs(job)[-3000:]
+    time.sleep(0.3)
+client.stop_job(job)
+while not client.get_job_status(job).is_terminal():
+    assert time.time() < deadline
+    time.sleep(0.3)
+time.sleep(1)  # the supervisor's last writes of the driver's output
+print(client.get_job_status(job))
+print(client.get_job_logs(job))
+"""
+
+
 def _stopped_mid_shards(dashboard: str, runtime_env: dict) -> str:
     """`ray job stop` (Ray's job supervisor sends the driver SIGTERM, then SIGKILL after 3 s) once the job's
-    logs show samples done; the job's logs once it ended (issue 29: the same one line as any SIGTERM)."""
-    from ray.job_submission import JobStatus, JobSubmissionClient
-
-    client = JobSubmissionClient(dashboard)  # token auth as the `ray job` CLI: RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH
-    deadline = time.time() + 300
-    while True:  # a head just started may have its dashboard up before its agent: "No available agent"
-        try:
-            job = client.submit_job(entrypoint="python -m jobs.sweep sweeps/quickstart.yaml", runtime_env=runtime_env)
-            break
-        except RuntimeError as e:
-            assert "No available agent" in str(e) and time.time() < deadline, e
-            time.sleep(1)
-    while not re.search(r"\[raysweep\] [1-9]\d*/350 samples \(", client.get_job_logs(job)):
-        assert time.time() < deadline and not client.get_job_status(job).is_terminal(), client.get_job_logs(job)[-3000:]
-        time.sleep(0.3)
-    client.stop_job(job)
-    while not client.get_job_status(job).is_terminal():
-        assert time.time() < deadline
-        time.sleep(0.3)
-    assert client.get_job_status(job) == JobStatus.STOPPED
-    time.sleep(1)  # the supervisor's last writes of the driver's output
-    return client.get_job_logs(job)
+    logs show samples done; the job's final status and logs (issue 29: the same one line as any SIGTERM). In a
+    process of its own, as the `ray job` CLI: this one may hold a Ray connection made without token auth."""
+    done = subprocess.run([sys.executable, "-c", STOP_MID_SHARDS, dashboard, json.dumps(runtime_env)], cwd=ROOT,
+                          env=os.environ | TOKEN_AUTH, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    status, _, logs = done.stdout.partition("\n")
+    assert status == "STOPPED", done.stdout[-3000:]
+    return logs
 
 
 FAKE_CLUSTER = {
