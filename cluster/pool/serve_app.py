@@ -90,11 +90,10 @@ def build_app(spec: SweepSpec, min_replicas: int = 1, switch: bool = False):
     from ray import serve
 
     from cluster.launch import pool_deployments
+    from cluster.plan.engines_per_gpu import choose, resolved
     from cluster.plan.placement import actor_resources, capacity
 
     PoolIngress, PoolReplica = pool_deployments()
-    from cluster.plan.engines_per_gpu import choose, resolved
-
     spec = resolved(spec, choose(spec, ray.cluster_resources()))  # actors left out: chosen
     if min_replicas < 0 or min_replicas > spec.actors.count:
         raise PoolError(f"--min-replicas {min_replicas}: must be from 0 to actors.count ({spec.actors.count})")
