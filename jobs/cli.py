@@ -47,9 +47,9 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    from jobs.report import write_report  # matplotlib loads only for this command
+    from cluster.report.page import write_report  # matplotlib loads only for this command
 
-    print(write_report(args.output, args.out))
+    print(write_report(args.output, args.out, samples=args.samples))
     return 0
 
 
@@ -113,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     plan_parser = sub.add_parser("plan", help="print the shard plan of a sweep (no GPUs claimed)")
     plan_parser.add_argument("spec", help="sweep spec (YAML)")
     plan_parser.add_argument("--json", action="store_true", help="machine-readable output")
-    report_parser = sub.add_parser("report", help="write one self-contained HTML report of a sweep's output")
-    report_parser.add_argument("output", help="the sweep's output directory")
-    report_parser.add_argument("-o", "--out", help="where to write the HTML (default: OUTPUT/report.html)")
+    report_parser = sub.add_parser("report", help="write one self-contained HTML report of sweep outputs, side by side")
+    report_parser.add_argument("output", nargs="+", help="the sweep's output directory; several are compared")
+    report_parser.add_argument("-o", "--out", help="where to write the HTML (default: the first OUTPUT/report.html)")
+    report_parser.add_argument("--samples", type=int, default=200, metavar="N",
+                               help="rows per task in the sample browser, disagreements first (default 200)")
     sub.add_parser("models", help="list the builtin models (path: builtin:NAME) with their sizes")
     sub.add_parser("spec-reference", help="print the sweep spec reference (Markdown; sweeps/REFERENCE.md)")
     add_pool_arguments(sub.add_parser("pool", help="engines kept warm between sweeps (Ray Serve): up, status, down"))

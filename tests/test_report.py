@@ -19,9 +19,10 @@ import pytest
 
 from cluster.score.summary import summarize
 from cluster.store.output_files import result_file
-from jobs import report_timeline
+from cluster.report import timeline as report_timeline
 from jobs.cli import main
-from jobs.report import _phase_widths, write_report
+from cluster.report.operator import _phase_widths
+from cluster.report.page import write_report
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=timezone.utc)
 ACTOR_A, ACTOR_B, ACTOR_C = "a1" * 16, "b2" * 16, "c3" * 16
@@ -115,6 +116,21 @@ def _gpu_readings(nulls: bool) -> pa.Table:
         + [(c, pa.string()) for c in ("actor_id", "node_id", "gpu_name")]))
 
 
+def _comparison(page: str) -> dict[tuple[str, str], dict[str, tuple | None]]:
+    """The models × tasks table: (task, metric) -> column -> (value, stderr, text, classes), None where empty."""
+    table = re.search(r'<table id="comparison">(.*?)</table>', page, re.DOTALL).group(1)
+    head = [unescape(h) for h in re.findall(r"<th>(.*?)</th>", table.split("<tbody>")[0])][2:]
+    found = {}
+    for tr in re.findall(r"<tr>(.*?)</tr>", table.split("<tbody>")[1], re.DOTALL):
+        cells = re.findall(r'<td(?: class="([^"]*)")?(?: data-value="([^"]*)")?(?: data-stderr="([^"]*)")?>(.*?)</td>',
+                           tr, re.DOTALL)
+        task, metric = unescape(cells[0][3]), unescape(cells[1][3])
+        found[(task, metric)] = {
+            h: None if not value else (float(value), float(stderr) if stderr else None, unescape(text), cls.split())
+            for h, (cls, value, stderr, text) in zip(head, cells[2:])}
+    return found
+
+
 def _table_rows(page: str, table_id: str) -> list[list[str]]:
     table = re.search(rf'<table id="{table_id}">(.*?)</table>', page, re.DOTALL)
     assert table, f"no table id={table_id}"
@@ -133,11 +149,14 @@ def test_report_holds_scores_plots_failures_and_rows(sweep_output):
     assert "<h1>raysweep report: nightly</h1>" in page and "5a8e3bdbf6d1c990" in page and "vllm 0.26.0" in page
     assert "2026-11-20T09:09:00+00:00" in page and "3 committed, 1 failed, 1 pending" in page
 
-    scores = {(r[0], r[1]): r for r in _table_rows(page, "scores")}
+    counts = {(r[0], r[1]): r for r in _table_rows(page, "scores")}
+    assert counts[("tiny-b", "choice")] == ["tiny-b", "choice", "4", "3", "3", "0", "1", "0", "100.0%", "24"]
+    assert counts[("tiny-a", "arith")][2:8] == ["7", "6", "5", "1", "0", "1"]
+    compared = _comparison(page)
     # tiny-b/choice scores 1, 1, 0: mean 2/3, stderr sqrt(var / n) = sqrt((1/3) / 3) = 1/3
-    assert scores[("tiny-b", "choice")] == ["tiny-b", "choice", "0.667 ± 0.333", "4", "3", "3", "0", "1", "0",
-                                            "100.0%", "24", ""]  # no other metrics
-    assert scores[("tiny-a", "arith")][2:9] == ["0.667 ± 0.211", "7", "6", "5", "1", "0", "1"]
+    assert compared[("choice", "score")]["tiny-b"][2] == "0.667 ± 0.333"
+    assert compared[("choice", "score")]["tiny-a"] is None and compared[("arith", "score")]["tiny-b"] is None
+    assert compared[("arith", "score")]["tiny-a"][2] == "0.667 ± 0.211"  # one model: no best to mark
 
     failed = _table_rows(page, "failed-shards")
     assert failed == [[FAILED_SHARD, "2", "1: ActorDiedError: actor a1a1 died\n2: ActorDiedError: actor b2b2 died"]]
@@ -149,9 +168,9 @@ def test_report_holds_scores_plots_failures_and_rows(sweep_output):
     assert rows["arith-0-3"][9] == "x" * 200 + "…"  # output text of a listed row, cut
     assert "CUDA error: &lt;boom&gt; &amp; co" in page and "<boom>" not in page
 
-    assert page.count('src="data:image/png;base64,') == 4  # timeline, throughput, GPU, start-up
+    assert page.count('src="data:image/png;base64,') == 5  # comparison, timeline, throughput, GPU, start-up
     assert f'alt="{GPU_ALT}"' in page and "No NVML readings" not in page
-    assert not re.search(r'(?:src|href)="(?!data:)', page), "the page must not load anything from outside"
+    assert not re.search(r'(?:src|href)="(?!data:|#)', page), "the page must not load anything from outside"
 
 
 @pytest.mark.parametrize("gpu", ["absent", "nulls"])
@@ -159,7 +178,7 @@ def test_report_without_nvml_says_so_and_plots_no_zeros(tmp_path, gpu):
     page = write_report(str(_write_output(tmp_path / "out", gpu))).read_text()
     assert "No NVML readings: telemetry/gpu.parquet " + ("is absent" if gpu == "absent" else "holds no") in page
     assert GPU_ALT not in page
-    assert page.count('src="data:image/png;base64,') == 3  # timeline, throughput and start-up only
+    assert page.count('src="data:image/png;base64,') == 4  # comparison, timeline, throughput and start-up only
 
 
 def test_problem_rows_are_capped_and_counted(sweep_output):
@@ -194,6 +213,70 @@ def test_cli_refuses_what_is_not_a_sweep_output(tmp_path, capsys, case, message)
     assert main(["report", str(root)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"raysweep: error: output {root}") and message in err
+
+
+# -- comparison and sample browser --------------------------------------------------------------------
+def _qa_output(root: Path, sweep: str, scores: dict[str, list[float]]) -> Path:
+    """An output of task `qa` on several models, a shard per model; `scores[model][i]` is sample i's score
+    (None: an error row). Every sample's prompt is rendered alike for every model."""
+    shards, all_rows = {}, []
+    for model, values in scores.items():
+        rows = [_row(model, "qa", 0, i, "ok" if v is not None else "error", v,
+                     None if v is not None else "engine said no", f"{model} says {i}") | {
+                "sample_id": f"q{i}", "prompt": f"Question {i} <b>?</b>", "completion": 0} for i, v in enumerate(values)]
+        rel = result_file(model, "qa", 0)
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows), root / rel)
+        shards[f"{model}/qa/00000"] = {"state": "committed", "file": rel, "rows": len(rows), "attempts": 1}
+        all_rows += rows
+    (root / "manifest.json").write_text(json.dumps({"sweep": sweep, "spec_hash": "0" * 16, "shards": shards}))
+    pq.write_table(summarize(pa.Table.from_pylist(all_rows)), root / "summary.parquet")
+    return root
+
+
+def _browser_data(page: str) -> dict:
+    payload = re.search(r'<script type="application/json" id="samples-data">(.*?)</script>', page, re.DOTALL)
+    return json.loads(payload.group(1))
+
+
+def test_comparison_marks_the_best_model_and_the_browser_puts_disagreements_first(tmp_path):
+    root = _qa_output(tmp_path / "out", "two-models", {"tiny": [1, 0, 1, 0, 0, None], "small": [1, 1, 1, 0, 1, 1]})
+    page = write_report(str(root)).read_text()
+    summary = pq.read_table(root / "summary.parquet").to_pylist()
+    compared = _comparison(page)[("qa", "score")]
+    for r in summary:  # the comparison's numbers are summary.parquet's, exactly
+        assert compared[r["model"]][:2] == (r["score"], r["stderr"])
+    assert "best" in compared["small"][3] and compared["small"][2].endswith(" ★") and "best" not in compared["tiny"][3]
+
+    data = _browser_data(page)
+    assert data["columns"] == ["small", "tiny"]
+    qa = data["tasks"]["qa"]
+    assert qa["rows"] == 6 and len(qa["shown"]) == 6  # every sample of the task is listed
+    order = [r["id"] for r in qa["shown"]]
+    assert order[:3] == ["q1", "q4", "q5"] and {r["id"] for r in qa["shown"] if r["disagree"]} == {"q1", "q4", "q5"}
+    q5 = qa["shown"][2]
+    assert [c["status"] for c in q5["cells"]] == ["ok", "error"] and q5["cells"][1]["why"] == "engine said no"
+    assert q5["prompt"] == "Question 5 <b>?</b>" and q5["cells"][0]["output"] == "small says 5"
+    assert "<b>?</b>" not in page  # texts travel escaped: no row can add markup to the page
+    capped = _browser_data(write_report(str(root), str(tmp_path / "capped.html"), samples=2).read_text())
+    assert [r["id"] for r in capped["tasks"]["qa"]["shown"]] == ["q1", "q4"] and capped["tasks"]["qa"]["rows"] == 6
+
+
+def test_two_outputs_side_by_side_mark_differences_beyond_their_stderr(tmp_path, capsys):
+    before = _qa_output(tmp_path / "monday", "nightly", {"tiny": [1, 0, 1, 0, 0, 0] * 4, "small": [1, 1, 1, 0, 1, 1] * 4})
+    after = _qa_output(tmp_path / "tuesday", "nightly", {"tiny": [1, 1, 1, 1, 1, 1] * 4, "small": [1, 1, 1, 0, 1, 1] * 3 + [1, 1, 1, 0, 0, 1]})
+    out = tmp_path / "both.html"
+    assert main(["report", str(before), str(after), "-o", str(out)]) == 0
+    page = out.read_text()
+    compared = _comparison(page)[("qa", "score")]
+    assert list(compared) == ["monday · small", "monday · tiny", "tuesday · small", "tuesday · tiny"]
+    # tiny: 1/3 -> 1, far beyond the stderr of the difference; small: 20/24 -> 19/24, within it
+    assert "differs" in compared["tuesday · tiny"][3] and "(Δ +0.667)" in compared["tuesday · tiny"][2]
+    assert "differs" not in compared["tuesday · small"][3] and "Δ" not in compared["tuesday · small"][2]
+    data = _browser_data(page)
+    assert data["columns"] == list(compared)
+    assert data["tasks"]["qa"]["disagree"] == 4 * 4  # q1, q3, q4, q5 of each repeat: a column disagrees
+    assert page.count('<h2 class="operator">Operator view: ') == 2
 
 
 # -- timeline ----------------------------------------------------------------------------------------
@@ -263,12 +346,14 @@ def _section_html(page: str, section_id: str) -> str:
 
 def test_timeline_counts_starting_running_and_idle_per_actor(timeline_output):
     page = write_report(str(timeline_output)).read_text()
-    assert page.index("<h2>Scores</h2>") < page.index('<section id="timeline">') < page.index('id="throughput"')
+    assert page.index("<h2>Models × tasks</h2>") < page.index('<section id="samples">') \
+        < page.index('<section id="timeline">') < page.index('id="throughput"')
     section = _section_html(page, "timeline")
     assert section.count('<img alt="when each actor was starting, running shards and idle"') == 1
     assert _table_rows(page, "timeline-actors") == [  # actor C, of the first run, is left out
         ["tiny-a · a1a1a1a1", "2", "50.000", "6.000", "150.000", "40.000", "16.7%"],
-        ["tiny-c · b2b2b2b2", "2", "80.000", "5.000", "120.000", "10.000", "4.8%"]]
+        # labelled by every model it ran, in order (not by its last one alone)
+        ["tiny-b → tiny-c · b2b2b2b2", "2", "80.000", "5.000", "120.000", "10.000", "4.8%"]]
     assert "Run 2 of 2 is drawn" in section and "no requested_at" not in section
     assert _table_rows(page, "runs") == [["1", "2026-11-20 08:00:00", "3.000", "4.000", "50.000", "100.000", "101.000"],
                                          ["2", "2026-11-20 09:00:00", "4.500", "8.000", "100.000", "250.000", "—"]]
@@ -361,9 +446,16 @@ def test_report_renders_in_headless_chromium(chromium, sweep_output, tmp_path):
     assert pixels.shape[:2] == (2000, 1280)
     assert pixels.std() > 0.05 and (pixels.mean(axis=2) < 0.9).mean() > 0.02, "the screenshot is blank"
 
-    dom = _chromium(chromium, tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
-    assert _table_rows(dom, "scores")[1][:3] == ["tiny-b", "choice", "0.667 ± 0.333"]
-    assert dom.count("<img") == 4
+    # the DOM once the page's script has run: the comparison, and the sample browser's first task drawn
+    dom = _chromium(chromium, tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()).stdout
+    assert _table_rows(dom, "scores")[1][:3] == ["tiny-b", "choice", "4"]
+    assert _comparison(dom)[("choice", "score")]["tiny-b"][2] == "0.667 ± 0.333"
+    assert dom.count("<img") == 5
+    assert "7 row(s) in this task, 0 where the columns disagree; all are in this page, 7 match the filters." in dom
+    browser = re.search(r'<table id="sample-browser">(.*?)</table>', dom, re.DOTALL).group(1)
+    drawn = re.findall(r"<tr[^>]*>(.*?)</tr>", browser.split("<tbody>")[1], re.DOTALL)
+    assert len(drawn) == 7 and "arith-0-2" in drawn[0]  # the rows not ok first: the error row, then the truncated
+    assert "CUDA error: &lt;boom&gt; &amp; co" in drawn[0]
 
 
 # -- raysweep models, raysweep spec-reference ---------------------------------------------------------

@@ -134,7 +134,7 @@ def test_an_output_in_the_old_hive_layout_is_refused_with_one_line(outputs, tmp_
         (out / entry["file"]).rename(out / old)
         entry["file"] = old
     (out / "manifest.json").write_text(json.dumps(manifest))
-    from jobs.report import write_report
+    from cluster.report.page import write_report
 
     assert "arith" in Path(write_report(str(out))).read_text()  # read by the manifest's paths: any layout
     with pytest.raises(SinkError, match=r"earlier raysweep's layout \(results/model=.*--new-run"):

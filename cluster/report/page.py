@@ -1,0 +1,87 @@
+"""`raysweep report OUTPUT [OUTPUT ...]`: one self-contained HTML page on one or more sweep outputs.
+
+In order: what ran (per output: sweep, spec hash, dates, versions); the models × tasks comparison
+(comparison.py); the sample browser (samples.py); then, per output, the operator's view (operator.py:
+timeline, throughput, GPU telemetry, start-up, failures, rows not ok). Plots are matplotlib PNGs inlined
+as `data:` URIs and the browser's rows are JSON inside the page: the file opens anywhere with no network.
+Only the columns a section needs are read, and texts only of the rows shown, so outputs of millions of
+rows stay cheap. The pool's live page (cluster/pool/ingress.py) serves the same page, refreshed.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+from pathlib import Path
+
+from cluster.contracts.shard import ShardState
+from cluster.report.comparison import Output, comparison
+from cluster.report.html_parts import CSS, fmt
+from cluster.report.operator import operator_view
+from cluster.report.reading import ReportError, load_manifest
+from cluster.report.samples import LIMIT, browser
+
+MAX_ROWS = 200  # problem rows listed per output; the total is always stated
+
+
+def write_report(outputs: list[str] | str, out: str | None = None, max_rows: int = MAX_ROWS,
+                 samples: int = LIMIT) -> Path:
+    """Render the report of the sweep output(s) into `out` (default: the first output's report.html)."""
+    roots = [Path(outputs)] if isinstance(outputs, str) else [Path(o) for o in outputs]
+    page = render(roots, max_rows, samples)
+    path = Path(out) if out else roots[0] / "report.html"
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as e:
+        raise ReportError(f"report {path}: cannot write: {e}") from None
+    return path
+
+
+def render(roots: list[Path], max_rows: int = MAX_ROWS, samples: int = LIMIT, refresh_s: int | None = None) -> str:
+    """The page; `refresh_s` makes the browser reload it (the pool's live page, while a sweep runs)."""
+    outputs = labelled([(root, load_manifest(root)) for root in roots])
+    several = len(outputs) > 1
+    parts = ["\n".join(_header(o, several) for o in outputs), _nav(outputs), comparison(outputs),
+             browser(outputs, samples)]
+    for o in outputs:
+        view = operator_view(o.root, o.manifest, max_rows)
+        parts.append(f'<h2 class="operator">Operator view: {html.escape(o.label)}</h2>\n{view}' if several else view)
+    sweeps = ", ".join(dict.fromkeys(str(o.manifest.get("sweep", o.root.name)) for o in outputs))
+    meta = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s else ""
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{meta}<title>"
+            f"{html.escape('raysweep report: ' + sweeps)}</title><style>{CSS}</style></head>\n<body>\n"
+            + "\n".join(parts) + "\n</body></html>\n")
+
+
+def labelled(found: list[tuple[Path, dict]]) -> list[Output]:
+    """Outputs with the labels their columns carry: none for one output; else their sweep names where those
+    differ, their folder names where those do, else A, B, C ..."""
+    if len(found) == 1:
+        return [Output("", found[0][0], found[0][1])]
+    for labels in ([str(m.get("sweep")) for _, m in found], [r.name for r, _ in found]):
+        if len(set(labels)) == len(labels):
+            return [Output(label, root, m) for label, (root, m) in zip(labels, found)]
+    return [Output(chr(ord("A") + i) if i < 26 else f"#{i + 1}", root, m) for i, (root, m) in enumerate(found)]
+
+
+def _header(out: Output, several: bool) -> str:
+    manifest = out.manifest
+    states = Counter(s.get("state") for s in manifest["shards"].values())
+    versions = manifest.get("versions") or {}
+    facts = {"output": str(out.root), "spec hash": manifest.get("spec_hash"), "created": manifest.get("created_at"),
+             "finished": manifest.get("finished_at") or "not finished",
+             "shards": f"{states[ShardState.COMMITTED]} committed, {states[ShardState.FAILED]} failed, "
+                       f"{states[ShardState.PENDING]} pending",
+             "versions": ", ".join(f"{k} {fmt(v)}" for k, v in sorted(versions.items()))}
+    if several:
+        facts = {"label": out.label, **facts}
+    items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(fmt(v))}</dd>" for k, v in facts.items())
+    return f"<h1>{html.escape('raysweep report: ' + str(manifest.get('sweep')))}</h1>\n<dl>{items}</dl>"
+
+
+def _nav(outputs: list[Output]) -> str:
+    links = [("comparison", "models × tasks"), ("samples", "samples")]
+    if len(outputs) == 1:
+        links += [("timeline", "timeline"), ("throughput", "throughput"), ("gpu", "GPU"), ("startup", "start-up"),
+                  ("failures", "failures"), ("rows", "rows not ok")]
+    return "<nav>" + "".join(f'<a href="#{i}">{html.escape(t)}</a>' for i, t in links) + "</nav>"

@@ -1,0 +1,86 @@
+"""What the report reads of an output: the manifest, the named columns of a Parquet file (absent ones as
+null), and the committed result shards as one dataset. Any file that cannot be read is one ReportError
+line naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from cluster.contracts.errors import RaysweepError
+from cluster.contracts.shard import ShardState
+from cluster.store.manifest import read_manifest
+
+
+class ReportError(RaysweepError, ValueError):
+    """The output cannot be reported on; the message names the file."""
+
+
+def load_manifest(root: Path) -> dict:
+    if not root.is_dir():
+        raise ReportError(f"output {root}: no such directory (expected a sweep's output, holding manifest.json)")
+    try:
+        manifest = read_manifest(str(root))  # with the commits journaled since, if the sweep is running or died
+    except FileNotFoundError:
+        raise ReportError(f"output {root}: no manifest.json, so not a raysweep sweep output") from None
+    except (OSError, ValueError) as e:
+        raise ReportError(f"output {root}/manifest.json: unreadable: {e}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), dict):
+        raise ReportError(f"output {root}/manifest.json: no `shards` mapping, so not a raysweep manifest")
+    return manifest
+
+
+def read(path: Path, columns: list[str]) -> pa.Table | None:
+    """The named columns of a Parquet file, or None where there is no file. A column the file lacks is
+    all null: telemetry tables are built from dicts, so e.g. shards.parquet of a sweep whose every
+    attempt failed holds only shard_id, attempt and error."""
+    if not path.is_file():
+        return None
+    try:
+        have = set(pq.read_schema(path).names)
+        table = pq.read_table(path, columns=[c for c in columns if c in have])
+    except (OSError, pa.ArrowInvalid) as e:  # torn or replaced: say which file, in one line
+        raise ReportError(f"output {path.parent if path.name == 'summary.parquet' else path.parent.parent}: "
+                          f"{path.name if path.name == 'summary.parquet' else 'telemetry/' + path.name} cannot be "
+                          f"read ({(str(e).strip().splitlines() or [type(e).__name__])[0][:160]}); the sweep's next "
+                          "run writes it again") from None
+    for c in columns:
+        if c not in have:
+            table = table.append_column(c, pa.nulls(table.num_rows))
+    return table.select(columns)
+
+
+def rows(path: Path, columns: list[str]) -> list[dict]:
+    t = read(path, columns)
+    return [] if t is None else t.to_pylist()
+
+
+def committed(root: Path, manifest: dict) -> ds.Dataset | None:
+    """The committed result shards as one dataset (None where none is committed); a committed file that is
+    missing is an error naming it."""
+    files = sorted(root / s["file"] for s in manifest["shards"].values() if s.get("state") == ShardState.COMMITTED)
+    for f in files:
+        if not f.is_file():
+            raise ReportError(f"output {root}/manifest.json: committed shard file {f} is missing")
+    if not files:
+        return None
+    try:  # an output resumed by a later raysweep holds shard files with and without its newer columns
+        schema = pa.unify_schemas([pq.read_schema(f) for f in files])
+    except (OSError, pa.ArrowInvalid) as e:
+        raise ReportError(f"output {root}: a committed shard file cannot be read: "
+                          f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:160]}") from None
+    return ds.dataset([str(f) for f in files], schema=schema, format="parquet")
+
+
+def columns_of(dataset: ds.Dataset, wanted: list[str]) -> pa.Table:
+    """`wanted` columns of every row of the dataset; a column no shard file has (an older output) is null.
+    A file that lacks a column the others have reads it as null."""
+    have = set(dataset.schema.names)
+    table = dataset.to_table(columns=[c for c in wanted if c in have])
+    for c in wanted:
+        if c not in have:
+            table = table.append_column(c, pa.nulls(table.num_rows))
+    return table.select(wanted)
