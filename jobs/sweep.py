@@ -201,7 +201,7 @@ def lasting_output(output: str, cwd: str | None = None) -> str:
 
 
 def format_summary(summary) -> str:
-    from jobs.report import metrics_text
+    from cluster.report.html_parts import metrics_text
 
     header = "| model | task | n | score | ± stderr | structured valid | ok/trunc/skip/err | other metrics |"
     lines = [header, "|---|---|---:|---:|---:|---:|---|---|"]
