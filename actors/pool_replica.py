@@ -7,8 +7,7 @@
   `run_shard` is what a sweep's client sends it; the shards wait in its ShardGate (actors/shard_gate.py:
   round robin between sweeps, the awake model first) for room in the engine. The telemetry row says which
   replica served the shard and carries the model switch its admission caused.
-- `PoolIngress`: the application's ingress, holding what the pool serves (models, resolved paths, engine
-  arguments, deployment names), so a sweep can match its models against the pool's.
+The application's ingress (what the pool serves, its HTTP API and live page) is cluster/pool/ingress.py.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from actors.evaluator import EvalActor
 from actors.shard_gate import ShardGate
 from cluster.contracts.shard import Shard
-from cluster.contracts.pool_protocol import ROUTE, ReplicaBroken
+from cluster.contracts.pool_protocol import ReplicaBroken
 from cluster.contracts.spec import ModelSpec, TaskSpec
 
 
@@ -117,65 +116,6 @@ class PoolReplica:
         actor = getattr(self, "actor", None)
         if actor is not None:
             actor.close()
-
-
-class PoolIngress:
-    """The pool application's ingress: what it serves (for sweeps and `raysweep pool status`), and a
-    read-only HTTP API over the sweeps that used the pool, from what each sweep records as it runs:
-
-        GET /raysweep/sweeps                  every sweep run: run id, name, state, samples done of total
-        GET /raysweep/sweeps/RUN              one run (its run id, or a name: that name's latest run)
-        GET /raysweep/sweeps/RUN/summary      its summary table (model, task, n, score, ...) as JSON rows
-
-    Runs are keyed by run id, so two sweeps of one name keep two records. A run that has not reported for
-    GONE_AFTER_S while running (its driver was killed: it reports every 2 s) is shown as `gone`.
-    """
-
-    GONE_AFTER_S = 30.0
-
-    def __init__(self, description: dict, *replicas):
-        self.description = description
-        self.replicas = replicas  # handles of the model deployments (keeps them in the application)
-        self.sweeps: dict[str, dict] = {}
-
-    def describe(self) -> dict:
-        return self.description
-
-    def record(self, run_id: str, snapshot: dict) -> None:
-        """A sweep run's state, sent by its driver as it runs and when it ends (cluster/pool/client.SweepRecorder)."""
-        self.sweeps[run_id] = dict(snapshot, run_id=run_id, name=snapshot.get("name", run_id), updated_at=time.time())
-
-    def shown(self, sweep: dict) -> dict:
-        """A run as the API shows it: `running` past its heartbeat is `gone`."""
-        if sweep.get("state") == "running" and time.time() - sweep["updated_at"] > self.GONE_AFTER_S:
-            return dict(sweep, state="gone")
-        return sweep
-
-    def find(self, key: str) -> dict | None:
-        """A run by its id, else the latest run of that name."""
-        if key in self.sweeps:
-            return self.sweeps[key]
-        named = [s for s in self.sweeps.values() if s["name"] == key]
-        return max(named, key=lambda s: s["updated_at"]) if named else None
-
-    async def __call__(self, request):
-        from starlette.responses import JSONResponse
-
-        parts = [p for p in request.url.path.split("/") if p]
-        if parts[:1] == [ROUTE.strip("/")]:  # the application's route prefix
-            parts = parts[1:]
-        if parts == ["sweeps"]:
-            keys = ("run_id", "name", "state", "samples_done", "samples_total", "shards_failed", "output", "updated_at")
-            return JSONResponse([{k: s.get(k) for k in keys} for s in map(self.shown, self.sweeps.values())])
-        if len(parts) in (2, 3) and parts[0] == "sweeps":
-            sweep = self.find(parts[1])
-            if sweep is None:
-                return JSONResponse({"error": f"no sweep {parts[1]!r} has used this pool"}, status_code=404)
-            if len(parts) == 2:
-                return JSONResponse({k: v for k, v in self.shown(sweep).items() if k != "summary"})
-            if parts[2] == "summary":
-                return JSONResponse(sweep.get("summary") or [])
-        return JSONResponse({"error": "not found; try /raysweep/sweeps"}, status_code=404)
 
 
 def _replica_id() -> str:

@@ -13,8 +13,8 @@ def eval_actor_class():
     return EvalActor
 
 
-def pool_deployments():
-    """(PoolIngress, PoolReplica): the engine pool's Serve deployments (cluster/pool/serve_app.py)."""
-    from actors.pool_replica import PoolIngress, PoolReplica
+def pool_replica():
+    """PoolReplica: the engine pool's model deployments (cluster/pool/serve_app.py)."""
+    from actors.pool_replica import PoolReplica
 
-    return PoolIngress, PoolReplica
+    return PoolReplica

@@ -152,11 +152,15 @@ def test_two_sweeps_at_once_take_turns_on_the_pool_and_the_http_api_follows_them
                   for name in ("first", "second")}
         seen_running = set()  # the HTTP API while the sweeps run: their progress, part done
         api = f"http://127.0.0.1:{http}/raysweep/sweeps"
+        live = {}  # the live report of a sweep part done: it reloads itself
         while any(p.poll() is None for p in sweeps.values()):
             try:
                 for s in json.loads(urllib.request.urlopen(api, timeout=5).read()):
                     if s["state"] == "running" and 0 < s["samples_done"] < s["samples_total"] == 150:
                         seen_running.add(s["name"])
+                        if not live:
+                            live = {"name": s["name"], "page": urllib.request.urlopen(
+                                f"{api}/{s['run_id']}/report", timeout=30).read().decode()}
             except OSError:
                 pass
             time.sleep(0.2)
@@ -174,6 +178,11 @@ def test_two_sweeps_at_once_take_turns_on_the_pool_and_the_http_api_follows_them
         final = {s["name"]: s for s in json.loads(urllib.request.urlopen(api, timeout=10).read())}
         assert {n: (s["state"], s["samples_done"]) for n, s in final.items()} == {"first": ("done", 150),
                                                                                  "second": ("done", 150)}
+        assert f"<h1>raysweep report: {live['name']}</h1>" in live["page"] and 'http-equiv="refresh"' in live["page"]
+        page = urllib.request.urlopen(f"http://127.0.0.1:{http}/raysweep/", timeout=10).read().decode()
+        assert f'href="/raysweep/sweeps/{final["first"]["run_id"]}/report"' in page and "second" in page
+        report = urllib.request.urlopen(f"{api}/second/report", timeout=30).read().decode()
+        assert '<table id="comparison">' in report and 'http-equiv="refresh"' not in report  # done: no reload
         # turns: while both sweeps had shards at the replica, it ran one of each in turn (first come
         # first served runs each sweep's queued shards back to back). How long both had shards there depends
         # on how far apart the two drivers came up: 18 of 30 shards on a loaded 2-core machine, so 10 it is
@@ -357,20 +366,20 @@ def test_shards_queued_at_serves_router_or_sent_after_the_pool_is_deleted_come_b
         serve.shutdown()
 
 
-def _get(ingress, path: str):
+def _get(ingress, path: str, text: bool = False):
     """The pool ingress's HTTP answer to GET `path`, without Serve (the ingress is a plain class)."""
     import asyncio
 
     from starlette.requests import Request
 
     response = asyncio.run(ingress(Request({"type": "http", "method": "GET", "path": path, "headers": []})))
-    return response.status_code, json.loads(response.body)
+    return response.status_code, response.body.decode() if text else json.loads(response.body)
 
 
 def test_two_sweeps_of_one_name_keep_two_records_and_a_silent_run_shows_as_gone(monkeypatch):
     """The HTTP API keyed sweeps by name (two at once shared one record), and a pooled sweep whose driver was
     killed said "running" forever."""
-    from actors.pool_replica import PoolIngress
+    from cluster.pool.ingress import PoolIngress
 
     ingress, now = PoolIngress({}), [1000.0]
     monkeypatch.setattr(time, "time", lambda: now[0])
@@ -389,3 +398,23 @@ def test_two_sweeps_of_one_name_keep_two_records_and_a_silent_run_shows_as_gone(
     assert states == {"same-aaaa": "gone", "same-bbbb": "done"}
     assert _get(ingress, "/raysweep/sweeps/same-aaaa")[1]["state"] == "gone"
     assert _get(ingress, "/raysweep/sweeps/nope")[0] == 404
+
+
+def test_the_live_page_lists_the_runs_and_serves_each_ones_report_reloading_while_it_runs(tmp_path):
+    from cluster.pool.ingress import PoolIngress
+    from tests.test_report import _qa_output
+
+    ingress = PoolIngress({"models": [{"name": "tiny"}]})
+    assert "No sweep has used this pool yet." in _get(ingress, "/raysweep/", text=True)[1]
+    out = _qa_output(tmp_path / "out", "nightly", {"tiny": [1, 0, 1], "small": [1, 1, 1]})
+    ingress.record("nightly-aaaa", {"name": "nightly", "state": "running", "output": str(out), "samples_done": 3,
+                                    "samples_total": 6})
+    ingress.record("elsewhere-bbbb", {"name": "elsewhere", "state": "done", "output": "/nowhere/out"})
+    status, page = _get(ingress, "/raysweep/", text=True)
+    assert status == 200 and 'http-equiv="refresh"' in page  # a run is running: the page reloads
+    assert 'href="/raysweep/sweeps/nightly-aaaa/report"' in page and "<td>3 of 6</td>" in page
+    status, report = _get(ingress, "/raysweep/sweeps/nightly/report", text=True)
+    assert status == 200 and "<h1>raysweep report: nightly</h1>" in report and 'http-equiv="refresh"' in report
+    assert '<table id="comparison">' in report and '<script type="application/json" id="samples-data">' in report
+    status, page = _get(ingress, "/raysweep/sweeps/elsewhere/report", text=True)
+    assert status == 404 and "raysweep report /nowhere/out" in page and 'http-equiv="refresh"' not in page

@@ -25,6 +25,7 @@ from cluster.contracts.errors import RaysweepError
 from cluster.contracts.pool_protocol import APP, PROTOCOL, QUEUED_PER_SLOT, ROUTE, SHARED_DEPLOYMENT, INGRESS
 from cluster.inputs.builtin_model import resolve_model_path
 from cluster.pool.client import sweeps_using_pool
+from cluster.pool.ingress import PoolIngress
 from cluster.contracts.spec import ModelSpec, SweepSpec
 
 class PoolError(RaysweepError, ValueError):
@@ -89,11 +90,11 @@ def build_app(spec: SweepSpec, min_replicas: int = 1, switch: bool = False):
     import ray
     from ray import serve
 
-    from cluster.launch import pool_deployments
+    from cluster.launch import pool_replica
     from cluster.plan.engines_per_gpu import choose, resolved
     from cluster.plan.placement import actor_resources, capacity
 
-    PoolIngress, PoolReplica = pool_deployments()
+    PoolReplica = pool_replica()
     spec = resolved(spec, choose(spec, ray.cluster_resources()))  # actors left out: chosen
     if min_replicas < 0 or min_replicas > spec.actors.count:
         raise PoolError(f"--min-replicas {min_replicas}: must be from 0 to actors.count ({spec.actors.count})")

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -250,7 +251,9 @@ class _Run:
         if self.recorder is None:
             return
         failed = self.sink.failed()
-        self.recorder.record({"state": state, "output": self.report.output, "samples_done": self.progress.done,
+        output = self.report.output  # the ingress (another process, maybe another node) needs it whole
+        output = output if "://" in output else os.path.abspath(output)
+        self.recorder.record({"state": state, "output": output, "samples_done": self.progress.done,
                               "samples_total": self.progress.total, "shards_total": self.n_shards,
                               "shards_committed": len(self.sink.committed()), "shards_failed": len(failed),
                               "failures": {sid: e["errors"][-1] for sid, e in failed.items() if e.get("errors")},
