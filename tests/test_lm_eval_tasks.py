@@ -353,7 +353,7 @@ def test_a_group_gets_a_summary_row_with_lm_evals_aggregate():
     from cluster.score.lm_eval_scores import merge_summary
     from cluster.score.summary import SUMMARY_SCHEMA
 
-    rows = [{"model": "m", "task": t, "n": 6, "n_ok": 6, "n_truncated": 0, "n_skipped": 0, "n_error": 0,
+    rows = [{"model": "m", "task": t, "n": 6, "n_samples": 6, "n_ok": 6, "n_truncated": 0, "n_skipped": 0, "n_error": 0,
              "output_tokens": 0, "metrics": []} for t in ("a", "b")]
     summary = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
     metrics = {("m", "a"): {"acc,none": 0.5, "acc_stderr,none": 0.2, "documents": 6},
@@ -362,7 +362,8 @@ def test_a_group_gets_a_summary_row_with_lm_evals_aggregate():
                             "acc_norm_stderr,none": "N/A", "subtasks": ["a", "b"], "documents": 12}}
     got = {r["task"]: r for r in merge_summary(summary, metrics).to_pylist()}
     assert list(got) == ["a", "b", "g"]
-    assert (got["g"]["n"], got["g"]["n_ok"], got["g"]["score"], got["g"]["stderr"]) == (12, 12, 0.375, 0.12)
+    assert (got["g"]["n"], got["g"]["n_samples"], got["g"]["n_ok"]) == (12, 12, 12)
+    assert (got["g"]["score"], got["g"]["stderr"]) == (0.375, 0.12)
     assert got["g"]["metrics"] == [{"name": "acc", "value": 0.375, "stderr": 0.12, "n": 12},
                                    {"name": "acc_norm", "value": 0.4, "stderr": None, "n": 12}]
     assert got["a"]["score"] == 0.5 and got["b"]["stderr"] == 0.1

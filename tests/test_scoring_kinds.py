@@ -35,12 +35,67 @@ def test_summary_aggregates_completions_per_prompt_and_its_stderr_is_over_prompt
                   "structured_valid": [None] * 6, "output_tokens": [1] * 6})
     row = summarize(t, {"t": (1, 2)}).to_pylist()[0]
     means = [2 / 3, 0.0]
-    assert row["n"] == 6 and row["n_scored"] == 2 and row["score"] == pytest.approx(1 / 3)
+    assert row["n"] == 6 and row["n_samples"] == 2 and row["n_scored"] == 2 and row["score"] == pytest.approx(1 / 3)
     sd = math.sqrt(sum((m - 1 / 3) ** 2 for m in means) / 1)
     assert row["stderr"] == pytest.approx(sd / math.sqrt(2))
     metrics = {m["name"]: m for m in row["metrics"]}
     assert metrics["pass@1"]["value"] == pytest.approx(1 / 3) and metrics["pass@1"]["n"] == 2
     assert metrics["pass@2"]["value"] == pytest.approx((pass_at_k(3, 2, 2) + 0) / 2)
+
+
+def test_summary_reports_both_numeric_extractions_with_their_stderr_over_prompts():
+    """A numeric_match task's rows carry strict_match and flexible_extract in `metrics`: each is averaged
+    per prompt, then over prompts, with its stderr, whichever extraction `score` used. An older output's
+    rows without the column summarize as before."""
+    from cluster.score.summary import summarize
+
+    def m(strict, flexible):
+        return [{"name": "flexible_extract", "value": flexible}, {"name": "strict_match", "value": strict}]
+
+    t = pa.table({"model": ["m"] * 6, "task": ["t"] * 6, "sample_id": ["a", "a", "b", "b", "c", "c"],
+                  "status": ["ok"] * 5 + ["error"], "score": [1.0, 1.0, 1.0, 0.0, 0.0, None],
+                  "metrics": [m(0.0, 1.0), m(1.0, 1.0), m(1.0, 1.0), m(0.0, 0.0), m(0.0, 0.0), None]},
+                 schema=pa.schema([("model", pa.string()), ("task", pa.string()), ("sample_id", pa.string()),
+                                   ("status", pa.string()), ("score", pa.float64()),
+                                   ("metrics", pa.list_(pa.struct([("name", pa.string()), ("value", pa.float64())])))]))
+    row = summarize(t).to_pylist()[0]
+    assert (row["n"], row["n_samples"], row["n_scored"], row["n_error"]) == (6, 3, 3, 1)
+    metrics = {x["name"]: x for x in row["metrics"]}
+    assert list(metrics) == ["flexible_extract", "strict_match"]
+    for name, per_prompt in (("strict_match", [0.5, 0.5, 0.0]), ("flexible_extract", [1.0, 0.5, 0.0])):
+        mean = sum(per_prompt) / 3
+        sd = math.sqrt(sum((v - mean) ** 2 for v in per_prompt) / 2)
+        assert metrics[name]["value"] == pytest.approx(mean) and metrics[name]["n"] == 3
+        assert metrics[name]["stderr"] == pytest.approx(sd / math.sqrt(3))
+
+    older = summarize(t.drop_columns(["metrics"])).to_pylist()[0]
+    assert older["metrics"] == [] and older["score"] == row["score"] and older["n_samples"] == 3
+
+
+def test_a_numeric_match_replay_sweep_keeps_both_extractions_per_completion(ray_local, tmp_path):
+    """Through the driver: each completion's `metrics` hold strict_match and flexible_extract, `score` the
+    spec's extraction (strict here), and the summary both means; `n` counts completions, `n_samples` the
+    prompts the progress line counts."""
+    from cluster.inputs.spec_file import load_spec
+    from cluster.schedule.run import run_sweep
+
+    # per prompt, strict: 1/2, 1/2, 1/2 (stderr 0); flexible: 1, 1/2, 0
+    rows = [{"id": 0, "q": "2+2", "a": "4", "out": ["#### 4", "R\ufffdH4vH"]},
+            {"id": 1, "q": "3+4", "a": 7, "out": ["The answer is 7.", "7, no: #### 8"]},
+            {"id": 2, "q": "1-3", "a": "-2", "out": ["no idea", "#### -2 apples, 5 pears"]}]
+    replay_spec(tmp_path, "numbers", rows, scorer="{name: numeric_match, extract: strict}")
+    lines = []
+    assert not run_sweep(load_spec(tmp_path / "s.yaml"), log=lines.append).failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas().sort_values(["sample_id", "completion"])
+    metrics = [{m["name"]: m["value"] for m in ms} for ms in results.metrics]
+    assert [m["strict_match"] for m in metrics] == list(results.score) == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    assert [m["flexible_extract"] for m in metrics] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    summary = pq.read_table(tmp_path / "out" / "summary.parquet").to_pylist()[0]
+    assert (summary["n"], summary["n_samples"], summary["score"]) == (6, 3, pytest.approx(0.5))
+    got = {m["name"]: (m["value"], m["stderr"]) for m in summary["metrics"]}
+    assert got == {"strict_match": (pytest.approx(0.5), pytest.approx(0.0)),
+                   "flexible_extract": (pytest.approx(0.5), pytest.approx(0.5 / math.sqrt(3)))}
+    assert any("3/3 samples" in line for line in lines), lines
 
 
 def test_context_and_choice_split_as_lm_eval_does(tiny_path):
@@ -127,7 +182,7 @@ def test_the_scoring_example_sweep(ray_local, tmp_path):
     assert metrics == {"pass@1": pytest.approx(1 / 3), "pass@3": 1.0}
     assert {m["name"] for m in summary[("tiny", "mc")]["metrics"]} == {"acc_norm", "acc_bytes"}
     assert summary[("tiny", "code")]["n_scored"] == 8  # prompts, not completions
-    from jobs.report import write_report
+    from cluster.report.page import write_report
 
     page = write_report(str(tmp_path / "out")).read_text()
     assert "pass@1 0.333 ± 0.000, pass@3 1.000 ± 0.000" in page and "acc_norm " in page

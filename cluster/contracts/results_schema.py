@@ -23,6 +23,8 @@ class Column:
     doc: str
 
 
+METRIC_VALUES = pa.list_(pa.struct([("name", pa.string()), ("value", pa.float64())]))
+
 COLUMNS: tuple[Column, ...] = (
     Column("sweep", pa.string(), "driver", "sample", "the sweep's name"),
     Column("model", pa.string(), "driver", "sample", "the spec's model name (a replay task: replay.model)"),
@@ -55,6 +57,9 @@ COLUMNS: tuple[Column, ...] = (
            "template, few-shot context); log-likelihood: the context (null in outputs made before it was kept)"),
     Column("score_bytes", pa.float64(), "driver", "sample", "log-likelihood: acc_bytes, lm-eval's (by the choices' "
            "UTF-8 bytes)"),
+    Column("metrics", METRIC_VALUES, "driver", "completion", "other metrics of the completion by name, beside "
+           "score; numeric_match: strict_match and flexible_extract (its two extractions), whichever score uses; "
+           "null for other scorers, unscored rows and outputs made before it was kept"),
 )
 
 RESULT_SCHEMA = pa.schema([(c.name, c.type) for c in COLUMNS])

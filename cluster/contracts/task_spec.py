@@ -24,6 +24,8 @@ from cluster.contracts.lm_eval_task import LmEvalTask
 
 STRUCTURED_KINDS = ("json_schema", "choice", "regex", "grammar")
 SCORERS = ("exact_match", "numeric_match", "choice", "json_match", "regex_match", "code_exec")
+# numeric_match's `extract`: where the number is found (cluster/score/scorers.py; lm-eval's GSM8K filters)
+NUMERIC_EXTRACTS = ("flexible", "strict")
 TASK_TYPES = ("generate", "loglikelihood")
 LENGTH_POLICIES = ("error", "truncate_left", "skip")
 CHUNKED_PREFILL = ("auto", "on", "off")
@@ -107,12 +109,14 @@ class StructuredSpec:
 @dataclass(frozen=True)
 class ScorerSpec:
     name: str  # one of SCORERS
-    args: dict = field(default_factory=dict)  # e.g. json_match {fields: [...]}, regex_match {pattern: ...}
+    # e.g. json_match {fields: [...]}, regex_match {pattern: ...}, numeric_match {extract: strict, pattern: ...}
+    args: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.name not in SCORERS:
             raise ValueError(f"{self.name}: unknown scorer; use one of {', '.join(SCORERS)}")
         allowed = {"json_match": {"fields"}, "regex_match": {"pattern", "group"}, "choice": {"choices"},
+                   "numeric_match": {"extract", "pattern"},
                    "code_exec": {"program", "timeout_s", "memory_mb", "unsafe_fallback", "as_main"}}
         extra = set(self.args) - allowed.get(self.name, set())
         if extra:
@@ -126,6 +130,8 @@ class ScorerSpec:
                 re.compile(pattern)
             except re.error as e:
                 raise ValueError(f"pattern: does not compile: {e}") from None
+        if self.name == "numeric_match":
+            _check_numeric_match(self.args)
         if self.name == "code_exec":
             _check_code_exec(self.args)
 
@@ -137,6 +143,27 @@ class ScorerSpec:
 
 
 COMPLETION = "completion"  # the placeholder a code_exec program gets the model's completion through
+
+
+def _check_numeric_match(args: dict) -> None:
+    extract = args.get("extract", "flexible")
+    if extract not in NUMERIC_EXTRACTS:
+        raise ValueError(f"extract: must be one of {', '.join(NUMERIC_EXTRACTS)}, got {extract!r}")
+    if "pattern" not in args:
+        return
+    pattern = args["pattern"]
+    if extract != "strict":
+        raise ValueError("pattern: numeric_match reads a `pattern` only with `extract: strict` (flexible takes "
+                         "the last number)")
+    if not isinstance(pattern, str):
+        raise ValueError(f"pattern: must be a regular expression (a string), got {pattern!r}")
+    try:
+        groups = re.compile(pattern).groups
+    except re.error as e:
+        raise ValueError(f"pattern: does not compile: {e}") from None
+    if groups != 1:
+        raise ValueError(f"pattern: must have exactly one group, around the answer (e.g. 'Answer: (-?[0-9.,]+)'), "
+                         f"has {groups}")
 
 
 def _check_code_exec(args: dict) -> None:

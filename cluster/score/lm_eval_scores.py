@@ -27,7 +27,7 @@ from cluster.contracts.spec import SweepSpec
 from cluster.harness.lm_eval_run import (empty_document, quiet, request_rows, run_lm_eval, task_manager,
                                          with_chat_template)
 
-COUNTS = ("n", "n_ok", "n_truncated", "n_skipped", "n_error", "output_tokens")  # summary columns a group sums
+COUNTS = ("n", "n_samples", "n_ok", "n_truncated", "n_skipped", "n_error", "output_tokens")  # summary columns a group sums
 ANSWER_COLUMNS = ("sample_id", "completion", "status", "error", "output_text", "choice_logprobs", "choice_greedy")
 
 

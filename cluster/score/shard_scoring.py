@@ -9,7 +9,8 @@ cluster/contracts/results_schema.py), off the scheduler's path where scoring is 
      completion) runs in the sandbox pool (cluster/score/sandbox.py): the shard is handed back as a pending
      future, and the scheduler keeps dispatching while the programs run; score 1 where it passed, 0 where
      not, null where its sandbox never started (exec_status error, exec_error why);
-   - any other scorer: a function of the output and the target (cluster/score/scorers.py), here and now;
+   - any other scorer: a function of the output and the target (cluster/score/scorers.py), here and now,
+     and, for a scorer with metrics beside its score (numeric_match: both extractions), those in `metrics`;
    - a task made from a `lm_eval:` entry: nothing here; lm-eval scores it after the sweep
      (cluster/score/lm_eval_scores.py).
 3. Structured validity for generated rows; the table assembled by column name.
@@ -26,7 +27,7 @@ import pyarrow as pa
 from cluster.contracts.loglikelihood import acc, acc_bytes, acc_norm, target_index
 from cluster.contracts.shard import Shard
 from cluster.contracts.results_schema import actor_table, assemble
-from cluster.score.scorers import scorer_for
+from cluster.score.scorers import metrics_for, scorer_for
 from cluster.contracts.spec import SweepSpec
 from cluster.contracts.structured import is_valid
 from cluster.contracts.task_spec import COMPLETION, TaskSpec
@@ -69,6 +70,7 @@ class ShardScorer:
             "target": [None if t is None else t if isinstance(t, str) else json.dumps(t, sort_keys=True)
                        for t in targets],
             "score": None, "score_norm": None, "score_bytes": None, "exec_status": None, "exec_error": None,
+            "metrics": None,
         }
         if task.lm_eval is not None:  # scored by lm-eval's own code once every row is in (lm_eval_scores.py)
             driver["target"] = None
@@ -77,10 +79,7 @@ class ShardScorer:
         elif task.scorer is not None and task.scorer.name == "code_exec":
             return self._programs(task, driver, table, outputs, generated, extras)
         elif task.scorer is not None:
-            scorer, failed = scorer_for(task), {}
-            driver["score"] = [_row_score(scorer, o, t, i, failed, task.scorer.name) if g else None
-                               for i, (o, t, g) in enumerate(zip(outputs, targets, generated))]
-            table = _error_rows(table, sorted(failed), failed)
+            table = _scored(task, driver, table, outputs, targets, generated)
         done: Future = Future()
         done.set_result(assemble(table, driver))
         return done
@@ -124,8 +123,22 @@ class ShardScorer:
             self._sandbox = None
 
 
-def _row_score(scorer, output: str, target, row: int, failed: dict, name: str) -> float | None:
-    """One row's score; a scorer that raises on it (a RecursionError on JSON nested thousands deep, an
+def _scored(task: TaskSpec, driver: dict, table: pa.Table, outputs: list, targets: list, generated: list) -> pa.Table:
+    """`score` of each generated row, and its `metrics` where the scorer has them; a row a scorer raised on
+    becomes an error row, with neither."""
+    failed, name, n = {}, task.scorer.name, table.num_rows
+    scorer, extra = scorer_for(task), metrics_for(task)
+    todo = [(i, o, t) for i, (o, t, g) in enumerate(zip(outputs, targets, generated)) if g]
+    scores = {i: _row_score(scorer, o, t, i, failed, name) for i, o, t in todo}
+    if extra is not None:
+        metrics = {i: _row_score(extra, o, t, i, failed, name) for i, o, t in todo if i not in failed}
+        driver["metrics"] = [None if i in failed else metrics.get(i) for i in range(n)]
+    driver["score"] = [None if i in failed else scores.get(i) for i in range(n)]
+    return _error_rows(table, sorted(failed), failed)
+
+
+def _row_score(scorer, output: str, target, row: int, failed: dict, name: str):
+    """One row's score (or metrics); a scorer that raises on it (a RecursionError on JSON nested thousands deep, an
     overflow, ...) makes that row an error row with the reason, and its neighbours are scored."""
     try:
         return scorer(output, target)

@@ -9,7 +9,11 @@ over prompts, never over a prompt's completions:
 - `pass@k` (tasks with `pass_at`): per prompt with n scored completions of which c passed (score 1),
   1 - C(n - c, k) / C(n, k) (Chen et al., 2021, the unbiased estimator); a prompt with fewer than k
   scored completions does not count towards pass@k.
+- the results' per-completion `metrics` (numeric_match: strict_match and flexible_extract): per prompt, the
+  mean over its completions that have the metric, as `score`.
 Every metric other than `score` is a row of the `metrics` column (name, value, stderr, n).
+Counts: `n` is results rows (completions: sampling.n per prompt), `n_samples` prompts (the samples the
+progress line counts), `n_scored` prompts with a score; `n_ok` .. `n_error` count completions, as `n` does.
 Each shard holds every completion of its prompts, so prompts are complete within the table `add` is given;
 the state kept is a few numbers per metric (Chan et al.'s pairwise update), not the rows.
 """
@@ -26,14 +30,17 @@ from cluster.contracts.shard import STATUSES  # a results row's statuses: ok, tr
 
 METRIC = pa.struct([("name", pa.string()), ("value", pa.float64()), ("stderr", pa.float64()), ("n", pa.int64())])
 SUMMARY_SCHEMA = pa.schema([
-    ("model", pa.string()), ("task", pa.string()), ("n", pa.int64()), ("n_scored", pa.int64()),
+    ("model", pa.string()), ("task", pa.string()),
+    ("n", pa.int64()),  # results rows: completions (sampling.n per prompt)
+    ("n_samples", pa.int64()),  # prompts: the samples the progress line counts
+    ("n_scored", pa.int64()),  # prompts with a score (lm-eval tasks: its documents)
     ("score", pa.float64()), ("stderr", pa.float64()), ("n_ok", pa.int64()), ("n_truncated", pa.int64()),
     ("n_skipped", pa.int64()), ("n_error", pa.int64()), ("structured_valid_rate", pa.float64()),
     ("output_tokens", pa.int64()), ("metrics", pa.list_(METRIC)),
 ])
 # the results columns the summary reads (cluster/contracts/results_schema.py); those an older output lacks read as null
 COLUMNS = ("model", "task", "sample_id", "status", "score", "structured_valid", "output_tokens", "score_norm",
-           "score_bytes")
+           "score_bytes", "metrics")
 
 
 class _Mean:
@@ -84,6 +91,7 @@ class SummaryAccumulator:
         for (model, task, _), idx in prompts.items():
             g = self._group(model, task)
             g["n"] += len(idx)
+            g["n_samples"] += 1
             for i in idx:
                 if cols["status"][i] in STATUSES:
                     g[cols["status"][i]] += 1
@@ -101,17 +109,19 @@ class SummaryAccumulator:
                 norm = [cols[column][i] for i in idx if cols[column][i] is not None]
                 if norm:
                     g["metrics"][metric].add([norm[0]])
+            _add_row_metrics(g["metrics"], [cols["metrics"][i] for i in idx])
 
     def _group(self, model: str, task: str) -> dict:
         return self.groups.setdefault((model, task), {
-            "n": 0, "valid": 0, "n_valid": 0, "output_tokens": 0, "metrics": defaultdict(_Mean),
+            "n": 0, "n_samples": 0, "valid": 0, "n_valid": 0, "output_tokens": 0, "metrics": defaultdict(_Mean),
             **{s: 0 for s in STATUSES}})
 
     def table(self) -> pa.Table:
         rows = []
         for (model, task), g in sorted(self.groups.items()):
             score = g["metrics"].get("score") or _Mean()
-            rows.append({"model": model, "task": task, "n": g["n"], "n_scored": score.n,
+            rows.append({"model": model, "task": task, "n": g["n"], "n_samples": g["n_samples"],
+                         "n_scored": score.n,
                          "score": score.mean if score.n else None, "stderr": score.stderr(),
                          **{f"n_{s}": g[s] for s in STATUSES},
                          "structured_valid_rate": g["valid"] / g["n_valid"] if g["n_valid"] else None,
@@ -120,6 +130,17 @@ class SummaryAccumulator:
                                      for name, m in sorted(g["metrics"].items(), key=_metric_order)
                                      if name != "score" and m.n]})
         return pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
+
+
+def _add_row_metrics(metrics: dict[str, _Mean], rows: list[list[dict] | None]) -> None:
+    """One prompt's per-completion `metrics`: each metric's mean over the completions that have it."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        for m in row or ():
+            if m["value"] is not None:
+                values[m["name"]].append(m["value"])
+    for name, got in values.items():
+        metrics[name].add([sum(got) / len(got)])
 
 
 def _metric_order(item: tuple[str, _Mean]) -> tuple:
