@@ -150,8 +150,8 @@ def test_report_holds_scores_plots_failures_and_rows(sweep_output):
     assert "2026-11-20T09:09:00+00:00" in page and "3 committed, 1 failed, 1 pending" in page
 
     counts = {(r[0], r[1]): r for r in _table_rows(page, "scores")}
-    assert counts[("tiny-b", "choice")] == ["tiny-b", "choice", "4", "3", "3", "0", "1", "0", "100.0%", "24"]
-    assert counts[("tiny-a", "arith")][2:8] == ["7", "6", "5", "1", "0", "1"]
+    assert counts[("tiny-b", "choice")] == ["tiny-b", "choice", "4", "4", "3", "3", "0", "1", "0", "100.0%", "24"]
+    assert counts[("tiny-a", "arith")][2:9] == ["7", "7", "6", "5", "1", "0", "1"]
     compared = _comparison(page)
     # tiny-b/choice scores 1, 1, 0: mean 2/3, stderr sqrt(var / n) = sqrt((1/3) / 3) = 1/3
     assert compared[("choice", "score")]["tiny-b"][2] == "0.667 ± 0.333"
@@ -448,7 +448,7 @@ def test_report_renders_in_headless_chromium(chromium, sweep_output, tmp_path):
 
     # the DOM once the page's script has run: the comparison, and the sample browser's first task drawn
     dom = _chromium(chromium, tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()).stdout
-    assert _table_rows(dom, "scores")[1][:3] == ["tiny-b", "choice", "4"]
+    assert _table_rows(dom, "scores")[1][:4] == ["tiny-b", "choice", "4", "4"]
     assert _comparison(dom)[("choice", "score")]["tiny-b"][2] == "0.667 ± 0.333"
     assert dom.count("<img") == 5
     assert "7 row(s) in this task, 0 where the columns disagree; all are in this page, 7 match the filters." in dom

@@ -18,7 +18,7 @@ from pathlib import Path
 from cluster.report.html_parts import note, percent, png, score_text, section, table
 from cluster.report.reading import read
 
-SUMMARY_COLUMNS = ["model", "task", "n", "n_scored", "score", "stderr", "n_ok", "n_truncated", "n_skipped",
+SUMMARY_COLUMNS = ["model", "task", "n_samples", "n", "n_scored", "score", "stderr", "n_ok", "n_truncated", "n_skipped",
                    "n_error", "structured_valid_rate", "output_tokens", "metrics"]
 LOWER_IS_BETTER = ("perplexity", "bits_per_byte", "bpb")
 CHART_ROWS = 40  # task rows drawn at most; the table holds them all
@@ -155,14 +155,15 @@ def _chart(outputs: list[Output], columns: list, rows: dict) -> str:
 
 
 def _counts(outputs: list[Output], tables: list) -> str:
-    """The summary's counts per model × task: prompts, completions and their statuses, structured validity."""
+    """The summary's counts per model × task: prompts, completions and their statuses, structured validity
+    (n_samples is null in summaries written before it was kept)."""
     lines = []
     for out, summary in zip(outputs, tables):
         for r in summary or ():
             lines.append(([out.label] if len(outputs) > 1 else []) + [
-                r["model"], r["task"], r["n"], r["n_scored"], r["n_ok"], r["n_truncated"], r["n_skipped"],
+                r["model"], r["task"], r["n_samples"], r["n"], r["n_scored"], r["n_ok"], r["n_truncated"], r["n_skipped"],
                 r["n_error"], percent(r["structured_valid_rate"]), r["output_tokens"]])
     headers = (["output"] if len(outputs) > 1 else []) + [
-        "model", "task", "completions (n)", "prompts scored", "ok", "truncated", "skipped", "error",
+        "model", "task", "prompts (n_samples)", "completions (n)", "prompts scored", "ok", "truncated", "skipped", "error",
         "structured valid", "output tokens"]
     return "<h3>Counts (summary.parquet)</h3>" + table(headers, lines, "scores")
