@@ -22,6 +22,7 @@ from cluster.store.output_files import result_file
 from cluster.report import timeline as report_timeline
 from jobs.cli import main
 from cluster.report.operator import _phase_widths
+from cluster.report.comparison import best
 from cluster.report.page import write_report
 
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=timezone.utc)
@@ -247,6 +248,8 @@ def test_comparison_marks_the_best_model_and_the_browser_puts_disagreements_firs
     for r in summary:  # the comparison's numbers are summary.parquet's, exactly
         assert compared[r["model"]][:2] == (r["score"], r["stderr"])
     assert "best" in compared["small"][3] and compared["small"][2].endswith(" ★") and "best" not in compared["tiny"][3]
+    assert best("score", {"a": (0.0, 0.0), "b": (0.0, 0.0)}) == set()  # a tie of every column marks nothing
+    assert best("word_perplexity", {"a": (9.5, 0.1), "b": (7.25, 0.1), "c": (7.25, 0.2)}) == {"b", "c"}
 
     data = _browser_data(page)
     assert data["columns"] == ["small", "tiny"]

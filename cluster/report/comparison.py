@@ -2,7 +2,8 @@
 
 Rows are task · metric (`score` first, then the summary's `metrics`: acc_norm, pass@k, lm-eval's metrics);
 columns are the models, per output where several are compared (`raysweep report A B`). In each row:
-- the best value is marked (higher is better, except metrics named as perplexities or bits per byte);
+- the best value is marked (higher is better, except metrics named as perplexities or bits per byte), unless
+  every column has it;
 - with several outputs, a value that differs from the first output's value of the same model by more than
   the standard error of the difference, sqrt(stderr_a^2 + stderr_b^2), is marked, with the difference.
 Each cell carries its exact value and stderr as data attributes; the text rounds to three decimals.
@@ -62,12 +63,13 @@ def values(outputs: list[Output], tables: list[list[dict] | None]):
 
 
 def best(metric: str, cells: dict) -> set:
-    """The columns holding the row's best value, where at least two columns have one."""
+    """The columns holding the row's best value, where at least two columns have one and not all are equal."""
     if len(cells) < 2:
         return set()
     pick = min if lower_is_better(metric) else max
     top = pick(v for v, _ in cells.values())
-    return {c for c, (v, _) in cells.items() if math.isclose(v, top, rel_tol=1e-12, abs_tol=1e-15)}
+    found = {c for c, (v, _) in cells.items() if math.isclose(v, top, rel_tol=1e-12, abs_tol=1e-15)}
+    return found if len(found) < len(cells) else set()
 
 
 def difference(a: tuple, b: tuple) -> float | None:

@@ -3,7 +3,7 @@ score and status, the rows where they disagree first.
 
 A row is one (task, sample_id, completion); its cells are the columns of the comparison (cluster/report/
 comparison.py): each model of each output. Rows are ordered: the columns disagree (on score or on status)
-first, then rows some column did not get ok, then the rest, each in the sample's order. At most `limit`
+first, then rows some column did not get ok, then the rest, each by sample id (its digits as numbers). At most `limit`
 rows per task go on the page (the page says how many there are), so a sweep of millions of rows makes a
 page of a few megabytes: only the key columns of every row are read, and the texts of the rows shown.
 The rows travel as JSON inside the page; a small script draws them, filters (status, score, disagreement,
@@ -13,6 +13,7 @@ text) and pages them. Texts are cut at TEXT_CHARS characters, saying how many mo
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 
 import pyarrow.compute as pc
@@ -73,17 +74,17 @@ def sample_rows(outputs: list[Output], limit: int = LIMIT) -> dict:
     tasks = {}
     for task, by_key in keyed.items():
         ranked = []
-        for position, (key, cells) in enumerate(by_key.items()):
+        for key, cells in by_key.items():
             scores = {s for _, s in cells.values() if s is not None}
             statuses = {st for st, _ in cells.values()}
             disagree = len(cells) > 1 and (len(scores) > 1 or len(statuses) > 1)
             problem = any(st != "ok" for st in statuses)
-            ranked.append((0 if disagree else 1 if problem else 2, position, key, disagree))
+            ranked.append((0 if disagree else 1 if problem else 2, _natural(key[0]), key[1], key, disagree))
         ranked.sort()
         shown = ranked[:limit]
-        texts = _texts(datasets, task, {key for _, _, key, _ in shown})
+        texts = _texts(datasets, task, {r[3] for r in shown})
         rows = []
-        for _, _, key, disagree in shown:
+        for *_, key, disagree in shown:
             cells = [None if c not in by_key[key] else _cell(by_key[key][c], texts.get((c, key))) for c in columns]
             first = next((texts[(c, key)] for c in columns if (c, key) in texts), {})
             for cell in cells:  # a prompt rendered alike for every model is kept once, on the row
@@ -91,7 +92,7 @@ def sample_rows(outputs: list[Output], limit: int = LIMIT) -> dict:
                     del cell["prompt"]
             rows.append({"id": key[0], "completion": key[1], "disagree": disagree,
                          "prompt": _cut(first.get("prompt")), "target": _cut(first.get("target")), "cells": cells})
-        tasks[task] = {"rows": len(ranked), "disagree": sum(1 for r in ranked if r[3]), "shown": rows}
+        tasks[task] = {"rows": len(ranked), "disagree": sum(1 for r in ranked if r[4]), "shown": rows}
     return {"columns": [column_label(outputs, c) for c in columns], "tasks": tasks, "limit": limit,
             "text_chars": TEXT_CHARS}
 
@@ -118,6 +119,11 @@ def _cell(status_score: tuple, texts: dict | None) -> dict:
     why = texts.get("error") or texts.get("exec_error")
     return {"status": status, "score": score, "output": _cut(texts.get("output_text")), "prompt": texts.get("prompt"),
             "why": _cut(why), "exec": texts.get("exec_status"), "finish": texts.get("finish_reason")}
+
+
+def _natural(sample_id) -> tuple:
+    """A sample id's sort key with its digits as numbers: q2 before q10, arith-011 before arith-142."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(sample_id)))
 
 
 def _cut(text: str | None) -> str | None:
