@@ -3,7 +3,7 @@ score and status, the rows where they disagree first.
 
 A row is one (task, sample_id, completion); its cells are the columns of the comparison (cluster/report/
 comparison.py): each model of each output. Rows are ordered: the columns disagree (on score or on status)
-first, then rows some column did not get ok, then the rest, each by sample id (its digits as numbers). At most `limit`
+first, then rows some column did not get ok, then the rest, each by sample id (shorter first: q2, q10). At most `limit`
 rows per task go on the page (the page says how many there are), so a sweep of millions of rows makes a
 page of a few megabytes: only the key columns of every row are read, and the texts of the rows shown.
 The rows travel as JSON inside the page; a small script draws them, filters (status, score, disagreement,
@@ -13,9 +13,10 @@ text) and pages them. Texts are cut at TEXT_CHARS characters, saying how many mo
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from cluster.report.comparison import Output, column_label
@@ -55,61 +56,95 @@ def browser(outputs: list[Output], limit: int = LIMIT) -> str:
 
 def sample_rows(outputs: list[Output], limit: int = LIMIT) -> dict:
     """{"columns": [label], "tasks": {task: {"rows": N, "disagree": D, "shown": [row]}}}; a row is
-    {"id", "completion", "disagree", "prompt", "target", "cells": [cell or null per column]}."""
-    columns: list[tuple[int, str]] = []
-    keyed: dict[str, dict[tuple, dict[tuple[int, str], tuple]]] = defaultdict(lambda: defaultdict(dict))
-    datasets = []
-    for k, out in enumerate(outputs):
-        dataset = committed(out.root, out.manifest)
-        datasets.append(dataset)
-        if dataset is None:
-            continue
-        t = columns_of(dataset, KEYS)
-        cols = {c: t[c].to_pylist() for c in KEYS}
-        for model, task, sid, comp, status, score in zip(*(cols[c] for c in KEYS)):
-            if (k, model) not in columns:
-                columns.append((k, model))
-            keyed[task][(sid, comp or 0)][(k, model)] = (status, score)
-    columns.sort()  # by output, then model: the comparison's order (summary.parquet is sorted by model)
+    {"id", "completion", "disagree", "prompt", "target", "cells": [cell or null per column]}. Which rows
+    are shown is worked out in Arrow over every row's keys; Python sees only the rows shown."""
+    datasets = [committed(out.root, out.manifest) for out in outputs]
+    keys = _keys(datasets)
+    if keys is None:
+        return {"columns": [], "tasks": {}, "limit": limit, "text_chars": TEXT_CHARS}
+    pairs = keys.group_by(["output", "model"]).aggregate([]).to_pylist()
+    columns = sorted((p["output"], p["model"]) for p in pairs)  # the comparison's order: by output, then model
+    ranked, chosen = {}, {}
+    for task in pc.unique(keys["task"]).to_pylist():
+        mine = keys.filter(pc.equal(keys["task"], task))
+        ranked[task] = ranking = _ranking(mine)
+        shown = ranking.slice(0, limit).to_pylist()
+        chosen[task] = {(r["sample_id"], r["completion"]): r["disagree"] for r in shown}
+    cells = _cells(keys, chosen)
+    texts = _texts(datasets, chosen)
     tasks = {}
-    for task, by_key in keyed.items():
-        ranked = []
-        for key, cells in by_key.items():
-            scores = {s for _, s in cells.values() if s is not None}
-            statuses = {st for st, _ in cells.values()}
-            disagree = len(cells) > 1 and (len(scores) > 1 or len(statuses) > 1)
-            problem = any(st != "ok" for st in statuses)
-            ranked.append((0 if disagree else 1 if problem else 2, _natural(key[0]), key[1], key, disagree))
-        ranked.sort()
-        shown = ranked[:limit]
-        texts = _texts(datasets, task, {r[3] for r in shown})
+    for task, shown in chosen.items():
         rows = []
-        for *_, key, disagree in shown:
-            cells = [None if c not in by_key[key] else _cell(by_key[key][c], texts.get((c, key))) for c in columns]
-            first = next((texts[(c, key)] for c in columns if (c, key) in texts), {})
-            for cell in cells:  # a prompt rendered alike for every model is kept once, on the row
+        for key, disagree in shown.items():
+            mine = cells.get((task, key), {})
+            row_cells = [_cell(mine[c], texts.get((c, task, key))) if c in mine else None for c in columns]
+            first = next((texts[(c, task, key)] for c in columns if (c, task, key) in texts), {})
+            for cell in row_cells:  # a prompt rendered alike for every model is kept once, on the row
                 if cell is not None and cell["prompt"] == first.get("prompt"):
                     del cell["prompt"]
             rows.append({"id": key[0], "completion": key[1], "disagree": disagree,
-                         "prompt": _cut(first.get("prompt")), "target": _cut(first.get("target")), "cells": cells})
-        tasks[task] = {"rows": len(ranked), "disagree": sum(1 for r in ranked if r[4]), "shown": rows}
+                         "prompt": _cut(first.get("prompt")), "target": _cut(first.get("target")), "cells": row_cells})
+        ranking = ranked[task]
+        tasks[task] = {"rows": ranking.num_rows, "disagree": pc.sum(ranking["disagree"]).as_py() or 0, "shown": rows}
     return {"columns": [column_label(outputs, c) for c in columns], "tasks": tasks, "limit": limit,
             "text_chars": TEXT_CHARS}
 
 
-def _texts(datasets: list, task: str, keys: set) -> dict:
-    """(column, key) -> the row's texts, read for the shown rows of one task only."""
+def _keys(datasets: list) -> pa.Table | None:
+    """Every committed row's keys, status and score, with the index of its output; None where none is."""
+    parts = []
+    for k, dataset in enumerate(datasets):
+        if dataset is None:
+            continue
+        t = columns_of(dataset, KEYS)
+        parts.append(pa.table({
+            "output": pa.array(np.full(t.num_rows, k, dtype=np.int32)),
+            "model": t["model"].cast(pa.string()), "task": t["task"].cast(pa.string()),
+            "sample_id": t["sample_id"].cast(pa.string()),
+            "completion": pc.fill_null(t["completion"].cast(pa.int32()), 0),  # outputs made before it was kept
+            "status": t["status"].cast(pa.string()), "score": t["score"].cast(pa.float64())}))
+    return pa.concat_tables(parts) if parts else None
+
+
+def _ranking(rows: pa.Table) -> pa.Table:
+    """One task's (sample_id, completion) keys in the page's order: where the columns disagree on score or
+    status first, then where one did not come out ok, then the rest; within each, by sample id (shorter
+    ids first, so q2 before q10)."""
+    rows = rows.append_column("ok", pc.equal(rows["status"], "ok"))
+    g = rows.group_by(["sample_id", "completion"]).aggregate([
+        ("score", "count_distinct"), ("status", "count_distinct"), ("output", "count"), ("ok", "all")])
+    disagree = pc.and_(pc.greater(g["output_count"], 1), pc.or_(pc.greater(g["score_count_distinct"], 1),
+                                                               pc.greater(g["status_count_distinct"], 1)))
+    group = pc.if_else(disagree, 0, pc.if_else(g["ok_all"], 2, 1))
+    ranking = pa.table({"sample_id": g["sample_id"], "completion": g["completion"], "disagree": disagree,
+                        "group": group, "id_length": pc.utf8_length(g["sample_id"])})
+    return ranking.sort_by([("group", "ascending"), ("id_length", "ascending"), ("sample_id", "ascending"),
+                            ("completion", "ascending")])
+
+
+def _cells(keys: pa.Table, chosen: dict) -> dict:
+    """(task, key) -> {column: (status, score)} for the shown rows."""
+    ids = list({sid for shown in chosen.values() for sid, _ in shown})
+    found: dict = defaultdict(dict)
+    for r in keys.filter(pc.is_in(keys["sample_id"], pa.array(ids, pa.string()))).to_pylist():
+        key = (r["sample_id"], r["completion"])
+        if key in chosen.get(r["task"], ()):
+            found[(r["task"], key)][(r["output"], r["model"])] = (r["status"], r["score"])
+    return found
+
+
+def _texts(datasets: list, chosen: dict) -> dict:
+    """(column, task, key) -> the row's texts, read for the shown rows only (one scan per output)."""
     found = {}
-    ids = sorted({sid for sid, _ in keys})
+    ids = sorted({sid for shown in chosen.values() for sid, _ in shown})
     for k, dataset in enumerate(datasets):
         if dataset is None or not ids:
             continue
-        wanted = [c for c in TEXTS if c in dataset.schema.names]
-        t = dataset.to_table(columns=wanted, filter=(pc.field("task") == task) & pc.field("sample_id").isin(ids))
-        for r in t.to_pylist():
+        wanted = [c for c in TEXTS + ["task"] if c in dataset.schema.names]
+        for r in dataset.to_table(columns=wanted, filter=pc.field("sample_id").isin(ids)).to_pylist():
             key = (r["sample_id"], r.get("completion") or 0)
-            if key in keys:
-                found[((k, r["model"]), key)] = r
+            if key in chosen.get(r["task"], ()):
+                found[((k, r["model"]), r["task"], key)] = r
     return found
 
 
@@ -119,11 +154,6 @@ def _cell(status_score: tuple, texts: dict | None) -> dict:
     why = texts.get("error") or texts.get("exec_error")
     return {"status": status, "score": score, "output": _cut(texts.get("output_text")), "prompt": texts.get("prompt"),
             "why": _cut(why), "exec": texts.get("exec_status"), "finish": texts.get("finish_reason")}
-
-
-def _natural(sample_id) -> tuple:
-    """A sample id's sort key with its digits as numbers: q2 before q10, arith-011 before arith-142."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(sample_id)))
 
 
 def _cut(text: str | None) -> str | None:
