@@ -2,7 +2,8 @@
 `raysweep report OUTPUT` writes one self-contained HTML report of a sweep's output, `raysweep models`
 lists the builtin models, `raysweep spec-reference` prints the spec reference (sweeps/REFERENCE.md),
 `raysweep pool up|status|down` keeps engines warm between sweeps (jobs/pool.py), `raysweep verify OUTPUT`
-generates a sample of a sweep's rows again and says how many match (jobs/verify.py)."""
+generates a sample of a sweep's rows again and says how many match (jobs/verify.py). The commands that start or
+join a Ray (run, verify, pool) show Ray's and Serve's own log lines only with `--verbose` (jobs/ray_output.py)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from jobs.ray_output import add_verbose_argument, init_options, keep_quiet
+
 
 def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="pool_command", required=True)
@@ -26,6 +28,7 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     down.add_argument("--force", action="store_true", help="also while sweeps use it (they go on with their own actors)")
     for p in (up, sub.choices["status"], down):
         p.add_argument("--address", help="Ray cluster (default: RAY_ADDRESS, else auto: the one `ray start` runs here)")
+        add_verbose_argument(p)
 
 
 def pool(args: argparse.Namespace) -> int:
@@ -37,7 +40,7 @@ def pool(args: argparse.Namespace) -> int:
 
         spec = load_spec(args.spec)
         check_inputs(spec)  # the same checks, and lines, as a sweep's
-        _connect(args.address)
+        _connect(args.address, args.verbose)
         description = pools.pool_up(spec, args.min_replicas, args.switch, args.http_port)
         for model in description["models"]:
             print(f"[raysweep] pool: model {model['name']} ({model['path']}) up to {model['max_replicas']} replica(s)")
@@ -45,7 +48,7 @@ def pool(args: argparse.Namespace) -> int:
             print(f"[raysweep] pool: models {', '.join(m['name'] for m in description['models'])} share each "
                   "replica's GPU share: one awake, the others asleep, switched by sleep and wake")
         return 0
-    _connect(args.address)
+    _connect(args.address, args.verbose)
     if args.pool_command == "status":
         for row in pools.pool_status():
             replicas = ", ".join(f"{n} {state.lower()}" for state, n in sorted(row["replicas"].items())) or "none"
@@ -67,7 +70,7 @@ def pool(args: argparse.Namespace) -> int:
     return 0
 
 
-def _connect(address: str | None) -> None:
+def _connect(address: str | None, verbose: bool) -> None:
     import ray
 
     from cluster.pool.serve_app import PoolError
@@ -78,10 +81,13 @@ def _connect(address: str | None) -> None:
     address = address or os.environ.get("RAY_ADDRESS") or "auto"
     check_ray_address(address, named)  # where nothing listens, ray.init retries for minutes: one line at once
     try:
-        ray.init(address=address, log_to_driver=False, namespace="raysweep-pool")
+        # the pool's replicas are actors of the job that started Serve, maybe this one: their engines' start-up
+        # output would come here, line by line, while the command waits for them (only with --verbose)
+        ray.init(address=address, namespace="raysweep-pool", **(init_options(verbose) | {"log_to_driver": verbose}))
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise PoolError(f"no Ray cluster at {address} to hold the pool (start one: `ray start --head`): "
                         f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    keep_quiet(verbose)
 
 
 def _s(value) -> str:

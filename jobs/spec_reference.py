@@ -31,6 +31,8 @@ from pathlib import Path
 from types import NoneType, UnionType
 
 from cluster.contracts import spec as S
+from cluster.contracts.model_paths import BUILTIN_PREFIX
+from cluster.inputs.builtin_model import CONFIGS as BUILTIN_MODELS
 from cluster.inputs.spec_file import parse_spec
 
 # cluster/contracts/spec.py's _structured and _scorer: the two sections whose YAML is not a mapping of their fields
@@ -49,7 +51,12 @@ ENTRIES = {"LmEvalTask": ("tasks[].lm_eval", "LmEvalSettings")}
 NOTES = {"ModelSpec": "`engine: NAME` is short for `engine: {backend: NAME}`; every other `engine` key goes to the "
                       "engine as is (vLLM's or transformers' own arguments). `tensor_parallel_size` and "
                       "`pipeline_parallel_size` (integers from 1 to 16) also place the model: each of its actors "
-                      "holds their product of whole GPUs, on one node."}
+                      "holds their product of whole GPUs, on one node. `path: builtin:NAME` names a model raysweep "
+                      "builds locally, with random weights and no download: "
+                      + ", ".join(f"`{BUILTIN_PREFIX}{name}`" for name in BUILTIN_MODELS)
+                      + " (`raysweep models` lists their sizes)."}
+# the code's comments cite the design notes (`(DESIGN §3)`), which are not among the files a user has
+DESIGN_CITATION = re.compile(r" ?\(DESIGN §[^)]*\)")
 MINIMAL = {"name": "NAME", "models": [{"name": "m", "path": "builtin:tiny"}],
            "tasks": [{"name": "t", "data": "data.jsonl", "prompt": "{q}"}]}
 
@@ -71,10 +78,9 @@ def _header() -> str:
         <!-- Generated from cluster/contracts/spec.py by jobs/spec_reference.py; do not edit. Regenerate with
              `raysweep spec-reference > sweeps/REFERENCE.md` (tests/test_report.py checks it is current). -->
 
-        A sweep spec is one YAML file (DESIGN.md §2; `sweeps/quickstart.yaml` is an example). Each section
-        below is one part of it; `tasks[]` means each item of the `tasks` list. Unknown keys are errors, and
-        every error names the file and the field. "required" means the key has no default.
-        `raysweep models` lists the builtin models that `path: builtin:NAME` can name.
+        A sweep spec is one YAML file ([docs/spec.md](../docs/spec.md) explains it; `sweeps/quickstart.yaml` is an
+        example). Each section below is one part of it; `tasks[]` means each item of the `tasks` list. Unknown keys
+        are errors, and every error names the file and the field. "required" means the key has no default.
         """)
 
 
@@ -111,7 +117,7 @@ def _section(path: str, cls: type, probe: "_Probe") -> str:
     checks, other = _checks(cls)
     title = f"`{path}`" if path else "Top level"
     lines = [f"## {title} ({cls.__name__})", ""]
-    doc = ast.get_docstring(tree)
+    doc = DESIGN_CITATION.sub("", ast.get_docstring(tree) or "")
     lines += [doc, ""] if doc else []
     note = SHAPES.get(cls.__name__) or NOTES.get(cls.__name__)
     lines += [note, ""] if note else []
@@ -179,7 +185,7 @@ def _comments(source: str, tree: ast.ClassDef) -> dict[str, str]:
                 above.insert(0, notes[line][0])
                 line -= 1
             after = [notes[n][0] for n in range(node.lineno, node.end_lineno + 1) if n in notes and not notes[n][1]]
-            found[node.target.id] = " ".join(above + after)
+            found[node.target.id] = DESIGN_CITATION.sub("", " ".join(above + after))
     return found
 
 

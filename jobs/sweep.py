@@ -18,6 +18,7 @@ import time
 
 from cluster.contracts.errors import RaysweepError
 from cluster.contracts.shard import ShardState
+from jobs.ray_output import add_verbose_argument, init_options, keep_quiet
 
 RAY_PROBE_S = 2.0  # an explicit Ray address must accept a connection this fast (ray.init waits minutes)
 
@@ -37,6 +38,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "off by default: it adds seconds to every sweep's start")
     parser.add_argument("--new-run", action="store_true",
                         help="discard the output's earlier results (also another spec's) and start again")
+    add_verbose_argument(parser)
 
 
 def _at_least_one(text: str) -> int:
@@ -61,9 +63,10 @@ def run(args: argparse.Namespace) -> int:
     return run_spec(load_spec(args.spec), args, clock)
 
 
-def run_spec(spec, args: argparse.Namespace, clock=None) -> int:
-    """`run` for a spec already loaded (`raysweep verify` builds one): the checks, Ray, the sweep, the summary.
-    Ctrl-C or SIGTERM at any moment: one line saying what was committed and how to resume (exit 1)."""
+def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = True) -> int:
+    """`run` for a spec already loaded (`raysweep verify` builds one): the checks, Ray, the sweep, the summary
+    (`output_kept=False`: the output is removed after, so its path is not printed). Ctrl-C or SIGTERM at any
+    moment: one line saying what was committed and how to resume (exit 1)."""
     from jobs.interrupts import Interrupted, interruptible, stopped_line
 
     held: dict = {}  # what the run has opened so far: the output's sink
@@ -81,7 +84,7 @@ def run_spec(spec, args: argparse.Namespace, clock=None) -> int:
         except Interrupted as stop:
             say_stopped(stop)  # ray.init's own SIGTERM handler, turned into Interrupted: not said yet
             return 1
-    return _print_report(report, node)
+    return _print_report(report, node, output_kept, args.verbose)
 
 
 def _run_spec(spec, args: argparse.Namespace, clock, held: dict):
@@ -106,7 +109,7 @@ def _run_spec(spec, args: argparse.Namespace, clock, held: dict):
     prepared = prepare(spec, lasting_output(args.output or spec.output_path()), args.new_run, background=True, data=data)
     held["sink"] = prepared.sink
     try:
-        start_ray(address, named, args.dashboard)
+        start_ray(address, named, args.dashboard, args.verbose)
         reclaim()  # Ray's core worker took SIGTERM over: ours again, so it ends the run in one line
     except BaseException as e:
         prepared.sink.close()
@@ -126,7 +129,7 @@ def _run_spec(spec, args: argparse.Namespace, clock, held: dict):
     return report, node
 
 
-def _print_report(report, node) -> int:
+def _print_report(report, node, output_kept: bool = True, verbose: bool = False) -> int:
     print(format_summary(report.summary))
     print(f"\n[raysweep] {report.samples} samples in {report.wall_s:.1f}s "
           f"({report.shards_run} shards run, {report.shards_skipped} already committed)")
@@ -135,7 +138,10 @@ def _print_report(report, node) -> int:
     elif report.shards_run:
         print("[raysweep] GPU telemetry: NVML absent on every actor; GPU columns are null, not zero")
     where = report.output if "://" in report.output else os.path.abspath(report.output)  # a local path, whole
-    print(f"[raysweep] results: {where}" + (f" on node {node}" if node else ""))
+    if output_kept:
+        print(f"[raysweep] results: {where}" + (f" on node {node}" if node else ""))
+    else:
+        print("[raysweep] results: not kept: a temporary folder, removed when verify ends (--keep DIR keeps them)")
     if report.failed:
         for shard_id, entry in sorted(report.failed.items()):
             print(f"[raysweep] FAILED shard {shard_id}: {entry['errors'][-1]}")
@@ -146,12 +152,16 @@ def _print_report(report, node) -> int:
         if kept:  # committed with error rows past the task's fail_on_error: a re-run keeps them as they are
             print(f"[raysweep] {kept} shard(s) committed with more error rows than their task's fail_on_error "
                   "allows; a re-run keeps them: fix the rows or the setting, then --new-run")
+        if not verbose:  # jobs/ray_output.py: the actors' tracebacks and engine logs were not shown
+            print("[raysweep] what the actors printed is not shown without --verbose: it is in Ray's logs on each "
+                  "actor's node (worker-*.err under /tmp/ray/session_*/logs by default)")
         return 1
     return 0
 
 
-def start_ray(address: str, named: str, dashboard: bool) -> None:
-    """ray.init; a Ray that does not start or answer is one line naming the address (RayStartError)."""
+def start_ray(address: str, named: str, dashboard: bool, verbose: bool = False) -> None:
+    """ray.init; a Ray that does not start or answer is one line naming the address (RayStartError). Ray's
+    and the actors' own log lines only with `verbose` (jobs/ray_output.py)."""
     import ray
 
     print("[raysweep] starting a local Ray" if address == "local" else f"[raysweep] connecting to Ray at {address}",
@@ -159,10 +169,11 @@ def start_ray(address: str, named: str, dashboard: bool) -> None:
     # a dashboard can only be chosen for a Ray this process starts
     options = {"include_dashboard": dashboard} if address == "local" else {}
     try:
-        ray.init(address=address, log_to_driver=True, **options)
+        ray.init(address=address, **init_options(verbose), **options)
     except (OSError, RuntimeError, ValueError) as e:  # ConnectionError, TimeoutError, Ray's own complaints
         where = "a local Ray did not start" if address == "local" else f"{named} {address}: Ray did not connect"
         raise RayStartError(f"{where}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    keep_quiet(verbose)
 
 
 def check_ray_address(address: str, named: str) -> None:

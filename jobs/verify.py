@@ -3,18 +3,21 @@ say how many outputs match what was committed.
 
 The spec comes from the manifest (the path it was run from, checked against the hash it recorded), or
 `--spec`. The sampled rows are read again from the task's data (the data's hash is checked too), written
-to a temporary data file that keeps each row's sample id (so its seed is the same), and run as a sweep of
+to a data file of its own that keeps each row's sample id (so its seed is the same), and run as a sweep of
 their own: the same models, engine arguments, sampling and `reproducible` setting, in shards of another
 size and on new engines (a long-prompt task's chunked-prefill setting is planned from the sampled rows,
-so it may differ from the sweep's). Each differing row is printed. Exit 1 when any row differs in a sweep run with
-`reproducible: true` (its outputs must not depend on batches); without it the rate is reported, exit 0,
-as batch numerics may change a greedy token where two are nearly tied. A team re-runs this after a new
-driver, vLLM or cluster to check that it still gives the same answers.
+so it may differ from the sweep's). `--keep DIR` keeps those data files and that sweep's output in DIR; without
+it they are in a temporary folder, removed when verify ends, and the run says so rather than print its path.
+Each differing row is printed. Exit 1 when any row differs in a sweep run with `reproducible: true` (its outputs
+must not depend on batches); without it the rate is reported, exit 0, as batch numerics may change a greedy
+token where two are nearly tied. A team re-runs this after a new driver, vLLM or cluster to check that it
+still gives the same answers.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,6 +26,7 @@ import tempfile
 
 from cluster.contracts.errors import RaysweepError
 from cluster.contracts.shard import ShardState
+from jobs.ray_output import add_verbose_argument
 
 ID_COLUMN = "_raysweep_sample_id"
 
@@ -37,6 +41,10 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="which rows: the random sample's seed")
     parser.add_argument("--spec", help="the spec the output was made from (default: the path its manifest records)")
     parser.add_argument("--address", help="Ray cluster (default: RAY_ADDRESS, else a new local Ray)")
+    parser.add_argument("--keep", metavar="DIR", help="a new or empty folder to keep the rows generated again in "
+                                                       "(their data and the verify sweep's output); default: "
+                                                       "a temporary folder, removed when verify ends")
+    add_verbose_argument(parser)
 
 
 def verify(args: argparse.Namespace) -> int:
@@ -46,6 +54,8 @@ def verify(args: argparse.Namespace) -> int:
 
     if args.samples < 1:
         raise VerifyError(f"--samples {args.samples}: must be at least 1")
+    if args.keep is not None and os.path.exists(args.keep) and (not os.path.isdir(args.keep) or os.listdir(args.keep)):
+        raise VerifyError(f"--keep {args.keep}: not an empty folder; name a new one (nothing of yours is overwritten)")
     try:
         manifest = read_manifest(args.output)
     except (OSError, ValueError) as e:
@@ -70,7 +80,7 @@ def verify(args: argparse.Namespace) -> int:
     recorded = manifest.get("data", {})
     now = data_hashes(spec)
     tasks = {t.name: t for t in spec.tasks}
-    with tempfile.TemporaryDirectory(prefix="raysweep-verify-") as tmp:
+    with _folder(args.keep) as tmp:
         new_tasks = []
         for name in sorted({r["task"] for r in chosen}):
             task = tasks[name]
@@ -86,16 +96,17 @@ def verify(args: argparse.Namespace) -> int:
         models = tuple(m for m in spec.models if m.name in {r["model"] for r in chosen})
         from cluster.store.manifest import as_made
 
-        again = dataclasses.replace(spec, name=f"{spec.name}-verify", output=os.path.join(tmp, "out"),
+        again = dataclasses.replace(spec, name=f"{spec.name}-verify", output=os.path.join(tmp, "output"),
                                     models=models, tasks=tuple(new_tasks))
         again = as_made(again, manifest)  # generated as the output was made (its target_delimiter)
         from jobs.sweep import run_spec
 
         code = run_spec(again, argparse.Namespace(output=None, address=args.address, max_attempts=3,
-                                                  dashboard=False, new_run=True))
+                                                  dashboard=False, new_run=True, verbose=args.verbose),
+                        output_kept=args.keep is not None)
         if code != 0:
             raise VerifyError("the verify sweep failed (its lines above say why)")
-        fresh = {_key(r): r["output"] for r in _outputs(os.path.join(tmp, "out", "results"))}
+        fresh = {_key(r): r["output"] for r in _outputs(os.path.join(tmp, "output", "results"))}
     differ = [r for r in chosen if fresh.get(_key(r)) != r["output"]]
     for r in differ:
         completion = f"#{r['completion']}" if r["completion"] else ""
@@ -107,6 +118,15 @@ def verify(args: argparse.Namespace) -> int:
     if mismatched:
         print(f"[raysweep] verify: {mismatched}")
     return 1 if mismatched or (differ and reproducible) else 0
+
+
+def _folder(keep: str | None):
+    """Where the sampled rows and the verify sweep's output go: `--keep DIR` (checked new or empty), else a
+    temporary folder removed at the end."""
+    if keep is None:
+        return tempfile.TemporaryDirectory(prefix="raysweep-verify-")
+    os.makedirs(keep, exist_ok=True)
+    return contextlib.nullcontext(os.path.abspath(keep))
 
 
 def _check_files(output: str, manifest: dict) -> str | None:

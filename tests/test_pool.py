@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.test_cluster import TOKEN_AUTH, free_port, ray_head
+from tests.test_ray_output import RAY_LINE
 
 ARITHMETIC = ROOT / "sweeps" / "data" / "arithmetic.jsonl"
 
@@ -70,6 +71,9 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert "model tiny8: the pool serves" in run.stdout and "engine.max_num_seqs 8 (pool: 32)" in run.stdout
         assert "[raysweep] pool serves model(s) tiny" in run.stdout
+        # no Serve INFO lines (its router's, the replicas' CALL lines) and no Ray lines without --verbose
+        for said in (up.stdout + up.stderr, run.stdout + run.stderr):
+            assert not RAY_LINE.search(said), said[-3000:]
 
         results = pq.read_table(out / "results").to_pylist()
         for model in ("tiny", "tiny8"):  # every sample exactly once, for both models

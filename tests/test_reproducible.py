@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.conftest import QUICKSTART, ROOT
+from tests.test_ray_output import RAY_LINE
 from tests.test_reliability import committed, outputs, wait_for
 
 PROMPTS = ["Question: 2+2?\nAnswer:", "  leading and trailing spaces  ", "naïve café — ünïcödé ✓ 日本語",
@@ -119,9 +120,13 @@ def test_reproducible_outputs_repeat_across_shards_actors_and_a_resume_and_verif
     assert json.loads((out / "manifest.json").read_text())["reproducible"] is True
 
     # verify: a sample generated again matches; an altered result file is found
-    check = sweep("verify", str(tmp_path / "big"), "--samples", "40")
+    kept = tmp_path / "verify-kept"
+    check = sweep("verify", str(tmp_path / "big"), "--samples", "40", "--keep", str(kept), "--verbose")
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
     assert "verify: 40 of 40 sampled outputs match (reproducible: true" in check.stdout
+    assert f"[raysweep] results: {kept / 'output'}\n" in check.stdout  # --keep: the rows generated again stay
+    assert pq.read_table(kept / "output" / "results").num_rows == 40
+    assert RAY_LINE.search(check.stderr), check.stderr[-2000:]  # --verbose: Ray's own lines too
     path = next((tmp_path / "big" / "results" / "tiny" / "arithmetic").glob("*.parquet"))
     table = pq.read_table(path)
     texts = table["output_text"].to_pylist()
@@ -131,6 +136,8 @@ def test_reproducible_outputs_repeat_across_shards_actors_and_a_resume_and_verif
     altered = table["sample_id"][0].as_py()
     check = sweep("verify", str(tmp_path / "big"), "--samples", "1000")  # every row
     assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]
+    assert "[raysweep] results: not kept: a temporary folder, removed when verify ends" in check.stdout
+    assert not RAY_LINE.search(check.stdout + check.stderr), check.stderr[-2000:]
     assert "verify: 249 of 250 sampled outputs match" in check.stdout
     assert f"DIFFERS tiny/arithmetic/{altered}: committed" in check.stdout
 

@@ -14,6 +14,7 @@ from cluster.schedule.run import run_sweep
 from cluster.store.output_files import SinkError
 from cluster.inputs.spec_file import load_spec
 from tests.conftest import QUICKSTART, ROOT
+from tests.test_ray_output import RAY_LINE
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +147,11 @@ def test_cli_runs_the_quickstart(tmp_path):
     assert "| tiny | extract | 100 |" in screen and "100.0%" in screen
     assert "GPU telemetry: NVML absent on every actor; GPU columns are null, not zero" in screen
     assert pq.read_table(tmp_path / "qs" / "results").num_rows == 350
+    # Ray's own log lines (its token-auth warning, "Started a local Ray instance") and what the actors print
+    # (transformers' warnings, under Ray's "(EvalActor pid=...)") stay out without --verbose (jobs/ray_output.py;
+    # tests/test_reproducible.py runs verify with --verbose)
+    for said in (screen, stderr):
+        assert not RAY_LINE.search(said), said[-3000:]
 
 
 def test_a_relative_output_in_a_jobs_temporary_working_dir_goes_somewhere_that_lasts(tmp_path, monkeypatch, capsys):
