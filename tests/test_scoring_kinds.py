@@ -184,8 +184,19 @@ def test_the_scoring_example_sweep(ray_local, tmp_path):
     assert summary[("tiny", "code")]["n_scored"] == 8  # prompts, not completions
     from cluster.report.page import write_report
 
+    from tests.test_report import _browser_data, _comparison
+
     page = write_report(str(tmp_path / "out")).read_text()
-    assert "pass@1 0.333 ± 0.000, pass@3 1.000 ± 0.000" in page and "acc_norm " in page
+    compared = _comparison(page)  # every metric of summary.parquet, exactly, in its model's column
+    for (model, task), r in summary.items():
+        metrics = ([("score", r["score"], r["stderr"])] if r["score"] is not None else []) + \
+            [(m["name"], m["value"], m["stderr"]) for m in r["metrics"]]
+        for name, value, stderr in metrics:
+            assert compared[(task, name)][model][:2] == (value, stderr), (model, task, name)
+    assert compared[("code-replay", "pass@1")]["handwritten"][2] == "0.333 ± 0.000"
+    browser = _browser_data(page)["tasks"]  # every sample (every completion) of each task, listed
+    assert {task: (t["rows"], len(t["shown"])) for task, t in browser.items()} == \
+        {"mc": (40, 40), "code": (32, 32), "code-replay": (24, 24)}
 
 
 @pytest.mark.slow
