@@ -214,13 +214,16 @@ def lasting_output(output: str, cwd: str | None = None) -> str:
 def format_summary(summary) -> str:
     from cluster.report.html_parts import metrics_text
 
-    header = "| model | task | n | score | ± stderr | structured valid | ok/trunc/skip/err | other metrics |"
+    # samples as the progress line counts them (prompts); a task of several completions per prompt says both
+    header = "| model | task | samples | score | ± stderr | structured valid | ok/trunc/skip/err | other metrics |"
     lines = [header, "|---|---|---:|---:|---:|---:|---|---|"]
     for r in summary.to_pylist():
         score = "—" if r["score"] is None else f"{r['score']:.3f}"
         err = "—" if r["stderr"] is None else f"{r['stderr']:.3f}"
         valid = "—" if r["structured_valid_rate"] is None else f"{100 * r['structured_valid_rate']:.1f}%"
-        lines.append(f"| {r['model']} | {r['task']} | {r['n']} | {score} | {err} | {valid} | "
+        samples = r.get("n_samples")
+        count = r["n"] if samples is None or samples == r["n"] else f"{samples} ({r['n']} completions)"
+        lines.append(f"| {r['model']} | {r['task']} | {count} | {score} | {err} | {valid} | "
                      f"{r['n_ok']}/{r['n_truncated']}/{r['n_skipped']}/{r['n_error']} | {metrics_text(r['metrics'])} |")
     return "\n".join(lines)
 

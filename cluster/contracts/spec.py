@@ -34,7 +34,7 @@ class SpecError(RaysweepError, ValueError):
 class ModelSpec:
     name: str
     # local directory (`~` expanded; relative: from the spec's folder where it starts with ./ or ../, has two
-    # or more `/`, or is a folder there), a hub id (`name` or `org/name`, no such folder), or builtin:tiny
+    # or more `/`, or is a folder there), a hub id (`name` or `org/name`, no such folder), or builtin:NAME
     path: str
     backend: str = "auto"  # auto: vLLM where CUDA and vLLM are present, else the CPU (transformers) engine
     engine: dict = field(default_factory=dict)  # passed to the engine as is (max_model_len, ...)
@@ -42,7 +42,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         _check_name(self.name)
         if not isinstance(self.path, str) or not self.path:
-            raise ValueError("path: a model directory, hub id or builtin:tiny is required")
+            raise ValueError("path: a model directory, hub id or builtin:NAME (`raysweep models`) is required")
         if self.backend not in BACKENDS:
             raise ValueError(f"engine.backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         max_len = self.engine.get("max_model_len")
