@@ -145,13 +145,16 @@ def test_pool_down_force_while_a_sweep_uses_it_the_sweep_finishes_on_its_own_act
 
 @pytest.mark.slow
 def test_two_sweeps_at_once_take_turns_on_the_pool_and_the_http_api_follows_them(tmp_path):
-    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"max_num_seqs": 32}}
+    # the fake engine takes 1 s a shard: each sweep's 30 shards take 30 s on the one replica, so the two sweeps
+    # have shards queued there together even when one driver comes up 20 s after the other on a loaded machine
+    # (with tiny's real CPU engine, a shard took a fraction of a second, and once neither overlapped)
+    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"backend": "fake", "delay_s": 1.0}}
     actors = {"count": 1, "num_cpus": 1, "shards_in_flight": 1}  # one replica, one shard at a time: turns show
     pool = spec_file(tmp_path / "pool.yaml", [tiny], actors)
     with ray_head("--num-cpus=4") as (address, _):
         http = free_port()
         assert cli("pool", "up", pool, "--http-port", str(http), address=address).returncode == 0
-        sweeps = {name: start_sweep(spec_file(tmp_path / f"{name}.yaml", [tiny], actors, max_samples=10,
+        sweeps = {name: start_sweep(spec_file(tmp_path / f"{name}.yaml", [tiny], actors, max_samples=5,
                                               max_tokens=16, name=name), tmp_path / name, address)
                   for name in ("first", "second")}
         seen_running = set()  # the HTTP API while the sweeps run: their progress, part done
@@ -195,7 +198,7 @@ def test_two_sweeps_at_once_take_turns_on_the_pool_and_the_http_api_follows_them
                         min(len(names) - names[::-1].index(n) for n in ("first", "second"))]
         assert len(overlap) >= 10 and all(a != b for a, b in zip(overlap, overlap[1:])), names
         status = cli("pool", "status", address=address)
-        assert "30 shard(s) served" in status.stdout  # 15 shards of each sweep, on the one replica
+        assert "60 shard(s) served" in status.stdout  # 30 shards of each sweep, on the one replica
 
 
 @pytest.mark.slow
