@@ -83,6 +83,19 @@ def test_a_finished_models_actor_serves_the_other_model(ray_local, tmp_path):
     helper = changed["actor_id"].iloc[0]  # the actor that ran `fast`, then shards of `slow`
     assert set(shards[shards["actor_id"] == helper]["model"]) == {"fast", "slow"}
 
+    # the report names that actor by both models, in order (it was named by its last one), and its sample
+    # browser lists every sample of the task with both models' completions side by side
+    from cluster.report.page import write_report
+    from tests.test_report import _browser_data, _table_rows
+
+    page = write_report(str(tmp_path / "out")).read_text()
+    lanes = [row[0] for row in _table_rows(page, "timeline-actors")]
+    assert f"fast → slow · {helper[:8]}" in lanes, lanes
+    browser = _browser_data(page)
+    assert browser["columns"] == ["fast", "slow"] and browser["tasks"]["t"]["rows"] == 96
+    shown = browser["tasks"]["t"]["shown"]
+    assert len(shown) == 96 and all(r["cells"][0]["output"] == "fake" and r["cells"][1]["status"] == "ok" for r in shown)
+
 
 @pytest.mark.slow
 def test_an_engine_that_cannot_start_fails_only_its_model(ray_local, tmp_path, tiny_path):
