@@ -48,3 +48,27 @@ def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes_once_there
     assert f"{committed} already committed" in again.stdout
     rows = pq.read_table(out / "results", columns=["task", "sample_id"]).to_pylist()
     assert len(rows) == len({(r["task"], r["sample_id"]) for r in rows}) == 350
+
+
+def test_a_journal_line_refused_by_a_full_disk_does_not_fail_the_close(small_disk):
+    """The disk filled up as a commit's journal line was flushed: `record` raises, and the sink's close, flushing
+    that line again, raised a second OSError, so the run ended in a traceback instead of its one line (seen once
+    in the full-disk test above, depending on which write met the full disk)."""
+    import pyarrow.fs as pafs
+
+    from cluster.store.manifest import JOURNAL, ManifestWriter, read_manifest
+
+    (small_disk / "manifest.json").write_text('{"shards": {}}')
+    with open(small_disk / "filler", "wb", buffering=0) as f:  # the rest of the disk
+        try:
+            while True:
+                f.write(b"x" * 1024)
+        except OSError:
+            pass
+    writer = ManifestWriter(pafs.LocalFileSystem(), str(small_disk))
+    with pytest.raises(OSError, match="No space left"):
+        writer.record({"shards": {}}, "tiny/t/00000", {"state": "committed", "file": "f" * 8192, "rows": 1})
+    writer.close()  # once: no second OSError for the line that was never written
+    writer.close()
+    assert read_manifest(str(small_disk))["shards"] == {}  # the refused line committed nothing
+    assert (small_disk / JOURNAL).exists()

@@ -174,8 +174,14 @@ class ManifestWriter:
 
     def close(self) -> None:
         if self.journal is not None:
-            self.journal.close()
-            self.journal = None
+            journal, self.journal = self.journal, None
+            try:
+                journal.close()
+            except OSError:
+                # the flush of the one line whose `record` already raised (the disk full): that shard was never
+                # committed, and a torn last line is skipped when the journal is read, so nothing is lost; the
+                # run's own error (OutputWriteError) stays the one line said, without this one chained to it
+                pass
 
 
 def read_manifest(output: str) -> dict:
