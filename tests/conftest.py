@@ -10,6 +10,21 @@ QUICKSTART = ROOT / "sweeps" / "quickstart.yaml"
 _EXIT_STATUS = []  # pytest's own exit status, kept for pytest_unconfigure
 
 
+# Files whose tests run programs in the code_exec sandbox, as the user nobody: they share that user's process
+# limit (a fork bomb's test fills it) and its process table (tests count nobody's processes), so under
+# pytest-xdist they go to one worker, one after another. Every other file is a group of its own: its module
+# fixtures (a sweep run once for several tests) are made once, on one worker.
+SANDBOX_FILES = {"test_sandbox.py", "test_code_exec_reference.py", "test_scoring_kinds.py", "test_signals.py",
+                 "test_hostile_inputs.py", "test_report.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """The xdist group of each test (`--dist loadgroup`, pyproject.toml): its file's, or the sandbox's."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("sandbox" if name in SANDBOX_FILES else name))
+
+
 def pytest_sessionfinish(session, exitstatus):
     _EXIT_STATUS.append(int(exitstatus))
 
@@ -22,6 +37,8 @@ def pytest_unconfigure(config):
     running as static destructors ran. Every result is printed by then, and the status is pytest's."""
     import sys
 
+    if hasattr(config, "workerinput"):  # an xdist worker: it leaves as xdist ends it, its results already sent
+        return
     if _EXIT_STATUS:
         sys.stdout.flush()
         sys.stderr.flush()

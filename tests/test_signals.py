@@ -4,9 +4,11 @@ process left behind; and the same command then resumes to every sample exactly o
 Ray's C++ dump with exit -6, and 2-7 Ray processes left behind)."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pyarrow.parquet as pq
@@ -21,27 +23,39 @@ MOMENTS = {  # the line after which the signal is sent
 }
 
 
-def _raylets() -> set[int]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return {int(line.split()[0]) for line in out.splitlines()[1:] if "/raylet/raylet " in line}
+def _raylets(ray_dir: str) -> set[int]:
+    """The raylets of the Rays started under `ray_dir` (the run's RAY_TMPDIR): not another test's, running
+    meanwhile on another xdist worker or beside the suite."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout  # -ww: whole lines
+    return {int(line.split()[0]) for line in out.splitlines()[1:] if "/raylet/raylet " in line and ray_dir in line}
 
 
-def _run(out, env=None) -> subprocess.Popen:
+@pytest.fixture
+def ray_dir():
+    """A short folder of its own for the run's Ray (RAY_TMPDIR; Ray's socket paths must stay under 108 bytes)."""
+    made = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
+
+
+def _run(out, ray_dir: str, env=None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "jobs.sweep", str(QUICKSTART), "--output", str(out)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=os.environ | {"PYTHONUNBUFFERED": "1", "RAY_ADDRESS": ""} | (env or {}))
+                            env=os.environ | {"PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "", "RAY_TMPDIR": ray_dir}
+                            | (env or {}))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("moment", list(MOMENTS))
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behind(tmp_path, moment, signum):
-    before = _raylets()
-    sweep = _run(tmp_path / "out")
+def test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behind(tmp_path, ray_dir, moment, signum):
+    sweep = _run(tmp_path / "out", ray_dir)
     lines = []
     for line in sweep.stdout:
         lines.append(line)
         if MOMENTS[moment](line):
+            if moment != "ray start":  # the run's Ray is up, and seen under its own folder
+                assert _raylets(ray_dir), "no raylet of this run's Ray found: the check below would see none"
             if signum == signal.SIGINT:  # a terminal's Ctrl-C reaches the whole process group
                 os.killpg(sweep.pid, signum)
             else:  # `kill PID`, or `ray job stop` on a driver whose Ray is a cluster's, not its own children
@@ -55,11 +69,11 @@ def test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behin
     assert len(stopped) == 1 and stopped[0].endswith("; the same command resumes the rest"), text[-3000:]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
     deadline = time.time() + 30
-    while _raylets() - before and time.time() < deadline:
+    while _raylets(ray_dir) and time.time() < deadline:
         time.sleep(0.5)
-    assert not _raylets() - before  # the local Ray this run started is gone with it
+    assert not _raylets(ray_dir)  # the local Ray this run started is gone with it
     if moment == "mid-shards" and signum == signal.SIGTERM:  # what was committed is kept: the rest resumes
-        again = _run(tmp_path / "out")
+        again = _run(tmp_path / "out", ray_dir)
         text, _ = again.communicate(timeout=300)
         assert again.returncode == 0, text[-3000:]
         assert "already committed" in text
@@ -68,16 +82,16 @@ def test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behin
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_whole_process_group_ends_the_run_in_one_line_without_waiting_for_its_dead_ray(tmp_path):
+def test_sigterm_to_the_whole_process_group_ends_the_run_in_one_line_without_waiting_for_its_dead_ray(tmp_path, ray_dir):
     """`kill -TERM -- -PGID` (what `timeout`, a shell's job control or a container stop send) also ends the local
     Ray this run started: its GCS is gone, and every Ray call of the cleanup used to wait Ray's 60 s for it, then
     abort the process with a C++ message and no line of ours (issue 29)."""
-    before = _raylets()
-    sweep = _run(tmp_path / "out")
+    sweep = _run(tmp_path / "out", ray_dir)
     lines = []
     for line in sweep.stdout:
         lines.append(line)
         if MOMENTS["mid-shards"](line):
+            assert _raylets(ray_dir), "no raylet of this run's Ray found: the check below would see none"
             os.killpg(sweep.pid, signal.SIGTERM)
             signalled = time.monotonic()
             break
@@ -90,9 +104,9 @@ def test_sigterm_to_the_whole_process_group_ends_the_run_in_one_line_without_wai
     assert "Failed to connect to GCS" not in text and "Traceback" not in text, text[-3000:]
     assert took < 30, f"{took:.1f}s after the signal"  # Ray's GCS timeout is 60 s
     deadline = time.time() + 30
-    while _raylets() - before and time.time() < deadline:
+    while _raylets(ray_dir) and time.time() < deadline:
         time.sleep(0.5)
-    assert not _raylets() - before
+    assert not _raylets(ray_dir)
 
 
 def _code_spec(folder, sleep_s: float):
