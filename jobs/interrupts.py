@@ -73,6 +73,19 @@ def interruptible(say: Callable[[Interrupted], None] | None = None):
             signal.signal(s, handler)
 
 
+def interrupted_in(error: BaseException) -> Interrupted | None:
+    """The Interrupted an exception was raised from (its cause or context, at any depth), if any: the handler's
+    Interrupted raised inside a C call that checks signals but mishandles what it raises comes back as
+    "SystemError: <cyfunction CoreWorker.wait> returned a result with an exception set" (Ray's ray.wait)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Interrupted):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 class _SignalWatch:
     """Signals seen the moment they arrive, not when the main thread next runs Python (it may be inside a
     C call, as ray.init's 30 s wait for a GCS that died): Python's C-level handler writes each signal's

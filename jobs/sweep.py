@@ -67,7 +67,7 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
     """`run` for a spec already loaded (`raysweep verify` builds one): the checks, Ray, the sweep, the summary
     (`output_kept=False`: the output is removed after, so its path is not printed). Ctrl-C or SIGTERM at any
     moment: one line saying what was committed and how to resume (exit 1)."""
-    from jobs.interrupts import Interrupted, interruptible, stopped_line
+    from jobs.interrupts import Interrupted, interrupted_in, interruptible, stopped_line
 
     held: dict = {}  # what the run has opened so far: the output's sink
     said = threading.Lock()  # the line is said once: by the signal's handler, the GCS watch or here
@@ -81,7 +81,11 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
     with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)
         try:
             report, node = _run_spec(spec, args, clock, held)
-        except Interrupted as stop:
+        except (Interrupted, SystemError) as e:
+            # a SystemError raised from the Interrupted: the signal came inside ray.wait's C code (seen under load)
+            stop = e if isinstance(e, Interrupted) else interrupted_in(e)
+            if stop is None:
+                raise
             say_stopped(stop)  # ray.init's own SIGTERM handler, turned into Interrupted: not said yet
             return 1
     return _print_report(report, node, output_kept, args.verbose)

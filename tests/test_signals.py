@@ -182,3 +182,31 @@ def test_ctrl_c_during_finish_is_one_line_and_the_next_run_writes_the_summary(tm
     text, _ = again.communicate(timeout=180)
     assert again.returncode == 0 and "(0 shards run, 4 already committed)" in text, text[-3000:]
     assert pq.read_table(tmp_path / "out" / "summary.parquet").column("n").to_pylist() == [20]
+
+
+def test_an_interrupt_that_ray_wait_returns_as_a_system_error_is_the_interrupt(monkeypatch, capfd):
+    """Ctrl-C arriving inside ray.wait's C code came back as "SystemError: <cyfunction CoreWorker.wait> returned
+    a result with an exception set", caused by our Interrupted: the run ended in a traceback (seen in the suite
+    under load). It is the Interrupted: one line, exit 1."""
+    import argparse
+
+    from jobs import sweep
+    from jobs.interrupts import Interrupted
+
+    def wait_interrupted(*args, **kwargs):
+        try:
+            raise Interrupted(signal.SIGINT)
+        except Interrupted as stop:  # as Cython leaves it: the SystemError raised while the Interrupted is set
+            raise SystemError("<cyfunction CoreWorker.wait at 0x7f> returned a result with an exception set") from stop
+
+    monkeypatch.setattr(sweep, "_run_spec", wait_interrupted)
+    assert sweep.run_spec(None, argparse.Namespace()) == 1
+    err = capfd.readouterr().err  # said with os.write, on the file descriptor
+    assert err.startswith("[raysweep] stopped by SIGINT: ") and "Traceback" not in err and err.count("\n") == 1
+
+    def other_system_error(*args, **kwargs):
+        raise SystemError("not ours")
+
+    monkeypatch.setattr(sweep, "_run_spec", other_system_error)
+    with pytest.raises(SystemError, match="not ours"):
+        sweep.run_spec(None, argparse.Namespace())
