@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from cluster.contracts.pool_protocol import ROUTE
+from cluster.report.html_parts import document
 
 REFRESH_S = 5
 LIST_KEYS = ("run_id", "name", "state", "samples_done", "samples_total", "shards_failed", "output", "updated_at")
@@ -61,7 +62,7 @@ class PoolIngress:
         if parts[:1] == [ROUTE.strip("/")]:  # the application's route prefix
             parts = parts[1:]
         if parts == []:
-            return HTMLResponse(self.live_page())
+            return HTMLResponse(self.livedocument())
         if parts == ["sweeps"]:
             return JSONResponse([{k: s.get(k) for k in LIST_KEYS} for s in map(self.shown, self.sweeps.values())])
         if len(parts) in (2, 3) and parts[0] == "sweeps":
@@ -79,7 +80,7 @@ class PoolIngress:
                 return HTMLResponse(page, status_code=status)
         return JSONResponse({"error": "not found; try /raysweep/ or /raysweep/sweeps"}, status_code=404)
 
-    def live_page(self) -> str:
+    def livedocument(self) -> str:
         """Every run, newest first, with its progress and a link to its report; reloads while one runs."""
         runs = sorted(map(self.shown, self.sweeps.values()), key=lambda s: -s["updated_at"])
         rows = "".join(
@@ -94,29 +95,22 @@ class PoolIngress:
                 + ("<table id=\"pool-sweeps\"><thead><tr><th>sweep</th><th>run</th><th>state</th><th>samples</th>"
                    "<th>failed shards</th><th>output</th><th>last heard</th></tr></thead><tbody>\n"
                    f"{rows}</tbody></table>" if runs else "<p>No sweep has used this pool yet.</p>"))
-        return _page("raysweep pool", body, REFRESH_S if running else None)
+        return document("raysweep pool", body, REFRESH_S if running else None)
 
-    def report_page(self, sweep: dict) -> tuple[int, str]:
+    def reportdocument(self, sweep: dict) -> tuple[int, str]:
         """(status, HTML): the run's report, rendered now from its output; reloads while the run runs."""
         from cluster.report.page import render
         from cluster.report.reading import ReportError
 
         output, refresh = sweep.get("output"), REFRESH_S if sweep.get("state") == "running" else None
         if not output or "://" in str(output) or not Path(output).is_dir():
-            return 404, _page(f"raysweep: {sweep['name']}", (
+            return 404, document(f"raysweep: {sweep['name']}", (
                 f"<h1>{html.escape(sweep['name'])}</h1><p class=\"note\">Its output {html.escape(str(output))} is "
                 "not a folder here (the pool's ingress reads outputs on its own node): run "
                 f"<code>raysweep report {html.escape(str(output))}</code> where the sweep ran.</p>"), refresh)
         try:
             return 200, render([Path(output)], refresh_s=refresh)
         except ReportError as e:  # e.g. the first shard is not committed yet: no manifest
-            return 200, _page(f"raysweep: {sweep['name']}", f"<h1>{html.escape(sweep['name'])}</h1>"
+            return 200, document(f"raysweep: {sweep['name']}", f"<h1>{html.escape(sweep['name'])}</h1>"
                               f"<p class=\"note\">{html.escape(str(e))}</p>", refresh)
 
-
-def _page(title: str, body: str, refresh_s: int | None) -> str:
-    from cluster.report.html_parts import CSS
-
-    meta = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{meta}<title>{html.escape(title)}"
-            f"</title><style>{CSS}</style></head>\n<body>\n{body}\n</body></html>\n")

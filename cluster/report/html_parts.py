@@ -23,6 +23,13 @@ nav{clear:both;padding:1em 0}nav a{margin-right:1em}
 #browser tr.disagree td:first-child{border-left:4px solid #c0392b}"""
 
 
+def document(title: str, body: str, refresh_s: int | None = None) -> str:
+    """A whole page: `refresh_s` makes the browser reload it (the pool's live pages, while a sweep runs)."""
+    meta = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s else ""
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{meta}<title>{html.escape(title)}"
+            f"</title><style>{CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
+
+
 def section(title: str, section_id: str | None, body: str) -> str:
     attr = f' id="{section_id}"' if section_id else ""
     return f"<section{attr}><h2>{html.escape(title)}</h2>\n{body}</section>"

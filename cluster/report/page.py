@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cluster.contracts.shard import ShardState
 from cluster.report.comparison import Output, comparison
-from cluster.report.html_parts import CSS, fmt
+from cluster.report.html_parts import document, fmt
 from cluster.report.operator import operator_view
 from cluster.report.reading import ReportError, load_manifest
 from cluster.report.samples import LIMIT, browser
@@ -47,10 +47,7 @@ def render(roots: list[Path], max_rows: int = MAX_ROWS, samples: int = LIMIT, re
         view = operator_view(o.root, o.manifest, max_rows)
         parts.append(f'<h2 class="operator">Operator view: {html.escape(o.label)}</h2>\n{view}' if several else view)
     sweeps = ", ".join(dict.fromkeys(str(o.manifest.get("sweep", o.root.name)) for o in outputs))
-    meta = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s else ""
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{meta}<title>"
-            f"{html.escape('raysweep report: ' + sweeps)}</title><style>{CSS}</style></head>\n<body>\n"
-            + "\n".join(parts) + "\n</body></html>\n")
+    return document("raysweep report: " + sweeps, "\n".join(parts), refresh_s)
 
 
 def labelled(found: list[tuple[Path, dict]]) -> list[Output]:
