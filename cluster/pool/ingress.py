@@ -62,7 +62,7 @@ class PoolIngress:
         if parts[:1] == [ROUTE.strip("/")]:  # the application's route prefix
             parts = parts[1:]
         if parts == []:
-            return HTMLResponse(self.livedocument())
+            return HTMLResponse(self.live_page())
         if parts == ["sweeps"]:
             return JSONResponse([{k: s.get(k) for k in LIST_KEYS} for s in map(self.shown, self.sweeps.values())])
         if len(parts) in (2, 3) and parts[0] == "sweeps":
@@ -80,7 +80,7 @@ class PoolIngress:
                 return HTMLResponse(page, status_code=status)
         return JSONResponse({"error": "not found; try /raysweep/ or /raysweep/sweeps"}, status_code=404)
 
-    def livedocument(self) -> str:
+    def live_page(self) -> str:
         """Every run, newest first, with its progress and a link to its report; reloads while one runs."""
         runs = sorted(map(self.shown, self.sweeps.values()), key=lambda s: -s["updated_at"])
         rows = "".join(
@@ -97,7 +97,7 @@ class PoolIngress:
                    f"{rows}</tbody></table>" if runs else "<p>No sweep has used this pool yet.</p>"))
         return document("raysweep pool", body, REFRESH_S if running else None)
 
-    def reportdocument(self, sweep: dict) -> tuple[int, str]:
+    def report_page(self, sweep: dict) -> tuple[int, str]:
         """(status, HTML): the run's report, rendered now from its output; reloads while the run runs."""
         from cluster.report.page import render
         from cluster.report.reading import ReportError
