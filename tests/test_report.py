@@ -327,7 +327,7 @@ TIMELINE_SHARDS = [
 RUNS = [{"started_at": (T0 - timedelta(hours=1)).isoformat(), "ray_start_s": 3.0, "planning_s": 4.0,
          "first_result_s": 50.0, "last_result_s": 100.0, "wall_s": 101.0},
         {"started_at": T0.isoformat(), "ray_start_s": 4.5, "planning_s": 8, "first_result_s": 100.0,
-         "last_result_s": 250.0, "wall_s": None}]
+         "last_result_s": 250.0, "wall_s": None, "tail_idle_share": 0.0667, "tail_splits": 2}]
 
 
 @pytest.fixture
@@ -354,12 +354,16 @@ def test_timeline_counts_starting_running_and_idle_per_actor(timeline_output):
     section = _section_html(page, "timeline")
     assert section.count('<img alt="when each actor was starting, running shards and idle"') == 1
     assert _table_rows(page, "timeline-actors") == [  # actor C, of the first run, is left out
-        ["tiny-a · a1a1a1a1", "2", "50.000", "6.000", "150.000", "40.000", "16.7%"],
-        # labelled by every model it ran, in order (not by its last one alone)
-        ["tiny-b → tiny-c · b2b2b2b2", "2", "80.000", "5.000", "120.000", "10.000", "4.8%"]]
+        ["tiny-a · a1a1a1a1", "2", "50.000", "6.000", "150.000", "40.000", "16.7%", "0.000"],
+        # labelled by every model it ran, in order (not by its last one alone); its last shard ended at 220,
+        # the run's at 250: 30 s idle at the tail
+        ["tiny-b → tiny-c · b2b2b2b2", "2", "80.000", "5.000", "120.000", "10.000", "4.8%", "30.000"]]
     assert "Run 2 of 2 is drawn" in section and "no requested_at" not in section
-    assert _table_rows(page, "runs") == [["1", "2026-11-20 08:00:00", "3.000", "4.000", "50.000", "100.000", "101.000"],
-                                         ["2", "2026-11-20 09:00:00", "4.500", "8.000", "100.000", "250.000", "—"]]
+    # the run's own tail figure, as its `tail:` line printed it; a run recorded before it has none
+    assert _table_rows(page, "runs") == [["1", "2026-11-20 08:00:00", "3.000", "4.000", "50.000", "100.000", "101.000",
+                                          "—", "—"],
+                                         ["2", "2026-11-20 09:00:00", "4.500", "8.000", "100.000", "250.000", "—",
+                                          "6.7%", "2"]]
 
 
 def test_timeline_figure_draws_the_measured_intervals():
@@ -405,8 +409,8 @@ def test_timeline_of_an_older_output_says_what_is_missing(sweep_output):
     assert "has no requested_at/ready_at" in section and "manifest.json has no `runs`" in unescape(section)
     # running from shard times only: A ran 09:01-09:02 and 09:03-09:04, B 09:02-09:03; no start measured
     assert _table_rows(section, "timeline-actors") == [
-        ["tiny-a · a1a1a1a1", "1", "—", "—", "120.000", "60.000", "33.3%"],
-        ["tiny-b · b2b2b2b2", "1", "—", "—", "60.000", "0.000", "0.0%"]]
+        ["tiny-a · a1a1a1a1", "1", "—", "—", "120.000", "60.000", "33.3%", "0.000"],
+        ["tiny-b · b2b2b2b2", "1", "—", "—", "60.000", "0.000", "0.0%", "60.000"]]  # B's last shard ended 09:03
     assert "<img" in section
 
 

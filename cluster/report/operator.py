@@ -61,7 +61,7 @@ def _timeline(root: Path, manifest: dict, labels: dict) -> str:
     t0 = runs[-1]["started_at"] if runs else timeline.earliest(starts, shards)
     lanes = [] if t0 is None else timeline.lanes(starts, shards, t0)
     if runs:  # telemetry is appended run after run: the actors of the last run are drawn
-        lanes = [lane for lane in lanes if lane.first >= 0]
+        lanes = timeline.with_tails([lane for lane in lanes if lane.first >= 0])
     notes = "".join(note(n) for n in timeline.notes(starts, runs))
     if not lanes:
         return section("Timeline", "timeline", note("Nothing to draw: no engine start or shard attempt in "
@@ -73,9 +73,9 @@ def _timeline(root: Path, manifest: dict, labels: dict) -> str:
     for lane in lanes:
         f = lane.seconds()
         lines.append([labels.get(lane.actor_id, lane.actor_id), n_starts[lane.actor_id], f["starting"],
-                     f["waiting"], f["running"], f["idle"], percent(f["idle_share"])])
+                     f["waiting"], f["running"], f["idle"], percent(f["idle_share"]), f["tail"]])
     actors = table(["actor", "engine starts", "starting (s)", "of which waiting for a model (s)", "running (s)",
-                    "idle (s)", "idle share"], lines, "timeline-actors")
+                    "idle (s)", "idle share", "idle at the tail (s)"], lines, "timeline-actors")
     return section("Timeline", "timeline", notes + png(fig, "when each actor was starting, running shards and "
                                                             "idle") + actors + _runs_table(runs))
 
@@ -84,10 +84,11 @@ def _runs_table(runs: list[dict]) -> str:
     if not runs:
         return ""
     rows = [[i, r["started_at"]] + [None if r.get(k) is None else float(r[k]) for k in RUN_FIGURES]
-            for i, r in enumerate(runs, 1)]
+            + [percent(r.get("tail_idle_share")), r.get("tail_splits")] for i, r in enumerate(runs, 1)]
     return ("<h3>Runs (manifest.json): seconds from the driver's start</h3>"
             + table(["run", "driver started (UTC)", "Ray up", "planning done", "first result", "last result",
-                      "wall"], rows, "runs"))
+                      "wall", "idle at the tail (share of GPU-seconds, as the run's tail: line)",
+                      "shards cut at the tail"], rows, "runs"))
 
 
 def _throughput(root: Path, labels: dict) -> str:

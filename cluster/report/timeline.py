@@ -6,7 +6,10 @@ Built from telemetry rows only, as seconds since a time `t0`:
    process start and imports), drawn hatched within it;
 2. running: the union of the actor's shard attempts, `started_at` to `finished_at` (several shards are
    in flight at once, so their intervals overlap and are merged), per model;
-3. idle: what neither covers between the actor's first engine being ready and its last shard's end.
+3. idle: what neither covers between the actor's first engine being ready and its last shard's end;
+4. tail: from the actor's last shard's end to the last shard's end of any actor drawn, the time it idled
+   while others finished (what the run's `tail:` line and the manifest's `tail_idle_share` count, there
+   weighted by GPUs).
 Nothing is estimated: a start without both times is not drawn, and an actor with no timed start has no
 starting figure (None, not 0); its idle time then counts from its first shard.
 """
@@ -35,6 +38,7 @@ class Lane:
     waiting: list[Interval] = field(default_factory=list)  # within starts: the first start's wait for a model
     running: dict[str, list[Interval]] = field(default_factory=dict)  # model -> merged shard intervals
     idle: list[Interval] = field(default_factory=list)
+    tail: float | None = None  # idle after its last shard while other actors finished theirs
 
     @property
     def first(self) -> float:
@@ -47,7 +51,7 @@ class Lane:
         idle = _length(self.idle)
         total = (starting or 0.0) + running + idle
         return {"starting": starting, "waiting": _length(self.waiting) if self.waiting else None, "running": running,
-                "idle": idle, "idle_share": idle / total if total else None}
+                "idle": idle, "idle_share": idle / total if total else None, "tail": self.tail}
 
 
 def earliest(starts: list[dict], shards: list[dict]) -> datetime | None:
@@ -79,7 +83,16 @@ def lanes(starts: list[dict], shards: list[dict], t0: datetime) -> list[Lane]:
         found.setdefault(actor, Lane(actor)).running = {m: merge(ivs) for m, ivs in sorted(per_model.items())}
     for lane in found.values():
         lane.idle = _idle(lane)
-    return [found[a] for a in sorted(found)]
+    return with_tails([found[a] for a in sorted(found)])
+
+
+def with_tails(drawn: list[Lane]) -> list[Lane]:
+    """Each lane's tail: from its last shard's end to the latest last shard's end among `drawn`."""
+    last = {lane.actor_id: max((b for ivs in lane.running.values() for _, b in ivs), default=None) for lane in drawn}
+    end = max((t for t in last.values() if t is not None), default=None)
+    for lane in drawn:
+        lane.tail = None if last[lane.actor_id] is None else end - last[lane.actor_id]
+    return drawn
 
 
 def merge(intervals: list[Interval]) -> list[Interval]:

@@ -5,7 +5,9 @@
    `actors.count` is a per-model maximum; they add up), bounded by what the cluster can hold.
 2. An actor whose imports are done is given the model with the most samples left per actor among those
    below their maximum. When its model has no shards left and none in flight, it is given another model
-   with work (a model change: a new engine, counted in telemetry), or released once planning is over.
+   with work (a model change: a new engine, counted in telemetry): one below its maximum, else, once
+   planning is over, one whose waiting shards outnumber what its actors hold at once (it helps with that
+   model's tail, above the model's `actors.count`); else it is released.
 3. Within a model, shards are routed by engine profile: an actor keeps taking shards of the profile its
    engine runs, and changes profile (an engine restart) only when none are left and nothing is in flight.
    Each actor is kept `depth` shards deep, so a streaming engine never waits for its slowest shard.
@@ -33,7 +35,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from cluster.contracts.errors import RaysweepError
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
-from cluster.schedule.tail_split import TailClock, TailSplit, splittable
+from cluster.schedule.tail_split import TailClock, TailSplit, splittable, too_large
 from cluster.schedule.work import Job, ModelWork, SchedulerEvents, Slot
 
 
@@ -153,7 +155,7 @@ class SweepScheduler:
             current = self.models.get(slot.model)
             if current is not None and current and not current.failed:
                 continue  # its model still has work
-            model = self._next_model(slot)
+            model = self._next_model(slot) or (None if planning else self._model_to_help(slot))
             sizing = self.start_one_by_one and any(s.state == "starting" for s in self.slots)
             if model is None:
                 # no model needs it any more; on a shared GPU not while another engine sizes its memory:
@@ -183,6 +185,22 @@ class SweepScheduler:
                       and m.shape == slot.shape]
         return max(candidates, key=lambda m: m.samples_left() / (m.assigned + 1), default=None)
 
+    def _model_to_help(self, slot: Slot) -> ModelWork | None:
+        """For an actor no model needs below its maximum (its own model done): the model of its shape with the
+        most shards waiting, where more wait than its actors hold at once, so a whole round of them would
+        still be waiting for those actors. Above `actors.count` for that model, but no new actor: one that
+        would idle (or be released) runs the tail of another model instead (issue 30 item 2)."""
+        def waiting(m: ModelWork) -> int:
+            return sum(len(q) for q in m.queues.values())
+
+        def held(m: ModelWork) -> int:
+            return sum(s.depth or m.depth for s in self.slots if s.model == m.name and s.state != "importing")
+
+        candidates = [m for m in self.models.values() if m and not m.failed and m.start is not None
+                      and m.max_actors > 0 and m.name != slot.model and m.name not in slot.refused
+                      and m.shape == slot.shape and waiting(m) > held(m)]
+        return max(candidates, key=waiting, default=None)
+
     def _dispatch(self, planning: bool = False) -> None:
         for slot in self.slots:
             if slot.state not in ("running", "pooled"):
@@ -199,15 +217,23 @@ class SweepScheduler:
                 self.events.on_dispatched(job)
 
     def _split_tail(self, model: ModelWork) -> None:
-        """Cut the model's largest waiting shards in halves while fewer wait than its actors hold at once
-        (cluster/schedule/tail_split.py, step 1)."""
-        serving = [s for s in self.slots if s.model == model.name and s.state == "running"]
-        if len(serving) < 2:  # one actor takes every shard anyway; a pool balances its replicas itself
-            return
-        holds = sum(s.depth or model.depth for s in serving)
-        while (waiting := [j for q in model.queues.values() for j in q]) and len(waiting) < holds:
+        """Cut the model's largest waiting shards in halves while fewer wait than its actors hold at once, or
+        while one is larger than the model's fair share of an actor's slot (cluster/schedule/tail_split.py,
+        step 1). The actors still importing or starting their engine for the model count: the first engine up
+        must not take the work of the others; the pool's replicas count by the shards the pool holds at once."""
+        serving = [s for s in self.slots if s.model == model.name and s.state in ("running", "starting", "pooled")]
+        coming = min(model.max_actors - model.assigned,  # actors still importing, or idle, that it will get
+                     sum(s.model is None and s.shape == model.shape and s.state in ("importing", "idle")
+                         for s in self.slots))
+        holds = sum(s.depth or model.depth for s in serving) + max(coming, 0) * model.depth
+        if holds < 2 or (len(serving) + max(coming, 0) < 2 and not any(s.state == "pooled" for s in serving)):
+            return  # one actor takes every shard anyway
+        in_flight = sum(job.shard.n_samples for kind, job, _ in self.inflight.values()
+                        if kind == "shard" and job.shard.model == model.name)
+        while waiting := [j for q in model.queues.values() for j in q]:
             whole = max((j for j in waiting if splittable(j)), key=lambda j: j.shard.n_samples, default=None)
-            if whole is None:
+            if whole is None or not too_large(whole.shard.n_samples, len(waiting), holds,
+                                              in_flight + sum(j.shard.n_samples for j in waiting)):
                 return
             queue = model.queues[whole.shard.profile]
             at = queue.index(whole)

@@ -1,10 +1,15 @@
 """Balanced tails (issue 17): as a model's work runs out, its last shards are cut smaller, so that no actor
 idles while another finishes a long shard; and how long actors did idle at the tail, per run.
 
-1. When: planning is over, the model runs on two actors or more (not on the pool), and fewer shards wait
-   in its queues than its actors hold at once (their shards in flight). The largest waiting whole shard
-   on its first attempt (MIN_PART_ROWS rows or more per half; one, for a shard of long prompts) is cut in
-   halves, again until the queues fill the actors or nothing is left to cut.
+1. When: planning is over, the model runs on two actors or more, or on the pool, counting actors whose
+   engine for it is still starting (the first engine up must not take every shard while the second starts:
+   on an H100, two engines idled 33% at the tail of 1,312 prompts in 3 shards, bench/h100-2026-11-25-s15-compiled.md),
+   and either fewer shards wait in its queues than its actors hold at once (their shards in flight), or the
+   largest waiting shard holds more than its share of the model's rows left (waiting and in flight) per
+   shard the actors hold (`too_large`). The largest waiting whole shard on its first attempt (MIN_PART_ROWS
+   rows or more per half; one, for a shard of long prompts) is cut in halves, again until neither holds or
+   nothing is left to cut. The pool's replicas balance what reaches them, but not within a shard: its slot
+   counts by the shards the pool holds at once.
 2. Parts run as jobs of their own (same shard id, `Shard.piece`, as bisection's parts do) and are
    committed together as the shard, once, under its id: a driver killed meanwhile commits nothing of it,
    and the resume runs it again. A part that raises ends the split: the whole shard goes back to its queue
@@ -63,6 +68,13 @@ class TailSplit:
 
     def row_errors(self) -> dict[str, str]:
         return {}
+
+
+def too_large(rows: int, waiting: int, holds: int, rows_left: int) -> bool:
+    """Whether a waiting shard of `rows` rows is to be cut: fewer shards wait (`waiting`) than the model's actors
+    hold at once (`holds`), or it holds more rows than `rows_left` (the model's rows waiting and in flight) over
+    `holds`, its fair part of what is left."""
+    return waiting < holds or rows > rows_left / holds
 
 
 def splittable(job) -> bool:
