@@ -108,8 +108,9 @@ def _run_spec(spec, args: argparse.Namespace, clock, held: dict):
     address = args.address or os.environ.get("RAY_ADDRESS") or "local"
     named = "--address" if args.address else "RAY_ADDRESS"
     check_ray_address(address, named)
-    # 2. The output opened; the expensive part (models, tokenizers, tokens, shards) on the planner's thread
-    #    from the checked data while Ray starts; engines start only for models that passed (cluster/inputs/checks.py)
+    # 2. The output opened; Ray started; then the expensive part (models, tokenizers, tokens, shards) on the
+    #    planner's thread from the checked data while the actors start (PlanSource.start, in execute); engines
+    #    start only for models that passed (cluster/inputs/checks.py)
     prepared = prepare(spec, lasting_output(args.output or spec.output_path()), args.new_run, background=True, data=data)
     held["sink"] = prepared.sink
     try:
@@ -174,7 +175,8 @@ def start_ray(address: str, named: str, dashboard: bool, verbose: bool = False) 
     options = {"include_dashboard": dashboard} if address == "local" else {}
     try:
         ray.init(address=address, **init_options(verbose), **options)
-    except (OSError, RuntimeError, ValueError) as e:  # ConnectionError, TimeoutError, Ray's own complaints
+    except Exception as e:  # ConnectionError, TimeoutError, Ray's own complaints; a raylet that did not register
+        # within Ray's 30 s is a bare Exception (seen with the machine's load at 8 on 2 cores)
         where = "a local Ray did not start" if address == "local" else f"{named} {address}: Ray did not connect"
         raise RayStartError(f"{where}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
     keep_quiet(verbose)

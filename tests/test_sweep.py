@@ -170,3 +170,22 @@ def test_a_relative_output_in_a_jobs_temporary_working_dir_goes_somewhere_that_l
     spec_output = load_spec(QUICKSTART).output_path().replace(str(ROOT), str(job_dir))
     assert lasting_output(spec_output, cwd=str(job_dir)) == str(tmp_path / "kept" / "results/quickstart")
     assert "the relative output results/quickstart goes to " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("raised", [Exception("The current node timed out during startup. This could happen because "
+                                              "some of the raylet failed to startup or the GCS has become overloaded."),
+                                    ConnectionError("Failed to connect to Ray cluster at 10.0.0.9:6379")])
+def test_a_ray_that_does_not_start_is_one_line_naming_it(monkeypatch, raised):
+    """ray.init's failures, a bare Exception among them (a raylet that did not register within Ray's own 30 s,
+    seen in the suite with the machine's load at 8), end the run in one line (RayStartError), not a traceback."""
+    import ray
+
+    from jobs.sweep import RayStartError, start_ray
+
+    def refuse(**kwargs):
+        raise raised
+
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(RayStartError) as err:
+        start_ray("local", "RAY_ADDRESS", dashboard=False)
+    assert str(err.value) == f"a local Ray did not start: {str(raised).splitlines()[0]}"

@@ -7,8 +7,8 @@
    policy applied, shards cut): the scheduler dispatches a task's shards as soon as its plan arrives.
    A prompt refused by the length policy stops the sweep with one line; shards already done are kept.
 
-`PlanSource` runs this on a thread (`background=True`, so planning overlaps Ray's start and the actors'
-engine start) or at once; `preflight` collects it for `raysweep plan` and tests.
+`PlanSource` runs this on a thread (`background=True`, started once Ray is up, so planning overlaps the
+actors' imports and engine start) or at once; `preflight` collects it for `raysweep plan` and tests.
 """
 
 from __future__ import annotations
@@ -90,13 +90,22 @@ class PlanSource:
         self._queue: queue.Queue = queue.Queue()
         self.done = False
         self.finished_at: float | None = None  # when planning ended (time.time())
-        if background:
-            threading.Thread(target=self._produce, args=(spec, data), name="raysweep-planner", daemon=True).start()
+        self._thread = None
+        if background:  # started by `start()`: once Ray is up (cluster/schedule/run.py execute)
+            self._thread = threading.Thread(target=self._produce, args=(spec, data), name="raysweep-planner",
+                                            daemon=True)
         else:
             self._produce(spec, data)
             self._error = next((e for e in list(self._queue.queue) if isinstance(e, BaseException)), None)
             if self._error is not None:
                 raise self._error
+
+    def start(self) -> None:
+        """Start planning on its thread (`background=True`; else everything was made at construction). Not
+        while Ray starts: the actors, which start once Ray is up, are the critical path, and they need their
+        plans only once their engines are up (seconds on CPU, tens of seconds on a GPU)."""
+        if self._thread is not None and not self._thread.is_alive() and self._thread.ident is None:
+            self._thread.start()
 
     def _produce(self, spec: SweepSpec, data: list[TaskData] | None = None) -> None:
         try:

@@ -76,7 +76,7 @@ class Prepared:
 def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, background: bool = False,
             data: list | None = None) -> Prepared:
     """`background=False`: every check and plan made now, so any bad input raises here. `True`: the
-    output is opened now and planning runs on a thread while Ray and the actors start. `data`: the task
+    output is opened now, and planning runs on a thread from `execute` on, while the actors start. `data`: the task
     data `check_inputs` already checked (not read again). `output` defaults to the spec's, from its folder."""
     from cluster.inputs.checks import check_inputs
 
@@ -99,6 +99,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
     `progress_bar`: a bar (True), log lines (False), or a bar only when stdout is a terminal (None)."""
     started = time.perf_counter()
     clock = clock or RunClock(time.time())
+    prepared.plans.start()  # a background plan starts now, with Ray up
     with prepared.sink as sink:
         run = _Run(prepared, sink, log, progress_bar, clock)
         try:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from jobs.bench.common import (count_lines, prompts_of, result_counts, run_process, summary_line, sweep_spec,
                                vllm_args, write_prompts)
+from jobs.bench.whole_process import raysweep_figures
 
 # a bench's own cluster on one machine: no token to create and hand to every process
 NO_AUTH = {"RAY_AUTH_MODE": "disabled"}
@@ -122,6 +123,12 @@ def _warm_pool(args, steps: set, spec: Path, out: Path, env: dict, address: str,
             raise RuntimeError(f"sweep {n}: {rows} outputs for {args.prompts} prompts")
         record(f"sweep{n} on the pool wall_s", wall)
         record(f"sweep{n} output_tokens", tokens, "tokens")
+        figures = raysweep_figures(output)  # where the whole process's time went: Ray, planning, shards
+        for name, (value, unit) in figures.items():
+            record(f"sweep{n} {name}", value, unit)
+        if "shards_span_s" in figures:  # issue 30's warm target: within 5 s of the time its shards generate
+            record(f"sweep{n} beyond its shards s", wall - figures["shards_span_s"][0],
+                   "s (whole process less first shard start to last shard end)")
     _, status = run_process([sys.executable, "-m", "jobs.cli", "pool", "status"], env, out / "w_pool_status")
     print(status, flush=True)  # each replica's engine start-up and shards served
     if not args.cpu and "warm" in steps:
