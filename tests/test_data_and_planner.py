@@ -399,3 +399,45 @@ def test_an_output_made_before_target_delimiter_goes_on_without_one(tmp_path):
     old = as_made(spec, made_before)
     assert [t.delimiter for t in old.tasks] == [""] and old.digest() != spec.digest()  # "" said: hashed
     assert spec.digest() == dataclasses.replace(spec, tasks=(dataclasses.replace(task, target_delimiter=None),)).digest()
+
+
+@pytest.mark.parametrize("named", [None, "TokenizersBackend", "GPT2TokenizerFast", "LlamaTokenizerFast"])
+def test_the_drivers_tokenizer_is_autotokenizers_without_torch(model_cache, tmp_path, named):
+    """cluster/inputs/model_files.py: the tokenizer the driver loads encodes (with and without special tokens,
+    chat template included) as AutoTokenizer's does, and the context length is AutoConfig's. Where
+    tokenizer_config.json names the generic fast tokenizer (the builtin models' PreTrainedTokenizerFast, None
+    here), the driver's model checks leave torch unimported in a fresh process (its import took 9.8 of a 10.7 s
+    plan); a model-specific class goes through AutoTokenizer (it loads the generic class for a
+    LlamaTokenizerFast with a byte-level tokenizer.json)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    from tests.conftest import ROOT
+
+    from cluster.inputs.builtin_model import resolve_model_path
+    from cluster.inputs.model_files import context_length, load_tokenizer
+
+    folder = tmp_path / "model"
+    shutil.copytree(resolve_model_path("builtin:tiny"), folder)
+    if named is not None:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config["tokenizer_class"] = named
+        config["add_bos_token"] = named == "LlamaTokenizerFast"
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    texts = ["Question: 2 + 2?\nAnswer:", "  leading spaces and ünïcödé 한국어", ""]
+    ours, auto = load_tokenizer(str(folder)), AutoTokenizer.from_pretrained(str(folder))
+    assert type(ours) is type(auto)
+    for special in (True, False):
+        assert ours(texts, add_special_tokens=special)["input_ids"] == auto(texts, add_special_tokens=special)["input_ids"]
+    chat = [{"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+        auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert context_length(str(folder)) == AutoConfig.from_pretrained(str(folder)).max_position_embeddings
+    probe = ("import sys\nfrom cluster.contracts.spec import ModelSpec\nfrom cluster.inputs.checks import load_model_meta\n"
+             f"load_model_meta(ModelSpec(name='m', path={str(folder)!r}), {str(folder)!r})\nprint('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    generic = named in (None, "TokenizersBackend")
+    assert done.stdout.strip() == ("False" if generic else "True"), done.stderr[-2000:]

@@ -183,13 +183,13 @@ def one_line(e: BaseException, limit: int = 400) -> str:
 
 
 def load_model_meta(model: ModelSpec, path: str, source: str = "<spec>"):
-    from transformers import AutoConfig, AutoTokenizer
+    from cluster.inputs.model_files import context_length, load_tokenizer
 
     try:
         path = resolve_model_path(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        config = AutoConfig.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
+        length = context_length(path)
     except Exception as e:  # OSError, ValueError, hub errors: all mean "this model cannot be loaded"
         raise PreflightError(f"{source}: model {model.name}: cannot load {model.path!r}: {one_line(e)}") from None
-    max_len = model.engine.get("max_model_len") or getattr(config, "max_position_embeddings", None)
+    max_len = model.engine.get("max_model_len") or length
     return path, tokenizer, max_len

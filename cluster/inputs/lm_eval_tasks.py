@@ -135,15 +135,14 @@ def sampling_of(task: str, requests: list) -> SamplingSpec:
 def chat_tokenizer(models, base_dir: str):
     """The tokenizer whose chat template renders an entry's requests: every model's template must be the same
     text (the requests are built once, for all of them)."""
-    from transformers import AutoTokenizer
-
     from cluster.inputs.builtin_model import resolve_model_path
+    from cluster.inputs.model_files import load_tokenizer
 
     tokenizers = []
     for model in models:
         path = os.path.expanduser(model.path)
         local = os.path.normpath(os.path.join(base_dir, path))
-        tokenizers.append(AutoTokenizer.from_pretrained(resolve_model_path(local if os.path.exists(local) else path)))
+        tokenizers.append(load_tokenizer(resolve_model_path(local if os.path.exists(local) else path)))
     templates = {getattr(t, "chat_template", None) for t in tokenizers}
     if None in templates:
         raise ValueError("apply_chat_template: a model's tokenizer has no chat template")
