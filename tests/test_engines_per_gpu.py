@@ -79,3 +79,26 @@ def test_specs_made_before_the_choice_keep_their_hash_with_placement():
     left_out = _spec({"m": "builtin:small"})
     explicit = _spec({"m": "builtin:small"}, {"count": 1, "num_gpus": 1.0})
     assert left_out.digest(with_placement=True) == explicit.digest(with_placement=True)
+
+
+@pytest.mark.parametrize("model, gpus, tokens, per_gpu", [
+    ("builtin:small", 1, 5248 * 256, 4),  # 1.34M new tokens: four engines ran it 1.11x faster than two (H200)
+    ("builtin:small", 1, 1312 * 256, 2),  # 0.34M: two engines were faster than four
+    ("builtin:small", 2, 5248 * 256, 2),  # 0.67M per GPU
+    ("builtin:small", 1, None, 2),  # the budget not known (the pool's choice): two
+    ("builtin:medium", 1, 5248 * 256, 2),  # 1B-shape weights: over 0.5 GiB, four not measured
+])
+def test_four_engines_per_gpu_for_a_tiny_model_and_a_large_generation_budget(model, gpus, tokens, per_gpu):
+    spec = _spec({"m": model})
+    choice = choose(spec, H100 | {"GPU": float(gpus)}, model_weights(spec), new_tokens=tokens)
+    assert (choice.engines_per_gpu, choice.count, choice.num_gpus) == (per_gpu, per_gpu * gpus, 1 / per_gpu)
+    assert choice.reason.startswith("four engines per GPU" if per_gpu == 4 else "two engines per GPU")
+
+
+def test_the_generation_budget_counts_rows_max_tokens_and_completions_of_generation_tasks(tmp_path):
+    from cluster.inputs.checks import check_inputs
+    from cluster.inputs.spec_file import load_spec
+    from cluster.plan.engines_per_gpu import generation_budget
+
+    data = check_inputs(load_spec(QUICKSTART))  # 150 rows x 8 + 100 x 4 + 100 x 96 new tokens at most
+    assert generation_budget(data) == 150 * 8 + 100 * 4 + 100 * 96

@@ -7,6 +7,12 @@ two engines on one GPU beat one engine as a whole process for a 136M and a 254M 
 tasks, 1.27x at 5,248 prompts), because a small model's one engine leaves the GPU idle between its steps. So:
 - two engines per GPU where every model's weights take at most SMALL_WEIGHTS_BYTES, each engine spans one GPU,
   and the GPU has at least SHARED_GPU_MIN_BYTES (each engine then keeps tens of GiB for its KV cache);
+- four engines per GPU where every model's weights take at most TINY_WEIGHTS_BYTES, the GPU has at least
+  FOUR_ENGINES_MIN_BYTES, and the sweep asks for at least MANY_TOKENS_PER_GPU new tokens per GPU (its rows x
+  max_tokens x n, per model): on an H200 with a 136M model, 5,248 prompts of 256 new tokens (1.34M) ran in
+  43.5 s on four engines against 48.3 s on two (the plain script: 62.6 s), while 1,312 prompts (0.34M) took
+  35.2 s on four and 33.7 s on two: four engines start as fast, but a small sweep's tail idles more of them
+  (bench/h200-2026-11-26-s16.md);
 - one engine per GPU otherwise: a large model (`builtin:large`, 8B) is compute-bound, and sharing halves its
   KV cache for nothing measured; a GPU of unknown memory is not shared;
 - actors per model: engines per GPU x the GPUs the cluster has now, over the GPUs one engine spans (at least
@@ -24,6 +30,9 @@ from cluster.contracts.spec import ActorSpec, SweepSpec
 
 SMALL_WEIGHTS_BYTES = 2 * GIB  # about 1B parameters in bf16: the largest model measured to gain is 254M
 SHARED_GPU_MIN_BYTES = 40 * GIB  # a GPU two engines share: an A100-40G or larger
+TINY_WEIGHTS_BYTES = GIB // 2  # about 250M parameters in bf16: four engines measured on a 136M model
+FOUR_ENGINES_MIN_BYTES = 64 * GIB  # an H100 80GB or larger: each of four engines keeps over 15 GiB
+MANY_TOKENS_PER_GPU = 1_000_000  # between 0.34M (four engines lost) and 1.34M (they won) measured
 
 
 @dataclass(frozen=True)
@@ -38,9 +47,10 @@ class EngineChoice:
                 "reason": self.reason}
 
 
-def choose(spec: SweepSpec, cluster_resources: dict, model_bytes=None) -> EngineChoice:
+def choose(spec: SweepSpec, cluster_resources: dict, model_bytes=None, new_tokens: int | None = None) -> EngineChoice:
     """The actors' count and GPU share for `spec`. `cluster_resources`: ray.cluster_resources(); `model_bytes`:
-    each model's weights in bytes, None where unknown (default: `model_weights(spec)`, read only when needed)."""
+    each model's weights in bytes, None where unknown (default: `model_weights(spec)`, read only when needed);
+    `new_tokens`: the most new tokens the sweep asks of each model (`generation_budget`), None where unknown."""
     actors = spec.actors
     gpus = int(cluster_resources.get("GPU", 0))
     if not gpus and actors.accelerator_type is None:
@@ -48,7 +58,8 @@ def choose(spec: SweepSpec, cluster_resources: dict, model_bytes=None) -> Engine
     if actors.num_gpus is not None:
         per_gpu = max(1, int(1 / actors.num_gpus)) if 0 < actors.num_gpus < 1 else 1
         return _kept(actors, per_gpu, f"actors.num_gpus {actors.num_gpus:g} set in the spec")
-    per_gpu, why = _engines_per_gpu(spec, cluster_resources, model_weights(spec) if model_bytes is None else model_bytes)
+    per_gpu, why = _engines_per_gpu(spec, cluster_resources, model_weights(spec) if model_bytes is None else model_bytes,
+                                    new_tokens)
     span = max((m.gpus_per_engine for m in spec.models), default=1)  # an engine of N GPUs: one actor per N
     count = actors.count if actors.count is not None else per_gpu * max(gpus // span, 1)
     where = f"; {count} actor(s) per model" + ("" if actors.count is not None else f" for {max(gpus, 1)} GPU(s)")
@@ -76,7 +87,15 @@ def model_weights(spec: SweepSpec) -> dict[str, int | None]:
     return found
 
 
-def _engines_per_gpu(spec: SweepSpec, cluster_resources: dict, model_bytes: dict[str, int | None]) -> tuple[int, str]:
+def generation_budget(data) -> int:
+    """The most new tokens a sweep asks of each model: rows x max_tokens x completions per prompt over its
+    generation tasks (`data`: cluster/inputs/data.py TaskData). Log-likelihood and replayed tasks generate none."""
+    return sum(d.n_rows * d.task.sampling.max_tokens * d.task.sampling.n for d in data
+               if not d.task.loglikelihood and d.task.replay is None)
+
+
+def _engines_per_gpu(spec: SweepSpec, cluster_resources: dict, model_bytes: dict[str, int | None],
+                     new_tokens: int | None = None) -> tuple[int, str]:
     kind = spec.actors.accelerator_type or _accelerator(cluster_resources)
     memory = accelerator_memory(kind)
     if memory is None:
@@ -95,6 +114,12 @@ def _engines_per_gpu(spec: SweepSpec, cluster_resources: dict, model_bytes: dict
         return 1, (f"one engine per GPU: model {name}'s weights take {size / GIB:.1f} GiB, over "
                    f"{SMALL_WEIGHTS_BYTES / GIB:.0f} GiB")
     largest = max(model_bytes.values(), default=0)
+    per_gpu_tokens = None if new_tokens is None else new_tokens / max(int(cluster_resources.get("GPU", 0)), 1)
+    if largest <= TINY_WEIGHTS_BYTES and memory >= FOUR_ENGINES_MIN_BYTES and per_gpu_tokens is not None \
+            and per_gpu_tokens >= MANY_TOKENS_PER_GPU:
+        return 4, (f"four engines per GPU: the largest model's weights take {largest / GIB:.2f} GiB (at most "
+                   f"{TINY_WEIGHTS_BYTES / GIB:.1f} GiB) on a {kind} of {memory / GIB:.0f} GiB, and the sweep asks "
+                   f"up to {per_gpu_tokens / 1e6:.2f}M new tokens per GPU (at least {MANY_TOKENS_PER_GPU / 1e6:.0f}M)")
     return 2, (f"two engines per GPU: the largest model's weights take {largest / GIB:.2f} GiB (at most "
                f"{SMALL_WEIGHTS_BYTES / GIB:.0f} GiB) on a {kind} of {memory / GIB:.0f} GiB")
 

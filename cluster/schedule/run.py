@@ -23,7 +23,7 @@ from cluster.schedule.commit import Commits
 from cluster.schedule.metrics import SweepMetrics
 from cluster.contracts.engine_defaults import shared_starts_together
 from cluster.contracts.errors import RaysweepError
-from cluster.plan.engines_per_gpu import choose, resolved
+from cluster.plan.engines_per_gpu import choose, generation_budget, resolved
 from cluster.plan.placement import capacity, model_resources, requested_capacity
 from cluster.plan.planner import TaskPlan
 from cluster.plan.plan_source import ModelReady, PlanSource
@@ -71,6 +71,7 @@ class Prepared:
     plans: PlanSource
     sink: ResultSink
     output: str
+    new_tokens: int | None = None  # the most new tokens the sweep asks of each model (engines_per_gpu.generation_budget)
 
 
 def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, background: bool = False,
@@ -90,7 +91,7 @@ def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, b
     except BaseException:
         sink.close()
         raise
-    return Prepared(spec, plans, sink, out)
+    return Prepared(spec, plans, sink, out, generation_budget(data))
 
 
 def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts: int = 3,
@@ -132,6 +133,7 @@ class _Run:
 
     def __init__(self, prepared: Prepared, sink: ResultSink, log, progress_bar, clock: RunClock):
         self.spec, self.plans, self.sink, self.log, self.clock = prepared.spec, prepared.plans, sink, log, clock
+        self.new_tokens = prepared.new_tokens
         self.done = sink.committed()
         self.report = SweepReport(output=prepared.output, summary=pa.table({}))
         self.progress = make_progress(0, log, progress_bar)  # the total grows as tasks are planned
@@ -148,7 +150,7 @@ class _Run:
 
         EvalActor = eval_actor_class()
         resources = ray.cluster_resources()
-        self.engines = choose(self.spec, resources)
+        self.engines = choose(self.spec, resources, new_tokens=self.new_tokens)
         chosen = self.spec.actors.count is None or self.spec.actors.num_gpus is None
         if chosen and (resources.get("GPU") or self.spec.actors.accelerator_type):
             self.log(f"[raysweep] actors: {self.engines.reason}")
