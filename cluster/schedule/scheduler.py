@@ -35,7 +35,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from cluster.contracts.errors import RaysweepError
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
-from cluster.schedule.tail_split import TailClock, TailSplit, splittable, too_large
+from cluster.schedule.tail_split import TailClock, TailSplit, cut_waiting
 from cluster.schedule.work import Job, ModelWork, SchedulerEvents, Slot
 
 
@@ -190,16 +190,13 @@ class SweepScheduler:
         most shards waiting, where more wait than its actors hold at once, so a whole round of them would
         still be waiting for those actors. Above `actors.count` for that model, but no new actor: one that
         would idle (or be released) runs the tail of another model instead (issue 30 item 2)."""
-        def waiting(m: ModelWork) -> int:
-            return sum(len(q) for q in m.queues.values())
-
         def held(m: ModelWork) -> int:
             return sum(s.depth or m.depth for s in self.slots if s.model == m.name and s.state != "importing")
 
         candidates = [m for m in self.models.values() if m and not m.failed and m.start is not None
                       and m.max_actors > 0 and m.name != slot.model and m.name not in slot.refused
-                      and m.shape == slot.shape and waiting(m) > held(m)]
-        return max(candidates, key=waiting, default=None)
+                      and m.shape == slot.shape and m.waiting() > held(m)]
+        return max(candidates, key=ModelWork.waiting, default=None)
 
     def _dispatch(self, planning: bool = False) -> None:
         for slot in self.slots:
@@ -230,17 +227,7 @@ class SweepScheduler:
             return  # one actor takes every shard anyway
         in_flight = sum(job.shard.n_samples for kind, job, _ in self.inflight.values()
                         if kind == "shard" and job.shard.model == model.name)
-        while waiting := [j for q in model.queues.values() for j in q]:
-            whole = max((j for j in waiting if splittable(j)), key=lambda j: j.shard.n_samples, default=None)
-            if whole is None or not too_large(whole.shard.n_samples, len(waiting), holds,
-                                              in_flight + sum(j.shard.n_samples for j in waiting)):
-                return
-            queue = model.queues[whole.shard.profile]
-            at = queue.index(whole)
-            del queue[at]
-            for offset, piece in enumerate(TailSplit(whole).start()):
-                queue.insert(at + offset, Job(piece.shard, whole.task, piece=piece))
-            self.tail_splits += 1
+        self.tail_splits += cut_waiting(model.queues, holds, in_flight)
 
     # -- what comes back --------------------------------------------------------------------------------
     def _collect(self, ref, kind: str, job: Job | None, slot: Slot) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from cluster.schedule.bisection import Piece
+from cluster.schedule.work import Job
 from cluster.contracts.shard import LONG
 
 MIN_PART_ROWS = 16  # no part of a split shard is smaller
@@ -75,6 +76,25 @@ def too_large(rows: int, waiting: int, holds: int, rows_left: int) -> bool:
     hold at once (`holds`), or it holds more rows than `rows_left` (the model's rows waiting and in flight) over
     `holds`, its fair part of what is left."""
     return waiting < holds or rows > rows_left / holds
+
+
+def cut_waiting(queues: dict, holds: int, in_flight: int) -> int:
+    """Step 1 on a model's queues (profile -> deque of Jobs): cut the largest waiting whole shard in halves,
+    in place, while `too_large` says so (`holds`: the shards its actors hold at once; `in_flight`: the rows of
+    its shards running). Returns how many shards were cut."""
+    cuts = 0
+    while waiting := [j for q in queues.values() for j in q]:
+        whole = max((j for j in waiting if splittable(j)), key=lambda j: j.shard.n_samples, default=None)
+        if whole is None or not too_large(whole.shard.n_samples, len(waiting), holds,
+                                          in_flight + sum(j.shard.n_samples for j in waiting)):
+            return cuts
+        queue = queues[whole.shard.profile]
+        at = queue.index(whole)
+        del queue[at]
+        for offset, piece in enumerate(TailSplit(whole).start()):
+            queue.insert(at + offset, Job(piece.shard, whole.task, piece=piece))
+        cuts += 1
+    return cuts
 
 
 def splittable(job) -> bool:

@@ -43,6 +43,10 @@ class ModelWork:
         queue = self.queues.setdefault(job.shard.profile, deque())
         queue.appendleft(job) if first else queue.append(job)  # retries go first
 
+    def waiting(self) -> int:
+        """Shards in its queues."""
+        return sum(len(q) for q in self.queues.values())
+
     def samples_left(self) -> int:
         return sum(job.shard.n_samples for q in self.queues.values() for job in q)
 
