@@ -244,7 +244,8 @@ class _Run:
             for model, pooled in found.items():
                 # every replica's engine full and as many shards waiting at it, where turns are taken
                 # between sweeps and Serve sees the queue it scales on
-                self.scheduler.add_pool(model, PoolHandle(client, pooled), 2 * pooled.depth * pooled.max_replicas)
+                self.scheduler.add_pool(model, PoolHandle(client, pooled), 2 * pooled.depth * pooled.max_replicas,
+                                        pooled.max_replicas)
             self.progress.log(f"[raysweep] pool serves model(s) {', '.join(found)}: their shards go to it")
             self.recorder = SweepRecorder(self.spec.name)
         return found

@@ -69,12 +69,13 @@ class SweepScheduler:
     def add_model(self, model: ModelWork) -> None:
         self.models[model.name] = model
 
-    def add_pool(self, model: str, handle: Any, depth: int) -> None:
+    def add_pool(self, model: str, handle: Any, depth: int, replicas: int = 1) -> None:
         """Send `model`'s shards to the engine pool through `handle` (its `run_shard.remote`, as an actor's),
-        `depth` at a time; no actor starts for it unless the pool goes away (a shard raises PoolGone)."""
+        `depth` at a time, over at most `replicas` replicas; no actor starts for it unless the pool goes away
+        (a shard raises PoolGone)."""
         work = self.models[model]
         self.slots.append(Slot(handle=handle, number=-1, state="pooled", model=model, depth=depth,
-                                actors=work.max_actors))
+                                actors=work.max_actors, replicas=replicas))
         work.max_actors = 0
 
     def add_jobs(self, jobs: list[Job]) -> None:
@@ -223,8 +224,8 @@ class SweepScheduler:
                      sum(s.model is None and s.shape == model.shape and s.state in ("importing", "idle")
                          for s in self.slots))
         holds = sum(s.depth or model.depth for s in serving) + max(coming, 0) * model.depth
-        if holds < 2 or (len(serving) + max(coming, 0) < 2 and not any(s.state == "pooled" for s in serving)):
-            return  # one actor takes every shard anyway
+        if holds < 2 or sum(s.replicas or 1 for s in serving) + max(coming, 0) < 2:
+            return  # one actor (or one pool replica) takes every shard anyway
         in_flight = sum(job.shard.n_samples for kind, job, _ in self.inflight.values()
                         if kind == "shard" and job.shard.model == model.name)
         self.tail_splits += cut_waiting(model.queues, holds, in_flight)

@@ -82,6 +82,7 @@ class Slot:
     refused: set = field(default_factory=set)  # models whose engine failed to start here
     depth: int | None = None  # shards it holds at once, where not its model's per-actor depth (the pool)
     actors: int = 0  # a pool slot: the model's own actors should the pool go away
+    replicas: int = 0  # a pool slot: the most replicas the pool runs the model on
     shape: Any = None  # the resources it holds (ModelWork.shape): it runs only models of that shape
 
 
