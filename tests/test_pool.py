@@ -6,6 +6,7 @@ mid-sweep, and two models switching on one replica by sleep and wake."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -122,16 +123,20 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
 
 @pytest.mark.slow
 def test_pool_down_force_while_a_sweep_uses_it_the_sweep_finishes_on_its_own_actors(tmp_path):
-    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"max_num_seqs": 32}}
-    spec = spec_file(tmp_path / "pool.yaml", [tiny], {"count": 1, "num_cpus": 1})
+    # the fake engine takes 1 s a shard, one shard at a time: 30 shards take 30 s on the pool, so the pool goes
+    # down mid-sweep however fast the driver plans (tiny's CPU engine ran 3 shards of 50 on the pool before a
+    # `pool down` of a few seconds landed, once planning stopped importing torch)
+    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"backend": "fake", "delay_s": 1.0}}
+    spec = spec_file(tmp_path / "pool.yaml", [tiny], {"count": 1, "num_cpus": 1, "shards_in_flight": 1},
+                     max_samples=5)
     with ray_head("--num-cpus=4") as (address, _):
         assert cli("pool", "up", spec, address=address).returncode == 0
         out = tmp_path / "results"
         sweep = start_sweep(spec, out, address)
         lines = []
-        for line in sweep.stdout:  # the pool down comes once the sweep sends it shards
+        for line in sweep.stdout:  # the pool down comes once the pool has run some of the sweep's shards
             lines.append(line)
-            if "pool serves model(s) tiny" in line:
+            if re.search(r"\] [1-9]\d*/150 samples", line):
                 break
         down = cli("pool", "down", "--force", address=address)
         assert down.returncode == 0, down.stderr[-2000:]
