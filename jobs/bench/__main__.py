@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if set(parts) - {"o", "p"} and not torch.cuda.is_available():
         print("jobs.bench parts a-d need a CUDA GPU and vLLM (parts o and p run anywhere)", file=sys.stderr)
         return 2
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # absolute: the specs it writes name their data from their own folder
     out.mkdir(parents=True, exist_ok=True)
     bench = Bench(resolve_model_path(args.model) if set(parts) - {"o", "p"} else args.model, out, args.prompts)
     bench.orchestration_sizes = [int(n) for n in args.samples.split(",")]
