@@ -441,3 +441,22 @@ def test_the_drivers_tokenizer_is_autotokenizers_without_torch(model_cache, tmp_
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     generic = named in (None, "TokenizersBackend")
     assert done.stdout.strip() == ("False" if generic else "True"), done.stderr[-2000:]
+
+
+def test_a_config_without_a_named_context_length_gets_autoconfigs(model_cache, tmp_path):
+    """config.json without max_position_embeddings or n_positions: the length is AutoConfig's (its default for
+    the architecture, or its attribute map's name for it), as before the driver read config.json itself."""
+    import shutil
+
+    from transformers import AutoConfig
+
+    from cluster.inputs.builtin_model import resolve_model_path
+    from cluster.inputs.model_files import context_length
+
+    folder = tmp_path / "model"
+    shutil.copytree(resolve_model_path("builtin:tiny"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    given = config.pop("max_position_embeddings")
+    (folder / "config.json").write_text(json.dumps(config))
+    expected = AutoConfig.from_pretrained(str(folder)).max_position_embeddings
+    assert context_length(str(folder)) == expected and expected != given  # the architecture's default, not None

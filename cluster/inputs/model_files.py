@@ -31,14 +31,17 @@ def load_tokenizer(path: str):
 
 
 def context_length(path: str) -> int | None:
-    """The model's max_position_embeddings (or n_positions), None where its config has neither."""
+    """The model's max_position_embeddings (or n_positions) from config.json; a config that names neither (or
+    a hub id) goes through AutoConfig, whose attribute maps may know the model's own name for it."""
     config = os.path.join(path, "config.json")
     if os.path.isfile(config):
         with open(config) as f:
             raw = json.load(f)
         if not isinstance(raw, dict):
             raise ValueError(f"{config}: not a JSON object")
-        return next((raw[k] for k in LENGTH_KEYS if isinstance(raw.get(k), int)), None)
+        found = next((raw[k] for k in LENGTH_KEYS if isinstance(raw.get(k), int)), None)
+        if found is not None:
+            return found
     from transformers import AutoConfig
 
     return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)

@@ -104,7 +104,7 @@ class PlanSource:
         """Start planning on its thread (`background=True`; else everything was made at construction). Not
         while Ray starts: the actors, which start once Ray is up, are the critical path, and they need their
         plans only once their engines are up (seconds on CPU, tens of seconds on a GPU)."""
-        if self._thread is not None and not self._thread.is_alive() and self._thread.ident is None:
+        if self._thread is not None and self._thread.ident is None:  # not started yet
             self._thread.start()
 
     def _produce(self, spec: SweepSpec, data: list[TaskData] | None = None) -> None:

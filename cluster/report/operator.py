@@ -61,7 +61,8 @@ def _timeline(root: Path, manifest: dict, labels: dict) -> str:
     t0 = runs[-1]["started_at"] if runs else timeline.earliest(starts, shards)
     lanes = [] if t0 is None else timeline.lanes(starts, shards, t0)
     if runs:  # telemetry is appended run after run: the actors of the last run are drawn
-        lanes = timeline.with_tails([lane for lane in lanes if lane.first >= 0])
+        lanes = [lane for lane in lanes if lane.first >= 0]
+    lanes = timeline.with_tails(lanes)
     notes = "".join(note(n) for n in timeline.notes(starts, runs))
     if not lanes:
         return section("Timeline", "timeline", note("Nothing to draw: no engine start or shard attempt in "

@@ -83,11 +83,12 @@ def lanes(starts: list[dict], shards: list[dict], t0: datetime) -> list[Lane]:
         found.setdefault(actor, Lane(actor)).running = {m: merge(ivs) for m, ivs in sorted(per_model.items())}
     for lane in found.values():
         lane.idle = _idle(lane)
-    return with_tails([found[a] for a in sorted(found)])
+    return [found[a] for a in sorted(found)]
 
 
 def with_tails(drawn: list[Lane]) -> list[Lane]:
-    """Each lane's tail: from its last shard's end to the latest last shard's end among `drawn`."""
+    """Each lane's tail: from its last shard's end to the latest last shard's end among `drawn` (the lanes
+    drawn: the last run's, where telemetry holds several runs)."""
     last = {lane.actor_id: max((b for ivs in lane.running.values() for _, b in ivs), default=None) for lane in drawn}
     end = max((t for t in last.values() if t is not None), default=None)
     for lane in drawn:

@@ -204,8 +204,9 @@ class SweepScheduler:
             if slot.state not in ("running", "pooled"):
                 continue
             model = self.models[slot.model]
-            if not planning and self.events.on_split is not None:
-                self._split_tail(model)
+            full = slot.inflight >= (slot.depth or model.depth)
+            if not full and model and not planning and self.events.on_split is not None:
+                self._split_tail(model)  # only where this slot is about to take a shard: not on every tick
             while slot.inflight < (slot.depth or model.depth) and (job := model.take(slot, self.slots)) is not None:
                 self.inflight[slot.handle.run_shard.remote(job.shard, job.task, job.attempt)] = ("shard", job, slot)
                 slot.inflight += 1
