@@ -90,13 +90,39 @@ def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, b
     import lm_eval.evaluator
 
     _own_request_cache()
-    return lm_eval.evaluator.simple_evaluate(
-        cache_requests=settings.limit is None,  # with a limit, lm-eval's cache would build every document
-        model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot, limit=settings.limit,
-        bootstrap_iters=bootstrap_iters, log_samples=log_samples, system_instruction=settings.system_instruction,
-        apply_chat_template=settings.apply_chat_template, fewshot_as_multiturn=settings.fewshot_as_multiturn,
-        gen_kwargs=settings.gen_kwargs, task_manager=task_manager, fewshot_random_seed=settings.fewshot_seed,
-        confirm_run_unsafe_code=settings.confirm_run_unsafe_code, evaluation_tracker=tracker)
+    with templates_compiled_once():
+        return lm_eval.evaluator.simple_evaluate(
+            cache_requests=settings.limit is None,  # with a limit, lm-eval's cache would build every document
+            model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot, limit=settings.limit,
+            bootstrap_iters=bootstrap_iters, log_samples=log_samples, system_instruction=settings.system_instruction,
+            apply_chat_template=settings.apply_chat_template, fewshot_as_multiturn=settings.fewshot_as_multiturn,
+            gen_kwargs=settings.gen_kwargs, task_manager=task_manager, fewshot_random_seed=settings.fewshot_seed,
+            confirm_run_unsafe_code=settings.confirm_run_unsafe_code, evaluation_tracker=tracker)
+
+
+@contextlib.contextmanager
+def templates_compiled_once():
+    """lm-eval's `utils.apply_template` with each template string compiled once: lm-eval compiles a task's
+    `doc_to_text`/`doc_to_target`/`doc_to_choice` again for every document and every few-shot example (18,004
+    compiles for 2 tasks of 1,200 documents with 2 shots: 23 of the 38 s that building their requests took on
+    2 CPU cores). The same Jinja environment, the same template, rendered with the same document: the same
+    text. lm-eval's own function is back when the call ends."""
+    import lm_eval.utils as utils
+
+    original, env = utils.apply_template, utils.env
+
+    @functools.lru_cache(maxsize=256)
+    def compiled(template: str):
+        return env.from_string(template)
+
+    def apply_template(template: str, doc: dict) -> str:
+        return compiled(template).render(**doc)
+
+    utils.apply_template = apply_template
+    try:
+        yield
+    finally:
+        utils.apply_template = original
 
 
 @functools.lru_cache(maxsize=1)
