@@ -5,6 +5,7 @@ starts, and `make_engine`. The backends implement actors/engine.py's interface."
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 
 from actors.engine import Engine, EngineProfile
@@ -42,6 +43,26 @@ def preload(backends) -> None:
             importlib.import_module(module)
         if backend == "vllm":
             getattr(importlib.import_module("vllm"), "LLM")  # `vllm` imports lazily: this is the heavy part
+
+
+def engine_cpu_threads(num_cpus: float, num_gpus: float, node_gpus: float | None) -> int | None:
+    """A GPU actor's CPU threads for its engine (torch's and OpenMP's, through OMP_NUM_THREADS), set before
+    torch and vLLM's engine-core forkserver start, so the forked engine core has them too. Ray sets
+    OMP_NUM_THREADS to the actor's `num_cpus` (1 for raysweep's GPU actors) where nothing else set it, and vLLM
+    then loads weights on one thread: builtin:large (13 GiB) on an H200 took 14.2 s to load with
+    OMP_NUM_THREADS=1 and 4.5 s with 16, and the actor's engine init was 37.7 s against the plain script's
+    18.1 s (bench/h200-2026-11-26-s17.md). The share: this process's CPUs x its GPUs / the node's GPUs. A value
+    other than Ray's default for this actor was set by someone (the user's runtime_env): it is kept. Returns
+    the threads set, or None where nothing changed."""
+    ray_default = str(max(math.floor(num_cpus), 1))
+    if num_gpus <= 0 or os.environ.get("OMP_NUM_THREADS", ray_default) != ray_default:
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, int(cpus * num_gpus / max(node_gpus or 1, num_gpus)))
+    if threads <= int(ray_default):
+        return None
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    return threads
 
 
 BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"  # vLLM 0.26 reads it as its engine starts (engine core and workers)

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 from actors.engine import EngineProfile, runs_profile
-from actors.engine_factory import BATCH_INVARIANT, make_engine, preload, reproducible_refusal
+from actors.engine_factory import BATCH_INVARIANT, engine_cpu_threads, make_engine, preload, reproducible_refusal
 from actors.telemetry import GpuSampler, gpu_name
 from actors.shard_work import run_rows
 from cluster.contracts.shard import Shard
@@ -53,6 +53,7 @@ class EvalActor:
         # Ray may hand over a worker process it started before this actor was asked for: the clock then
         # starts at the request, not at the process's birth
         process_at = max(process_started_at() or requested_at, requested_at)
+        self.cpu_threads = engine_cpu_threads(num_cpus, num_gpus, _node_gpus(self.node_id)) if num_gpus else None
         preload(backends)  # the imports every engine start would otherwise pay: once per process
         self.gpu_name = gpu_name()
         self.refusal = reproducible_refusal(backends) if reproducible else None  # the driver stops on it
@@ -224,6 +225,18 @@ def _identity() -> tuple[str, str | None, str | None]:
     except ImportError:
         pass
     return f"local-{os.getpid()}", None, None
+
+
+def _node_gpus(node_id: str | None) -> float | None:
+    """The GPUs Ray counts on this actor's node, None outside Ray or where the node is not listed."""
+    try:
+        import ray
+
+        if node_id and ray.is_initialized():
+            return next((n["Resources"].get("GPU") for n in ray.nodes() if n.get("NodeID") == node_id), None)
+    except ImportError:
+        pass
+    return None
 
 
 def _gpu_ids() -> list[str]:
