@@ -141,8 +141,9 @@ def register() -> None:
 
 
 def run(argv: list[str]) -> int:
-    """lm-eval's command line on `argv`, with raysweep registered."""
-    from cluster.harness.lm_eval_run import import_lm_eval
+    """lm-eval's command line on `argv`, with raysweep registered; each Jinja template of its tasks compiled
+    once (cluster/harness/lm_eval_run.py templates_compiled_once)."""
+    from cluster.harness.lm_eval_run import import_lm_eval, templates_compiled_once
 
     try:
         import_lm_eval()
@@ -153,7 +154,8 @@ def run(argv: list[str]) -> int:
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv = ["lm_eval", *argv]
-    cli_evaluate()
+    with templates_compiled_once():
+        cli_evaluate()
     return 0
 
 

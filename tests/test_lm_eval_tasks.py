@@ -394,3 +394,21 @@ def test_a_multiple_choice_context_too_long_is_cut_as_lm_eval_cuts_it(include_pa
 
     statuses = pq.read_table(tmp_path / "out" / "results", columns=["status"]).column("status").to_pylist()
     assert statuses.count("truncated") >= 5  # most 3-shot contexts are over 299 tokens here
+
+
+def test_templates_compiled_once_render_as_lm_eval_and_compile_each_template_once(monkeypatch):
+    import lm_eval.utils as utils
+
+    from cluster.harness.lm_eval_run import templates_compiled_once
+
+    docs = [{"question": f"q{i}", "choices": ["a", "b"], "label": i % 2} for i in range(50)]
+    templates = ["Question: {{question}}\nAnswer:", "{{choices[label]}}", "{{question | regex_replace('q', 'Q')}}"]
+    expected = [utils.apply_template(t, d) for d in docs for t in templates]  # lm-eval's own function
+    original = utils.apply_template
+    compiles = []
+    from_string = utils.env.from_string
+    monkeypatch.setattr(utils.env, "from_string", lambda source: compiles.append(source) or from_string(source))
+    with templates_compiled_once():
+        assert [utils.apply_template(t, d) for d in docs for t in templates] == expected
+    assert sorted(compiles) == sorted(templates)  # 150 renders, 3 compiles
+    assert utils.apply_template is original
