@@ -239,9 +239,9 @@ def test_a_replica_killed_mid_sweep_is_replaced_and_its_shards_run_again_exactly
         died = {line.split()[2] for line in text.splitlines() if "failed: ReplicaDied" in line}
         assert died <= {s["shard_id"] for s in shards if s["attempt"] >= 2}, died
         # both replicas ran at once (issue 30: a pool keeps every replica busy): the two that finished the most
-        # shards have shard windows that overlap. Only where the kill took one replica before it finished a shard,
-        # and its replacement came up after the last one (seen with two xdist workers, load average 8), did one
-        # replica finish them all; a replica died then, or the check fails
+        # shards have shard windows that overlap. Only where the kill took one replica before it finished a shard
+        # (Serve's router had put the first shards in flight on the other) and its replacement came up after the
+        # last one (seen in CI, stop 37, and with two xdist workers) did one replica finish them all: the survivor
         windows: dict = {}
         for s in shards:
             if s["started_at"] and s["finished_at"]:
@@ -251,7 +251,8 @@ def test_a_replica_killed_mid_sweep_is_replaced_and_its_shards_run_again_exactly
             a, b = served[:2]
             assert any(x0 < y1 and y0 < x1 for x0, x1 in windows[a] for y0, y1 in windows[b]), windows
         else:
-            assert died, f"one replica finished every shard and none died: {windows}"
+            killed = "pool:" + kill.stdout.split()[-1].rsplit("#", 1)[-1]
+            assert served and killed not in served, f"{killed} was killed, and it alone finished shards: {windows}"
         for _ in range(60):  # Serve replaces the replica
             status = cli("pool", "status", address=address)
             if "replicas 2 running" in status.stdout:
