@@ -9,7 +9,9 @@ From Python, `import jobs.lm_eval_model` does the same for `lm_eval.simple_evalu
 
 Each request type lm-eval asks for (loglikelihood, loglikelihood_rolling, generate_until) is one raysweep
 sweep: the requests made into rows by the rule a spec's `lm_eval:` entry uses (cluster/harness/lm_eval_run.py),
-sharded over the model's actors, and answered from the committed rows (cluster/score/lm_eval_scores.py).
+sharded over the model's actors, and answered from the committed rows (cluster/score/lm_eval_scores.py). The
+first sweep's actors stay up with their engines for the next request types (cluster/schedule/kept.py): the
+engines start once per command.
 model_args: pretrained (a model folder, hub id or builtin:NAME; also `model`), max_model_len, backend
 (auto | hf | vllm), actors (per model), num_gpus (per actor), address (a Ray cluster; default: a local Ray),
 output (where the sweeps' results stay, and resume from; default: a temporary folder).
@@ -48,6 +50,7 @@ def make_model_class():
             self.output = output or tempfile.mkdtemp(prefix="raysweep-lm-eval-")
             self.address = address or os.environ.get("RAY_ADDRESS") or "local"
             self._ray = False
+            self._kept = None  # the engines of the first request type's sweep, kept for the next ones
             _chat_templated(self, str(path))
 
         def _answers(self, kind: str, requests) -> dict:
@@ -68,7 +71,8 @@ def make_model_class():
             spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),
                              models=(self.model,), tasks=tasks, actors=self.actors)
             self._start_ray()
-            report = execute(prepare(spec, spec.output), log=lambda line: print(line, file=sys.stderr, flush=True))
+            report = execute(prepare(spec, spec.output), log=lambda line: print(line, file=sys.stderr, flush=True),
+                             kept=self._kept)
             if report.failed:
                 first = next(iter(report.failed.values()))["errors"][-1]
                 raise RuntimeError(f"raysweep: {len(report.failed)} shard(s) failed (first: {first}); the run's "
@@ -82,9 +86,13 @@ def make_model_class():
 
             from jobs.sweep import check_ray_address, start_ray
 
+            from cluster.schedule.kept import KeptActors
+
             check_ray_address(self.address, "address")
             start_ray(self.address, "address", dashboard=False)
+            self._kept = KeptActors()
             atexit.register(ray.shutdown)
+            atexit.register(self._kept.close)  # atexit runs last in, first out: the engines close before Ray
             self._ray = True
 
         def _replay(self, kind: str, requests):

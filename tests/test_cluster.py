@@ -148,10 +148,12 @@ while not client.get_job_status(job).is_terminal():
 # the stopped job's actors are gone, and their CPUs free for the next job (a next job that found them held waited
 # for CPUs until its 400 s timeout, once in CI under load): a stopped job leaves nothing holding the cluster
 from ray.util.state import list_actors
+stopped_at = time.time()
 while [a for a in list_actors(address=dashboard, filters=[("state", "!=", "DEAD")]) if a.class_name == "EvalActor"]:
     assert time.time() < deadline, ("the stopped job's actors still hold the cluster",
                                     list_actors(address=dashboard, filters=[("state", "!=", "DEAD")]))
     time.sleep(0.5)
+print(f"the stopped job's actors were gone {time.time() - stopped_at:.1f}s after it stopped", file=sys.stderr)
 time.sleep(1)  # the supervisor's last writes of the driver's output
 print(client.get_job_status(job))
 print(client.get_job_logs(job))

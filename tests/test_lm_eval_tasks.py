@@ -223,6 +223,10 @@ def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_pa
     assert cli.returncode == 0, cli.stdout[-1500:] + cli.stderr[-1500:]
     assert compare(reference, tmp_path / "via-cli" / "builtin__tiny") == {"rs_mc": 24, "rs_gen": 32, "rs_ppl": 10}
     assert "planned tiny/rs_mc: 24 samples" in cli.stderr
+    # three request types, three sweeps, engines started by the first only: its actors run the next two
+    first, kept, later = cli.stderr.partition("engines kept from this process's last sweep run model(s) tiny")
+    assert "engine up: model tiny" in first and kept and "engine up:" not in later, cli.stderr[-3000:]
+    assert later.count("engines kept from this process's last sweep run model(s) tiny") == 1
 
 
 def _load(spec: Path):

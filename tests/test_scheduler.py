@@ -230,6 +230,7 @@ def test_on_a_shared_gpu_an_actor_is_released_only_once_no_engine_is_starting(ra
             import time
 
             self.model = model
+            self._log(f"starting {model}")
             time.sleep(1.5 if model == "b" else 0.0)
             self._log(f"started {model}")
             return {"actor": self.number}
@@ -237,6 +238,11 @@ def test_on_a_shared_gpu_an_actor_is_released_only_once_no_engine_is_starting(ra
         def run_shard(self, shard, task, attempt):
             import time
 
+            # a's shard ends only once b's engine is starting (else, where b's actor came up late on a busy
+            # machine, a's idle actor took b's shards, a model change, and nothing was left to check)
+            deadline = time.time() + 60
+            while shard.model == "a" and "starting b" not in open(log).read() and time.time() < deadline:
+                time.sleep(0.05)
             time.sleep(0.2)
             return shard.name, {"actor": self.number}
 

@@ -29,6 +29,7 @@ from cluster.plan.planner import TaskPlan
 from cluster.plan.plan_source import ModelReady, PlanSource
 from cluster.schedule.progress import make_progress
 from cluster.score.shard_scoring import replay_table
+from cluster.schedule.kept import KeptActors
 from cluster.schedule.scheduler import SweepScheduler
 from cluster.schedule.work import Job, ModelWork, SchedulerEvents
 from cluster.store.manifest import as_made
@@ -95,14 +96,16 @@ def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, b
 
 
 def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts: int = 3,
-            progress_bar: bool | None = None, clock: RunClock | None = None) -> SweepReport:
+            progress_bar: bool | None = None, clock: RunClock | None = None, kept: KeptActors | None = None) -> SweepReport:
     """Run what is not committed yet on the connected Ray cluster; releases the output's lock.
-    `progress_bar`: a bar (True), log lines (False), or a bar only when stdout is a terminal (None)."""
+    `progress_bar`: a bar (True), log lines (False), or a bar only when stdout is a terminal (None).
+    `kept`: actors whose engines run on after the sweep, and that a later sweep of the same model runs on
+    (cluster/schedule/kept.py); the caller closes them."""
     started = time.perf_counter()
     clock = clock or RunClock(time.time())
     prepared.plans.start()  # a background plan starts now, with Ray up
     with prepared.sink as sink:
-        run = _Run(prepared, sink, log, progress_bar, clock)
+        run = _Run(prepared, sink, log, progress_bar, clock, kept)
         try:
             run.schedule(max_attempts)
         finally:  # what was measured before a failure is kept
@@ -131,8 +134,10 @@ class _Run:
     """One execution: the plans fed to the scheduler, its events into the sink, metrics and progress
     (cluster/schedule/commit.py)."""
 
-    def __init__(self, prepared: Prepared, sink: ResultSink, log, progress_bar, clock: RunClock):
+    def __init__(self, prepared: Prepared, sink: ResultSink, log, progress_bar, clock: RunClock,
+                 kept: KeptActors | None = None):
         self.spec, self.plans, self.sink, self.log, self.clock = prepared.spec, prepared.plans, sink, log, clock
+        self.kept = kept
         self.new_tokens = prepared.new_tokens
         self.done = sink.committed()
         self.report = SweepReport(output=prepared.output, summary=pa.table({}))
@@ -185,14 +190,15 @@ class _Run:
                                  on_dispatched=lambda job: self.metrics.dispatched(job.shard.model, job.task.name),
                                  on_tick=self.on_tick)
         shared = any(0 < shape.num_gpus < 1 for shape in holds)
+        keep = None if self.kept is None else self.kept.keeper(self.models, lambda name: bool(self.scheduler.models[name].failed))
         self.scheduler = SweepScheduler(spawn, events, capacity=holds, max_attempts=max_attempts,
-                                        start_one_by_one=shared and not shared_starts_together())
+                                        start_one_by_one=shared and not shared_starts_together(), keep=keep)
         # every model from the spec now, so its actors start (process, imports) while the checks run;
         # each gets its engine start only once it passed them (ModelReady, in feed)
         for model in spec.models:
             self.scheduler.add_model(ModelWork(model.name, spec.actors.count, shards_in_flight(spec, model),
                                                shape=shapes[model.name]))
-        pooled = self._use_pool()  # models the cluster's engine pool serves: their shards go to it
+        pooled = self._use_kept(spec) or self._use_pool()  # engines already up: their models' shards go to them
         wanted: dict = {}
         for model in spec.models:
             if model.name not in pooled:
@@ -222,6 +228,19 @@ class _Run:
             return {"tail_idle_gpu_s": None, "tail_idle_share": None, "tail_splits": 0}
         self.report.tail = {**scheduler.tail.record(), "tail_splits": scheduler.tail_splits}
         return self.report.tail
+
+    def _use_kept(self, spec: SweepSpec) -> dict:
+        """The models whose engines an earlier sweep of this process kept running (cluster/schedule/kept.py):
+        their shards go to those actors, as to a pool."""
+        running = {m.name: self.kept.running(m) for m in spec.models} if self.kept is not None else {}
+        for name, handles in running.items():
+            for handle in handles:
+                self.scheduler.add_pool(name, handle, shards_in_flight(spec, self.models[name]))
+        found = {name: handles for name, handles in running.items() if handles}
+        if found:
+            self.progress.log(f"[raysweep] engines kept from this process's last sweep run model(s) {', '.join(found)}: "
+                              "their shards go to them")
+        return found
 
     def _use_pool(self) -> dict:
         """The sweep's models that the cluster's engine pool serves with the same path and engine arguments

@@ -35,6 +35,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from cluster.contracts.errors import RaysweepError
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
+from cluster.schedule.kept import close_actors
 from cluster.schedule.tail_split import TailClock, TailSplit, cut_waiting
 from cluster.schedule.work import Job, ModelWork, SchedulerEvents, Slot
 
@@ -48,14 +49,17 @@ TICK_S = 1.0  # the longest the loop waits for a result before it reports in (pr
 
 class SweepScheduler:
     def __init__(self, spawn: Callable[[int, float, Any], Any], events: SchedulerEvents,
-                 capacity: int | None | dict = None, max_attempts: int = 3, start_one_by_one: bool = False):
+                 capacity: int | None | dict = None, max_attempts: int = 3, start_one_by_one: bool = False,
+                 keep: Callable[[Slot], None] | None = None):
         """`spawn(number, requested_at, shape)` starts an actor of a model shape; `capacity`: how many actors
-        the cluster holds at once (None: no bound), or {shape: that} where models differ in shape."""
+        the cluster holds at once (None: no bound), or {shape: that} where models differ in shape. `keep(slots)`
+        takes the actors a later sweep may run on, engines up, and returns the rest (cluster/schedule/kept.py)."""
         bounds = capacity.values() if isinstance(capacity, dict) else [capacity]
         if max_attempts < 1 or any(c is not None and c < 1 for c in bounds):
             raise ValueError("max_attempts and capacity must be >= 1")
         self.spawn, self.events, self.capacity, self.max_attempts = spawn, events, capacity, max_attempts
         self.start_one_by_one = start_one_by_one  # engines sharing a GPU must not size their memory at once
+        self.keep = keep
         self.models: dict[str, ModelWork] = {}
         self.slots: list[Slot] = []
         self.inflight: dict[Any, tuple[str, Job | None, Slot]] = {}
@@ -74,8 +78,9 @@ class SweepScheduler:
         `depth` at a time, over at most `replicas` replicas; no actor starts for it unless the pool goes away
         (a shard raises PoolGone)."""
         work = self.models[model]
+        own = work.max_actors or next((s.actors for s in self.slots if s.state == "pooled" and s.model == model), 0)
         self.slots.append(Slot(handle=handle, number=-1, state="pooled", model=model, depth=depth,
-                                actors=work.max_actors, replicas=replicas))
+                                actors=own, replicas=replicas))
         work.max_actors = 0
 
     def add_jobs(self, jobs: list[Job]) -> None:
@@ -382,15 +387,10 @@ class SweepScheduler:
         slots, self.slots = [s for s in self.slots if s.state != "pooled"], []
         self._shutdown_slots(slots)
 
-    @staticmethod
-    def _shutdown_slots(slots: list[Slot], timeout_s: float = 120) -> None:
-        """Close engines first (a killed actor would orphan vLLM's engine-core process and its GPU
-        memory), then kill the actors; an actor already dead or stuck is just killed."""
-        refs = [slot.handle.close.remote() for slot in slots if slot.state in ("idle", "running")]
-        if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        for slot in slots:
-            ray.kill(slot.handle)
+    def _shutdown_slots(self, slots: list[Slot]) -> None:
+        """Those `keep` does not take: engines closed first, then the actors killed (cluster/schedule/kept.py)."""
+        slots = self.keep(slots) if self.keep is not None else slots
+        close_actors([s.handle for s in slots if s.state in ("idle", "running")], [s.handle for s in slots])
 
 
 def _first_line(error: BaseException) -> str:

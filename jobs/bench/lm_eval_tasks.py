@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase", choices=("all", "warm", "timed"), default="all")
     parser.add_argument("--two-engines", action="store_true",
                         help="also time the spec with two engines on the GPU (actors: count 2, num_gpus 0.5)")
+    parser.add_argument("--cli", action="store_true",
+                        help="also time lm-eval's own command line with raysweep as its model (`raysweep lm-eval "
+                             "--model raysweep`, its default model_args: one engine)")
     args = parser.parse_args(argv)
     from cluster.inputs.builtin_model import resolve_model_path
 
@@ -156,8 +159,17 @@ def main(argv: list[str] | None = None) -> int:
         two = spec_file(out, "t-two", model_path, tasks, None, actors={"count": 2, "num_gpus": 0.5})
         two_s = timed([sys.executable, "-m", "jobs.cli", "run", str(two)], out / "t_two")
         print(f"[bench] t raysweep run, two engines on the GPU: {two_s:.1f} s", flush=True)
+    cli_s = cli_agreement = None
+    if args.cli:
+        argv = lm_eval_argv(model_path, tasks, out / "t_cli", None)
+        argv[1:5] = ["-m", "jobs.cli", "lm-eval", "--model", "raysweep"]  # lm_eval's own arguments after them
+        argv[argv.index("--model_args") + 1] += f",output={out / 't_cli_runs'}"
+        cli_s = timed(argv, out / "t_cli")
+        cli_agreement = agreement(out / "t_cli", out / "t_lm")
+        print(f"[bench] t raysweep lm-eval --model raysweep: {cli_s:.1f} s; RATIO lm-eval/it = {lm_s / cli_s:.3f} x; "
+              f"agreement: {json.dumps(cli_agreement)}", flush=True)
     figures = {"model": args.model, "documents_per_task": args.docs, "max_model_len": MAX_MODEL_LEN,
-               "raysweep_two_engines_s": two_s,
+               "raysweep_two_engines_s": two_s, "raysweep_lm_eval_cli_s": cli_s, "cli_agreement": cli_agreement,
                "lm_eval_vllm_s": lm_s, "raysweep_s": rs_s, "ratio_lm_eval_over_raysweep": lm_s / rs_s,
                "raysweep_run_line": next((line for line in (out / "t_rs.stdout").read_text().splitlines()
                                           if "samples in" in line and "shards run" in line), None),
