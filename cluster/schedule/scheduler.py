@@ -50,7 +50,7 @@ TICK_S = 1.0  # the longest the loop waits for a result before it reports in (pr
 class SweepScheduler:
     def __init__(self, spawn: Callable[[int, float, Any], Any], events: SchedulerEvents,
                  capacity: int | None | dict = None, max_attempts: int = 3, start_one_by_one: bool = False,
-                 keep: Callable[[Slot], None] | None = None):
+                 keep: Callable[[list[Slot]], list[Slot]] | None = None):
         """`spawn(number, requested_at, shape)` starts an actor of a model shape; `capacity`: how many actors
         the cluster holds at once (None: no bound), or {shape: that} where models differ in shape. `keep(slots)`
         takes the actors a later sweep may run on, engines up, and returns the rest (cluster/schedule/kept.py)."""
