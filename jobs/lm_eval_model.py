@@ -13,8 +13,10 @@ sharded over the model's actors, and answered from the committed rows (cluster/s
 first sweep's actors stay up with their engines for the next request types (cluster/schedule/kept.py): the
 engines start once per command.
 model_args: pretrained (a model folder, hub id or builtin:NAME; also `model`), max_model_len, backend
-(auto | hf | vllm), actors (per model), num_gpus (per actor), address (a Ray cluster; default: a local Ray),
-output (where the sweeps' results stay, and resume from; default: a temporary folder).
+(auto | hf | vllm), actors (per model) and num_gpus (per actor) (default `auto` for each: chosen as for a spec
+without `actors:`, cluster/plan/engines_per_gpu.py, e.g. two engines on a large GPU for a small model), address
+(a Ray cluster; default: a local Ray), output (where the sweeps' results stay, and resume from; default: a
+temporary folder).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def make_model_class():
 
     class RaysweepLM(LM):
         def __init__(self, pretrained: str | None = None, model: str | None = None, max_model_len: int | None = None,
-                     backend: str = "auto", actors: int = 1, num_gpus: float = 1.0, address: str | None = None,
+                     backend: str = "auto", actors: int | str = "auto", num_gpus: float | str = "auto",
+                     address: str | None = None,
                      output: str | None = None, **lm_eval_options):
             super().__init__()
             from cluster.contracts.spec import ActorSpec, ModelSpec
@@ -46,7 +49,7 @@ def make_model_class():
             engine = {"max_model_len": int(max_model_len)} if max_model_len else {}
             name = re.sub(r"[^A-Za-z0-9._-]", "_", str(path).rstrip("/").split("/")[-1].split(":")[-1]).lstrip("._-")
             self.model = ModelSpec(name=name or "model", path=str(path), backend=backend, engine=engine)
-            self.actors = ActorSpec(count=int(actors), num_gpus=float(num_gpus))
+            self.actors = ActorSpec(count=_auto(actors, int, "actors"), num_gpus=_auto(num_gpus, float, "num_gpus"))
             self.output = output or tempfile.mkdtemp(prefix="raysweep-lm-eval-")
             self.address = address or os.environ.get("RAY_ADDRESS") or "local"
             self._ray = False
@@ -110,6 +113,16 @@ def make_model_class():
             return self._replay("generate_until", requests)
 
     return RaysweepLM
+
+
+def _auto(value, kind, name: str):
+    """A model_args value: `auto` (or left out) is None, for raysweep to choose; else `kind` of it."""
+    if value is None or str(value).strip().lower() == "auto":
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"--model_args: {name} must be auto or a number, got {value!r}") from None
 
 
 def _chat_templated(lm, path: str) -> None:

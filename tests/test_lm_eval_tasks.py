@@ -416,3 +416,18 @@ def test_templates_compiled_once_render_as_lm_eval_and_compile_each_template_onc
         assert [utils.apply_template(t, d) for d in docs for t in templates] == expected
     assert sorted(compiles) == sorted(templates)  # 150 renders, 3 compiles
     assert utils.apply_template is original
+
+
+def test_lm_eval_model_args_leave_the_engines_per_gpu_to_raysweep_unless_given():
+    """`--model raysweep` without actors/num_gpus chooses them as a spec without `actors:` does (on a large GPU:
+    two engines for a small model); given values are kept."""
+    from cluster.contracts.spec import ActorSpec
+    from jobs.lm_eval_model import make_model_class
+
+    RaysweepLM = make_model_class()
+    assert RaysweepLM(pretrained="builtin:tiny").actors == ActorSpec()
+    assert RaysweepLM(pretrained="builtin:tiny", actors="auto", num_gpus="AUTO").actors == ActorSpec()
+    given = RaysweepLM(pretrained="builtin:tiny", actors="2", num_gpus="0.5").actors
+    assert (given.count, given.num_gpus) == (2, 0.5)
+    with pytest.raises(ValueError, match="num_gpus must be auto or a number, got 'half'"):
+        RaysweepLM(pretrained="builtin:tiny", num_gpus="half")
