@@ -5,10 +5,12 @@ fake_multinode provider (the CPU engine standing in for vLLM)."""
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -46,13 +48,20 @@ def free_port() -> int:
 
 @contextmanager
 def ray_head(*extra: str, env: dict | None = None, port: int | None = None):
-    """`ray start --head --block` in its own process group; yields (gcs address, dashboard URL)."""
+    """`ray start --head --block` in its own process group and its own Ray folder; yields (gcs address, dashboard
+    URL). Its own folder (--temp-dir): `ray start` records the head's address in `<folder>/ray_current_cluster`,
+    and Ray's job supervisor gives a job's driver RAY_ADDRESS from that record ("auto"). In the shared /tmp/ray,
+    a head started meanwhile by another test (another xdist worker's) or a user overwrote it, and a job submitted
+    here then connected to that other cluster until its GCS went away (seen: "Failed to connect to GCS at
+    address ...:38397", the other worker's fake autoscaling cluster, and `ray job submit` ended only at its
+    400 s timeout)."""
     port, dash = port or free_port(), free_port()
+    folder = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must stay under 108 bytes
     # every port a head binds by a fixed default is a free one: another Ray on the host (a user's, a test's) holds
     # 52365 or 10001 otherwise, and `ray job submit` then answers "No available agent" for minutes
     cmd = ["ray", "start", "--head", "--block", f"--port={port}", "--dashboard-host=127.0.0.1",
            f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={free_port()}",
-           f"--ray-client-server-port={free_port()}", "--disable-usage-stats", *extra]
+           f"--ray-client-server-port={free_port()}", "--disable-usage-stats", f"--temp-dir={folder}", *extra]
     head = subprocess.Popen(cmd, env=os.environ | TOKEN_AUTH | (env or {}), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{dash}"
@@ -82,19 +91,7 @@ def ray_head(*extra: str, env: dict | None = None, port: int | None = None):
         except ProcessLookupError:
             pass
         head.wait()
-        _forget_cluster(port)
-
-
-def _forget_cluster(port: int) -> None:
-    """`ray start` records its address in /tmp/ray; a killed head leaves that record behind, and a
-    later plain ray.init() on this machine would try to join the dead cluster."""
-    record = "/tmp/ray/ray_current_cluster"
-    try:
-        with open(record) as f:
-            if f.read().strip().endswith(f":{port}"):
-                os.remove(record)
-    except FileNotFoundError:
-        pass
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.slow
