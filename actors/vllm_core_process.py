@@ -25,6 +25,7 @@ from Ray) is set before `start()`.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import multiprocessing.context
 import os
@@ -199,6 +200,9 @@ class OutputTee:
         self._dropped = 0
         self._lock = threading.Lock()
         threading.Thread(target=self._pump, args=(read_fd,), name="raysweep-tee", daemon=True).start()
+        # the pump is a daemon thread: at the interpreter's exit, lines written just before (the engine's last
+        # words) were lost where the pump had not run yet (seen on a loaded machine); they go out first
+        atexit.register(self.drain)
 
     def _pump(self, fd: int) -> None:
         while chunk := os.read(fd, 65536):
