@@ -52,9 +52,8 @@ def ray_head(*extra: str, env: dict | None = None, port: int | None = None):
     URL). Its own folder (--temp-dir): `ray start` records the head's address in `<folder>/ray_current_cluster`,
     and Ray's job supervisor gives a job's driver RAY_ADDRESS from that record ("auto"). In the shared /tmp/ray,
     a head started meanwhile by another test (another xdist worker's) or a user overwrote it, and a job submitted
-    here then connected to that other cluster until its GCS went away (seen: "Failed to connect to GCS at
-    address ...:38397", the other worker's fake autoscaling cluster, and `ray job submit` ended only at its
-    400 s timeout)."""
+    here was given that other cluster's address (seen: its driver failing for 6 minutes to reach "GCS at address
+    ...:38397", the other worker's fake autoscaling cluster, stopped by then)."""
     port, dash = port or free_port(), free_port()
     folder = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must stay under 108 bytes
     # every port a head binds by a fixed default is a free one: another Ray on the host (a user's, a test's) holds
