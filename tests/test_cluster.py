@@ -54,6 +54,53 @@ def ray_head(*extra: str, env: dict | None = None, port: int | None = None):
     a head started meanwhile by another test (another xdist worker's) or a user overwrote it, and a job submitted
     here was given that other cluster's address (seen: its driver failing for 6 minutes to reach "GCS at address
     ...:38397", the other worker's fake autoscaling cluster, stopped by then)."""
+    for _ in range(3):  # a head that exits at once (a port another worker's Ray took meanwhile) is started anew
+        head, folder, address, url = _start_head(extra, env, port)
+        deadline = time.time() + 90
+        while head.poll() is None:
+            try:
+                urllib.request.urlopen(f"{url}/api/version", timeout=2)
+                break
+            except urllib.error.HTTPError:  # 401 without a token: the dashboard is up
+                break
+            except OSError:
+                if time.time() > deadline:
+                    _end_head(head, folder)
+                    raise AssertionError("ray start --head did not come up in 90 s") from None
+                time.sleep(0.5)
+        if head.poll() is None:
+            break
+        _end_head(head, folder)
+    else:
+        raise AssertionError(f"ray start --head exited {head.returncode} three times")
+    try:
+        yield address, url
+    finally:
+        _end_head(head, folder)
+
+
+def _end_head(head: subprocess.Popen, folder: str) -> None:
+    """SIGTERM ends the GCS and the workers within a second or two, but `ray start --block` then waits on a child
+    that never ends (measured: the head's process still up at 40 s, the raylet ending at 15 s): waiting for it
+    cost each test 30 s. Three seconds of grace, then the group is killed."""
+    try:
+        os.killpg(head.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        head.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(head.pid, signal.SIGKILL)  # anything of the group still alive
+    except ProcessLookupError:
+        pass
+    head.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+
+def _start_head(extra, env, port):
+    """One `ray start --head --block` with free ports and a Ray folder of its own: (process, folder, gcs address,
+    dashboard URL)."""
     port, dash = port or free_port(), free_port()
     folder = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must stay under 108 bytes
     # every port a head binds by a fixed default is a free one: another Ray on the host (a user's, a test's) holds
@@ -63,34 +110,7 @@ def ray_head(*extra: str, env: dict | None = None, port: int | None = None):
            f"--ray-client-server-port={free_port()}", "--disable-usage-stats", f"--temp-dir={folder}", *extra]
     head = subprocess.Popen(cmd, env=os.environ | TOKEN_AUTH | (env or {}), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{dash}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/version", timeout=2)
-                break
-            except urllib.error.HTTPError:  # 401 without a token: the dashboard is up
-                break
-            except OSError:
-                assert time.time() < deadline and head.poll() is None, "ray start --head did not come up"
-                time.sleep(0.5)
-        yield f"127.0.0.1:{port}", url
-    finally:
-        # SIGTERM ends the GCS and the workers within a second or two, but `ray start --block` then waits on a
-        # child that never ends (measured: the head's process still up at 40 s, the raylet ending at 15 s):
-        # waiting for it cost each test 30 s. Three seconds of grace, then the group is killed.
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(head.pid, signal.SIGKILL)  # anything of the group still alive
-        except ProcessLookupError:
-            pass
-        head.wait()
-        shutil.rmtree(folder, ignore_errors=True)
+    return head, folder, f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}"
 
 
 @pytest.mark.slow
