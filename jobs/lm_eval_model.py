@@ -27,6 +27,8 @@ import os
 import re
 import sys
 import tempfile
+import threading
+import time
 from collections import defaultdict
 
 NAME = "raysweep"
@@ -52,9 +54,12 @@ def make_model_class():
             self.actors = ActorSpec(count=_auto(actors, int, "actors"), num_gpus=_auto(num_gpus, float, "num_gpus"))
             self.output = output or tempfile.mkdtemp(prefix="raysweep-lm-eval-")
             self.address = address or os.environ.get("RAY_ADDRESS") or "local"
-            self._ray = False
             self._kept = None  # the engines of the first request type's sweep, kept for the next ones
             _chat_templated(self, str(path))
+            # Ray starts while lm-eval loads its tasks and builds their requests (both need only this thread's
+            # Python; ray.init mostly waits on the processes it starts); the first request type waits for it
+            self._ray = _Background(self._start_ray, "raysweep-ray-start")
+            _said("model made; Ray starts while lm-eval builds its requests")
 
         def _answers(self, kind: str, requests) -> dict:
             """One sweep over the requests; the committed rows by task and (sample id, completion)."""
@@ -70,21 +75,22 @@ def make_model_class():
             rows = request_rows(requests)
             tasks = tuple(task_spec(name, reqs, rows.get(name, []), LmEvalSettings(tasks=(name,)), entry=-1)
                           for name, reqs in by_task.items())
+            _said(f"{kind}: {len(requests)} request(s) of {len(by_task)} task(s) made into rows")
             digest = hashlib.sha256(repr(tasks).encode()).hexdigest()[:8]
             spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),
                              models=(self.model,), tasks=tasks, actors=self.actors)
-            self._start_ray()
+            self._ray.result()
             report = execute(prepare(spec, spec.output), log=lambda line: print(line, file=sys.stderr, flush=True),
                              kept=self._kept)
             if report.failed:
                 first = next(iter(report.failed.values()))["errors"][-1]
                 raise RuntimeError(f"raysweep: {len(report.failed)} shard(s) failed (first: {first}); the run's "
                                    f"output {spec.output} keeps what was committed: the same command resumes it")
-            return _read_answers(spec.output, self.model.name, [t.name for t in tasks])
+            answers = _read_answers(spec.output, self.model.name, [t.name for t in tasks])
+            _said(f"{kind}: answers read; back to lm-eval")
+            return answers
 
         def _start_ray(self) -> None:
-            if self._ray:
-                return
             import ray
 
             from jobs.sweep import check_ray_address, start_ray
@@ -93,10 +99,11 @@ def make_model_class():
 
             check_ray_address(self.address, "address")
             start_ray(self.address, "address", dashboard=False)
+            _said("Ray is up")
             self._kept = KeptActors()
             atexit.register(ray.shutdown)
             atexit.register(self._kept.close)  # atexit runs last in, first out: the engines close before Ray
-            self._ray = True
+            atexit.register(_said, "lm-eval is done: the engines and Ray close")
 
         def _replay(self, kind: str, requests):
             from cluster.score.lm_eval_scores import replay_lm
@@ -113,6 +120,42 @@ def make_model_class():
             return self._replay("generate_until", requests)
 
     return RaysweepLM
+
+
+class _Background:
+    """`work()` on a thread of its own from now on; `result()` waits for it and raises what it raised.
+
+    The thread outlives `work()`, parked until the process ends: the local Ray that ray.init starts is the
+    thread's child, and Ray asks Linux to kill its processes when their parent thread ends (PR_SET_PDEATHSIG
+    follows the thread, not the process): seen here, Ray's GCS gone a minute after the thread ended. A daemon:
+    a process that ends meanwhile does not wait for it, and Ray's processes end with it."""
+
+    def __init__(self, work, name: str):
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, args=(work,), name=name, daemon=True).start()
+
+    def _run(self, work) -> None:
+        try:
+            work()
+        except BaseException as e:  # noqa: BLE001  (raised again on the caller's thread, by result())
+            self._error = e
+        self._done.set()
+        threading.Event().wait()  # parked: see the class's docstring
+
+    def result(self) -> None:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+
+def _said(what: str) -> None:
+    """One stage of the command, timed from the process's start as the spec path's lines are (jobs/sweep.py)."""
+    from cluster.contracts.timing import process_started_at
+
+    started = process_started_at()
+    when = f" ({time.time() - started:.1f}s after the command started)" if started else ""
+    print(f"[raysweep] lm-eval: {what}{when}", file=sys.stderr, flush=True)
 
 
 def _auto(value, kind, name: str):
@@ -152,6 +195,22 @@ def _read_answers(output: str, model: str, tasks: list[str]) -> dict:
     return answers
 
 
+def task_names(argv: list[str]) -> list[str]:
+    """The task names of lm-eval's `--tasks a,b` (or `--tasks a b`, `--tasks=a,b`) on `argv`."""
+    names, taking = [], False
+    for arg in argv:
+        if arg.startswith("--tasks="):
+            names += arg.split("=", 1)[1].split(",")
+            taking = False
+        elif arg in ("--tasks", "-t"):
+            taking = True
+        elif taking and not arg.startswith("-"):
+            names += arg.split(",")
+        else:
+            taking = False
+    return [name.strip() for name in names if name.strip()]
+
+
 def register() -> None:
     """raysweep as lm-eval's model `raysweep` (its own models stay registered beside it)."""
     import lm_eval.models  # noqa: F401  (lm-eval loads its models only while its registry is empty)
@@ -163,8 +222,9 @@ def register() -> None:
 
 def run(argv: list[str]) -> int:
     """lm-eval's command line on `argv`, with raysweep registered; each Jinja template of its tasks compiled
-    once (cluster/harness/lm_eval_run.py templates_compiled_once)."""
-    from cluster.harness.lm_eval_run import import_lm_eval, templates_compiled_once
+    once, and lm-eval's own tasks not indexed where --include_path holds every task named (cluster/harness/
+    lm_eval_run.py templates_compiled_once, own_tasks_indexed)."""
+    from cluster.harness.lm_eval_run import import_lm_eval, own_tasks_indexed, templates_compiled_once
 
     try:
         import_lm_eval()
@@ -175,7 +235,7 @@ def run(argv: list[str]) -> int:
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv = ["lm_eval", *argv]
-    with templates_compiled_once():
+    with templates_compiled_once(), own_tasks_indexed(task_names(argv)):
         cli_evaluate()
     return 0
 

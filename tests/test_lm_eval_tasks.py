@@ -418,16 +418,53 @@ def test_templates_compiled_once_render_as_lm_eval_and_compile_each_template_onc
     assert utils.apply_template is original
 
 
-def test_lm_eval_model_args_leave_the_engines_per_gpu_to_raysweep_unless_given():
+def test_lm_eval_model_args_leave_the_engines_per_gpu_to_raysweep_unless_given(monkeypatch):
     """`--model raysweep` without actors/num_gpus chooses them as a spec without `actors:` does (on a large GPU:
     two engines for a small model); given values are kept."""
     from cluster.contracts.spec import ActorSpec
     from jobs.lm_eval_model import make_model_class
 
     RaysweepLM = make_model_class()
+    monkeypatch.setattr("jobs.lm_eval_model._Background", lambda work, name: None)  # no Ray for these models
     assert RaysweepLM(pretrained="builtin:tiny").actors == ActorSpec()
     assert RaysweepLM(pretrained="builtin:tiny", actors="auto", num_gpus="AUTO").actors == ActorSpec()
     given = RaysweepLM(pretrained="builtin:tiny", actors="2", num_gpus="0.5").actors
     assert (given.count, given.num_gpus) == (2, 0.5)
     with pytest.raises(ValueError, match="num_gpus must be auto or a number, got 'half'"):
         RaysweepLM(pretrained="builtin:tiny", num_gpus="half")
+
+
+def test_lm_evals_command_line_indexes_only_the_include_path_that_holds_every_task(include_path, monkeypatch):
+    """`raysweep lm-eval ... --tasks a,b --include_path DIR`: lm-eval's TaskManager reads DIR alone where it holds
+    a and b (not lm-eval's own 14,000 task files); else DIR and lm-eval's tasks, as lm-eval does."""
+    import lm_eval.tasks
+
+    from cluster.harness.lm_eval_run import own_tasks_indexed
+    from jobs.lm_eval_model import task_names
+
+    assert task_names(["--model", "raysweep", "--tasks", "rs_mc,rs_gen", "rs_ppl", "--num_fewshot", "2"]) == \
+        ["rs_mc", "rs_gen", "rs_ppl"]
+    assert task_names(["--tasks=rs_mc, rs_gen", "-t", "x"]) == ["rs_mc", "rs_gen", "x"]
+    original = lm_eval.tasks.TaskManager
+    with own_tasks_indexed(["rs_mc", "rs_gen"]):
+        manager = lm_eval.tasks.TaskManager(include_path=str(include_path), metadata={})
+    assert lm_eval.tasks.TaskManager is original and isinstance(manager, original)
+    assert set(manager.all_tasks) == {"rs_mc", "rs_mc0", "rs_gen", "rs_ppl"}
+    assert manager.load(["rs_mc"])["tasks"]
+
+    made = []  # where a name is not in the folder: indexed again with lm-eval's tasks (recorded, not read: 14 s)
+
+    class Recorded:
+        def __init__(self, verbosity=None, include_path=None, include_defaults=True, metadata=None):
+            made.append(include_defaults)
+            self.all_tasks = ["rs_mc"] + (["arc_easy"] if include_defaults else [])
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Recorded)
+    with own_tasks_indexed(["rs_mc", "arc_easy"]):
+        assert "arc_easy" in lm_eval.tasks.TaskManager(include_path=str(include_path)).all_tasks
+    assert made == [False, True]
+    made.clear()
+    with own_tasks_indexed(["rs_mc"]):
+        lm_eval.tasks.TaskManager()  # no include_path: lm-eval's tasks, once
+        lm_eval.tasks.TaskManager(include_path=str(include_path), include_defaults=False)
+    assert made == [True, False]

@@ -151,6 +151,30 @@ def task_manager(settings: LmEvalSettings):
     return _task_manager(settings.include_path, True)
 
 
+@contextlib.contextmanager
+def own_tasks_indexed(names: list[str]):
+    """lm-eval's command line with `task_manager`'s rule: a TaskManager it makes with an include_path that
+    holds every task of `names` (its --tasks) indexes that folder only, not lm-eval's own 14,000 task files
+    as well (14 s of a 77 s command on 2 CPU cores). A name the folder lacks (one of lm-eval's tasks, a YAML
+    file's path): both, as lm-eval indexes them. lm-eval's own class is back when the call ends."""
+    import lm_eval.tasks
+
+    original = lm_eval.tasks.TaskManager
+
+    class OwnTasksFirst(original):
+        def __init__(self, verbosity=None, include_path=None, include_defaults: bool = True, metadata=None):
+            narrow = include_defaults and include_path is not None and bool(names)
+            super().__init__(verbosity, include_path, include_defaults and not narrow, metadata)
+            if narrow and not all(name in self.all_tasks for name in names):
+                super().__init__(verbosity, include_path, True, metadata)
+
+    lm_eval.tasks.TaskManager = OwnTasksFirst
+    try:
+        yield
+    finally:
+        lm_eval.tasks.TaskManager = original
+
+
 @functools.lru_cache(maxsize=8)
 def _task_manager(include_path: str | None, include_defaults: bool):
     from lm_eval.tasks import TaskManager
