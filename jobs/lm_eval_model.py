@@ -55,11 +55,12 @@ def make_model_class():
             self.output = output or tempfile.mkdtemp(prefix="raysweep-lm-eval-")
             self.address = address or os.environ.get("RAY_ADDRESS") or "local"
             self._kept = None  # the engines of the first request type's sweep, kept for the next ones
-            _chat_templated(self, str(path))
-            # Ray starts while lm-eval loads its tasks and builds their requests (both need only this thread's
-            # Python; ray.init mostly waits on the processes it starts); the first request type waits for it
+            # Ray starts while the tokenizer loads and lm-eval loads its tasks and builds their requests (they
+            # need only this thread's Python; ray.init mostly waits on the processes it starts); the first
+            # request type waits for it
             self._ray = _Background(self._start_ray, "raysweep-ray-start")
-            _said("model made; Ray starts while lm-eval builds its requests")
+            _chat_templated(self, str(path))
+            _said("model made (Ray starting meanwhile); lm-eval builds its requests")
 
         def _answers(self, kind: str, requests) -> dict:
             """One sweep over the requests; the committed rows by task and (sample id, completion)."""

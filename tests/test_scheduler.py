@@ -268,6 +268,67 @@ def test_on_a_shared_gpu_an_actor_is_released_only_once_no_engine_is_starting(ra
     assert events_at["started a"] < events_at["started b"] <= events_at["closed a"]
 
 
+@pytest.mark.slow
+def test_actors_no_model_needs_close_their_engines_at_once(ray_local, tmp_path):
+    """A model's last two shards end on two actors: both engines are closed together, not one after the other
+    (a vLLM engine's close takes about a second: seen at the end of every sweep on a GPU)."""
+    from types import SimpleNamespace
+
+    from cluster.schedule.scheduler import SweepScheduler
+    from cluster.schedule.work import Job, ModelWork, SchedulerEvents
+
+    log = str(tmp_path / "events.log")
+
+    class _SlowClose:
+        def __init__(self, number: int):
+            self.number = number
+
+        def _log(self, line: str) -> None:
+            import time
+
+            with open(log, "a") as f:
+                f.write(f"{time.time():.6f} {line}\n")
+
+        def ready(self) -> dict:
+            return {}
+
+        def start_engine(self, model: str, requested_at: float) -> dict:
+            self._log(f"started {self.number}")
+            return {"actor": self.number}
+
+        def run_shard(self, shard, task, attempt):
+            import time
+
+            deadline = time.time() + 60  # both actors hold a shard (a busy machine may start one late)
+            while open(log).read().count("started") < 2 and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.2)
+            return shard.name, {"actor": self.number}
+
+        def close(self) -> None:
+            import time
+
+            self._log(f"closing {self.number}")
+            time.sleep(1.0)
+            self._log(f"closed {self.number}")
+
+    remote = ray_local.remote(_SlowClose).options(num_cpus=0.1, max_restarts=0)
+    results = []
+    events = SchedulerEvents(on_result=lambda job, value, telemetry: results.append(value),
+                             on_failed=lambda job: results.append(("failed", job.errors)))
+    scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2)
+    scheduler.add_model(ModelWork("m", max_actors=2, depth=1,
+                                  start=lambda handle, at: handle.start_engine.remote("m", at)))
+    jobs = [Job(SimpleNamespace(name=f"m{i}", model="m", profile="short", n_samples=1), None) for i in range(2)]
+    scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
+    assert sorted(results) == ["m0", "m1"]
+    with open(log) as f:
+        events_at = {line.split(" ", 1)[1].strip(): float(line.split(" ", 1)[0]) for line in f}
+    closing = [events_at[f"closing {n}"] for n in (0, 1)]
+    closed = [events_at[f"closed {n}"] for n in (0, 1)]
+    assert max(closing) < min(closed), events_at  # the second close began before the first ended
+
+
 @pytest.mark.parametrize("broken", ["one row", "every row"])
 @pytest.mark.slow
 def test_a_shard_that_raises_the_same_way_is_bisected_and_reported_once(ray_local, broken):

@@ -82,22 +82,41 @@ def with_chat_template(lm, tokenizer):
 
 
 def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, bootstrap_iters: int,
-                tracker=None) -> dict:
+                tracker=None, requests_only: bool = False) -> dict:
     """lm-eval's `simple_evaluate` with the entry's settings: the one call that builds and that scores.
     Without a `limit`, lm-eval's request cache is on, in a folder of this process's own: the scoring pass
     reads the requests the building pass made (lm-eval renders each document's few-shot context again
-    otherwise, about half of a pass), and no later process can read a cache made from other data."""
+    otherwise, about half of a pass), and no later process can read a cache made from other data.
+    `requests_only` (the building pass, whose results are thrown away): without what only the results
+    record (`without_run_record`) and without seeding torch (a model's sampling; no request depends on it):
+    torch is not imported for it."""
     import lm_eval.evaluator
 
     _own_request_cache()
-    with templates_compiled_once():
+    seeds = {"torch_random_seed": None} if requests_only else {}
+    with templates_compiled_once(), (without_run_record() if requests_only else contextlib.nullcontext()):
         return lm_eval.evaluator.simple_evaluate(
             cache_requests=settings.limit is None,  # with a limit, lm-eval's cache would build every document
             model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot, limit=settings.limit,
             bootstrap_iters=bootstrap_iters, log_samples=log_samples, system_instruction=settings.system_instruction,
             apply_chat_template=settings.apply_chat_template, fewshot_as_multiturn=settings.fewshot_as_multiturn,
             gen_kwargs=settings.gen_kwargs, task_manager=task_manager, fewshot_random_seed=settings.fewshot_seed,
-            confirm_run_unsafe_code=settings.confirm_run_unsafe_code, evaluation_tracker=tracker)
+            confirm_run_unsafe_code=settings.confirm_run_unsafe_code, evaluation_tracker=tracker, **seeds)
+
+
+@contextlib.contextmanager
+def without_run_record():
+    """lm-eval's `simple_evaluate` without the environment record it adds to its results: torch's
+    `collect_env` (which imports torch and runs nvidia-smi, pip and others) and `git describe`. For a pass
+    whose results nobody reads; lm-eval's own functions are back when the call ends."""
+    import lm_eval.evaluator as evaluator
+
+    saved = evaluator.add_env_info, evaluator.get_git_commit_hash
+    evaluator.add_env_info, evaluator.get_git_commit_hash = (lambda results: None), (lambda: None)
+    try:
+        yield
+    finally:
+        evaluator.add_env_info, evaluator.get_git_commit_hash = saved
 
 
 @contextlib.contextmanager

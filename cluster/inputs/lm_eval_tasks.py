@@ -77,7 +77,7 @@ def record(settings: LmEvalSettings, manager, chat_tokenizer=None) -> list:
     lm = recording_lm(chat_tokenizer)
     try:
         with quiet():
-            run_lm_eval(settings, lm, manager, log_samples=False, bootstrap_iters=0)
+            run_lm_eval(settings, lm, manager, log_samples=False, bootstrap_iters=0, requests_only=True)
     except Exception as e:  # a dataset lm-eval could not load, a template that fails, lm-eval's own refusals
         raise ValueError(_failure(settings, manager, e)) from None
     return lm.requests

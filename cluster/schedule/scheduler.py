@@ -155,6 +155,7 @@ class SweepScheduler:
                 self.inflight[slot.handle.ready.remote()] = ("ready", None, slot)
 
     def _assign(self, planning: bool) -> None:
+        done = []  # actors no model needs any more
         for slot in list(self.slots):
             if slot.state not in ("idle", "running") or slot.inflight:
                 continue
@@ -169,7 +170,7 @@ class SweepScheduler:
                 # while its model's last shards run elsewhere: one that fails comes back (a retry, a split's
                 # whole shard, bisection's parts) to this warm engine rather than to a new one's start
                 if not planning and not sizing and not self._in_flight(slot.model):
-                    self._release(slot)
+                    done.append(slot)
                 continue
             if sizing:
                 continue  # another engine on a shared GPU is sizing its memory
@@ -179,6 +180,11 @@ class SweepScheduler:
             model.assigned += 1
             slot.state, slot.model, slot.profile = "starting", model.name, None
             self.inflight[model.start(slot.handle, time.time())] = ("start", None, slot)
+        for slot in done:  # their engines close at once, not one after another (about 1 s each on a GPU)
+            self.slots.remove(slot)
+            if slot.model is not None:
+                self.models[slot.model].assigned -= 1
+        self._shutdown_slots(done)
 
     def _in_flight(self, model: str | None) -> bool:
         """Whether a shard of `model` is running on some actor."""
@@ -375,13 +381,6 @@ class SweepScheduler:
         if self.actor_deaths > self._most_slots * self.max_attempts:
             raise RuntimeError(f"{self.actor_deaths} actors died; the last: {_first_line(error)}") from error
         ray.kill(slot.handle)
-
-    def _release(self, slot: Slot) -> None:
-        """No model needs this actor any more: close its engine and give its resources back."""
-        self.slots.remove(slot)
-        if slot.model is not None:
-            self.models[slot.model].assigned -= 1
-        self._shutdown_slots([slot])
 
     def _shutdown(self) -> None:
         slots, self.slots = [s for s in self.slots if s.state != "pooled"], []
