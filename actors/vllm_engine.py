@@ -123,7 +123,7 @@ class VllmEngine:
                     attempt += 1
                     continue
                 if eager or not _GRAPH_FAILURE.search(cause):
-                    raise
+                    raise with_root_cause(e, core_log) from e
                 if self.reproducible:  # eager kernels are not batch-invariant: no silent fallback
                     raise RuntimeError(f"reproducible: true needs CUDA graphs and torch.compile, and the engine "
                                        f"could not start with them: {_failure_line(e, core_log)}") from e
@@ -327,6 +327,15 @@ def _error_lines(log: str) -> str:
     """The traceback and error lines of an engine core's log (not its start-up report, which names
     Dynamo and CUDA graphs when all is well)."""
     return "\n".join(line for line in log.splitlines() if " ERROR " in line or 'File "' in line or "Error" in line)
+
+
+def with_root_cause(error: Exception, core_log: str) -> Exception:
+    """A failed start's error, naming the engine core's own last error line where vLLM's says only "See root
+    cause above" (that line is in the actor's log, not in what the driver reports); else `error` as it is."""
+    root = _failure_line(error, core_log)
+    if root == _failure_line(error, ""):
+        return error
+    return RuntimeError(f"{root} (vLLM: {_failure_line(error, '')})")
 
 
 def _failure_line(error: Exception, cause: str) -> str:
