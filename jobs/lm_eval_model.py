@@ -81,8 +81,9 @@ def make_model_class():
             spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),
                              models=(self.model,), tasks=tasks, actors=self.actors)
             self._ray.result()
-            report = execute(prepare(spec, spec.output), log=lambda line: print(line, file=sys.stderr, flush=True),
-                             kept=self._kept)
+            # planned on a thread while the actors start, as a spec's sweep is (`background`)
+            report = execute(prepare(spec, spec.output, background=True),
+                             log=lambda line: print(line, file=sys.stderr, flush=True), kept=self._kept)
             if report.failed:
                 first = next(iter(report.failed.values()))["errors"][-1]
                 raise RuntimeError(f"raysweep: {len(report.failed)} shard(s) failed (first: {first}); the run's "
@@ -170,18 +171,57 @@ def _auto(value, kind, name: str):
 
 
 def _chat_templated(lm, path: str) -> None:
-    """The model's chat template for lm-eval's --apply_chat_template, where its tokenizer has one."""
-    from transformers import AutoTokenizer
-
+    """The model's chat template for lm-eval's --apply_chat_template, where its tokenizer has one. The tokenizer
+    loads when lm-eval first asks for the template, not here (transformers' import and the load took seconds
+    before lm-eval could build its requests): a model folder's files say whether it has a template."""
     from cluster.harness.lm_eval_run import with_chat_template
     from cluster.inputs.builtin_model import resolve_model_path
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(path))
-    except (OSError, ValueError):  # a hub id not in the cache: lm-eval says so if a chat template is asked for
+    folder = resolve_model_path(path)
+    found = has_chat_template(folder)
+    if found is False:
         return
-    if getattr(tokenizer, "chat_template", None):
-        with_chat_template(lm, tokenizer)
+    if found is None:  # not a folder here (a hub id): loaded now, to know
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+        except (OSError, ValueError):  # not in the cache: lm-eval says so if a chat template is asked for
+            return
+        if getattr(tokenizer, "chat_template", None):
+            with_chat_template(lm, tokenizer)
+        return
+    with_chat_template(lm, _LoadedOnUse(folder))
+
+
+def has_chat_template(folder: str) -> bool | None:
+    """Whether a model folder's tokenizer has a chat template, where transformers looks for one (the
+    tokenizer config's `chat_template`, a chat_template.jinja or .json file); None: not a folder."""
+    import json
+
+    if not os.path.isdir(folder):
+        return None
+    if any(os.path.exists(os.path.join(folder, name)) for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    try:
+        with open(os.path.join(folder, "tokenizer_config.json")) as f:
+            return bool(json.load(f).get("chat_template"))
+    except (OSError, ValueError):
+        return False
+
+
+class _LoadedOnUse:
+    """A model folder's tokenizer, loaded at its first attribute read."""
+
+    def __init__(self, folder: str):
+        self._folder, self._tokenizer = folder, None
+
+    def __getattr__(self, name: str):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self._folder)
+        return getattr(self._tokenizer, name)
 
 
 def _read_answers(output: str, model: str, tasks: list[str]) -> dict:

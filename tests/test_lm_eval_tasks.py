@@ -490,3 +490,17 @@ def test_building_requests_skips_what_only_lm_evals_results_record(include_path,
     with without_run_record():
         assert evaluator.add_env_info({}) is None and evaluator.get_git_commit_hash() is None
     assert evaluator.add_env_info is refused
+
+
+def test_a_model_folders_files_say_whether_it_has_a_chat_template_without_loading_its_tokenizer(tmp_path, tiny_path):
+    from jobs.lm_eval_model import _LoadedOnUse, has_chat_template
+
+    assert has_chat_template(str(tiny_path)) is True  # builtin:tiny's tokenizer config carries one
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512}))
+    assert has_chat_template(str(tmp_path / "plain")) is False
+    (tmp_path / "plain" / "chat_template.jinja").write_text("{{ messages }}")
+    assert has_chat_template(str(tmp_path / "plain")) is True
+    assert has_chat_template("org/model-on-the-hub") is None  # not a folder: the tokenizer is loaded to know
+    tokenizer = _LoadedOnUse(str(tiny_path))
+    assert tokenizer._tokenizer is None and tokenizer.chat_template and tokenizer._tokenizer is not None

@@ -109,6 +109,27 @@ def _scheduler(ray_local, broken_engine: bool, results: list, one_by_one: bool =
     return scheduler, jobs
 
 
+def _one_model_on_two_actors(ray_local, actor_class, shards: int, depth: int, prefix: str) -> list:
+    """Model "m"'s `shards` one-sample shards (named prefix + i) on up to two actors of `actor_class`, `depth`
+    deep: the scheduler, and what each shard returned, or ("failed", errors)."""
+    from types import SimpleNamespace
+
+    from cluster.schedule.scheduler import SweepScheduler
+    from cluster.schedule.work import Job, ModelWork, SchedulerEvents
+
+    remote = ray_local.remote(actor_class).options(num_cpus=0.1, max_restarts=0)
+    results = []
+    events = SchedulerEvents(on_result=lambda job, value, telemetry: results.append(value),
+                             on_failed=lambda job: results.append(("failed", job.errors)))
+    scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2)
+    scheduler.add_model(ModelWork("m", max_actors=2, depth=depth,
+                                  start=lambda handle, at: handle.start_engine.remote("m", at)))
+    jobs = [Job(SimpleNamespace(name=f"{prefix}{i}", model="m", profile="short", n_samples=1), None)
+            for i in range(shards)]
+    scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
+    return scheduler, results
+
+
 def _feed_all(scheduler, jobs):
     def feed(timeout_s: float) -> bool:
         scheduler.add_jobs(jobs)
@@ -159,11 +180,6 @@ def test_shards_in_flight_fill_four_engine_batches(max_samples, engine, actors, 
 def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_local):
     """Actor 1's engine raises (as a GPU share short of memory would) while actor 0 runs the same model:
     actor 1 gives the model up, and actor 0 runs every shard."""
-    from types import SimpleNamespace
-
-    from cluster.schedule.scheduler import SweepScheduler
-    from cluster.schedule.work import Job, ModelWork, SchedulerEvents
-
     class _SecondFails:
         def __init__(self, number: int):
             self.number = number
@@ -188,15 +204,7 @@ def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_
         def close(self) -> None:
             pass
 
-    remote = ray_local.remote(_SecondFails).options(num_cpus=0.1, max_restarts=0)
-    results = []
-    events = SchedulerEvents(on_result=lambda job, value, telemetry: results.append(value),
-                             on_failed=lambda job: results.append(("failed", job.errors)))
-    scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2)
-    scheduler.add_model(ModelWork("m", max_actors=2, depth=2,
-                                  start=lambda handle, at: handle.start_engine.remote("m", at)))
-    jobs = [Job(SimpleNamespace(name=f"s{i}", model="m", profile="short", n_samples=1), None) for i in range(12)]
-    scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
+    scheduler, results = _one_model_on_two_actors(ray_local, _SecondFails, shards=12, depth=2, prefix="s")
     assert sorted(results) == sorted(f"s{i}" for i in range(12))  # nothing failed
     assert not scheduler.models["m"].failed
 
@@ -272,11 +280,6 @@ def test_on_a_shared_gpu_an_actor_is_released_only_once_no_engine_is_starting(ra
 def test_actors_no_model_needs_close_their_engines_at_once(ray_local, tmp_path):
     """A model's last two shards end on two actors: both engines are closed together, not one after the other
     (a vLLM engine's close takes about a second: seen at the end of every sweep on a GPU)."""
-    from types import SimpleNamespace
-
-    from cluster.schedule.scheduler import SweepScheduler
-    from cluster.schedule.work import Job, ModelWork, SchedulerEvents
-
     log = str(tmp_path / "events.log")
 
     class _SlowClose:
@@ -312,15 +315,7 @@ def test_actors_no_model_needs_close_their_engines_at_once(ray_local, tmp_path):
             time.sleep(1.0)
             self._log(f"closed {self.number}")
 
-    remote = ray_local.remote(_SlowClose).options(num_cpus=0.1, max_restarts=0)
-    results = []
-    events = SchedulerEvents(on_result=lambda job, value, telemetry: results.append(value),
-                             on_failed=lambda job: results.append(("failed", job.errors)))
-    scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2)
-    scheduler.add_model(ModelWork("m", max_actors=2, depth=1,
-                                  start=lambda handle, at: handle.start_engine.remote("m", at)))
-    jobs = [Job(SimpleNamespace(name=f"m{i}", model="m", profile="short", n_samples=1), None) for i in range(2)]
-    scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
+    _, results = _one_model_on_two_actors(ray_local, _SlowClose, shards=2, depth=1, prefix="m")
     assert sorted(results) == ["m0", "m1"]
     with open(log) as f:
         events_at = {line.split(" ", 1)[1].strip(): float(line.split(" ", 1)[0]) for line in f}
