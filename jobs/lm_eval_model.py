@@ -81,9 +81,8 @@ def make_model_class():
             spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),
                              models=(self.model,), tasks=tasks, actors=self.actors)
             self._ray.result()
-            # planned on a thread while the actors start, as a spec's sweep is (`background`)
-            report = execute(prepare(spec, spec.output, background=True),
-                             log=lambda line: print(line, file=sys.stderr, flush=True), kept=self._kept)
+            report = execute(prepare(spec, spec.output), log=lambda line: print(line, file=sys.stderr, flush=True),
+                             kept=self._kept)
             if report.failed:
                 first = next(iter(report.failed.values()))["errors"][-1]
                 raise RuntimeError(f"raysweep: {len(report.failed)} shard(s) failed (first: {first}); the run's "

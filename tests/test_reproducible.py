@@ -77,14 +77,20 @@ def test_reproducible_engine_arguments_are_the_batch_invariant_setting():
     assert plain["enable_chunked_prefill"] is True and "attention_config" not in plain
 
 
-def spec_file(tmp_path, name: str, reproducible: bool = True, max_samples: int = 50, count: int = 1) -> str:
-    """The quickstart's greedy and seeded tasks (not the chat one: the slowest on the CPU engine)."""
+def spec_file(tmp_path, name: str, reproducible: bool = True, max_samples: int = 50, count: int = 1,
+              rows: int | None = None) -> str:
+    """The quickstart's greedy and seeded tasks (not the chat one: the slowest on the CPU engine); `rows`: only
+    each task's first rows."""
     raw = yaml.safe_load(QUICKSTART.read_text())
     raw.update(name=name, reproducible=reproducible, output=str(tmp_path / name),
                shards={"max_samples": max_samples}, actors={"count": count, "num_cpus": 1})
     raw["tasks"] = [t for t in raw["tasks"] if t["name"] in ("arithmetic", "choice")]
     for task in raw["tasks"]:
         task["data"] = str(QUICKSTART.parent / task["data"])
+        if rows is not None:
+            lines = open(task["data"]).read().splitlines(keepends=True)[:rows]
+            (tmp_path / f"{task['name']}-{rows}.jsonl").write_text("".join(lines))
+            task["data"] = str(tmp_path / f"{task['name']}-{rows}.jsonl")
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return str(path)
@@ -97,14 +103,15 @@ def sweep(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_reproducible_outputs_repeat_across_shards_actors_and_a_resume_and_verify_checks_them(tmp_path):
-    done = sweep("run", spec_file(tmp_path, "big", max_samples=64, count=1))
+    # each task's first 64 rows (128 in all; the suite's slowest test with all 250)
+    done = sweep("run", spec_file(tmp_path, "big", max_samples=64, count=1, rows=64))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     big = outputs(tmp_path / "big")
-    assert len(big) == 250
+    assert len(big) == 128
 
-    # other shards (of 8: 32 of them) on two actors, killed after 10 or more are committed, then resumed: the
+    # other shards (of 4: 32 of them) on two actors, killed after 10 or more are committed, then resumed: the
     # same outputs as one actor's shards of 64
-    spec, out = spec_file(tmp_path, "resumed", max_samples=8, count=2), tmp_path / "resumed"
+    spec, out = spec_file(tmp_path, "resumed", max_samples=4, count=2, rows=64), tmp_path / "resumed"
     driver = subprocess.Popen([sys.executable, "-m", "jobs.sweep", spec], cwd=ROOT, start_new_session=True,
                               env=os.environ | {"RAY_ADDRESS": "local"}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
