@@ -55,9 +55,8 @@ def make_model_class():
             self.output = output or tempfile.mkdtemp(prefix="raysweep-lm-eval-")
             self.address = address or os.environ.get("RAY_ADDRESS") or "local"
             self._kept = None  # the engines of the first request type's sweep, kept for the next ones
-            # Ray starts while the tokenizer loads and lm-eval loads its tasks and builds their requests (they
-            # need only this thread's Python; ray.init mostly waits on the processes it starts); the first
-            # request type waits for it
+            # Ray starts while lm-eval loads its tasks and builds their requests (they need only this thread's
+            # Python; ray.init mostly waits on the processes it starts); the first request type waits for it
             self._ray = _Background(self._start_ray, "raysweep-ray-start")
             _chat_templated(self, str(path))
             _said("model made (Ray starting meanwhile); lm-eval builds its requests")
@@ -216,6 +215,8 @@ class _LoadedOnUse:
         self._folder, self._tokenizer = folder, None
 
     def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("_folder", "_tokenizer"):  # copy and pickle probes; before __init__
+            raise AttributeError(name)
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
