@@ -184,7 +184,8 @@ class SweepScheduler:
             self.slots.remove(slot)
             if slot.model is not None:
                 self.models[slot.model].assigned -= 1
-        self._shutdown_slots(done)
+        if done:  # not on the loop's every pass
+            self._shutdown_slots(done)
 
     def _in_flight(self, model: str | None) -> bool:
         """Whether a shard of `model` is running on some actor."""
