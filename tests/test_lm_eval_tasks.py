@@ -504,3 +504,28 @@ def test_a_model_folders_files_say_whether_it_has_a_chat_template_without_loadin
     assert has_chat_template("org/model-on-the-hub") is None  # not a folder: the tokenizer is loaded to know
     tokenizer = _LoadedOnUse(str(tiny_path))
     assert tokenizer._tokenizer is None and tokenizer.chat_template and tokenizer._tokenizer is not None
+
+
+def test_the_environment_record_is_taken_ahead_once_and_put_in_the_scoring_passs_results(monkeypatch):
+    """score_ahead takes lm-eval's environment record (torch's collect_env) on a thread while shards run; the
+    scoring pass's results get that record, and collect_env is not run again at the sweep's end."""
+    import lm_eval.evaluator as evaluator
+    import torch.utils.collect_env as collect_env
+
+    from cluster.harness import lm_eval_run
+
+    taken = []
+    monkeypatch.setattr(collect_env, "get_pretty_env_info", lambda: taken.append(1) or "the machine, as torch says")
+    monkeypatch.setitem(lm_eval_run._AHEAD, "thread", None)
+    monkeypatch.setitem(lm_eval_run._AHEAD, "env", None)
+    lm_eval_run.score_ahead()
+    lm_eval_run.score_ahead()  # once per process
+    original = evaluator.add_env_info
+    with lm_eval_run.record_taken_ahead():
+        first, second = {}, {}
+        evaluator.add_env_info(first)
+        evaluator.add_env_info(second)
+    assert evaluator.add_env_info is original
+    assert first["pretty_env_info"] == second["pretty_env_info"] == "the machine, as torch says"
+    assert {"transformers_version", "lm_eval_version"} <= set(first)
+    assert taken == [1]

@@ -104,6 +104,10 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
     started = time.perf_counter()
     clock = clock or RunClock(time.time())
     prepared.plans.start()  # a background plan starts now, with Ray up
+    if any(t.lm_eval is not None for t in prepared.spec.tasks):
+        from cluster.harness.lm_eval_run import score_ahead
+
+        score_ahead()  # lm-eval's scoring pass prepared while the shards run
     with prepared.sink as sink:
         run = _Run(prepared, sink, log, progress_bar, clock, kept)
         try:
