@@ -20,29 +20,14 @@ from cluster.store.manifest import read_manifest
 from cluster.store.output_files import SinkError
 from cluster.store.sink import ResultSink
 from cluster.inputs.spec_file import load_spec
-from tests.conftest import QUICKSTART, ROOT
+from tests.conftest import QUICKSTART, ROOT, lean_quickstart
 from tests.test_metrics import metrics_url, scrape
 
-EXTRACT_ROWS = 30  # of the quickstart's 100 `extract` rows: their 96-token JSON outputs took 19 of a run's 28
-# engine-seconds on the 2-core CPU machine, and what these tests prove needs shards, not long ones
-N_SHARDS = 15 + 10 + 3  # the quickstart's 150 + 100 samples and 30 of extract's, in shards of 10: time to interrupt
+N_SHARDS = 15 + 10 + 3  # the lean quickstart's 150 + 100 + 30 samples in shards of 10: time to interrupt it
 
 
 def small_shard_spec(tmp_path, name="reliable", **task_changes):
-    raw = yaml.safe_load(QUICKSTART.read_text())
-    raw["name"] = name
-    raw["shards"] = {"max_samples": 10}
-    for task in raw["tasks"]:
-        data = QUICKSTART.parent / task["data"]
-        if task["name"] == "extract":
-            rows = data.read_text().splitlines(keepends=True)[:EXTRACT_ROWS]
-            data = tmp_path / f"{name}-extract.jsonl"
-            data.write_text("".join(rows))
-        task["data"] = str(data)
-        task.update(task_changes)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return lean_quickstart(tmp_path, name, shards={"max_samples": 10}, **task_changes)
 
 
 def committed(out) -> int:
