@@ -44,7 +44,6 @@ def make_model_class():
                      output: str | None = None, **lm_eval_options):
             super().__init__()
             from cluster.contracts.spec import ActorSpec, ModelSpec
-            from cluster.harness.lm_eval_run import score_ahead
 
             path = pretrained or model
             if not path:
@@ -59,7 +58,6 @@ def make_model_class():
             # Ray starts while lm-eval loads its tasks and builds their requests (they need only this thread's
             # Python; ray.init mostly waits on the processes it starts); the first request type waits for it
             self._ray = _Background(self._start_ray, "raysweep-ray-start")
-            score_ahead()  # lm-eval's environment record, taken while the requests are answered
             _chat_templated(self, str(path))
             _said("model made (Ray starting meanwhile); lm-eval builds its requests")
 
@@ -265,11 +263,9 @@ def register() -> None:
 
 def run(argv: list[str]) -> int:
     """lm-eval's command line on `argv`, with raysweep registered; each Jinja template of its tasks compiled
-    once, lm-eval's own tasks not indexed where --include_path holds every task named, and its environment
-    record taken while the requests are answered (cluster/harness/lm_eval_run.py templates_compiled_once,
-    own_tasks_indexed, score_ahead)."""
-    from cluster.harness.lm_eval_run import (import_lm_eval, own_tasks_indexed, record_taken_ahead,
-                                             templates_compiled_once)
+    once, and lm-eval's own tasks not indexed where --include_path holds every task named (cluster/harness/
+    lm_eval_run.py templates_compiled_once, own_tasks_indexed)."""
+    from cluster.harness.lm_eval_run import import_lm_eval, own_tasks_indexed, templates_compiled_once
 
     try:
         import_lm_eval()
@@ -280,7 +276,7 @@ def run(argv: list[str]) -> int:
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv = ["lm_eval", *argv]
-    with templates_compiled_once(), own_tasks_indexed(task_names(argv)), record_taken_ahead():
+    with templates_compiled_once(), own_tasks_indexed(task_names(argv)):
         cli_evaluate()
     return 0
 

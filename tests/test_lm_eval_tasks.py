@@ -506,26 +506,20 @@ def test_a_model_folders_files_say_whether_it_has_a_chat_template_without_loadin
     assert tokenizer._tokenizer is None and tokenizer.chat_template and tokenizer._tokenizer is not None
 
 
-def test_the_environment_record_is_taken_ahead_once_and_put_in_the_scoring_passs_results(monkeypatch):
-    """score_ahead takes lm-eval's environment record (torch's collect_env) on a thread while shards run; the
-    scoring pass's results get that record, and collect_env is not run again at the sweep's end."""
-    import lm_eval.evaluator as evaluator
-    import torch.utils.collect_env as collect_env
-
-    from cluster.harness import lm_eval_run
-
-    taken = []
-    monkeypatch.setattr(collect_env, "get_pretty_env_info", lambda: taken.append(1) or "the machine, as torch says")
-    monkeypatch.setitem(lm_eval_run._AHEAD, "thread", None)
-    monkeypatch.setitem(lm_eval_run._AHEAD, "env", None)
-    lm_eval_run.score_ahead()
-    lm_eval_run.score_ahead()  # once per process
-    original = evaluator.add_env_info
-    with lm_eval_run.record_taken_ahead():
-        first, second = {}, {}
-        evaluator.add_env_info(first)
-        evaluator.add_env_info(second)
-    assert evaluator.add_env_info is original
-    assert first["pretty_env_info"] == second["pretty_env_info"] == "the machine, as torch says"
-    assert {"transformers_version", "lm_eval_version"} <= set(first)
-    assert taken == [1]
+def test_score_ahead_imports_torch_on_one_thread_and_the_scoring_pass_waits_for_it():
+    """score_ahead imports torch (which lm-eval's scoring pass seeds first) on one daemon thread per process while
+    the shards run; in a fresh process, where nothing has imported torch yet."""
+    probe = textwrap.dedent("""
+        import sys
+        from cluster.harness import lm_eval_run
+        assert "torch" not in sys.modules
+        lm_eval_run.score_ahead()
+        thread = lm_eval_run._AHEAD["thread"]
+        lm_eval_run.score_ahead()
+        assert lm_eval_run._AHEAD["thread"] is thread and thread.daemon
+        thread.join(120)
+        assert "torch" in sys.modules
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout[-2000:] + done.stderr[-2000:]

@@ -95,8 +95,9 @@ def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, b
 
     _own_request_cache()
     seeds = {"torch_random_seed": None} if requests_only else {}
-    record = without_run_record() if requests_only else record_taken_ahead()
-    with templates_compiled_once(), record:
+    if not requests_only and _AHEAD["thread"] is not None:
+        _AHEAD["thread"].join()
+    with templates_compiled_once(), (without_run_record() if requests_only else contextlib.nullcontext()):
         return lm_eval.evaluator.simple_evaluate(
             cache_requests=settings.limit is None,  # with a limit, lm-eval's cache would build every document
             model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot, limit=settings.limit,
@@ -106,56 +107,24 @@ def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, b
             confirm_run_unsafe_code=settings.confirm_run_unsafe_code, evaluation_tracker=tracker, **seeds)
 
 
-_AHEAD: dict = {"thread": None, "env": None}  # what `score_ahead` took: its thread, lm-eval's environment record
+_AHEAD: dict = {"thread": None}  # the thread `score_ahead` started in this process
 
 
 def score_ahead() -> None:
-    """While a sweep's shards run: on a daemon thread, what lm-eval's scoring pass would do first once they are
-    done. It imports torch (lm-eval seeds it) and takes lm-eval's environment record (`add_env_info`: torch's
-    `collect_env` runs nvidia-smi, pip and others). lm-eval, when it records its environment in a scoring
-    pass's results (`record_taken_ahead`), waits for the thread and takes that record. On the 2-core CPU
-    machine these were 2.8 and 1.2 s of a 4.7 s scoring pass after the last result (300 + 300 documents,
-    builtin:tiny)."""
+    """While a sweep's shards run, once per process: torch imported on a daemon thread. lm-eval's scoring pass
+    seeds torch first (`set_torch_seed`); on the 2-core CPU machine torch's import was 2.8 s of a 4.7 s scoring
+    pass after the last result (300 + 300 documents, builtin:tiny). The scoring pass waits for the thread
+    (`run_lm_eval`). lm-eval's environment record stays in the scoring pass, inside `quiet()` and after the
+    engines have closed: torch's collect_env initialises CUDA and prints what it warns of."""
     def take() -> None:
         try:
-            import_lm_eval()
-            from lm_eval.loggers.utils import add_env_info
-            from lm_eval.utils import is_torch_available
-
-            if is_torch_available():
-                import torch  # noqa: F401
-            env: dict = {}
-            add_env_info(env)
-            _AHEAD["env"] = env
-        except Exception:  # noqa: BLE001 - the scoring pass takes the record itself, and says what fails
-            _AHEAD["env"] = None
+            import torch  # noqa: F401
+        except Exception:  # noqa: BLE001 - the scoring pass imports it again, and says what fails
+            pass
 
     if _AHEAD["thread"] is None:
         _AHEAD["thread"] = threading.Thread(target=take, name="raysweep-score-ahead", daemon=True)
         _AHEAD["thread"].start()
-
-
-@contextlib.contextmanager
-def record_taken_ahead():
-    """lm-eval's `add_env_info`, when lm-eval calls it, answered with the record `score_ahead` took (its thread
-    waited for), where one was taken; lm-eval's own function otherwise, and again when the block ends."""
-    import lm_eval.evaluator as evaluator
-
-    saved = evaluator.add_env_info
-
-    def add_env_info(results: dict) -> None:
-        if _AHEAD["thread"] is not None:
-            _AHEAD["thread"].join()
-        if _AHEAD["env"] is None:
-            saved(results)
-        else:
-            results.update(_AHEAD["env"])
-
-    evaluator.add_env_info = add_env_info
-    try:
-        yield
-    finally:
-        evaluator.add_env_info = saved
 
 
 @contextlib.contextmanager
