@@ -14,7 +14,7 @@ import ray
 from cluster.schedule.metrics import NAMES
 from cluster.schedule.run import run_sweep
 from cluster.inputs.spec_file import load_spec
-from tests.conftest import QUICKSTART
+from tests.conftest import LEAN_EXTRACT_ROWS, lean_quickstart
 
 SERIES = re.compile(r"(ray_raysweep_\w+)\{(.*)\} (\S+)$")
 
@@ -77,20 +77,21 @@ class MetricsWatcher:
 
 @pytest.mark.slow
 def test_sweep_metrics_on_the_prometheus_endpoint(ray_local, tmp_path):
-    spec = load_spec(QUICKSTART)
+    spec = load_spec(lean_quickstart(tmp_path))  # 150 + 100 + 30 samples in 3 + 2 + 1 shards
+    samples = 250 + LEAN_EXTRACT_ROWS
     with MetricsWatcher(spec.name) as watcher:
         report = run_sweep(spec, output=str(tmp_path / "out"), log=lambda line: None)
-        watcher.wait_for_total("ray_raysweep_samples_done_total", 350)
-    assert report.samples == 350 and not report.failed
+        watcher.wait_for_total("ray_raysweep_samples_done_total", samples)
+    assert report.samples == samples and not report.failed
 
     done = watcher.series("ray_raysweep_samples_done_total")
-    assert sum(done.values()) == 350, done  # every sample counted once, over tasks and actors
+    assert sum(done.values()) == samples, done  # every sample counted once, over tasks and actors
     assert {re.search(r'task="(\w+)"', t).group(1) for t in done} == {"arithmetic", "choice", "extract"}
     assert all('model="tiny"' in t for t in done)
     # one series per actor that ran shards (the first engine up may run them all before the second is)
     ran = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet", columns=["actor_id"])
     assert {re.search(r'actor="(\w+)"', t).group(1) for t in done} == set(ran["actor_id"].to_pylist())
-    assert watcher.total("ray_raysweep_shards_done_total") == 7
+    assert watcher.total("ray_raysweep_shards_done_total") == 6
     assert min(watcher.series("ray_raysweep_output_tokens_total").values()) > 0
     assert min(watcher.series("ray_raysweep_output_tokens_per_s").values()) > 0
     assert max(watcher.series("ray_raysweep_shards_in_flight").values()) >= 1  # seen while shards were out

@@ -18,11 +18,35 @@ from tests.test_ray_output import RAY_LINE
 
 
 @pytest.fixture(scope="module")
-def quickstart(ray_local, tmp_path_factory):
-    out = tmp_path_factory.mktemp("quickstart")
-    spec = load_spec(QUICKSTART)
-    report = run_sweep(spec, output=str(out), log=lambda line: None)
-    return spec, out, report
+def quickstart(tmp_path_factory):
+    """The README's command, as a user runs it in a terminal (a pty), run once for this file's tests: its spec,
+    output folder, what the terminal showed, its stderr and exit status."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    out = tmp_path_factory.mktemp("quickstart") / "qs"
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120x40 terminal
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", "run", str(QUICKSTART), "--output", str(out)],
+                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"RAY_ADDRESS": "local"})
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    stderr = proc.stderr.read()
+    code = proc.wait(timeout=300)
+    screen = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    return load_spec(QUICKSTART), out, screen, stderr, code
 
 
 def expected_ids(spec):
@@ -37,17 +61,18 @@ def expected_ids(spec):
 
 @pytest.mark.slow
 def test_every_sample_exactly_once(quickstart):
-    spec, out, report = quickstart
+    spec, out, _, stderr, code = quickstart
+    assert code == 0, stderr[-3000:]
     results = pq.read_table(out / "results").to_pandas()
     keys = list(zip(results["task"].astype(str), results["sample_id"]))
     assert len(keys) == len(set(keys)) == 350
     assert set(keys) == expected_ids(spec)
-    assert (results["status"] == "ok").all() and not report.failed
+    assert (results["status"] == "ok").all()
 
 
 @pytest.mark.slow
 def test_structured_tasks_all_valid(quickstart):
-    _, out, _ = quickstart
+    out = quickstart[1]
     results = pq.read_table(out / "results").to_pandas()
     structured = results[results["task"].astype(str).isin(["choice", "extract"])]
     assert len(structured) == 200 and structured["structured_valid"].all()
@@ -56,7 +81,7 @@ def test_structured_tasks_all_valid(quickstart):
 
 @pytest.mark.slow
 def test_summary_equals_recomputation(quickstart):
-    _, out, report = quickstart
+    out = quickstart[1]
     results = pq.read_table(out / "results").to_pandas()
     summary = pq.read_table(out / "summary.parquet").to_pandas().set_index("task")
     for task, rows in results.groupby(results["task"].astype(str)):
@@ -66,12 +91,12 @@ def test_summary_equals_recomputation(quickstart):
         assert summary.loc[task, "n"] == len(rows) == summary.loc[task, "n_scored"]
         assert summary.loc[task, "score"] == pytest.approx(mean)
         assert summary.loc[task, "stderr"] == pytest.approx(stderr)
-    assert report.summary.num_rows == 3
+    assert len(summary) == 3
 
 
 @pytest.mark.slow
 def test_telemetry_is_measured(quickstart):
-    _, out, _ = quickstart
+    out = quickstart[1]
     shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pandas()
     # 7 shards; those cut at the model's tail (two actors) have a row per part
     assert shards["shard_id"].nunique() == 7 and (shards["wall_s"] > 0).all() and (shards["output_tokens"] > 0).all()
@@ -84,11 +109,12 @@ def test_telemetry_is_measured(quickstart):
 
 
 @pytest.mark.slow
-def test_rerun_skips_committed_shards_and_changed_spec_is_refused(quickstart, tmp_path):
-    spec, out, first = quickstart
+def test_rerun_skips_committed_shards_and_changed_spec_is_refused(quickstart, ray_local, tmp_path):
+    spec, out = quickstart[:2]
+    first = pq.read_table(out / "summary.parquet")
     again = run_sweep(spec, output=str(out), log=lambda line: None)
     assert again.shards_run == 0 and again.shards_skipped == 7
-    for a, b in zip(again.summary.to_pylist(), first.summary.to_pylist(), strict=True):  # read back from disk
+    for a, b in zip(again.summary.to_pylist(), first.to_pylist(), strict=True):  # read back from disk
         assert a == {k: pytest.approx(v) if isinstance(v, float) else v for k, v in b.items()}
     assert pq.read_table(out / "results").num_rows == 350
     changed = load_spec(QUICKSTART)
@@ -108,45 +134,23 @@ def test_cli_run_exits_on_bad_spec_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_runs_the_quickstart(tmp_path):
-    """The README's command, as a user runs it in a terminal (a pty): a progress bar with samples/s and
-    ETA, a fresh local Ray, results where --output says."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a 120x40 terminal
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", "run", str(QUICKSTART), "--output", str(tmp_path / "qs")],
-                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE, text=True,
-                            env=os.environ | {"RAY_ADDRESS": "local"})
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    stderr = proc.stderr.read()
-    assert proc.wait(timeout=300) == 0, stderr[-3000:]
-    screen = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+def test_cli_runs_the_quickstart(quickstart):
+    """The README's command in a terminal: a progress bar with samples/s and ETA, a fresh local Ray, results
+    where --output says."""
+    _, out, screen, stderr, code = quickstart
+    assert code == 0, stderr[-3000:]
     bars = [part for line in screen.split("\n") for part in line.split("\r") if part.startswith("[raysweep] ")
             and "|" in part and "samples [" in part]
     assert bars and "350/350 samples" in bars[-1] and "100%" in bars[-1], screen[-3000:]
     assert re.search(r"\d+:\d+<\d+:\d+, +[\d.]+ samples/s, last: tiny/\w+/\d+\]", bars[-1]), bars[-1]  # elapsed<ETA, rate
-    assert f"[raysweep] results: {tmp_path / 'qs'}" in screen
+    assert f"[raysweep] results: {out}" in screen
     # what happens before the first result is said too: Ray, planning, engines
     for said in ("[raysweep] starting a local Ray\n", "[raysweep] Ray is up (", "[raysweep] planned tiny/arithmetic: "
                  "150 samples in 3 shard(s)", "[raysweep] engine up: model tiny (hf) on actor "):
         assert said in screen, (said, screen[:3000])
     assert "| tiny | extract | 100 |" in screen and "100.0%" in screen
     assert "GPU telemetry: NVML absent on every actor; GPU columns are null, not zero" in screen
-    assert pq.read_table(tmp_path / "qs" / "results").num_rows == 350
+    assert pq.read_table(out / "results").num_rows == 350
     # Ray's own log lines (its token-auth warning, "Started a local Ray instance") and what the actors print
     # (transformers' warnings, under Ray's "(EvalActor pid=...)") stay out without --verbose (jobs/ray_output.py;
     # tests/test_reproducible.py runs verify with --verbose)

@@ -9,7 +9,7 @@ import pytest
 from cluster.contracts.telemetry_schema import FIRST_TOKENS, SCHEMAS
 from cluster.inputs.spec_file import load_spec
 from cluster.store.sink import ResultSink
-from tests.conftest import QUICKSTART, ROOT
+from tests.conftest import QUICKSTART, ROOT, lean_quickstart
 
 # keys of the actor's shard dict the driver takes out before the row is written (cluster/schedule/run.py
 # _add_shard_telemetry, _first_token): they become other tables' rows, not columns
@@ -94,7 +94,7 @@ def test_a_quickstart_sweeps_telemetry_has_exactly_the_schemas_columns_and_types
     from cluster.schedule.run import run_sweep
 
     out = tmp_path / "out"
-    run_sweep(load_spec(QUICKSTART), output=str(out), log=lambda line: None)
+    run_sweep(load_spec(lean_quickstart(tmp_path)), output=str(out), log=lambda line: None)
     written = {p.stem for p in (out / "telemetry").glob("*.parquet")}
     assert {"shards", "actors"} <= written and written <= {"shards", "actors", "gpu", "switches"}
     for name in written:
