@@ -11,6 +11,12 @@ LEAN_EXTRACT_ROWS = 30  # of the quickstart's 100 `extract` rows: their 96-token
 # engine-seconds on the 2-core CPU machine, and tests of interrupts and resumes need shards, not long ones
 
 
+def first_rows(data: Path, rows: int, dest: Path) -> Path:
+    """`data`'s first `rows` lines (a JSONL file's first rows), written to `dest`."""
+    dest.write_text("".join(data.read_text().splitlines(keepends=True)[:rows]))
+    return dest
+
+
 def lean_quickstart(folder: Path, name: str = "quickstart", shards: dict | None = None, **task_changes) -> Path:
     """The quickstart with LEAN_EXTRACT_ROWS of extract's rows (a file of its own in `folder`), written to
     `folder/NAME.yaml` with its data paths absolute; `shards` replaces its shard limits, `task_changes` go into
@@ -24,9 +30,7 @@ def lean_quickstart(folder: Path, name: str = "quickstart", shards: dict | None 
     for task in raw["tasks"]:
         data = QUICKSTART.parent / task["data"]
         if task["name"] == "extract":
-            rows = data.read_text().splitlines(keepends=True)[:LEAN_EXTRACT_ROWS]
-            data = folder / f"{name}-extract.jsonl"
-            data.write_text("".join(rows))
+            data = first_rows(data, LEAN_EXTRACT_ROWS, folder / f"{name}-extract.jsonl")
         task["data"] = str(data)
         task.update(task_changes)
     path = folder / f"{name}.yaml"

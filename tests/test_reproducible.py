@@ -13,12 +13,13 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import QUICKSTART, ROOT
+from tests.conftest import QUICKSTART, ROOT, first_rows
 from tests.test_ray_output import RAY_LINE
 from tests.test_reliability import committed, outputs, wait_for
 
@@ -88,9 +89,7 @@ def spec_file(tmp_path, name: str, reproducible: bool = True, max_samples: int =
     for task in raw["tasks"]:
         task["data"] = str(QUICKSTART.parent / task["data"])
         if rows is not None:
-            lines = open(task["data"]).read().splitlines(keepends=True)[:rows]
-            (tmp_path / f"{task['name']}-{rows}.jsonl").write_text("".join(lines))
-            task["data"] = str(tmp_path / f"{task['name']}-{rows}.jsonl")
+            task["data"] = str(first_rows(Path(task["data"]), rows, tmp_path / f"{task['name']}-{rows}.jsonl"))
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return str(path)
