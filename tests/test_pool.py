@@ -35,11 +35,11 @@ def spec_file(path, models: list, actors: dict, max_samples: int = 50, max_token
     return str(path)
 
 
-def cli(*args: str, address: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def cli(*args: str, address: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
     if args[:2] == ("pool", "up") and "--http-port" not in args:  # never Serve's 8000: another Serve may hold it
         args = (*args, "--http-port", str(free_port()))
     return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=os.environ | TOKEN_AUTH | {"RAY_ADDRESS": address})
+                          timeout=timeout, env=os.environ | TOKEN_AUTH | {"RAY_ADDRESS": address} | (env or {}))
 
 
 def start_sweep(spec: str, out, address: str) -> subprocess.Popen:
@@ -68,10 +68,15 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
         assert "0 shard(s) served" in status.stdout
 
         out = tmp_path / "results"
-        run = cli("run", sweep_spec, "--output", str(out), "--address", address, address=address)
+        run = cli("run", sweep_spec, "--output", str(out), "--address", address, address=address,
+                  env={"PYTHONPROFILEIMPORTTIME": "1"})
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert "model tiny8: the pool serves" in run.stdout and "engine.max_num_seqs 8 (pool: 32)" in run.stdout
         assert "[raysweep] pool serves model(s) tiny" in run.stdout
+        # the driver reads the pool through its client actor: Serve is imported there, not in the driver
+        imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
+        assert "ray" in imported and "ray.serve" not in imported
+        run.stderr = "\n".join(line for line in run.stderr.splitlines() if not line.startswith("import time:"))
         # no Serve INFO lines (its router's, the replicas' CALL lines) and no Ray lines without --verbose
         for said in (up.stdout + up.stderr, run.stdout + run.stderr):
             assert not RAY_LINE.search(said), said[-3000:]

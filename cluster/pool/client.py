@@ -1,6 +1,10 @@
-"""A sweep's way into the engine pool: its `PoolClient` actor (forwards shards to the pool's deployments and
-turns the pool's failures into PoolGone or ReplicaDied), the handle the scheduler holds for a pooled model,
-and the recorder that keeps the pool's HTTP API told of the sweep's progress."""
+"""A sweep's way into the engine pool: its `PoolClient` actor (reads what the pool serves, forwards shards to the
+pool's deployments and turns the pool's failures into PoolGone or ReplicaDied), the handle the scheduler holds
+for a pooled model, and the recorder that keeps the pool's HTTP API told of the sweep's progress.
+
+Ray Serve is imported only in the client actor, never in the sweep's driver: its import (1.4 s on the 2-core
+machine, on the driver's main thread) slowed the driver's planning thread, and the client, started only once
+the pool had been read, imported it again before its first shard (bench/h200-2026-11-26-s22.md)."""
 
 from __future__ import annotations
 
@@ -30,12 +34,38 @@ def client_name(sweep: str) -> str:
 
 
 class PoolClient:
-    """A sweep's way into the pool: an async actor that forwards a shard to the model's deployment and
-    returns its result, so the sweep's scheduler waits on a plain object ref like any actor call. The
-    replicas take turns between sweeps by the name given here."""
+    """A sweep's way into the pool: an async actor that says what the pool serves (`pool`), forwards a shard
+    to the model's deployment and returns its result, so the sweep's scheduler waits on a plain object ref
+    like any actor call, and passes the sweep's state on to the pool's ingress (`record`). The replicas take
+    turns between sweeps by the name given here. Serve is imported as the actor starts, while the driver plans."""
 
     def __init__(self, sweep: str):
+        from ray import serve  # noqa: F401 (imported now, not at the first shard)
+
         self.sweep = sweep
+
+    async def pool(self) -> tuple[dict, list[str]]:
+        """What the pool serves (cluster/pool/serve_app.read_pool), by model name, and what the sweep should be
+        told about it (a pool that does not answer, or of another version)."""
+        import asyncio
+
+        from cluster.pool.serve_app import read_pool
+
+        said: list[str] = []
+        return await asyncio.to_thread(read_pool, said.append), said
+
+    async def record(self, run_id: str, snapshot: dict, final: bool = False) -> None:
+        """The sweep's state, to the pool's ingress; the last one waited for (at most 10 s). Never fails."""
+        import asyncio
+
+        from ray import serve
+
+        try:
+            response = serve.get_app_handle(APP).record.remote(run_id, snapshot)
+            if final:
+                await asyncio.wait_for(_awaited(response), 10)
+        except Exception:  # the pool went away: the sweep goes on
+            pass
 
     async def run_shard(self, deployment: str, model: str, shard, task, attempt: int):
         import asyncio
@@ -101,32 +131,31 @@ class _Forward:
 
 
 class SweepRecorder:
-    """A sweep's state, sent to the pool's ingress for its HTTP API (`GET /raysweep/sweeps/RUN`): at most
-    once every RECORD_EVERY_S while it runs (a heartbeat: a sweep silent for longer than the ingress's
-    GONE_AFTER_S is shown as gone), and once when it ends. Each run has its own id, so two sweeps of one
-    name keep two records. Sending never blocks or fails the sweep."""
+    """A sweep's state, sent through its pool client to the pool's ingress for its HTTP API
+    (`GET /raysweep/sweeps/RUN`): at most once every RECORD_EVERY_S while it runs (a heartbeat: a sweep silent
+    for longer than the ingress's GONE_AFTER_S is shown as gone), and once when it ends. Each run has its own
+    id, so two sweeps of one name keep two records. Sending never blocks or fails the sweep."""
 
     RECORD_EVERY_S = 2.0
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, client):
         import uuid
 
-        from ray import serve
-
-        self.name, self._sent = name, 0.0
+        self.name, self.client, self._sent = name, client, 0.0
         self.run_id = f"{name}-{uuid.uuid4().hex[:8]}"
-        self.handle = serve.get_app_handle(APP)
 
     def record(self, snapshot: dict, final: bool = False) -> None:
         import time
+
+        import ray
 
         now = time.monotonic()
         if not final and now - self._sent < self.RECORD_EVERY_S:
             return
         self._sent = now
         try:
-            response = self.handle.record.remote(self.run_id, dict(snapshot, name=self.name))
+            sent = self.client.record.remote(self.run_id, dict(snapshot, name=self.name), final)
             if final:
-                response.result(timeout_s=10)
-        except Exception:  # the pool went away: the sweep goes on
+                ray.get(sent, timeout=15)
+        except Exception:  # the client or the pool went away: the sweep goes on
             pass

@@ -6,9 +6,10 @@ spec a deployment (`model-<name>`) whose replicas each hold one started engine o
 scaled by Serve on the shards queued at it; and an ingress that says what the pool serves. A sweep spec is
 a pool spec: its `models:` and `actors:` are read.
 
-A sweep finds the pool (`find_pool`) and sends the shards of every model the pool serves there, through a
-`PoolClient` actor of its own (cluster/pool/client.py) (the scheduler waits on plain Ray object refs); a model the pool does not
-serve, or serves with other engine arguments (one line says which), gets the sweep's own actors.
+A sweep reads the pool through a `PoolClient` actor of its own (cluster/pool/client.py) and finds its models
+there (`find_pool`); it sends the shards of every model the pool serves through that client (the scheduler
+waits on plain Ray object refs); a model the pool does not serve, or serves with other engine arguments (one
+line says which), gets the sweep's own actors.
 
 Where the cluster cannot hold a replica of every model at once (`capacity`), or `pool up --switch` asks,
 the models share one deployment (`models-shared`): each replica holds every model's engine, one awake and
@@ -167,12 +168,13 @@ def read_pool(log=None) -> dict[str, PooledModel]:
     return {m["name"]: PooledModel(**m) for m in description["models"]}
 
 
-def find_pool(spec: SweepSpec, paths: dict[str, str], log=print) -> dict[str, PooledModel]:
+def find_pool(spec: SweepSpec, paths: dict[str, str], served: dict[str, PooledModel],
+              log=print) -> dict[str, PooledModel]:
     """The sweep's models the pool serves with the same path and engine arguments, by the sweep's model
-    name. `paths`: each model's resolved path. A model at a pooled path with other arguments gets one line
-    naming them, and the sweep's own actors."""
+    name. `paths`: each model's resolved path; `served`: what the pool serves (read_pool). A model at a
+    pooled path with other arguments gets one line naming them, and the sweep's own actors."""
     pooled: dict[str, list[PooledModel]] = {}
-    for m in read_pool(log).values():
+    for m in served.values():
         pooled.setdefault(m.path, []).append(m)
     found = {}
     for model in spec.models:

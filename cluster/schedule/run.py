@@ -248,7 +248,9 @@ class _Run:
 
     def _use_pool(self) -> dict:
         """The sweep's models that the cluster's engine pool serves with the same path and engine arguments
-        (cluster/pool/serve_app.py); their shards go to the pool through a client actor of this sweep's."""
+        (cluster/pool/serve_app.py); their shards go to the pool through a client actor of this sweep's.
+        The client is started first and reads the pool itself, so Serve is imported in its process, not
+        here, while planning goes on; a sweep whose models the pool does not serve removes it at once."""
         from cluster.pool.serve_app import pool_running
 
         if not pool_running():
@@ -258,19 +260,28 @@ class _Run:
         from cluster.pool.client import PoolClient, PoolHandle, SweepRecorder, client_name
         from cluster.pool.serve_app import find_pool
 
+        name = client_name(self.spec.name)  # the replicas take turns between sweeps by this name
+        client = ray.remote(PoolClient).options(name=name, namespace=CLIENT_NAMESPACE, num_cpus=0,
+                                                max_concurrency=1000).remote(name)
+        try:
+            served, said = ray.get(client.pool.remote(), timeout=120)
+        except Exception as e:  # the client could not start or read the pool: the sweep's own actors run it
+            served, said = {}, [f"[raysweep] the engine pool could not be read ({type(e).__name__}: "
+                                f"{(str(e).strip().splitlines() or [''])[-1][:200]}): the sweep runs on its own actors"]
+        for line in said:
+            self.progress.log(line)
         paths = {m.name: resolve_model_path(self.spec.model_path(m)) for m in self.spec.models}
-        found = find_pool(self.spec, paths, self.progress.log)
-        if found:
-            name = client_name(self.spec.name)  # the replicas take turns between sweeps by this name
-            client = ray.remote(PoolClient).options(name=name, namespace=CLIENT_NAMESPACE, num_cpus=0,
-                                                    max_concurrency=1000).remote(name)
-            for model, pooled in found.items():
-                # every replica's engine full and as many shards waiting at it, where turns are taken
-                # between sweeps and Serve sees the queue it scales on
-                self.scheduler.add_pool(model, PoolHandle(client, pooled), 2 * pooled.depth * pooled.max_replicas,
-                                        pooled.max_replicas)
-            self.progress.log(f"[raysweep] pool serves model(s) {', '.join(found)}: their shards go to it")
-            self.recorder = SweepRecorder(self.spec.name)
+        found = find_pool(self.spec, paths, served, self.progress.log)
+        if not found:
+            ray.kill(client)
+            return found
+        for model, pooled in found.items():
+            # every replica's engine full and as many shards waiting at it, where turns are taken
+            # between sweeps and Serve sees the queue it scales on
+            self.scheduler.add_pool(model, PoolHandle(client, pooled), 2 * pooled.depth * pooled.max_replicas,
+                                    pooled.max_replicas)
+        self.progress.log(f"[raysweep] pool serves model(s) {', '.join(found)}: their shards go to it")
+        self.recorder = SweepRecorder(self.spec.name, client)
         return found
 
     def record(self, state: str, summary: list | None = None) -> None:
