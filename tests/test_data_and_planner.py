@@ -460,3 +460,49 @@ def test_a_config_without_a_named_context_length_gets_autoconfigs(model_cache, t
     (folder / "config.json").write_text(json.dumps(config))
     expected = AutoConfig.from_pretrained(str(folder)).max_position_embeddings
     assert context_length(str(folder)) == expected and expected != given  # the architecture's default, not None
+
+
+def test_planning_prompts_measured_before_loads_no_tokenizer_and_a_changed_tokenizer_is_measured_anew(tmp_path):
+    """A warm pool's sweep planned the same prompts in seconds of importing transformers (and torch, where
+    transformers imports it) only to find every count in the token cache. Each plan runs in a fresh process,
+    as a sweep's driver does."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from cluster.inputs.builtin_model import resolve_model_path
+    from tests.conftest import ROOT
+
+    folder = tmp_path / "model"
+    shutil.copytree(resolve_model_path("builtin:tiny"), folder)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "q": f"question {i} " * (i % 7 + 1)}) + "\n" for i in range(60)))
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(json.dumps({"name": "s", "output": str(tmp_path / "out"), "models": [{"name": "m", "path": str(folder)}],
+                                "tasks": [{"name": "t", "data": str(data), "id_column": "id", "prompt": "Q: {q}\nA:",
+                                           "sampling": {"max_tokens": 4}}]}))
+    probe = ("import json, sys\nfrom cluster.inputs.spec_file import load_spec\nfrom cluster.plan.plan_source import plan_events\n"
+             f"plans = [e for e in plan_events(load_spec({str(spec)!r})) if hasattr(e, 'shards')]\n"
+             "print(json.dumps(['transformers' in sys.modules, [p.lengths.tolist() for p in plans]]))")
+
+    def plan() -> tuple[bool, list]:
+        done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              env=os.environ | {"RAYSWEEP_CACHE": str(tmp_path / "cache")})
+        assert done.returncode == 0, done.stderr[-3000:]
+        loaded, lengths = json.loads(done.stdout.strip().splitlines()[-1])
+        return loaded, lengths
+
+    first = plan()
+    assert first[0] is True  # nothing measured yet: the tokenizer loads
+    assert plan() == (False, first[1])  # every prompt measured before: no tokenizer, the same counts
+    # the same tokenizer with one more special token in front of every prompt: other files, measured anew
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    bos = tokenizer["added_tokens"][0]
+    tokenizer["post_processor"] = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": bos["content"], "type_id": 0}},
+                                   {"Sequence": {"id": "A", "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                                   {"Sequence": {"id": "B", "type_id": 1}}],
+                                   "special_tokens": {bos["content"]: {"id": bos["content"], "ids": [bos["id"]], "tokens": [bos["content"]]}}}
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    changed = plan()
+    assert changed[0] is True and changed[1] != first[1]

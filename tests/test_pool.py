@@ -308,7 +308,7 @@ def test_a_pool_that_does_not_answer_is_said_in_one_line_and_counts_as_none(monk
     cannot be made to order here): the sweep is told, and runs on its own actors."""
     from ray import serve
 
-    from cluster.pool import serve_app as pool
+    from cluster.pool import served as pool
 
     class Status:
         applications = {pool.APP: None}
@@ -328,7 +328,7 @@ def test_a_pool_of_another_raysweep_version_is_not_used(monkeypatch):
     """Its replicas take other arguments: a sweep would fail every pooled shard. (Fakes of Serve's calls.)"""
     from ray import serve
 
-    from cluster.pool import serve_app as pool
+    from cluster.pool import served as pool
 
     class Status:
         applications = {pool.APP: None}

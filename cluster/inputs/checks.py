@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from cluster.contracts.errors import PreflightError
 from cluster.contracts.task_spec import TaskSpec
@@ -166,7 +167,9 @@ def compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
 
     from cluster.contracts.structured import to_grammar
 
-    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer), max_threads=1)
+    from cluster.inputs.model_files import unwrapped
+
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(unwrapped(tokenizer)), max_threads=1)
     for task in structured:
         try:
             compiler.compile_grammar(to_grammar(task.structured))
@@ -183,13 +186,25 @@ def one_line(e: BaseException, limit: int = 400) -> str:
 
 
 def load_model_meta(model: ModelSpec, path: str, source: str = "<spec>"):
-    from cluster.inputs.model_files import context_length, load_tokenizer
+    """The model's resolved path, its tokenizer and its max_model_len. A tokenizer known by its files that
+    counted prompts into the token cache before (so it loaded then) is loaded only if planning needs it:
+    a sweep whose prompts were all measured before loads none (cluster/inputs/model_files.py)."""
+    from cluster.inputs.model_files import LazyTokenizer, context_length, files_fingerprint, load_tokenizer
+    from cluster.inputs.token_cache import measured_before
+
+    def cannot_load(e: BaseException) -> PreflightError:  # OSError, ValueError, hub errors: all mean this
+        return PreflightError(f"{source}: model {model.name}: cannot load {model.path!r}: {one_line(e)}")
 
     try:
         path = resolve_model_path(path)
-        tokenizer = load_tokenizer(path)
+        known = files_fingerprint(path) if os.path.isdir(path) else None
+        if known is not None and measured_before(known):
+            tokenizer = LazyTokenizer(path, known, on_error=cannot_load)
+        else:
+            tokenizer = load_tokenizer(path)
+            tokenizer = LazyTokenizer(path, known, loaded=tokenizer) if known is not None else tokenizer
         length = context_length(path)
-    except Exception as e:  # OSError, ValueError, hub errors: all mean "this model cannot be loaded"
-        raise PreflightError(f"{source}: model {model.name}: cannot load {model.path!r}: {one_line(e)}") from None
+    except Exception as e:
+        raise cannot_load(e) from None
     max_len = model.engine.get("max_model_len") or length
     return path, tokenizer, max_len

@@ -7,10 +7,17 @@ tokenizer_config.json names transformers' generic fast tokenizer (`PreTrainedTok
 models and Llama 3 do; no remote code) gets that class directly, which imports no torch; its context length
 is read from config.json. Anything else (another class, remote code, a hub id) goes through AutoTokenizer,
 as before.
+
+For those folders the tokenizer's identity is known without loading it (`files_fingerprint`: its files and
+the versions of the code that reads them), so a sweep whose prompts were all measured before (the token
+cache, cluster/inputs/token_cache.py) loads no tokenizer at all (`LazyTokenizer`): on an H200 machine whose
+transformers imports torch, loading it was 5.5 s of a warm pool sweep's 7.1 s of planning
+(bench/h200-2026-11-26-s22.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -18,6 +25,11 @@ import os
 # `max_position_embeddings` (GPT-2's n_positions)
 LENGTH_KEYS = ("max_position_embeddings", "n_positions")
 GENERIC = ("PreTrainedTokenizerFast", "TokenizersBackend")  # the class names of transformers' generic fast tokenizer
+
+
+# what PreTrainedTokenizerFast.from_pretrained reads of a local folder
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json")
 
 
 def load_tokenizer(path: str):
@@ -28,6 +40,63 @@ def load_tokenizer(path: str):
     if named is not None:
         return named.from_pretrained(path)
     return transformers.AutoTokenizer.from_pretrained(path)
+
+
+def files_fingerprint(path: str) -> str | None:
+    """For a local folder whose tokenizer is transformers' generic fast one: a digest of its tokenizer files
+    and of the transformers and tokenizers versions that read them (the same files read by the same code
+    tokenize the same); None for any other tokenizer, which is identified by loading it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if _generic_name(path) is None:
+        return None
+    digest = hashlib.sha256()
+    try:
+        for package in ("transformers", "tokenizers"):
+            digest.update(f"{package} {version(package)}\n".encode())
+    except PackageNotFoundError:
+        return None
+    for name in TOKENIZER_FILES:
+        file = os.path.join(path, name)
+        if os.path.isfile(file):
+            with open(file, "rb") as f:
+                digest.update(f"{name} {os.path.getsize(file)}\n".encode() + f.read())
+    return "files-" + digest.hexdigest()[:24]
+
+
+class LazyTokenizer:
+    """A model folder's tokenizer, loaded on first use (`get()`, or any attribute or call, passed through),
+    with its `files_fingerprint` known before. `on_error` turns a load error into the caller's own error."""
+
+    def __init__(self, path: str, fingerprint: str, on_error=None, loaded=None):
+        self.path, self.fingerprint, self._on_error, self._tokenizer = path, fingerprint, on_error, loaded
+
+    @property
+    def loaded(self) -> bool:
+        return self._tokenizer is not None
+
+    def get(self):
+        if self._tokenizer is None:
+            try:
+                self._tokenizer = load_tokenizer(self.path)
+            except Exception as e:
+                if self._on_error is None:
+                    raise
+                raise self._on_error(e) from None
+        return self._tokenizer
+
+    def __getattr__(self, name: str):  # only for names this class does not have
+        if name.startswith("__") or name in ("path", "fingerprint", "_on_error", "_tokenizer"):
+            raise AttributeError(name)
+        return getattr(self.get(), name)
+
+    def __call__(self, *args, **kwargs):
+        return self.get()(*args, **kwargs)
+
+
+def unwrapped(tokenizer):
+    """The loaded tokenizer itself, for code that checks its type (xgrammar)."""
+    return tokenizer.get() if isinstance(tokenizer, LazyTokenizer) else tokenizer
 
 
 def context_length(path: str) -> int | None:
@@ -52,8 +121,17 @@ def _named_class(path: str):
     AutoTokenizer loads for it. A model-specific class is left to AutoTokenizer, which may load another class
     than the one named (transformers 5 loads its generic one for a LlamaTokenizerFast with a byte-level
     tokenizer.json) and reads the model's config to decide."""
+    name = _generic_name(path)
+    if name is None:
+        return None
     import transformers
 
+    return getattr(transformers, name, None)
+
+
+def _generic_name(path: str) -> str | None:
+    """The generic fast tokenizer's class name, where the folder's tokenizer_config.json names it (no remote
+    code); read without importing transformers."""
     config = os.path.join(path, "tokenizer_config.json")
     if not os.path.isfile(config):
         return None
@@ -62,4 +140,4 @@ def _named_class(path: str):
     name = raw.get("tokenizer_class") if isinstance(raw, dict) else None
     if name not in GENERIC or raw.get("auto_map"):
         return None
-    return getattr(transformers, name, None)
+    return name

@@ -21,10 +21,21 @@ from cluster.inputs.builtin_model import cache_root
 
 
 def fingerprint(tokenizer) -> str:
-    """Identifies the tokenization: the fast tokenizer's full definition, or the slow one's vocab."""
+    """Identifies the tokenization: a lazily loaded tokenizer's files (cluster/inputs/model_files.py), else
+    the fast tokenizer's full definition, or the slow one's vocab."""
+    from cluster.inputs.model_files import LazyTokenizer
+
+    if isinstance(tokenizer, LazyTokenizer):
+        return tokenizer.fingerprint
     backend = getattr(tokenizer, "backend_tokenizer", None)
     text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def measured_before(fingerprint: str, root: Path | None = None) -> bool:
+    """Whether this tokenizer has counted prompts into the cache before (so it loaded then)."""
+    folder = (root or cache_root() / "tokens") / fingerprint
+    return folder.is_dir() and any(folder.glob("part-*.parquet"))
 
 
 def prompt_keys(prompts: list[str], add_special_tokens: bool) -> list[bytes]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from cluster.contracts.pool_protocol import APP, CLIENT_NAMESPACE, PoolGone, ReplicaBroken, ReplicaDied
 
 if TYPE_CHECKING:
-    from cluster.pool.serve_app import PooledModel
+    from cluster.pool.served import PooledModel
 
 
 def sweeps_using_pool() -> list[str]:
@@ -45,11 +45,11 @@ class PoolClient:
         self.sweep = sweep
 
     async def pool(self) -> tuple[dict, list[str]]:
-        """What the pool serves (cluster/pool/serve_app.read_pool), by model name, and what the sweep should be
+        """What the pool serves (cluster/pool/served.read_pool), by model name, and what the sweep should be
         told about it (a pool that does not answer, or of another version)."""
         import asyncio
 
-        from cluster.pool.serve_app import read_pool
+        from cluster.pool.served import read_pool
 
         said: list[str] = []
         return await asyncio.to_thread(read_pool, said.append), said

@@ -7,9 +7,9 @@ scaled by Serve on the shards queued at it; and an ingress that says what the po
 a pool spec: its `models:` and `actors:` are read.
 
 A sweep reads the pool through a `PoolClient` actor of its own (cluster/pool/client.py) and finds its models
-there (`find_pool`); it sends the shards of every model the pool serves through that client (the scheduler
-waits on plain Ray object refs); a model the pool does not serve, or serves with other engine arguments (one
-line says which), gets the sweep's own actors.
+there (cluster/pool/served.py); it sends the shards of every model the pool serves through that client (the
+scheduler waits on plain Ray object refs); a model the pool does not serve, or serves with other engine
+arguments (one line says which), gets the sweep's own actors.
 
 Where the cluster cannot hold a replica of every model at once (`capacity`), or `pool up --switch` asks,
 the models share one deployment (`models-shared`): each replica holds every model's engine, one awake and
@@ -20,55 +20,21 @@ so that they are ordered there, round robin between sweeps; Serve scales replica
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from cluster.contracts.errors import RaysweepError
 from cluster.contracts.pool_protocol import APP, PROTOCOL, QUEUED_PER_SLOT, ROUTE, SHARED_DEPLOYMENT, INGRESS
 from cluster.inputs.builtin_model import resolve_model_path
 from cluster.pool.client import sweeps_using_pool
+from cluster.pool.served import read_pool
 from cluster.pool.ingress import PoolIngress
-from cluster.contracts.spec import ModelSpec, SweepSpec
+from cluster.contracts.spec import SweepSpec
+
 
 class PoolError(RaysweepError, ValueError):
     """The pool cannot be started, found or removed as asked; the message says why."""
 
 
-def pool_running() -> bool:
-    """Whether the connected cluster runs Ray Serve at all (a cheap look, without importing Serve)."""
-    import ray
-
-    try:
-        return any(a.get("name") == "SERVE_CONTROLLER_ACTOR" for a in ray.util.list_named_actors(all_namespaces=True))
-    except Exception:
-        return False
-
-
 def deployment_name(model: str) -> str:
     return f"model-{model}"
-
-
-@dataclass(frozen=True)
-class PooledModel:
-    """A model the pool serves: what a sweep's model must match to use it."""
-    name: str
-    path: str  # resolved local path
-    backend: str
-    engine: dict
-    deployment: str
-    max_replicas: int
-    depth: int  # shards each replica's engine runs at once
-    switching: bool = False  # shares its replicas with the pool's other models, switched by sleep and wake
-    reproducible: bool = False  # the pool's engines run vLLM's batch-invariant mode
-
-    def differences(self, model: ModelSpec, path: str, reproducible: bool = False) -> list[str]:
-        """What differs from a sweep's model at the same path (empty: the sweep may use the pool)."""
-        diffs = [f"backend {model.backend!r} (pool: {self.backend!r})"] if model.backend != self.backend else []
-        if reproducible != self.reproducible:
-            diffs.append(f"reproducible {str(reproducible).lower()} (pool: {str(self.reproducible).lower()})")
-        for key in sorted(set(self.engine) | set(model.engine)):
-            if self.engine.get(key) != model.engine.get(key):
-                diffs.append(f"engine.{key} {model.engine.get(key)!r} (pool: {self.engine.get(key)!r})")
-        return diffs
 
 
 def describe(spec: SweepSpec, switching: bool = False) -> dict:
@@ -141,52 +107,6 @@ def pool_up(spec: SweepSpec, min_replicas: int = 1, switch: bool = False, http_p
     serve.start(http_options={"port": http_port})
     serve.run(app, name=APP, route_prefix=ROUTE)
     return description
-
-
-def read_pool(log=None) -> dict[str, PooledModel]:
-    """The pool on the connected cluster, by model name; empty where there is none. A pool that is there
-    but does not answer counts as none, and `log` (where given) says so in one line."""
-    from ray import serve
-
-    try:
-        if APP not in serve.status().applications:
-            return {}
-    except Exception:  # no Serve on this cluster
-        return {}
-    try:
-        description = serve.get_app_handle(APP).describe.remote().result(timeout_s=30)
-    except Exception as e:  # the pool is going away, or its ingress is down
-        if log is not None:
-            log(f"[raysweep] the engine pool {APP} is on this cluster but did not answer "
-                f"({type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:200]}): the sweep runs on its own actors")
-        return {}
-    if description.get("protocol") != PROTOCOL:
-        if log is not None:
-            log(f"[raysweep] the engine pool {APP} was started by another raysweep version: the sweep runs on its "
-                "own actors (`raysweep pool up SPEC` again starts it as this version)")
-        return {}
-    return {m["name"]: PooledModel(**m) for m in description["models"]}
-
-
-def find_pool(spec: SweepSpec, paths: dict[str, str], served: dict[str, PooledModel],
-              log=print) -> dict[str, PooledModel]:
-    """The sweep's models the pool serves with the same path and engine arguments, by the sweep's model
-    name. `paths`: each model's resolved path; `served`: what the pool serves (read_pool). A model at a
-    pooled path with other arguments gets one line naming them, and the sweep's own actors."""
-    pooled: dict[str, list[PooledModel]] = {}
-    for m in served.values():
-        pooled.setdefault(m.path, []).append(m)
-    found = {}
-    for model in spec.models:
-        candidates = pooled.get(paths[model.name], [])
-        same = [m for m in candidates if not m.differences(model, paths[model.name], spec.reproducible)]
-        if same:
-            found[model.name] = same[0]
-        elif candidates:
-            diffs = candidates[0].differences(model, paths[model.name], spec.reproducible)
-            log(f"[raysweep] model {model.name}: the pool serves {paths[model.name]} with other engine "
-                f"arguments ({'; '.join(diffs)}): it runs on the sweep's own actors")
-    return found
 
 
 def pool_status() -> list[dict]:

@@ -251,14 +251,14 @@ class _Run:
         (cluster/pool/serve_app.py); their shards go to the pool through a client actor of this sweep's.
         The client is started first and reads the pool itself, so Serve is imported in its process, not
         here, while planning goes on; a sweep whose models the pool does not serve removes it at once."""
-        from cluster.pool.serve_app import pool_running
+        from cluster.pool.served import pool_running
 
         if not pool_running():
             return {}
         from cluster.inputs.builtin_model import resolve_model_path
         from cluster.contracts.pool_protocol import CLIENT_NAMESPACE
         from cluster.pool.client import PoolClient, PoolHandle, SweepRecorder, client_name
-        from cluster.pool.serve_app import find_pool
+        from cluster.pool.served import find_pool
 
         name = client_name(self.spec.name)  # the replicas take turns between sweeps by this name
         client = ray.remote(PoolClient).options(name=name, namespace=CLIENT_NAMESPACE, num_cpus=0,
