@@ -27,9 +27,10 @@ import os
 import re
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
+
+from jobs.background import Background
 
 NAME = "raysweep"
 
@@ -57,7 +58,7 @@ def make_model_class():
             self._kept = None  # the engines of the first request type's sweep, kept for the next ones
             # Ray starts while lm-eval loads its tasks and builds their requests (they need only this thread's
             # Python; ray.init mostly waits on the processes it starts); the first request type waits for it
-            self._ray = _Background(self._start_ray, "raysweep-ray-start")
+            self._ray = Background(self._start_ray, "raysweep-ray-start")
             _chat_templated(self, str(path))
             _said("model made (Ray starting meanwhile); lm-eval builds its requests")
 
@@ -120,33 +121,6 @@ def make_model_class():
             return self._replay("generate_until", requests)
 
     return RaysweepLM
-
-
-class _Background:
-    """`work()` on a thread of its own from now on; `result()` waits for it and raises what it raised.
-
-    The thread outlives `work()`, parked until the process ends: the local Ray that ray.init starts is the
-    thread's child, and Ray asks Linux to kill its processes when their parent thread ends (PR_SET_PDEATHSIG
-    follows the thread, not the process): seen here, Ray's GCS gone a minute after the thread ended. A daemon:
-    a process that ends meanwhile does not wait for it, and Ray's processes end with it."""
-
-    def __init__(self, work, name: str):
-        self._error: BaseException | None = None
-        self._done = threading.Event()
-        threading.Thread(target=self._run, args=(work,), name=name, daemon=True).start()
-
-    def _run(self, work) -> None:
-        try:
-            work()
-        except BaseException as e:  # noqa: BLE001  (raised again on the caller's thread, by result())
-            self._error = e
-        self._done.set()
-        threading.Event().wait()  # parked: see the class's docstring
-
-    def result(self) -> None:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
 
 
 def _said(what: str) -> None:

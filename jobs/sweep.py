@@ -3,7 +3,9 @@
 This is the edge of the driver process: every expected error (bad spec, bad data, a model that cannot
 load, an unusable output, a Ray that does not start) is printed as one line and exits 2; a sweep with
 failed shards exits 1. What can be checked cheaply is checked before Ray starts and before the output is
-opened, so a bad input leaves both untouched.
+opened, so a bad input leaves both untouched. A spec with `lm_eval:` entries is the exception: lm-eval
+builds its tasks (seconds: its import, the documents, the few-shot contexts) while Ray starts, as
+`raysweep lm-eval` does; a bad input there stops that Ray again, and no engine has started.
 """
 
 from __future__ import annotations
@@ -60,10 +62,62 @@ def run(args: argparse.Namespace) -> int:
 
     # 1. Before Ray and before the output is touched, the cheap checks: the spec, every data file (one
     #    pass), structured specs, where each model is, the Ray address. A problem is one line, exit 2.
-    return run_spec(load_spec(args.spec), args, clock)
+    #    lm-eval's tasks take seconds to build: Ray starts meanwhile (and stops again on a bad input).
+    early = _ray_starting(args) if names_lm_eval_tasks(args.spec) else None
+    try:
+        spec = load_spec(args.spec)
+    except BaseException:
+        _stop(early)
+        raise
+    return run_spec(spec, args, clock, ray_starting=early)
 
 
-def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = True) -> int:
+def names_lm_eval_tasks(path: str) -> bool:
+    """Whether the spec file has a `lm_eval:` entry among its tasks (a quick look: load_spec checks it all)."""
+    import yaml
+
+    try:
+        with open(path, "rb") as f:
+            raw = yaml.safe_load(f)
+        return any(isinstance(t, dict) and "lm_eval" in t for t in raw.get("tasks") or [])
+    except Exception:  # not readable, not YAML, not a mapping: load_spec says what is wrong, before any Ray
+        return False
+
+
+def _ray_address(args: argparse.Namespace) -> tuple[str, str]:
+    """Where Ray is, and what named it. Without --address or RAY_ADDRESS a new local Ray, rather than
+    ray.init()'s default of joining whatever /tmp/ray records as this machine's cluster, which may be long dead."""
+    address = args.address or os.environ.get("RAY_ADDRESS") or "local"
+    return address, "--address" if args.address else "RAY_ADDRESS"
+
+
+def _ray_starting(args: argparse.Namespace):
+    """Ray's start (or connection) on a thread of its own (jobs/background.py), from now on."""
+    from jobs.background import Background
+
+    address, named = _ray_address(args)
+
+    def start() -> None:
+        check_ray_address(address, named)
+        start_ray(address, named, args.dashboard, args.verbose)
+
+    return Background(start, "raysweep-ray-start")
+
+
+def _stop(starting) -> None:
+    """A Ray started early, stopped again: an input was bad (or the run was stopped) before the sweep began."""
+    if starting is None:
+        return
+    import ray
+
+    try:
+        starting.result()
+    except BaseException:  # noqa: BLE001  (the input's error is the one said)
+        pass
+    ray.shutdown()
+
+
+def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = True, ray_starting=None) -> int:
     """`run` for a spec already loaded (`raysweep verify` builds one): the checks, Ray, the sweep, the summary
     (`output_kept=False`: the output is removed after, so its path is not printed). Ctrl-C or SIGTERM at any
     moment: one line saying what was committed and how to resume (exit 1)."""
@@ -80,7 +134,7 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
 
     with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)
         try:
-            report, node = _run_spec(spec, args, clock, held)
+            report, node = _run_spec(spec, args, clock, held, ray_starting)
         except (Interrupted, SystemError) as e:
             # a SystemError raised from the Interrupted: the signal came inside ray.wait's C code (seen under load)
             stop = e if isinstance(e, Interrupted) else interrupted_in(e)
@@ -91,7 +145,7 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
     return _print_report(report, node, output_kept, args.verbose)
 
 
-def _run_spec(spec, args: argparse.Namespace, clock, held: dict):
+def _run_spec(spec, args: argparse.Namespace, clock, held: dict, ray_starting=None):
     import ray
 
     from cluster.inputs.checks import check_inputs
@@ -100,21 +154,28 @@ def _run_spec(spec, args: argparse.Namespace, clock, held: dict):
     from jobs.interrupts import Interrupted, reclaim
 
     clock = clock or RunClock()
-    data = check_inputs(spec)
-    print(f"[raysweep] inputs checked: {len(data)} task(s), {sum(d.n_rows for d in data)} rows, "
-          f"{len(spec.models)} model(s) ({time.time() - clock.started_at:.1f}s after the command started)", flush=True)
-    # without --address or RAY_ADDRESS, start a new local Ray rather than ray.init()'s default of
-    # joining whatever /tmp/ray records as this machine's cluster, which may be long dead
-    address = args.address or os.environ.get("RAY_ADDRESS") or "local"
-    named = "--address" if args.address else "RAY_ADDRESS"
-    check_ray_address(address, named)
-    # 2. The output opened; Ray started; then the expensive part (models, tokenizers, tokens, shards) on the
-    #    planner's thread from the checked data while the actors start (PlanSource.start, in execute); engines
-    #    start only for models that passed (cluster/inputs/checks.py)
-    prepared = prepare(spec, lasting_output(args.output or spec.output_path()), args.new_run, background=True, data=data)
+    address, named = _ray_address(args)
+    try:
+        data = check_inputs(spec)
+        print(f"[raysweep] inputs checked: {len(data)} task(s), {sum(d.n_rows for d in data)} rows, "
+              f"{len(spec.models)} model(s) ({time.time() - clock.started_at:.1f}s after the command started)",
+              flush=True)
+        if ray_starting is None:
+            check_ray_address(address, named)
+        # 2. The output opened; Ray started; then the expensive part (models, tokenizers, tokens, shards) on the
+        #    planner's thread from the checked data while the actors start (PlanSource.start, in execute); engines
+        #    start only for models that passed (cluster/inputs/checks.py)
+        prepared = prepare(spec, lasting_output(args.output or spec.output_path()), args.new_run, background=True,
+                           data=data)
+    except BaseException:
+        _stop(ray_starting)
+        raise
     held["sink"] = prepared.sink
     try:
-        start_ray(address, named, args.dashboard, args.verbose)
+        if ray_starting is not None:
+            ray_starting.result()
+        else:
+            start_ray(address, named, args.dashboard, args.verbose)
         reclaim()  # Ray's core worker took SIGTERM over: ours again, so it ends the run in one line
     except BaseException as e:
         prepared.sink.close()

@@ -248,6 +248,30 @@ def test_an_unknown_lm_eval_task_is_named_with_lm_evals_closest(include_path, tm
     assert "tasks[0].lm_eval.tasks: 'rs_mcc' is not an lm-eval task or group" in message and "rs_mc" in message
 
 
+@pytest.mark.slow
+def test_a_sweep_starts_ray_while_lm_eval_builds_its_tasks_and_a_bad_task_stops_it_again(include_path, tmp_path):
+    """lm-eval's tasks took seconds to build before Ray began its start (bench/h200-2026-11-26-s22.md); now Ray
+    starts meanwhile, and an input lm-eval refuses still ends in its one line, with no Ray process left behind."""
+    import shutil
+    import tempfile
+
+    from tests.test_signals import _raylets
+
+    spec = write_spec(tmp_path, {"tasks": ["rs_mcc"], "include_path": str(include_path)})
+    ray_dir = tempfile.mkdtemp(prefix="rs-", dir="/tmp")  # the run's own Ray folder: its raylets are told apart
+    try:
+        done = subprocess.run([sys.executable, "-m", "jobs.sweep", str(spec)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=180, env=_env() | {"RAY_ADDRESS": "", "RAY_TMPDIR": ray_dir})
+        assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "[raysweep] starting a local Ray" in done.stdout  # the start began before the spec was refused
+        assert done.stderr.startswith("raysweep: error: ") and done.stderr.count("\n") == 1, done.stderr[-2000:]
+        assert "'rs_mcc' is not an lm-eval task or group" in done.stderr
+        assert not _raylets(ray_dir)  # the Ray it started is gone with it
+        assert not (tmp_path / "out").exists()
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
 def test_a_dataset_that_cannot_be_loaded_names_the_task_and_how_to_read_data_offline(include_path, tmp_path):
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "gone.yaml").write_text(textwrap.dedent(f"""\
@@ -425,7 +449,7 @@ def test_lm_eval_model_args_leave_the_engines_per_gpu_to_raysweep_unless_given(m
     from jobs.lm_eval_model import make_model_class
 
     RaysweepLM = make_model_class()
-    monkeypatch.setattr("jobs.lm_eval_model._Background", lambda work, name: None)  # no Ray for these models
+    monkeypatch.setattr("jobs.lm_eval_model.Background", lambda work, name: None)  # no Ray for these models
     assert RaysweepLM(pretrained="builtin:tiny").actors == ActorSpec()
     assert RaysweepLM(pretrained="builtin:tiny", actors="auto", num_gpus="AUTO").actors == ActorSpec()
     given = RaysweepLM(pretrained="builtin:tiny", actors="2", num_gpus="0.5").actors
