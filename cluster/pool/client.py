@@ -43,6 +43,7 @@ class PoolClient:
         from ray import serve  # noqa: F401 (imported now, not at the first shard)
 
         self.sweep = sweep
+        self._ingress = None  # the pool's ingress handle, once found (finding it asks Serve's controller)
 
     async def pool(self) -> tuple[dict, list[str]]:
         """What the pool serves (cluster/pool/served.read_pool), by model name, and what the sweep should be
@@ -52,7 +53,7 @@ class PoolClient:
         from cluster.pool.served import read_pool
 
         said: list[str] = []
-        return await asyncio.to_thread(read_pool, said.append), said
+        return await asyncio.to_thread(_read_pool_and_handles, read_pool, said.append), said
 
     async def record(self, run_id: str, snapshot: dict, final: bool = False) -> None:
         """The sweep's state, to the pool's ingress; the last one waited for (at most 10 s). Never fails."""
@@ -61,7 +62,9 @@ class PoolClient:
         from ray import serve
 
         try:
-            response = serve.get_app_handle(APP).record.remote(run_id, snapshot)
+            if self._ingress is None:  # a blocking call to Serve's controller: off the event loop that forwards shards
+                self._ingress = await asyncio.to_thread(serve.get_app_handle, APP)
+            response = self._ingress.record.remote(run_id, snapshot)
             if final:
                 await asyncio.wait_for(_awaited(response), 10)
         except Exception:  # the pool went away: the sweep goes on
@@ -102,6 +105,20 @@ POOL_WATCH_S = 2.0  # how often a shard waiting for the pool checks that the poo
 
 async def _awaited(response):
     return await response
+
+
+def _read_pool_and_handles(read_pool, log) -> dict:
+    """What the pool serves, with each of its deployments' handles made now (making one asks Serve's controller,
+    a blocking call: here, on a thread, not in the event loop that forwards the shards)."""
+    from ray import serve
+
+    served = read_pool(log)
+    for model in served.values():
+        try:
+            serve.get_deployment_handle(model.deployment, app_name=APP)  # cached by Serve for run_shard
+        except Exception:  # the pool is going away: run_shard says so
+            pass
+    return served
 
 
 def _pool_gone() -> bool:

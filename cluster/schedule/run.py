@@ -256,7 +256,7 @@ class _Run:
         if not pool_running():
             return {}
         from cluster.inputs.builtin_model import resolve_model_path
-        from cluster.contracts.pool_protocol import CLIENT_NAMESPACE
+        from cluster.contracts.pool_protocol import CLIENT_NAMESPACE, QUEUED_PER_SLOT
         from cluster.pool.client import PoolClient, PoolHandle, SweepRecorder, client_name
         from cluster.pool.served import find_pool
 
@@ -277,8 +277,11 @@ class _Run:
             return found
         for model, pooled in found.items():
             # every replica's engine full and as many shards waiting at it, where turns are taken
-            # between sweeps and Serve sees the queue it scales on
-            self.scheduler.add_pool(model, PoolHandle(client, pooled), 2 * pooled.depth * pooled.max_replicas,
+            # between sweeps and Serve sees the queue it scales on; a replica that switches between models
+            # gets all it accepts (QUEUED_PER_SLOT per slot), so that the awake model's next shard is waiting
+            # before its last one ends and the replica does not switch away and back (actors/shard_gate.py)
+            waiting = QUEUED_PER_SLOT if pooled.switching else 2
+            self.scheduler.add_pool(model, PoolHandle(client, pooled), waiting * pooled.depth * pooled.max_replicas,
                                     pooled.max_replicas)
         self.progress.log(f"[raysweep] pool serves model(s) {', '.join(found)}: their shards go to it")
         self.recorder = SweepRecorder(self.spec.name, client)
