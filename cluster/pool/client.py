@@ -28,9 +28,12 @@ def sweeps_using_pool() -> list[str]:
 
 
 def client_name(sweep: str) -> str:
+    """One per run: a run whose models the pool does not serve kills its client at once, and Ray may not have
+    freed the name when the same process runs the sweep again."""
     import os
+    import uuid
 
-    return f"pool-client:{sweep}:{os.getpid()}"
+    return f"pool-client:{sweep}:{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 class PoolClient:
