@@ -71,10 +71,6 @@ class LazyTokenizer:
     def __init__(self, path: str, fingerprint: str, on_error=None, loaded=None):
         self.path, self.fingerprint, self._on_error, self._tokenizer = path, fingerprint, on_error, loaded
 
-    @property
-    def loaded(self) -> bool:
-        return self._tokenizer is not None
-
     def get(self):
         if self._tokenizer is None:
             try:

@@ -53,10 +53,8 @@ class PoolClient:
         told about it (a pool that does not answer, or of another version)."""
         import asyncio
 
-        from cluster.pool.served import read_pool
-
         said: list[str] = []
-        return await asyncio.to_thread(_read_pool_and_handles, read_pool, said.append), said
+        return await asyncio.to_thread(_read_pool_and_handles, said.append), said
 
     async def record(self, run_id: str, snapshot: dict, final: bool = False) -> None:
         """The sweep's state, to the pool's ingress; the last one waited for (at most 10 s). Never fails."""
@@ -110,10 +108,12 @@ async def _awaited(response):
     return await response
 
 
-def _read_pool_and_handles(read_pool, log) -> dict:
+def _read_pool_and_handles(log) -> dict:
     """What the pool serves, with each of its deployments' handles made now (making one asks Serve's controller,
     a blocking call: here, on a thread, not in the event loop that forwards the shards)."""
     from ray import serve
+
+    from cluster.pool.served import read_pool
 
     served = read_pool(log)
     for model in served.values():
