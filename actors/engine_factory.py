@@ -26,20 +26,24 @@ def choose_backend(model: ModelSpec) -> str:
     return "vllm" if cuda_and_vllm_available() else "hf"
 
 
-def preload(backends) -> None:
+PRELOADS = {"vllm": ("vllm", "transformers", "actors.vllm_engine"), "hf": ("torch", "transformers", "actors.hf_engine"),
+            "fake": ("transformers", "actors.fake_engine")}  # per backend: what its engine starts import
+
+
+def preload(backends, core_process: bool = True) -> None:
     """Import what the engines of `backends` need, once per process, before any model is known: an actor
-    does this while the driver plans, so an engine start later pays for construction only."""
+    does this while the driver plans, so an engine start later pays for construction only.
+    `core_process`: start vLLM's engine-core forkserver with it (an actor's process; the engine host,
+    actors/engine_host.py, forks whole engine processes instead)."""
     import importlib
 
     for backend in {choose_backend(ModelSpec("preload", "-", backend=b)) for b in backends}:
-        if backend == "vllm":
+        if backend == "vllm" and core_process:
             from actors import vllm_core_process
 
             # vLLM reads some settings at import: set first; and the forkserver's import starts beside ours
             vllm_core_process.start()
-        modules = {"vllm": ("vllm", "transformers"), "hf": ("torch", "transformers"),
-                   "fake": ("transformers",)}[backend]
-        for module in modules:
+        for module in PRELOADS[backend]:
             importlib.import_module(module)
         if backend == "vllm":
             getattr(importlib.import_module("vllm"), "LLM")  # `vllm` imports lazily: this is the heavy part

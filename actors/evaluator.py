@@ -23,8 +23,10 @@ import pyarrow as pa
 
 from actors.engine import EngineProfile, runs_profile
 from actors.engine_factory import BATCH_INVARIANT, engine_cpu_threads, make_engine, preload, reproducible_refusal
+from actors.hosted_engine import connect
 from actors.telemetry import GpuSampler, gpu_name
 from actors.shard_work import run_rows
+from cluster.contracts.engine_host import EngineHostAddress
 from cluster.contracts.shard import Shard
 from cluster.contracts.results_schema import actor_table
 from cluster.contracts.spec import ModelSpec, TaskSpec
@@ -42,7 +44,7 @@ class EvalActor:
     is done (a counted model change)."""
 
     def __init__(self, requested_at: float, num_cpus: float = 1, num_gpus: float = 0, backends: tuple = ("auto",),
-                 sleep_mode: bool = False, reproducible: bool = False):
+                 sleep_mode: bool = False, reproducible: bool = False, engine_host: EngineHostAddress | None = None):
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self.sleep_mode = sleep_mode  # engines that sleep and wake: one actor switching between models
         self.reproducible = reproducible
@@ -54,7 +56,13 @@ class EvalActor:
         # starts at the request, not at the process's birth
         process_at = max(process_started_at() or requested_at, requested_at)
         self.cpu_threads = engine_cpu_threads(num_cpus, num_gpus, _node_gpus(self.node_id)) if num_gpus else None
-        preload(backends)  # the imports every engine start would otherwise pay: once per process
+        # the engines run in a process forked from the run's engine host, imported before Ray started, where
+        # there is one on this machine (a local run's); else here, with the imports every engine start would
+        # otherwise pay done now, once. Reproducible runs keep their engines here: vLLM's batch-invariant
+        # setting is this process's, set above
+        self.host = None if reproducible else connect(engine_host)
+        if self.host is None:
+            preload(backends)
         self.gpu_name = gpu_name()
         self.refusal = reproducible_refusal(backends) if reproducible else None  # the driver stops on it
         self.gpu = GpuSampler().start()  # one sampler for the actor's life; shards read their own windows
@@ -130,6 +138,8 @@ class EvalActor:
         self.asleep.clear()
         if self.engine is not None:
             self.engine.close()
+        if self.host is not None:
+            self.host.close()
 
     def exit(self) -> None:
         """Test hook: die as a crashed engine would."""
@@ -149,12 +159,15 @@ class EvalActor:
 
     def _start_engine(self, profile: EngineProfile, engine_requested_at: float, reason: str) -> dict:
         gpu_fraction = self.num_gpus if self.num_gpus else 1.0
-        self.engine = make_engine(self.model, self.model_path, profile, num_threads=max(1, int(self.num_cpus)),
-                                  gpu_fraction=gpu_fraction, sleep_mode=self.sleep_mode,
-                                  reproducible=self.reproducible)
+        start = self.host.start_engine if self.host is not None else make_engine
+        self.engine = start(model=self.model, model_path=self.model_path, profile=profile,
+                            num_threads=max(1, int(self.num_cpus)), gpu_fraction=gpu_fraction,
+                            sleep_mode=self.sleep_mode, reproducible=self.reproducible)
         ready_at = time.time()
-        # one tokenizer per engine: the engine's own where it has one (vLLM's, the CPU engine's)
-        self.tokenizer = getattr(self.engine, "tokenizer", None) or _load_tokenizer(self.model_path)
+        # one tokenizer per engine: the engine's own where it has one (vLLM's, the CPU engine's); a hosted
+        # engine's stays in its process, where its shards run
+        self.tokenizer = None if self.host is not None else \
+            getattr(self.engine, "tokenizer", None) or _load_tokenizer(self.model_path)
         first, self._first = self._first, {}  # the process and its imports belong to the first start only
         requested_at = engine_requested_at
         if first:  # its clock runs from the actor's request; the wait for a model sits between
@@ -169,14 +182,17 @@ class EvalActor:
                 "requested_at": utc(requested_at), "ready_at": utc(ready_at),
                 "process_started_at": None, "process_s": None, "imports_s": None, "waiting_s": None, **first,
                 "startup_s": since(requested_at, ready_at), "first_token_s": None,  # filled by the driver
-                **self.engine.startup()}
+                "engine_process": "actor" if self.host is None else "host", **self.engine.startup()}
 
     def _run(self, engine, shard: Shard, task: TaskSpec, attempt: int) -> tuple[pa.Table, dict]:
         started_at, started, t0 = datetime.now(timezone.utc), time.perf_counter(), time.time()
         rows = shard.rows.to_pylist()
         counters = getattr(engine, "batch_counters", None)  # vLLM only: how full the engine's batch was
         before = counters() if counters else None
-        done = run_rows(engine, rows, task, self.tokenizer, shard.add_special_tokens)
+        if self.host is not None:
+            done = engine.run_rows(rows, task, shard.add_special_tokens)
+        else:
+            done = run_rows(engine, rows, task, self.tokenizer, shard.add_special_tokens)
         after = counters() if counters else None
         steps = after[0] - before[0] if counters else 0
         wall = time.perf_counter() - started

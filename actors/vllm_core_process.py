@@ -13,6 +13,9 @@ machine, on every engine start, after the actor's own import of vLLM (bench/h100
   has no setting for it (VLLM_WORKER_MULTIPROC_METHOD takes spawn or fork), so the process context of
   its engine-core launcher, `vllm.v1.engine.utils.get_mp_context`, is wrapped: vLLM's own checks still
   run, only the start method changes. A vLLM without that function gets `spawn`, and telemetry says so.
+- `fork`: vLLM's own choice outside Ray: the engine core forked from the process that builds the engine. An
+  engine process forked from a local run's engine host (actors/engine_host.py) is not a Ray actor, has vLLM
+  imported already, and runs this mode unless the environment names another.
 - `spawn`: vLLM's own choice inside an actor.
 - `inprocess`: the engine core in the actor's process (VLLM_ENABLE_V1_MULTIPROCESSING=0). No second
   process at all, but the engine core's scheduling then shares the actor's GIL with output processing:
@@ -34,7 +37,7 @@ import threading
 import time
 import uuid
 
-MODES = ("forkserver", "spawn", "inprocess")
+MODES = ("forkserver", "fork", "spawn", "inprocess")
 CORE_MODULE = "vllm.v1.engine.core"  # what the forkserver imports: EngineCoreProc and all it needs
 _state: dict = {"mode": None}  # the mode this process runs, once start() chose it; its environment
 
@@ -53,8 +56,9 @@ def start() -> str:
         return _state["mode"]
     mode = requested_mode()
     # a process that has touched CUDA cannot fork a working engine core, and vLLM forces spawn in Ray
-    # actors itself: spawn is the method vLLM is told, whatever the forkserver then does instead
-    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    # actors itself: spawn is the method vLLM is told, whatever the forkserver then does instead; outside
+    # Ray (`fork`) vLLM forks, and still spawns where CUDA was touched first
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork" if mode == "fork" else "spawn"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if mode == "inprocess" else "1"
     OutputTee.install()  # before the forkserver: its children write to the fds it inherits
     if mode == "forkserver":
@@ -82,6 +86,9 @@ def use_for_engine_core() -> str:
     mode = start()
     if mode == "inprocess":
         return "in-process"
+    if mode == "fork":
+        _state["used"] = "forked"
+        return "forked"
     import vllm.v1.engine.utils as launcher
 
     original = getattr(launcher, "get_mp_context", None)
@@ -105,7 +112,10 @@ def use_for_engine_core() -> str:
 
 
 def used_mode() -> str | None:
-    """What the last engine start used: `forkserver`, or `spawned` where the forkserver did not fit."""
+    """What the last engine start used: `forkserver` or `forked`, or `spawned` where neither fit (vLLM
+    forces spawn on a process that touched CUDA, and says so in VLLM_WORKER_MULTIPROC_METHOD)."""
+    if _state.get("used") == "forked" and os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn":
+        return "spawned"
     return _state.get("used")
 
 

@@ -86,7 +86,7 @@ class VllmEngine:
         finally:
             vllm_core_process.restore_env("VLLM_LOGGING_LEVEL", level)
         self._init_s = time.perf_counter() - started
-        if self.engine_core == "forkserver":
+        if self.engine_core in ("forkserver", "forked"):
             self.engine_core = vllm_core_process.used_mode() or self.engine_core  # spawned where it did not fit
         self._warm_up()
         self._load_s = time.perf_counter() - started

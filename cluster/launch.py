@@ -1,5 +1,5 @@
 """The one place where the driver reaches into actors/: the classes it starts as Ray actors or Serve
-replicas. Everything else in cluster/ knows actors only through the contracts (cluster/contracts/), and the
+replicas, and the engine host process of a local run (actors/engine_host.py, started by module name). Everything else in cluster/ knows actors only through the contracts (cluster/contracts/), and the
 import rules (tests/test_architecture.py) hold it to that. Imported lazily, so the driver's planning never
 loads the actors' engine code."""
 
@@ -18,3 +18,34 @@ def pool_replica():
     from actors.pool_replica import PoolReplica
 
     return PoolReplica
+
+
+class EngineHost:
+    """A local run's engine host (cluster/contracts/engine_host.py): started before Ray, so the engines'
+    libraries are imported while Ray starts; stopped after the run (and killed with the driver, however it
+    goes). Its output goes to a file beside its socket, read back only if it failed."""
+
+    def __init__(self, backends) -> None:
+        import os
+        import subprocess
+        import sys
+        import tempfile
+
+        from cluster.contracts.engine_host import HOST_MODULE, EngineHostAddress
+
+        self.folder = tempfile.mkdtemp(prefix="raysweep-engine-host-")  # only this user enters it
+        path = os.path.join(self.folder, "host.sock")
+        self._log = open(os.path.join(self.folder, "host.log"), "wb")
+        self.process = subprocess.Popen([sys.executable, "-m", HOST_MODULE, path, ",".join(sorted(set(backends))),
+                                         str(os.getpid())],
+                                        stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+        self.address = EngineHostAddress(path, self.process.pid)
+
+    def stop(self) -> None:
+        import shutil
+
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self._log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -146,14 +146,36 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
 
 
 def _run_spec(spec, args: argparse.Namespace, clock, held: dict, ray_starting=None):
+    from cluster.contracts.timing import RunClock
+
+    clock = clock or RunClock()
+    address, named = _ray_address(args)
+    host = engine_host(spec, address)
+    try:
+        return _run_spec_with(spec, args, clock, held, ray_starting, host)
+    finally:
+        if host is not None:
+            host.stop()
+
+
+def engine_host(spec, address: str):
+    """A new local Ray's engine host (cluster/launch.py), started now: the engines' imports run while the
+    inputs are checked and Ray starts. None for a Ray cluster (its actors are on other machines) and for a
+    reproducible run (its actors set vLLM's batch-invariant mode for their own process)."""
+    if address != "local" or spec.reproducible:
+        return None
+    from cluster.launch import EngineHost
+
+    return EngineHost(m.backend for m in spec.models)
+
+
+def _run_spec_with(spec, args: argparse.Namespace, clock, held: dict, ray_starting, host):
     import ray
 
     from cluster.inputs.checks import check_inputs
     from cluster.schedule.run import execute, prepare
-    from cluster.contracts.timing import RunClock
     from jobs.interrupts import Interrupted, reclaim
 
-    clock = clock or RunClock()
     address, named = _ray_address(args)
     try:
         data = check_inputs(spec)
@@ -187,7 +209,8 @@ def _run_spec(spec, args: argparse.Namespace, clock, held: dict, ray_starting=No
     print(f"[raysweep] Ray is up ({clock.record()['ray_start_s']:.1f}s after the command started); actors starting",
           flush=True)
     try:
-        report = execute(prepared, max_attempts=args.max_attempts, clock=clock)
+        report = execute(prepared, max_attempts=args.max_attempts, clock=clock,
+                         engine_host=host.address if host is not None else None)
         # a local output on a cluster of several nodes is on the driver's node only: say which
         node = ray.util.get_node_ip_address() if "://" not in report.output and len(ray.nodes()) > 1 else None
     finally:

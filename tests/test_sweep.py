@@ -104,6 +104,8 @@ def test_telemetry_is_measured(quickstart):
     assert shards["gpu_mem_used_max_mib"].isna().all()  # no GPU here: null, never zero
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     assert len(actors) == 2 and (actors["load_s"] > 0).all() and set(actors["engine"]) == {"hf"}
+    # a local run: the engines ran in processes forked from the run's engine host (actors/engine_host.py)
+    assert set(actors["engine_process"]) == {"host"}
     results = pq.read_table(out / "results").to_pandas()
     assert (results["latency_s"] >= results["ttft_s"]).all() and (results["ttft_s"] > 0).all()
 

@@ -87,7 +87,7 @@ assert core.start() == "forkserver" and core.use_for_engine_core() == "spawned"
 def test_an_unknown_mode_is_one_clear_error():
     done = run_case("core.start()", "threads")
     assert done.returncode == 1
-    assert "RAYSWEEP_VLLM_CORE='threads': use one of forkserver, spawn, inprocess" in done.stderr
+    assert "RAYSWEEP_VLLM_CORE='threads': use one of forkserver, fork, spawn, inprocess" in done.stderr
 
 
 def test_an_engine_core_dies_with_its_forkserver():

@@ -100,7 +100,10 @@ ACTORS: tuple[Column, ...] = (
     _c("chunked_prefill", pa.bool_(), "engine", S, "the engine runs chunked prefill"),
     _c("max_num_batched_tokens", pa.int64(), "engine", S, "vLLM's token budget per step; null elsewhere"),
     _c("max_num_seqs", pa.int64(), "engine", S, "the most sequences per step (hf: its batch size)"),
-    _c("engine_core", pa.string(), "engine", S, "vLLM: how its engine core runs (forkserver | spawned | in-process)"),
+    _c("engine_core", pa.string(), "engine", S,
+       "vLLM: how its engine core runs (forkserver | forked | spawned | in-process)"),
+    _c("engine_process", pa.string(), "actor", S,
+       "where the engine runs: actor (the actor's process) | host (a process forked from the run's engine host)"),
 )
 
 G = "per NVML sample"

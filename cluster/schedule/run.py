@@ -22,6 +22,7 @@ import ray
 from cluster.schedule.commit import Commits
 from cluster.schedule.metrics import SweepMetrics
 from cluster.contracts.engine_defaults import shared_starts_together
+from cluster.contracts.engine_host import EngineHostAddress
 from cluster.contracts.errors import RaysweepError
 from cluster.plan.engines_per_gpu import choose, generation_budget, resolved
 from cluster.plan.placement import capacity, model_resources, requested_capacity
@@ -96,11 +97,13 @@ def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, b
 
 
 def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts: int = 3,
-            progress_bar: bool | None = None, clock: RunClock | None = None, kept: KeptActors | None = None) -> SweepReport:
+            progress_bar: bool | None = None, clock: RunClock | None = None, kept: KeptActors | None = None,
+            engine_host: EngineHostAddress | None = None) -> SweepReport:
     """Run what is not committed yet on the connected Ray cluster; releases the output's lock.
     `progress_bar`: a bar (True), log lines (False), or a bar only when stdout is a terminal (None).
     `kept`: actors whose engines run on after the sweep, and that a later sweep of the same model runs on
-    (cluster/schedule/kept.py); the caller closes them."""
+    (cluster/schedule/kept.py); the caller closes them. `engine_host`: a local run's engine host
+    (cluster/launch.py EngineHost), whose engine processes the actors on its machine use."""
     started = time.perf_counter()
     clock = clock or RunClock(time.time())
     prepared.plans.start()  # a background plan starts now, with Ray up
@@ -109,7 +112,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
 
         score_ahead()  # lm-eval's scoring pass prepared while the shards run
     with prepared.sink as sink:
-        run = _Run(prepared, sink, log, progress_bar, clock, kept)
+        run = _Run(prepared, sink, log, progress_bar, clock, kept, engine_host)
         try:
             run.schedule(max_attempts)
         finally:  # what was measured before a failure is kept
@@ -139,9 +142,10 @@ class _Run:
     (cluster/schedule/commit.py)."""
 
     def __init__(self, prepared: Prepared, sink: ResultSink, log, progress_bar, clock: RunClock,
-                 kept: KeptActors | None = None):
+                 kept: KeptActors | None = None, engine_host: EngineHostAddress | None = None):
         self.spec, self.plans, self.sink, self.log, self.clock = prepared.spec, prepared.plans, sink, log, clock
         self.kept = kept
+        self.engine_host = engine_host
         self.new_tokens = prepared.new_tokens
         self.done = sink.committed()
         self.report = SweepReport(output=prepared.output, summary=pa.table({}))
@@ -182,7 +186,7 @@ class _Run:
             try:
                 return remote.options(name=f"raysweep:{spec.name}:{n}", namespace=namespace,
                                       max_restarts=0, max_concurrency=depth + 2, **shape.options()).remote(
-                    requested_at, shape.num_cpus, shape.num_gpus, backends, False, spec.reproducible)
+                    requested_at, shape.num_cpus, shape.num_gpus, backends, False, spec.reproducible, self.engine_host)
             except ray.exceptions.ActorAlreadyExistsError:  # another sweep of this name started meanwhile
                 raise SweepNameTaken(spec.name) from None
 

@@ -1,0 +1,81 @@
+"""The engine host of a local run (cluster/contracts/engine_host.py says why): `python -m actors.engine_host
+SOCKET BACKENDS DRIVER_PID`, started by the driver before Ray.
+
+1. It listens on SOCKET at once, so an actor that connects before the imports are done waits in line.
+2. It imports what the engines of BACKENDS need (actors/engine_factory.py PRELOADS), touching no GPU: a
+   process that started CUDA cannot fork a working one.
+3. For each actor that connects, it forks an engine process (actors/engine_process.py), which takes the
+   actor's environment, folder and output, and runs the actor's engines until the actor goes.
+
+It lives until the driver stops it, or dies with the driver (Linux's parent-death signal). Ctrl-C in the
+terminal is the driver's to handle: the host ignores it. It writes nothing unless its imports fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+
+
+def main(argv: list[str]) -> int:
+    path, backends, driver = argv[0], [b for b in argv[1].split(",") if b], int(argv[2])
+    _die_with_parent(driver)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(64)
+    # torch's CUDA check through NVML, here and in every engine process: CUDA itself is never started before
+    # an engine's own start, so vLLM can fork its engine core as it does outside Ray
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    from actors.engine_factory import preload
+
+    preload(backends, core_process=False)
+    import actors.engine_process  # noqa: F401  (and the shard code it runs)
+
+    signal.signal(signal.SIGCHLD, _reap)
+    while True:
+        client, _ = server.accept()
+        if os.fork() == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            server.close()
+            _serve(client)
+        client.close()
+
+
+def _serve(client: socket.socket) -> None:
+    """In the forked engine process: serve the actor, then leave without the host's exit handlers."""
+    from actors.engine_process import serve
+
+    code = 1
+    try:
+        code = serve(client)
+    finally:
+        os._exit(code)
+
+
+def _reap(signum, frame) -> None:
+    """Engine processes that ended: collected, so none stays a zombie for the host's life."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _die_with_parent(parent: int) -> None:
+    """Be killed when the driver goes, however it goes (Linux; elsewhere the driver stops the host). A driver
+    gone before this ran is seen by this process's parent no longer being it."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

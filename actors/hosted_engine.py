@@ -1,0 +1,123 @@
+"""An actor's end of its engine process (actors/engine_process.py), forked from the run's engine host
+(actors/engine_host.py): `connect` asks the host for one, `HostedEngine` is an engine there behind the
+interface the actor uses (actors/engine.py, plus `run_rows` for a shard's rows, which run where the engine
+and its tokenizer are).
+
+If the engine process dies (an engine that broke exits its process, as it would exit an actor), this actor
+exits too, so the scheduler retries its shards as after any actor's death.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import sys
+import threading
+from multiprocessing.connection import Client, Connection
+from multiprocessing.reduction import send_handle
+
+from actors.engine import EngineProfile
+from cluster.contracts.engine_host import CALL, READY, RUN_ROWS, START, EngineHostAddress
+
+
+class EngineProcess:
+    """The connection to this actor's engine process; calls from several threads at once."""
+
+    def __init__(self, conn: Connection, pid: int):
+        self.conn, self.pid = conn, pid
+        self.closing = False
+        self._ids = itertools.count()
+        self._sending = threading.Lock()
+        self._waiting: dict[int, list] = {}  # call id -> [event, ok, value]
+        threading.Thread(target=self._read, name="raysweep-engine-process", daemon=True).start()
+
+    def call(self, op: str, args):
+        call_id = next(self._ids)
+        slot = [threading.Event(), False, None]
+        self._waiting[call_id] = slot
+        with self._sending:
+            self.conn.send((call_id, op, args))
+        slot[0].wait()
+        if not slot[1]:
+            raise slot[2]
+        return slot[2]
+
+    def start_engine(self, **kwargs) -> "HostedEngine":
+        started = self.call(START, kwargs)
+        return HostedEngine(self, started["id"], started["kind"], started["profile"], started["counters"])
+
+    def close(self) -> None:
+        """The engines are closed: the engine process goes (with anything it still runs)."""
+        self.closing = True
+        # shut down, not only closed: this actor's reader thread is inside recv on it, and a socket closed
+        # under a blocked recv stays open (no end-of-file reaches the engine process)
+        with socket.fromfd(self.conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as end:
+            end.shutdown(socket.SHUT_RDWR)
+        self.conn.close()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                call_id, ok, value = self.conn.recv()
+            except (EOFError, OSError):
+                if self.closing:
+                    return
+                print(f"[raysweep] engine process {self.pid} ended: this actor ends with it", file=sys.stderr,
+                      flush=True)
+                os._exit(1)
+            slot = self._waiting.pop(call_id)
+            slot[1], slot[2] = ok, value
+            slot[0].set()
+
+
+class HostedEngine:
+    """One engine in the engine process (actors/engine.py's interface, as the actor uses it)."""
+
+    def __init__(self, process: EngineProcess, engine_id: int, kind: str, profile: EngineProfile, counters: bool):
+        self.process, self.engine_id, self.kind, self.profile = process, engine_id, kind, profile
+        self.tokenizer = None  # the engine's tokenizer stays in its process: shards run there (run_rows)
+        if counters:
+            self.batch_counters = lambda: self._call("batch_counters")
+
+    def run_rows(self, rows: list[dict], task, add_special_tokens: bool):
+        return self.process.call(RUN_ROWS, (self.engine_id, rows, task, add_special_tokens))
+
+    def startup(self) -> dict:
+        return self._call("startup")
+
+    def sleep(self) -> None:
+        self._call("sleep")
+
+    def wake_up(self) -> None:
+        self._call("wake_up")
+
+    def close(self) -> None:
+        self._call("close")
+
+    def _call(self, method: str):
+        return self.process.call(CALL, (self.engine_id, method))
+
+
+def connect(address: EngineHostAddress | None) -> EngineProcess | None:
+    """An engine process for this actor, forked from the host at `address`; None where there is no host
+    on this machine (an actor on another node) or it cannot fork one (its imports failed: it is gone).
+    Waits while the host still imports."""
+    if address is None or not os.path.exists(address.path):
+        return None
+    try:
+        conn = Client(address.path, "AF_UNIX")
+        conn.send({"env": dict(os.environ), "cwd": os.getcwd(), "pid": os.getpid()})
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd in (1, 2):
+            send_handle(conn, fd, address.host_pid)
+        kind, pid = conn.recv()
+    except (OSError, EOFError) as e:
+        print(f"[raysweep] the run's engine host did not answer ({type(e).__name__}: {e}); this actor runs its "
+              "engines itself", file=sys.stderr, flush=True)
+        return None
+    if kind != READY:
+        conn.close()
+        return None
+    return EngineProcess(conn, pid)
