@@ -1,7 +1,8 @@
 """The engine host of a local run (cluster/contracts/engine_host.py says why): `python -m actors.engine_host
-SOCKET BACKENDS DRIVER_PID`, started by the driver before Ray.
+SOCKET_FD BACKENDS DRIVER_PID`, started by the driver before Ray.
 
-1. It listens on SOCKET at once, so an actor that connects before the imports are done waits in line.
+1. The driver made the socket and listens on it (SOCKET_FD, inherited), so an actor that connects at any
+   time, even before this process's imports are done, waits in line.
 2. It imports what the engines of BACKENDS need (actors/engine_factory.py PRELOADS), touching no GPU: a
    process that started CUDA cannot fork a working one.
 3. For each actor that connects, it forks an engine process (actors/engine_process.py), which takes the
@@ -20,12 +21,10 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    path, backends, driver = argv[0], [b for b in argv[1].split(",") if b], int(argv[2])
+    server = socket.socket(fileno=int(argv[0]))
+    backends, driver = [b for b in argv[1].split(",") if b], int(argv[2])
     _die_with_parent(driver)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
-    server.listen(64)
     # torch's CUDA check through NVML, here and in every engine process: CUDA itself is never started before
     # an engine's own start, so vLLM can fork its engine core as it does outside Ray
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"

@@ -20,6 +20,16 @@ def pool_replica():
     return PoolReplica
 
 
+HOST_SWITCH = "RAYSWEEP_ENGINE_HOST"  # 0: no engine host; each actor imports and runs its engines itself
+
+
+def start_engine_host(backends) -> "EngineHost | None":
+    """A local run's engine host, started now; None where RAYSWEEP_ENGINE_HOST=0 turns it off."""
+    import os
+
+    return None if os.environ.get(HOST_SWITCH, "1") == "0" else EngineHost(backends)
+
+
 class EngineHost:
     """A local run's engine host (cluster/contracts/engine_host.py): started before Ray, so the engines'
     libraries are imported while Ray starts; stopped after the run (and killed with the driver, however it
@@ -27,6 +37,7 @@ class EngineHost:
 
     def __init__(self, backends) -> None:
         import os
+        import socket
         import subprocess
         import sys
         import tempfile
@@ -36,9 +47,14 @@ class EngineHost:
         self.folder = tempfile.mkdtemp(prefix="raysweep-engine-host-")  # only this user enters it
         path = os.path.join(self.folder, "host.sock")
         self._log = open(os.path.join(self.folder, "host.log"), "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", HOST_MODULE, path, ",".join(sorted(set(backends))),
-                                         str(os.getpid())],
-                                        stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+        # listening before the host's Python has started: an actor that comes at any time after finds it
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(path)
+            server.listen(64)
+            self.process = subprocess.Popen([sys.executable, "-m", HOST_MODULE, str(server.fileno()),
+                                             ",".join(sorted(set(backends))), str(os.getpid())],
+                                            pass_fds=[server.fileno()], stdin=subprocess.DEVNULL, stdout=self._log,
+                                            stderr=subprocess.STDOUT)
         self.address = EngineHostAddress(path, self.process.pid)
 
     def stop(self) -> None:

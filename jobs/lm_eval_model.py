@@ -56,6 +56,13 @@ def make_model_class():
             self.output = output or tempfile.mkdtemp(prefix="raysweep-lm-eval-")
             self.address = address or os.environ.get("RAY_ADDRESS") or "local"
             self._kept = None  # the engines of the first request type's sweep, kept for the next ones
+            self._host = None  # a local run's engine host (cluster/launch.py): the engines' imports start now
+            if self.address == "local":
+                from cluster.launch import start_engine_host
+
+                self._host = start_engine_host([backend])
+                if self._host is not None:
+                    atexit.register(self._host.stop)  # registered before Ray's and the engines': runs after them
             # Ray starts while lm-eval loads its tasks and builds their requests (they need only this thread's
             # Python; ray.init mostly waits on the processes it starts); the first request type waits for it
             self._ray = Background(self._start_ray, "raysweep-ray-start")
@@ -82,7 +89,7 @@ def make_model_class():
                              models=(self.model,), tasks=tasks, actors=self.actors)
             self._ray.result()
             report = execute(prepare(spec, spec.output), log=lambda line: print(line, file=sys.stderr, flush=True),
-                             kept=self._kept)
+                             kept=self._kept, engine_host=self._host.address if self._host is not None else None)
             if report.failed:
                 first = next(iter(report.failed.values()))["errors"][-1]
                 raise RuntimeError(f"raysweep: {len(report.failed)} shard(s) failed (first: {first}); the run's "

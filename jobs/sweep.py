@@ -63,25 +63,67 @@ def run(args: argparse.Namespace) -> int:
     # 1. Before Ray and before the output is touched, the cheap checks: the spec, every data file (one
     #    pass), structured specs, where each model is, the Ray address. A problem is one line, exit 2.
     #    lm-eval's tasks take seconds to build: Ray starts meanwhile (and stops again on a bad input).
-    early = _ray_starting(args) if names_lm_eval_tasks(args.spec) else None
+    #    The engines' imports start at once too, in a local run's engine host (engine_host).
+    raw = _quick_look(args.spec)
+    host = engine_host(raw, _ray_address(args)[0]) if raw else None
+    early = _ray_starting(args) if raw and _names_lm_eval_tasks(raw) else None
     try:
         spec = load_spec(args.spec)
     except BaseException:
         _stop(early)
+        if host is not None:
+            host.stop()
         raise
-    return run_spec(spec, args, clock, ray_starting=early)
+    return run_spec(spec, args, clock, ray_starting=early, host=host)
 
 
-def names_lm_eval_tasks(path: str) -> bool:
-    """Whether the spec file has a `lm_eval:` entry among its tasks (a quick look: load_spec checks it all)."""
+def _quick_look(path: str) -> dict | None:
+    """The spec file as YAML, or None where it is not readable YAML of a mapping (load_spec then says what is
+    wrong, before anything starts)."""
     import yaml
 
     try:
         with open(path, "rb") as f:
             raw = yaml.safe_load(f)
-        return any(isinstance(t, dict) and "lm_eval" in t for t in raw.get("tasks") or [])
-    except Exception:  # not readable, not YAML, not a mapping: load_spec says what is wrong, before any Ray
-        return False
+    except Exception:  # noqa: BLE001
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def _backends(raw: dict) -> list[str]:
+    """The engine backends the spec's models name (`engine: NAME` or `engine: {backend: NAME}`), `auto` for
+    the rest and for what load_spec will refuse."""
+    from cluster.contracts.spec import BACKENDS
+
+    found = []
+    for model in raw.get("models") if isinstance(raw.get("models"), list) else []:
+        engine = model.get("engine") if isinstance(model, dict) else None
+        backend = engine if isinstance(engine, str) else engine.get("backend") if isinstance(engine, dict) else None
+        found.append(backend if backend in BACKENDS else "auto")
+    return found or ["auto"]
+
+
+def _names_lm_eval_tasks(raw: dict) -> bool:
+    """Whether the spec has a `lm_eval:` entry among its tasks (a quick look: load_spec checks it all)."""
+    tasks = raw.get("tasks")
+    return isinstance(tasks, list) and any(isinstance(t, dict) and "lm_eval" in t for t in tasks)
+
+
+def engine_host(spec, address: str):
+    """A new local Ray's engine host (cluster/launch.py), started now: the engines' imports run while the
+    spec and inputs are checked and Ray starts. `spec`: a SweepSpec, or the spec file's YAML (a quick look,
+    before load_spec checks it). None for a Ray cluster (its actors are on other machines) and for a
+    reproducible run (its actors set vLLM's batch-invariant mode for their own process); RAYSWEEP_ENGINE_HOST=0
+    turns it off."""
+    if isinstance(spec, dict):
+        reproducible, backends = spec.get("reproducible") is True, _backends(spec)
+    else:
+        reproducible, backends = spec.reproducible, [m.backend for m in spec.models]
+    if address != "local" or reproducible:
+        return None
+    from cluster.launch import start_engine_host
+
+    return start_engine_host(backends)
 
 
 def _ray_address(args: argparse.Namespace) -> tuple[str, str]:
@@ -117,7 +159,7 @@ def _stop(starting) -> None:
     ray.shutdown()
 
 
-def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = True, ray_starting=None) -> int:
+def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = True, ray_starting=None, host=None) -> int:
     """`run` for a spec already loaded (`raysweep verify` builds one): the checks, Ray, the sweep, the summary
     (`output_kept=False`: the output is removed after, so its path is not printed). Ctrl-C or SIGTERM at any
     moment: one line saying what was committed and how to resume (exit 1)."""
@@ -134,7 +176,7 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
 
     with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)
         try:
-            report, node = _run_spec(spec, args, clock, held, ray_starting)
+            report, node = _run_spec(spec, args, clock, held, ray_starting, host)
         except (Interrupted, SystemError) as e:
             # a SystemError raised from the Interrupted: the signal came inside ray.wait's C code (seen under load)
             stop = e if isinstance(e, Interrupted) else interrupted_in(e)
@@ -145,28 +187,21 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
     return _print_report(report, node, output_kept, args.verbose)
 
 
-def _run_spec(spec, args: argparse.Namespace, clock, held: dict, ray_starting=None):
+def _run_spec(spec, args: argparse.Namespace, clock, held: dict, ray_starting=None, host=None):
     from cluster.contracts.timing import RunClock
 
     clock = clock or RunClock()
     address, named = _ray_address(args)
-    host = engine_host(spec, address)
+    if host is not None and spec.reproducible:  # the quick look missed it: the actors run their engines
+        host.stop()
+        host = None
+    elif host is None:
+        host = engine_host(spec, address)
     try:
         return _run_spec_with(spec, args, clock, held, ray_starting, host)
     finally:
         if host is not None:
             host.stop()
-
-
-def engine_host(spec, address: str):
-    """A new local Ray's engine host (cluster/launch.py), started now: the engines' imports run while the
-    inputs are checked and Ray starts. None for a Ray cluster (its actors are on other machines) and for a
-    reproducible run (its actors set vLLM's batch-invariant mode for their own process)."""
-    if address != "local" or spec.reproducible:
-        return None
-    from cluster.launch import EngineHost
-
-    return EngineHost(m.backend for m in spec.models)
 
 
 def _run_spec_with(spec, args: argparse.Namespace, clock, held: dict, ray_starting, host):

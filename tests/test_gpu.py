@@ -93,6 +93,72 @@ actors: {{count: 2, num_gpus: 0.5, num_cpus: 1}}
     assert set(actors["profile"]) == {"short", "long"}
 
 
+def _engine_host_processes() -> set[int]:
+    """Live processes running actors/engine_host.py: engine hosts and the engine processes forked from them."""
+    import os
+
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"-m actors.engine_host" in command and state != "Z":
+            found.add(int(pid))
+    return found
+
+
+@pytest.mark.slow
+def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host(tmp_path):
+    """`raysweep run` with a new local Ray: two half-GPU actors run their vLLM engines in processes forked from
+    the run's engine host (imported before Ray started), with vLLM's engine core forked from there as outside
+    Ray; CUDA graphs captured; a long shard's profile restart starts a second engine in the same engine
+    process; structured outputs valid; nothing of the host or its engines is left once the command exits."""
+    import os
+    import random
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    rng = random.Random(1)
+    with open(tmp_path / "mixed.jsonl", "w") as f:
+        for i in range(24):
+            n = rng.randint(12_000, 14_000) if i % 6 == 0 else rng.randint(20, 200)
+            f.write(json.dumps({"id": f"s{i}", "text": "".join(rng.choice("abcdefgh ") for _ in range(n))}) + "\n")
+    (tmp_path / "host.yaml").write_text(f"""
+name: gpu-host
+models:
+  - {{name: tiny, path: 'builtin:tiny', engine: {{backend: vllm, max_model_len: 16384}}}}
+tasks:
+  - {{name: mixed, data: mixed.jsonl, id_column: id, prompt: "{{text}}\\nSummary:",
+      sampling: {{max_tokens: 32, temperature: 1.0, stop: ["."]}}}}
+{CHOICE_TASK}shards: {{max_samples: 8}}
+actors: {{count: 2, num_gpus: 0.5, num_cpus: 1}}
+""")
+    before = _engine_host_processes()
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "jobs.sweep", str(tmp_path / "host.yaml"), "--output", str(out)],
+                          cwd=ROOT, env=os.environ | {"RAY_ADDRESS": "local"}, capture_output=True, text=True, timeout=500)
+    print(done.stdout[-3000:])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
+    print(actors[["actor_id", "reason", "profile", "engine_process", "engine_core", "imports_s", "engine_init_s",
+                  "graph_mode", "fallback_reason"]].to_string())
+    assert set(actors["engine_process"]) == {"host"} and set(actors["engine_core"]) == {"forked"}
+    assert actors["fallback_reason"].isna().all() and (actors["graph_mode"] != "NONE").all()
+    assert set(actors["profile"]) == {"short", "long"}
+    results = pq.read_table(out / "results").to_pandas()
+    assert len(results) == 124 and results[["task", "sample_id"]].astype(str).drop_duplicates().shape[0] == 124
+    assert (results["status"] != "error").all() and results[results["task"] == "choice"]["structured_valid"].all()
+    shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pandas()
+    assert shards["cuda_graphs"].all() and (shards["engine_batch_mean"] >= 1).all()
+    assert _engine_host_processes() - before == set(), "an engine host or engine process outlived the command"
+
+
 @pytest.fixture(scope="module")
 def vllm_engine(tiny_path):
     from actors.engine import EngineProfile

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HOST_MODULE = "actors.engine_host"  # run as `python -m actors.engine_host SOCKET BACKENDS DRIVER_PID`
+HOST_MODULE = "actors.engine_host"  # run as `python -m actors.engine_host SOCKET_FD BACKENDS DRIVER_PID`
 
 
 @dataclass(frozen=True)
