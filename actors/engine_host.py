@@ -8,8 +8,8 @@ SOCKET_FD BACKENDS DRIVER_PID`, started by the driver before Ray.
 3. For each actor that connects, it forks an engine process (actors/engine_process.py), which takes the
    actor's environment, folder and output, and runs the actor's engines until the actor goes.
 
-It lives until the driver stops it, or dies with the driver (Linux's parent-death signal). Ctrl-C in the
-terminal is the driver's to handle: the host ignores it. It writes nothing unless its imports fail.
+It lives until the driver stops it, or dies with the driver (Linux's parent-death signal). It runs in a session
+of its own, so Ctrl-C in the terminal is the driver's to handle. It writes nothing unless something fails.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ def main(argv: list[str]) -> int:
     server = socket.socket(fileno=int(argv[0]))
     backends, driver = [b for b in argv[1].split(",") if b], int(argv[2])
     _die_with_parent(driver)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # torch's CUDA check through NVML, here and in every engine process: CUDA itself is never started before
     # an engine's own start, so vLLM can fork its engine core as it does outside Ray
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
@@ -36,22 +35,26 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGCHLD, _reap)
     while True:
         client, _ = server.accept()
-        if os.fork() == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            server.close()
-            _serve(client)
-        client.close()
+        try:
+            if os.fork() == 0:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                server.close()
+                _serve(client)
+        except OSError as e:  # no fork now (memory, process limits): that actor runs its engines itself
+            print(f"[raysweep] engine host: no engine process forked ({e})", file=sys.stderr, flush=True)
+        finally:
+            client.close()
 
 
 def _serve(client: socket.socket) -> None:
-    """In the forked engine process: serve the actor, then leave without the host's exit handlers."""
-    from actors.engine_process import serve
+    """In the forked engine process: serve the actor; however that ends, the engine process's group goes
+    (its engines' processes with it), without the host's exit handlers."""
+    from actors import engine_process
 
-    code = 1
     try:
-        code = serve(client)
+        engine_process.serve(client)
     finally:
-        os._exit(code)
+        engine_process.end()
 
 
 def _reap(signum, frame) -> None:

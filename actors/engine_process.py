@@ -10,6 +10,9 @@ over the connection (the messages: cluster/contracts/engine_host.py). actors/hos
   order they finish.
 - When the actor's end of the connection closes (it closed its engines and went, or it was killed) the
   process group is killed: no engine outlives its actor holding GPU memory.
+- When this process dies another way (an engine that broke exits it, as it would exit an actor), a watchdog
+  kills the group too, vLLM's engine core included (forked outside Ray, it has no parent-death check of its
+  own). The processes forked from this one do not keep the actor's connection open, so the actor sees it end.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from cluster.contracts.engine_host import CALL, READY, RUN_ROWS, START
 CALLS = ("startup", "sleep", "wake_up", "close", "batch_counters")
 
 
-def serve(client: socket.socket) -> int:
+def serve(client: socket.socket) -> None:
     conn = Connection(client.detach())
     os.setsid()
+    guard_group(conn.fileno())
     hello = conn.recv()
     fds = [recv_handle(conn), recv_handle(conn)]
     sys.stdout.flush()
@@ -39,6 +43,8 @@ def serve(client: socket.socket) -> int:
     for target, fd in zip((1, 2), fds):
         os.dup2(fd, target)
         os.close(fd)
+    for stream in (sys.stdout, sys.stderr):  # the host's were files (block-buffered); the actor's log is read live
+        stream.reconfigure(line_buffering=True)
     _take_environment(hello["env"])
     try:
         os.chdir(hello["cwd"])
@@ -46,7 +52,29 @@ def serve(client: socket.socket) -> int:
         pass
     conn.send((READY, os.getpid()))
     Engines(conn).serve()
-    return 0
+
+
+def guard_group(conn_fd: int) -> None:
+    """In a new process group's leader: a watchdog process that kills the group once this process is gone,
+    however it went; and every process forked from this one from now on lets go of `conn_fd` (the actor's
+    connection) and of the watchdog's pipe, so neither outlives this process in a child (vLLM's engine core)."""
+    read_end, write_end = os.pipe()
+    if os.fork() == 0:  # the watchdog: holds only the pipe's read end
+        os.close(write_end)
+        os.close(conn_fd)
+        while os.read(read_end, 1):
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(0)
+    os.close(read_end)
+
+    def let_go() -> None:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (conn_fd, write_end):
+            os.dup2(devnull, fd)  # the number stays valid (objects that own it close it harmlessly)
+        os.close(devnull)
+
+    os.register_at_fork(after_in_child=let_go)
 
 
 def _take_environment(env: dict) -> None:
@@ -72,8 +100,8 @@ class Engines:
         while True:
             try:
                 call_id, op, args = self.conn.recv()
-            except (EOFError, OSError):
-                _end()
+            except BaseException:  # noqa: BLE001  (the actor is gone, or what it sent cannot be read: the end)
+                end()
             threading.Thread(target=self._answer, args=(call_id, op, args), daemon=True,
                              name=f"raysweep-call-{call_id}").start()
 
@@ -85,11 +113,15 @@ class Engines:
         try:
             with self.sending:
                 self.conn.send(answer)
-        except (OSError, ValueError, pickle.PicklingError) as e:
-            if isinstance(e, OSError):
-                _end()
-            with self.sending:
-                self.conn.send((call_id, False, RuntimeError(f"the engine's answer could not be sent: {e}")))
+        except OSError:
+            end()
+        except Exception as e:  # noqa: BLE001  (an answer that does not pickle: the caller still gets one)
+            try:
+                with self.sending:
+                    self.conn.send((call_id, False, RuntimeError(f"the engine's answer could not be sent: "
+                                                                 f"{type(e).__name__}: {e}")))
+            except Exception:  # noqa: BLE001
+                end()
 
     def _do(self, op: str, args):
         if op == START:
@@ -135,6 +167,6 @@ def _portable(e: BaseException) -> BaseException:
         return RuntimeError(f"{type(e).__name__}: {e}")
 
 
-def _end() -> None:
-    """The actor is gone: this process and its engines' processes go too."""
+def end() -> None:
+    """The actor is gone (or this process ends): this process and its engines' processes go too."""
     os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -14,11 +14,14 @@ import os
 import socket
 import sys
 import threading
+import time
 from multiprocessing.connection import Client, Connection
 from multiprocessing.reduction import send_handle
 
 from actors.engine import EngineProfile
 from cluster.contracts.engine_host import CALL, READY, RUN_ROWS, START, EngineHostAddress
+
+HOST_WAIT_S = 600.0  # the host's imports (vLLM: 10-25 s measured; a cold disk and no bytecode: more) at most
 
 
 class EngineProcess:
@@ -60,10 +63,11 @@ class EngineProcess:
         while True:
             try:
                 call_id, ok, value = self.conn.recv()
-            except (EOFError, OSError):
+            except BaseException as e:  # noqa: BLE001  (gone, or an answer that cannot be read: the end)
                 if self.closing:
                     return
-                print(f"[raysweep] engine process {self.pid} ended: this actor ends with it", file=sys.stderr,
+                why = "ended" if isinstance(e, (EOFError, OSError)) else f"sent what this actor cannot read ({e!r})"
+                print(f"[raysweep] engine process {self.pid} {why}: this actor ends with it", file=sys.stderr,
                       flush=True)
                 os._exit(1)
             slot = self._waiting.pop(call_id)
@@ -112,6 +116,7 @@ def connect(address: EngineHostAddress | None) -> EngineProcess | None:
         sys.stderr.flush()
         for fd in (1, 2):
             send_handle(conn, fd, address.host_pid)
+        _await_answer(conn, address.host_pid)
         kind, pid = conn.recv()
     except (OSError, EOFError) as e:
         print(f"[raysweep] the run's engine host did not answer ({type(e).__name__}: {e}); this actor runs its "
@@ -121,3 +126,18 @@ def connect(address: EngineHostAddress | None) -> EngineProcess | None:
         conn.close()
         return None
     return EngineProcess(conn, pid)
+
+
+def _await_answer(conn: Connection, host_pid: int) -> None:
+    """Wait for the host's engine process to answer, while the host lives (it may still be importing), at most
+    HOST_WAIT_S; a host that died or hangs raises, and the actor runs its engines itself."""
+    deadline = time.monotonic() + HOST_WAIT_S
+    while not conn.poll(1.0):
+        try:
+            os.kill(host_pid, 0)
+        except ProcessLookupError:
+            raise ConnectionError(f"the engine host (process {host_pid}) is gone") from None
+        except PermissionError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the engine host did not answer in {HOST_WAIT_S:.0f} s")

@@ -21,22 +21,34 @@ def pool_replica():
 
 
 HOST_SWITCH = "RAYSWEEP_ENGINE_HOST"  # 0: no engine host; each actor imports and runs its engines itself
+MAX_SOCKET_PATH = 100  # bytes: Linux's Unix socket paths end at 107
 
 
 def start_engine_host(backends) -> "EngineHost | None":
-    """A local run's engine host, started now; None where RAYSWEEP_ENGINE_HOST=0 turns it off."""
+    """A local run's engine host, started now; None where RAYSWEEP_ENGINE_HOST=0 turns it off, or where it
+    cannot start (said in one line: the actors then import and run their engines themselves)."""
     import os
+    import sys
 
-    return None if os.environ.get(HOST_SWITCH, "1") == "0" else EngineHost(backends)
+    if os.environ.get(HOST_SWITCH, "1") == "0":
+        return None
+    try:
+        return EngineHost(backends)
+    except OSError as e:
+        print(f"[raysweep] no engine host ({e}): the actors import and run their engines themselves",
+              file=sys.stderr, flush=True)
+        return None
 
 
 class EngineHost:
     """A local run's engine host (cluster/contracts/engine_host.py): started before Ray, so the engines'
     libraries are imported while Ray starts; stopped after the run (and killed with the driver, however it
-    goes). Its output goes to a file beside its socket, read back only if it failed."""
+    goes). It runs in a session of its own (Ctrl-C in the terminal is the driver's). Its output goes to a file
+    beside its socket, said in one line if the host ended by itself."""
 
     def __init__(self, backends) -> None:
         import os
+        import shutil
         import socket
         import subprocess
         import sys
@@ -45,23 +57,38 @@ class EngineHost:
         from cluster.contracts.engine_host import HOST_MODULE, EngineHostAddress
 
         self.folder = tempfile.mkdtemp(prefix="raysweep-engine-host-")  # only this user enters it
+        if len(os.path.join(self.folder, "host.sock").encode()) > MAX_SOCKET_PATH:  # a long TMPDIR
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = tempfile.mkdtemp(prefix="raysweep-engine-host-", dir="/tmp")
         path = os.path.join(self.folder, "host.sock")
-        self._log = open(os.path.join(self.folder, "host.log"), "wb")
-        # listening before the host's Python has started: an actor that comes at any time after finds it
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-            server.bind(path)
-            server.listen(64)
-            self.process = subprocess.Popen([sys.executable, "-m", HOST_MODULE, str(server.fileno()),
-                                             ",".join(sorted(set(backends))), str(os.getpid())],
-                                            pass_fds=[server.fileno()], stdin=subprocess.DEVNULL, stdout=self._log,
-                                            stderr=subprocess.STDOUT)
+        try:
+            self._log = open(os.path.join(self.folder, "host.log"), "wb")
+            # listening before the host's Python has started: an actor that comes at any time after finds it
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+                server.bind(path)
+                server.listen(64)
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", HOST_MODULE, str(server.fileno()), ",".join(sorted(set(backends))),
+                     str(os.getpid())], pass_fds=[server.fileno()], stdin=subprocess.DEVNULL, stdout=self._log,
+                    stderr=subprocess.STDOUT, start_new_session=True)
+        except BaseException:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
         self.address = EngineHostAddress(path, self.process.pid)
 
     def stop(self) -> None:
+        import os
         import shutil
+        import sys
 
-        if self.process.poll() is None:
+        ended = self.process.poll()
+        if ended is None:
             self.process.kill()
         self.process.wait()
         self._log.close()
+        if ended:  # it died by itself: its imports failed, say
+            with open(os.path.join(self.folder, "host.log"), "rb") as f:
+                lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+            print(f"[raysweep] the engine host ended early (exit {ended}): {lines[-1] if lines else 'no output'}",
+                  file=sys.stderr, flush=True)
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,10 +1,12 @@
 """The engine host of a local run (actors/engine_host.py): an actor's engine runs in a process forked from it,
-gives the same rows as an engine in the actor's own process, and never outlives its actor; an actor whose
-engine process dies ends too (so the scheduler retries its shards). "Actors" here are plain processes that
-do what EvalActor does with the host: the host's part needs no Ray."""
+with the actor's environment, gives the same rows as an engine in the actor's own process, and never outlives
+its actor, nor do the processes it forks; an actor whose engine process dies ends too (so the scheduler retries
+its shards). "Actors" here are plain processes that do what EvalActor does with the host: the host's part needs
+no Ray."""
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -30,9 +32,9 @@ if process is None:
 engine = process.start_engine(model=ModelSpec("tiny", "builtin:tiny", backend="hf"), model_path=model_path,
                               profile=EngineProfile(), num_threads=1, gpu_fraction=1.0, sleep_mode=False,
                               reproducible=False)
-done = engine.run_rows(rows, TaskSpec("t", "d.jsonl", prompt="{q}", sampling=SamplingSpec(max_tokens=6)), True)
-print(json.dumps({"hosted": True, "engine_pid": process.pid, "kind": engine.kind, "env": os.environ.get("RAYSWEEP_PROBE"),
-                  "startup": sorted(engine.startup()), "texts": [r["output_text"] for r in done.rows],
+done = engine.run_rows(rows, TaskSpec("t", "d.jsonl", prompt="{q}", sampling=SamplingSpec(max_tokens=6), fail_on_error=False), True)
+print(json.dumps({"hosted": True, "engine_pid": process.pid, "kind": engine.kind, "startup": sorted(engine.startup()),
+                  "status": [r["status"] for r in done.rows], "texts": [r["output_text"] for r in done.rows],
                   "tokens": [r["output_tokens"] for r in done.rows]}), flush=True)
 if then == "close":
     engine.close()
@@ -52,16 +54,24 @@ def host():
 
 
 def _rows(tokenizer) -> list[dict]:
-    prompts = ["2+2=", "The sky is"]
+    prompts = ["2+2=", "The sky is", "Once upon"]
     return [{"sample_id": str(i), "prompt": p, "prompt_token_ids": None, "seed": i, "status": "ok",
              "prompt_tokens": len(tokenizer(p, add_special_tokens=True)["input_ids"])} for i, p in enumerate(prompts)]
 
 
-def _actor(host, tiny_path, engine, then="wait"):
+def _actor(host, tiny_path, engine, log, then="wait"):
+    """An actor whose environment makes sample "1" fail in every engine call (shard_work's test switch): a
+    row that fails in the engine process shows it runs with the actor's environment, not the host's."""
     return subprocess.Popen([sys.executable, "-c", ACTOR, host.address.path, str(host.address.host_pid),
                              tiny_path, then, json.dumps(_rows(engine.tokenizer))],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=os.environ | {"RAYSWEEP_PROBE": "from-the-actor", "PYTHONPATH": str(ROOT)})
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
+                            env=os.environ | {"RAYSWEEP_TEST_FAIL_SAMPLES": "1", "PYTHONPATH": str(ROOT)})
+
+
+def _line(process, timeout_s: float = 120) -> str:
+    """The process's next stdout line; '' if none comes in time (a hang fails the test, not the suite)."""
+    ready, _, _ = select.select([process.stdout], [], [], timeout_s)
+    return process.stdout.readline() if ready else ""
 
 
 def _alive(pid: int) -> bool:
@@ -81,46 +91,91 @@ def _gone_within(pid: int, seconds: float) -> bool:
     return False
 
 
-def test_an_engine_process_runs_the_actors_rows_and_dies_with_the_actor(host, tiny_path, hf_engine):
+def test_an_engine_process_runs_the_actors_rows_and_dies_with_the_actor(host, tiny_path, hf_engine, tmp_path):
     from actors.shard_work import run_rows
     from cluster.contracts.spec import SamplingSpec, TaskSpec
 
-    actor = _actor(host, tiny_path, hf_engine)
-    said = json.loads(actor.stdout.readline() or "{}")
-    assert said.get("hosted"), actor.stderr.read() if actor.poll() is not None else said
-    assert said["kind"] == "hf" and said["env"] == "from-the-actor"  # the actor's environment, not the host's
-    assert "engine_init_s" in said["startup"]
+    log = open(tmp_path / "actor.log", "w")
+    actor = _actor(host, tiny_path, hf_engine, log)
+    said = json.loads(_line(actor) or "{}")
+    assert said.get("hosted"), (tmp_path / "actor.log").read_text()[-3000:]
+    assert said["kind"] == "hf" and "engine_init_s" in said["startup"]
+    # the actor's environment reached the engine process: sample 1 failed there, its neighbours did not
+    assert said["status"] == ["ok", "error", "ok"], said
     # the same rows through the same engine in this process: the same completions
-    here = run_rows(hf_engine, _rows(hf_engine.tokenizer), TaskSpec("t", "d.jsonl", prompt="{q}", sampling=SamplingSpec(max_tokens=6)),
-                    hf_engine.tokenizer, True)
-    assert said["texts"] == [r["output_text"] for r in here.rows] and said["tokens"] == [r["output_tokens"] for r in here.rows]
+    here = run_rows(hf_engine, _rows(hf_engine.tokenizer),
+                    TaskSpec("t", "d.jsonl", prompt="{q}", sampling=SamplingSpec(max_tokens=6)), hf_engine.tokenizer, True)
+    for i in (0, 2):
+        assert (said["texts"][i], said["tokens"][i]) == (here.rows[i]["output_text"], here.rows[i]["output_tokens"])
     engine_pid = said["engine_pid"]
     assert _alive(engine_pid)
     actor.kill()  # as Ray kills an actor, or a crash
     actor.wait()
     assert _gone_within(engine_pid, 10), "the engine process outlived its actor"
     assert host.process.poll() is None  # the host serves the next actor
-    second = _actor(host, tiny_path, hf_engine, then="close")
+    second = _actor(host, tiny_path, hf_engine, log, then="close")
     try:
-        said = json.loads(second.stdout.readline() or "{}")
-        assert said.get("hosted") and second.stdout.readline().strip() == "closed"
+        said = json.loads(_line(second) or "{}")
+        assert said.get("hosted") and _line(second).strip() == "closed"
         assert _gone_within(said["engine_pid"], 10), "a closed engine process stayed"
     finally:
         second.kill()
         second.wait()
 
 
-def test_an_actor_ends_when_its_engine_process_dies(host, tiny_path, hf_engine):
-    actor = _actor(host, tiny_path, hf_engine)
+def test_an_actor_ends_when_its_engine_process_dies(host, tiny_path, hf_engine, tmp_path):
+    log = open(tmp_path / "actor.log", "w")
+    actor = _actor(host, tiny_path, hf_engine, log)
     try:
-        said = json.loads(actor.stdout.readline() or "{}")
-        assert said.get("hosted")
+        said = json.loads(_line(actor) or "{}")
+        assert said.get("hosted"), (tmp_path / "actor.log").read_text()[-3000:]
         os.kill(said["engine_pid"], signal.SIGKILL)  # as an engine that broke exits its process
         assert actor.wait(timeout=20) == 1
-        assert f"engine process {said['engine_pid']} ended: this actor ends with it" in actor.stderr.read()
+        assert f"engine process {said['engine_pid']} ended: this actor ends with it" in (tmp_path / "actor.log").read_text()
     finally:
         actor.kill()
         actor.wait()
+
+
+# an engine process's part: its guard set up, then a child forked (as vLLM forks its engine core) that would
+# sleep on, holding the actor's connection; then the engine process dies as a broken engine makes it (os._exit)
+GUARDED = """
+import os, socket, sys, time
+from actors.engine_process import guard_group
+fd = int(sys.argv[1])
+os.setsid()
+guard_group(fd)
+child = os.fork()
+if child == 0:
+    time.sleep(600)
+    os._exit(0)
+os.write(1, f"{child}\\n".encode())
+time.sleep(0.5)
+os._exit(1)
+"""
+
+
+def test_what_an_engine_process_forked_goes_with_it_and_lets_go_of_the_actor():
+    """vLLM's engine core, forked outside Ray, has no parent-death check: when the engine process dies
+    another way than by its actor's going, its watchdog kills the group, and the actor's connection ends."""
+    import socket
+
+    actor_end, engine_end = socket.socketpair()
+    engine = subprocess.Popen([sys.executable, "-c", GUARDED, str(engine_end.fileno())], cwd=ROOT,
+                              pass_fds=[engine_end.fileno()], stdout=subprocess.PIPE, text=True,
+                              env=os.environ | {"PYTHONPATH": str(ROOT)})
+    engine_end.close()
+    try:
+        child = int(_line(engine, 60) or 0)
+        assert child
+        assert engine.wait(timeout=30) == 1
+        actor_end.settimeout(10)
+        assert actor_end.recv(1) == b"", "the actor's connection stayed open in a child of the engine process"
+        assert _gone_within(child, 10), "a child of the engine process outlived it"
+    finally:
+        engine.kill()
+        engine.wait()
+        actor_end.close()
 
 
 def test_without_a_host_on_its_machine_an_actor_runs_its_engine_itself(tmp_path, tiny_path):

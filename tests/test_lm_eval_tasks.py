@@ -450,6 +450,7 @@ def test_lm_eval_model_args_leave_the_engines_per_gpu_to_raysweep_unless_given(m
 
     RaysweepLM = make_model_class()
     monkeypatch.setattr("jobs.lm_eval_model.Background", lambda work, name: None)  # no Ray for these models
+    monkeypatch.setenv("RAYSWEEP_ENGINE_HOST", "0")  # and no engine host
     assert RaysweepLM(pretrained="builtin:tiny").actors == ActorSpec()
     assert RaysweepLM(pretrained="builtin:tiny", actors="auto", num_gpus="AUTO").actors == ActorSpec()
     given = RaysweepLM(pretrained="builtin:tiny", actors="2", num_gpus="0.5").actors
