@@ -91,6 +91,7 @@ def _gone_within(pid: int, seconds: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_an_engine_process_runs_the_actors_rows_and_dies_with_the_actor(host, tiny_path, hf_engine, tmp_path):
     from actors.shard_work import run_rows
     from cluster.contracts.spec import SamplingSpec, TaskSpec
@@ -123,6 +124,7 @@ def test_an_engine_process_runs_the_actors_rows_and_dies_with_the_actor(host, ti
         second.wait()
 
 
+@pytest.mark.slow
 def test_an_actor_ends_when_its_engine_process_dies(host, tiny_path, hf_engine, tmp_path):
     log = open(tmp_path / "actor.log", "w")
     actor = _actor(host, tiny_path, hf_engine, log)

@@ -22,28 +22,19 @@ CHOICE_TASK = f"""  - name: choice
     scorer: choice
 """
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_and_vllm_available(), reason="needs CUDA and vLLM")]
-
-
-@pytest.mark.slow
-def test_sweep_two_actors_one_gpu_long_and_short_shards(ray_local, tiny_path, tmp_path):
-    """48 samples, 8 of them 12-14k-token prompts: short shards without chunked prefill, the long one
-    with it; two actors of 0.5 GPU each; every sample exactly once."""
+def mixed_spec(path: Path, name: str, rows: int, seed: int, output: Path | None = None) -> Path:
+    """A spec at `path` of builtin:tiny on vLLM over two half-GPU actors: `rows` prompts of 20-200 characters,
+    every sixth of 12-14k (a long shard, chunked prefill), beside the structured choice task; shards of 8."""
     import random
 
-    import pyarrow.parquet as pq
-
-    from cluster.schedule.run import run_sweep
-    from cluster.inputs.spec_file import load_spec
-
-    rng = random.Random(0)
-    with open(tmp_path / "mixed.jsonl", "w") as f:
-        for i in range(48):
+    rng = random.Random(seed)
+    with open(path.parent / "mixed.jsonl", "w") as f:
+        for i in range(rows):
             n = rng.randint(12_000, 14_000) if i % 6 == 0 else rng.randint(20, 200)
             f.write(json.dumps({"id": f"s{i}", "text": "".join(rng.choice("abcdefgh ") for _ in range(n))}) + "\n")
-    (tmp_path / "gpu.yaml").write_text(f"""
-name: gpu-mixed
-output: {tmp_path / 'out'}
+    path.write_text(f"""
+name: {name}
+{f"output: {output}" if output else ""}
 models:
   - {{name: tiny, path: 'builtin:tiny', engine: {{backend: vllm, max_model_len: 16384}}}}
 tasks:
@@ -52,6 +43,22 @@ tasks:
 {CHOICE_TASK}shards: {{max_samples: 8}}
 actors: {{count: 2, num_gpus: 0.5, num_cpus: 1}}
 """)
+    return path
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_and_vllm_available(), reason="needs CUDA and vLLM")]
+
+
+@pytest.mark.slow
+def test_sweep_two_actors_one_gpu_long_and_short_shards(ray_local, tiny_path, tmp_path):
+    """48 samples, 8 of them 12-14k-token prompts: short shards without chunked prefill, the long one
+    with it; two actors of 0.5 GPU each; every sample exactly once."""
+    import pyarrow.parquet as pq
+
+    from cluster.schedule.run import run_sweep
+    from cluster.inputs.spec_file import load_spec
+
+    mixed_spec(tmp_path / "gpu.yaml", "gpu-mixed", rows=48, seed=0, output=tmp_path / "out")
     from tests.test_metrics import MetricsWatcher
 
     with MetricsWatcher("gpu-mixed") as watcher:
@@ -119,28 +126,13 @@ def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host
     Ray; CUDA graphs captured; a long shard's profile restart starts a second engine in the same engine
     process; structured outputs valid; nothing of the host or its engines is left once the command exits."""
     import os
-    import random
     import subprocess
     import sys
     import time
 
     import pyarrow.parquet as pq
 
-    rng = random.Random(1)
-    with open(tmp_path / "mixed.jsonl", "w") as f:
-        for i in range(24):
-            n = rng.randint(12_000, 14_000) if i % 6 == 0 else rng.randint(20, 200)
-            f.write(json.dumps({"id": f"s{i}", "text": "".join(rng.choice("abcdefgh ") for _ in range(n))}) + "\n")
-    (tmp_path / "host.yaml").write_text(f"""
-name: gpu-host
-models:
-  - {{name: tiny, path: 'builtin:tiny', engine: {{backend: vllm, max_model_len: 16384}}}}
-tasks:
-  - {{name: mixed, data: mixed.jsonl, id_column: id, prompt: "{{text}}\\nSummary:",
-      sampling: {{max_tokens: 32, temperature: 1.0, stop: ["."]}}}}
-{CHOICE_TASK}shards: {{max_samples: 8}}
-actors: {{count: 2, num_gpus: 0.5, num_cpus: 1}}
-""")
+    mixed_spec(tmp_path / "host.yaml", "gpu-host", rows=24, seed=1)
     before = _engine_host_processes()
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "jobs.sweep", str(tmp_path / "host.yaml"), "--output", str(out)],
