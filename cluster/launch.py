@@ -40,6 +40,31 @@ def start_engine_host(backends) -> "EngineHost | None":
         return None
 
 
+FOLDER_PREFIX = "raysweep-engine-host-"
+
+
+def remove_stale_folders(parent: str) -> None:
+    """The folders (a socket, a log) of engine hosts whose driver was killed (kill -9 leaves them): those of
+    drivers no longer running. Another user's, or one that cannot be read, is left alone."""
+    import os
+    import shutil
+
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(FOLDER_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except OSError:
+            pass
+
+
 class EngineHost:
     """A local run's engine host (cluster/contracts/engine_host.py): started before Ray, so the engines'
     libraries are imported while Ray starts; stopped after the run (and killed with the driver, however it
@@ -56,10 +81,12 @@ class EngineHost:
 
         from cluster.contracts.engine_host import HOST_MODULE, EngineHostAddress
 
-        self.folder = tempfile.mkdtemp(prefix="raysweep-engine-host-")  # only this user enters it
+        prefix = f"{FOLDER_PREFIX}{os.getpid()}-"  # only this user enters it; named by its driver
+        self.folder = tempfile.mkdtemp(prefix=prefix)
         if len(os.path.join(self.folder, "host.sock").encode()) > MAX_SOCKET_PATH:  # a long TMPDIR
             shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = tempfile.mkdtemp(prefix="raysweep-engine-host-", dir="/tmp")
+            self.folder = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+        remove_stale_folders(os.path.dirname(self.folder))
         path = os.path.join(self.folder, "host.sock")
         try:
             self._log = open(os.path.join(self.folder, "host.log"), "wb")

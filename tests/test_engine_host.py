@@ -202,3 +202,16 @@ def test_the_host_goes_with_the_driver(tmp_path):
     finally:
         driver.kill()
         driver.wait()
+
+
+def test_a_killed_drivers_host_folder_is_removed_by_the_next_host(tmp_path):
+    """kill -9 leaves a host's folder (its socket and log): the next host removes those of drivers no longer
+    running, and keeps a running driver's and what is not a host's."""
+    from cluster.launch import FOLDER_PREFIX, remove_stale_folders
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for name in (f"{FOLDER_PREFIX}{gone.pid}-abc", f"{FOLDER_PREFIX}{os.getpid()}-def", f"{FOLDER_PREFIX}other"):
+        (tmp_path / name).mkdir()
+    remove_stale_folders(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{FOLDER_PREFIX}{os.getpid()}-def", f"{FOLDER_PREFIX}other"]
