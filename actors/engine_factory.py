@@ -140,3 +140,14 @@ def make_engine(model: ModelSpec, model_path: str, profile: EngineProfile, num_t
     from actors.hf_engine import HFEngine
 
     return HFEngine(model, model_path, profile, num_threads=num_threads, one_row_at_a_time=reproducible)
+
+
+def engine_tokenizer(engine: Engine, model_path: str):
+    """The tokenizer a shard's prompts are encoded with: the engine's own where it has one (vLLM's, the CPU
+    engine's), else the model folder's."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return tokenizer

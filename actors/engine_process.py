@@ -29,7 +29,7 @@ from multiprocessing.reduction import recv_handle
 
 from cluster.contracts.engine_host import CALL, READY, RUN_ROWS, START
 
-CALLS = ("startup", "sleep", "wake_up", "close", "batch_counters")
+CALLS = ("sleep", "wake_up", "close", "batch_counters")
 
 
 def serve(client: socket.socket) -> None:
@@ -144,17 +144,12 @@ class Engines:
         raise ValueError(f"engine process: unknown call {op!r}")
 
     def _start(self, kwargs: dict) -> dict:
-        from actors.engine_factory import make_engine
+        from actors.engine_factory import engine_tokenizer, make_engine
 
         engine = make_engine(**kwargs)
-        tokenizer = getattr(engine, "tokenizer", None)
-        if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(kwargs["model_path"])
         engine_id = next(self.ids)
-        self.engines[engine_id] = (engine, tokenizer)
-        return {"id": engine_id, "kind": engine.kind, "profile": engine.profile,
+        self.engines[engine_id] = (engine, engine_tokenizer(engine, kwargs["model_path"]))
+        return {"id": engine_id, "kind": engine.kind, "profile": engine.profile, "startup": engine.startup(),
                 "counters": callable(getattr(engine, "batch_counters", None))}
 
 

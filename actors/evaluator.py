@@ -22,7 +22,8 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 from actors.engine import EngineProfile, runs_profile
-from actors.engine_factory import BATCH_INVARIANT, engine_cpu_threads, make_engine, preload, reproducible_refusal
+from actors.engine_factory import (BATCH_INVARIANT, engine_cpu_threads, engine_tokenizer, make_engine, preload,
+                                   reproducible_refusal)
 from actors.hosted_engine import connect
 from actors.telemetry import GpuSampler, gpu_name
 from actors.shard_work import run_rows
@@ -166,8 +167,7 @@ class EvalActor:
         ready_at = time.time()
         # one tokenizer per engine: the engine's own where it has one (vLLM's, the CPU engine's); a hosted
         # engine's stays in its process, where its shards run
-        self.tokenizer = None if self.host is not None else \
-            getattr(self.engine, "tokenizer", None) or _load_tokenizer(self.model_path)
+        self.tokenizer = None if self.host is not None else engine_tokenizer(self.engine, self.model_path)
         first, self._first = self._first, {}  # the process and its imports belong to the first start only
         requested_at = engine_requested_at
         if first:  # its clock runs from the actor's request; the wait for a model sits between
@@ -263,9 +263,3 @@ def _gpu_ids() -> list[str]:
         return [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
     except ImportError:
         return []
-
-
-def _load_tokenizer(model_path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)

@@ -48,7 +48,8 @@ class EngineProcess:
 
     def start_engine(self, **kwargs) -> "HostedEngine":
         started = self.call(START, kwargs)
-        return HostedEngine(self, started["id"], started["kind"], started["profile"], started["counters"])
+        return HostedEngine(self, started["id"], started["kind"], started["profile"], started["startup"],
+                            started["counters"])
 
     def close(self) -> None:
         """The engines are closed: the engine process goes (with anything it still runs)."""
@@ -78,8 +79,10 @@ class EngineProcess:
 class HostedEngine:
     """One engine in the engine process (actors/engine.py's interface, as the actor uses it)."""
 
-    def __init__(self, process: EngineProcess, engine_id: int, kind: str, profile: EngineProfile, counters: bool):
+    def __init__(self, process: EngineProcess, engine_id: int, kind: str, profile: EngineProfile, startup: dict,
+                 counters: bool):
         self.process, self.engine_id, self.kind, self.profile = process, engine_id, kind, profile
+        self._startup = startup  # fixed once the engine is up: read with its start, not once per shard
         self.tokenizer = None  # the engine's tokenizer stays in its process: shards run there (run_rows)
         if counters:
             self.batch_counters = lambda: self._call("batch_counters")
@@ -88,7 +91,7 @@ class HostedEngine:
         return self.process.call(RUN_ROWS, (self.engine_id, rows, task, add_special_tokens))
 
     def startup(self) -> dict:
-        return self._call("startup")
+        return dict(self._startup)
 
     def sleep(self) -> None:
         self._call("sleep")

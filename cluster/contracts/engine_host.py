@@ -31,6 +31,6 @@ class EngineHostAddress:
 # stdout and stderr as file descriptors; the engine process answers READY with its pid once it exists.
 READY = "ready"
 # Calls, each (call id, op, args); each answer (call id, ok, value or exception).
-START = "start"  # args: make_engine's keyword arguments -> {"id", "kind", "profile", "counters"}
+START = "start"  # args: make_engine's keyword arguments -> {"id", "kind", "profile", "startup", "counters"}
 RUN_ROWS = "run_rows"  # args: (engine id, rows, task, add_special_tokens) -> ShardOutcome
-CALL = "call"  # args: (engine id, method name: startup | sleep | wake_up | close | batch_counters) -> its value
+CALL = "call"  # args: (engine id, method name: sleep | wake_up | close | batch_counters) -> its value
