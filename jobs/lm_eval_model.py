@@ -99,8 +99,7 @@ def make_model_class():
             return answers
 
         def _start_ray(self) -> None:
-            import ray
-
+            from jobs import local_ray
             from jobs.sweep import check_ray_address, start_ray
 
             from cluster.schedule.kept import KeptActors
@@ -109,7 +108,7 @@ def make_model_class():
             start_ray(self.address, "address", dashboard=False)
             _said("Ray is up")
             self._kept = KeptActors()
-            atexit.register(ray.shutdown)
+            atexit.register(local_ray.shutdown)
             atexit.register(self._kept.close)  # atexit runs last in, first out: the engines close before Ray
             atexit.register(_said, "lm-eval is done: the engines and Ray close")
 

@@ -150,13 +150,13 @@ def _stop(starting) -> None:
     """A Ray started early, stopped again: an input was bad (or the run was stopped) before the sweep began."""
     if starting is None:
         return
-    import ray
+    from jobs import local_ray
 
     try:
         starting.result()
     except BaseException:  # noqa: BLE001  (the input's error is the one said)
         pass
-    ray.shutdown()
+    local_ray.shutdown()
 
 
 def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = True, ray_starting=None, host=None) -> int:
@@ -208,6 +208,7 @@ def _run_spec_with(spec, args: argparse.Namespace, clock, held: dict, ray_starti
     import ray
 
     from cluster.inputs.checks import check_inputs
+    from jobs import local_ray
     from cluster.schedule.run import execute, prepare
     from jobs.interrupts import Interrupted, reclaim
 
@@ -236,7 +237,7 @@ def _run_spec_with(spec, args: argparse.Namespace, clock, held: dict, ray_starti
         reclaim()  # Ray's core worker took SIGTERM over: ours again, so it ends the run in one line
     except BaseException as e:
         prepared.sink.close()
-        ray.shutdown()  # a local Ray half started (a signal during its start) leaves no process behind
+        local_ray.shutdown()  # a local Ray half started (a signal during its start) leaves no process behind
         if isinstance(e, SystemExit) and e.code == signal.SIGTERM:  # ray.init's own handler: sys.exit(15), no word
             raise Interrupted(signal.SIGTERM) from None
         raise
@@ -249,7 +250,7 @@ def _run_spec_with(spec, args: argparse.Namespace, clock, held: dict, ray_starti
         # a local output on a cluster of several nodes is on the driver's node only: say which
         node = ray.util.get_node_ip_address() if "://" not in report.output and len(ray.nodes()) > 1 else None
     finally:
-        ray.shutdown()
+        local_ray.shutdown()
     return report, node
 
 
@@ -288,10 +289,12 @@ def start_ray(address: str, named: str, dashboard: bool, verbose: bool = False) 
     and the actors' own log lines only with `verbose` (jobs/ray_output.py)."""
     import ray
 
+    from jobs.local_ray import local_options
+
     print("[raysweep] starting a local Ray" if address == "local" else f"[raysweep] connecting to Ray at {address}",
           flush=True)
-    # a dashboard can only be chosen for a Ray this process starts
-    options = {"include_dashboard": dashboard} if address == "local" else {}
+    # a dashboard and Ray's settings can only be chosen for a Ray this process starts
+    options = {"include_dashboard": dashboard, **local_options()} if address == "local" else {}
     try:
         ray.init(address=address, **init_options(verbose), **options)
     except Exception as e:  # ConnectionError, TimeoutError, Ray's own complaints; a raylet that did not register

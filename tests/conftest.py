@@ -136,9 +136,11 @@ def start_local_ray():
 
 @pytest.fixture(scope="session")
 def ray_local(model_cache):
+    from jobs import local_ray
+
     ray = start_local_ray()
     yield ray
-    ray.shutdown()
+    local_ray.shutdown()
 
 
 @pytest.fixture
