@@ -208,8 +208,8 @@ def _run_spec_with(spec, args: argparse.Namespace, clock, held: dict, ray_starti
     import ray
 
     from cluster.inputs.checks import check_inputs
-    from jobs import local_ray
     from cluster.schedule.run import execute, prepare
+    from jobs import local_ray
     from jobs.interrupts import Interrupted, reclaim
 
     address, named = _ray_address(args)
@@ -289,12 +289,10 @@ def start_ray(address: str, named: str, dashboard: bool, verbose: bool = False) 
     and the actors' own log lines only with `verbose` (jobs/ray_output.py)."""
     import ray
 
-    from jobs.local_ray import local_options
-
     print("[raysweep] starting a local Ray" if address == "local" else f"[raysweep] connecting to Ray at {address}",
           flush=True)
-    # a dashboard and Ray's settings can only be chosen for a Ray this process starts
-    options = {"include_dashboard": dashboard, **local_options()} if address == "local" else {}
+    # a dashboard can only be chosen for a Ray this process starts
+    options = {"include_dashboard": dashboard} if address == "local" else {}
     try:
         ray.init(address=address, **init_options(verbose), **options)
     except Exception as e:  # ConnectionError, TimeoutError, Ray's own complaints; a raylet that did not register
