@@ -43,8 +43,3 @@ def test_a_commands_local_ray_stops_whole_its_monitor_killed_first():
     assert probe["monitor_running_at_shutdown"] == [False]
     assert probe["alive"] == []
 
-
-def test_shutdown_without_ray_is_a_no_op():
-    from jobs import local_ray
-
-    local_ray.shutdown()
