@@ -15,9 +15,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # whether the monitor was among them and was gone before ray.shutdown began, and which outlive shutdown()
 PROBE = """
 import json
-import psutil, ray
+import ray
 from ray._private import worker
 from jobs import local_ray
+
+def running(pid):  # alive and not a zombie (Linux: /proc)
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
 started = {kind: [i.process for i in infos] for kind, infos in worker._global_node.all_processes.items()}
@@ -28,8 +35,7 @@ def shutdown(*args, **kwargs):
     return real_shutdown(*args, **kwargs)
 ray.shutdown = shutdown
 local_ray.shutdown()
-alive = [p.pid for ps in started.values() for p in ps if psutil.pid_exists(p.pid)
-         and psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE]
+alive = [p.pid for ps in started.values() for p in ps if running(p.pid)]
 print(json.dumps({"kinds": sorted(started), "monitor_running_at_shutdown": monitor_at_shutdown, "alive": alive}))
 """
 
