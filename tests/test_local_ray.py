@@ -48,4 +48,3 @@ def test_a_commands_local_ray_stops_whole_its_monitor_killed_first():
     assert "monitor" in probe["kinds"]  # Ray 2.60 starts one per local node: the second this saves
     assert probe["monitor_running_at_shutdown"] == [False]
     assert probe["alive"] == []
-

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -46,7 +47,29 @@ def quickstart(tmp_path_factory):
     stderr = proc.stderr.read()
     code = proc.wait(timeout=300)
     screen = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
-    return load_spec(QUICKSTART), out, screen, stderr, code
+    return load_spec(QUICKSTART), out, screen, stderr, code, _host_processes_left(proc.pid)
+
+
+def _host_processes_left(driver: int, wait_s: float = 10) -> list[int]:
+    """The command's engine host and the engine processes forked from it (their command line names the
+    driver's pid last) still running `wait_s` after it exited: an engine process goes once it sees its actor's
+    connection end."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+                with open(f"/proc/{pid}/stat") as f:
+                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except OSError:
+                continue
+            if b"actors.engine_host" in argv and str(driver).encode() in argv[-3:] and not zombie:
+                left.append(int(pid))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
 
 
 def expected_ids(spec):
@@ -61,7 +84,7 @@ def expected_ids(spec):
 
 @pytest.mark.slow
 def test_every_sample_exactly_once(quickstart):
-    spec, out, _, stderr, code = quickstart
+    spec, out, _, stderr, code, _ = quickstart
     assert code == 0, stderr[-3000:]
     results = pq.read_table(out / "results").to_pandas()
     keys = list(zip(results["task"].astype(str), results["sample_id"]))
@@ -104,8 +127,10 @@ def test_telemetry_is_measured(quickstart):
     assert shards["gpu_mem_used_max_mib"].isna().all()  # no GPU here: null, never zero
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     assert len(actors) == 2 and (actors["load_s"] > 0).all() and set(actors["engine"]) == {"hf"}
-    # a local run: the engines ran in processes forked from the run's engine host (actors/engine_host.py)
+    # a local run: the engines ran in processes forked from the run's engine host (actors/engine_host.py), and
+    # neither the host nor those processes outlived the command (the actors let go of them, not vLLM-style closes)
     assert set(actors["engine_process"]) == {"host"}
+    assert quickstart[5] == []
     results = pq.read_table(out / "results").to_pandas()
     assert (results["latency_s"] >= results["ttft_s"]).all() and (results["ttft_s"] > 0).all()
 
@@ -139,7 +164,7 @@ def test_cli_run_exits_on_bad_spec_with_one_line(tmp_path):
 def test_cli_runs_the_quickstart(quickstart):
     """The README's command in a terminal: a progress bar with samples/s and ETA, a fresh local Ray, results
     where --output says."""
-    _, out, screen, stderr, code = quickstart
+    _, out, screen, stderr, code, _ = quickstart
     assert code == 0, stderr[-3000:]
     bars = [part for line in screen.split("\n") for part in line.split("\r") if part.startswith("[raysweep] ")
             and "|" in part and "samples [" in part]
