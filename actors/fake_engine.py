@@ -6,6 +6,8 @@ Its output is the constant "fake" and one token per sample; nothing it returns i
 Like vLLM it holds one profile and is restarted for another, so profile routing can be tested on CPU.
 `engine: {backend: fake, delay_s: S}` makes each batch take S seconds, so a test can hold shards in flight
 (which actor runs what then does not hang on how fast a second actor's process starts).
+`start_s: S` makes its start take S seconds (a start that hangs), `fail_start: MESSAGE` makes it raise
+RuntimeError(MESSAGE) as it starts: the scheduler's handling of engines that cannot start, tested on CPU.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ class FakeEngine:
         from transformers import AutoTokenizer
 
         started = time.perf_counter()
+        time.sleep(float(model.engine.get("start_s", 0)))
+        if model.engine.get("fail_start"):
+            raise RuntimeError(str(model.engine["fail_start"]))
         self.profile = profile
         self.delay_s = float(model.engine.get("delay_s", 0))
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)  # the actor tokenizes shards with it

@@ -41,6 +41,21 @@ REPRODUCIBLE_ARGS = {"attention_config": {"backend": "TRITON_ATTN"}, "enable_pre
                      "enable_chunked_prefill": False}
 
 
+# Engines across GPUs (tensor parallel) on machines that keep NVLink multicast off (NCCL_NVLS_ENABLE=0,
+# TORCH_SYMM_MEM_DISABLE_MULTICAST=1: multicast can take a host's shared GPUs out of service). On Hopper, vLLM 0.26
+# fuses each all-reduce with the next RMSNorm through FlashInfer's all-reduce, whose default backend (`mnnvl`)
+# is built on NVSwitch multicast memory. With multicast off, a plain `LLM(..., tensor_parallel_size=2)` script
+# on a 4xH200 machine logged "Auto-selected flashinfer allreduce backend: mnnvl", then its workers failed with
+# CUBLAS_STATUS_INTERNAL_ERROR and "an illegal memory access" and hung (docs/gpu.md). The fusion is turned off;
+# the all-reduce is then vLLM's custom one (CUDA IPC over NVLink) or NCCL's. A spec that sets
+# compilation_config.pass_config.fuse_allreduce_rms itself keeps its own choice.
+NO_MULTICAST_PASSES = {"fuse_allreduce_rms": False}
+# The same machines: vLLM's symmetric-memory all-reduce needs multicast too (torch says "not supported" and vLLM
+# skips it); raysweep says so rather than leave it to a probe. Set in every engine's process before vLLM starts
+# (actors/vllm_core_process.py); a value the user set is kept.
+NO_MULTICAST_ENV = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
+
+
 def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float,
                 kv_bytes: int | None = None, reproducible: bool = False) -> dict:
     """vLLM `LLM(...)` arguments: the spec's `engine` mapping as is, the profile's scheduling on top;
@@ -70,6 +85,8 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
                                                          **REPRODUCIBLE_ARGS["attention_config"]})
     compilation = dict(args.pop("compilation_config", None) or {})
     compilation.setdefault("max_cudagraph_capture_size", args["max_num_seqs"])
+    if model.engine.get("tensor_parallel_size", 1) > 1:
+        compilation["pass_config"] = {**NO_MULTICAST_PASSES, **(compilation.get("pass_config") or {})}
     args["compilation_config"] = compilation
     return args
 

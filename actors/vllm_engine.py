@@ -34,6 +34,7 @@ from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, 
                            check_requests)
 from actors.telemetry import gpu_total_bytes
 from actors.vllm_args import engine_args, sampling_kwargs, shared_kv_bytes
+from actors.vllm_start_errors import GRAPH_FAILURE, MEMORY_RACE, error_lines, failure_line, with_root_cause
 from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 CORE_EXIT_S = 1.0  # an engine core still running this long after it was told to stop is killed
@@ -41,16 +42,8 @@ CORE_GONE_S = 30.0  # ... and its exit awaited at most this long
 
 _COMPILE = re.compile(r"torch\.compile (?:takes|took) ([\d.]+) s in total")
 _CAPTURE = re.compile(r"Graph capturing finished in ([\d.]+) secs")
-# Two start failures that a neighbour on the same GPU causes and that pass (both seen on an H100): vLLM's
-# profiling asserts that free memory did not grow while it measured, and it grows when a neighbour's engine
-# closes meanwhile (two half-GPU actors, one changing profile); and free memory below the engine's share
-# while a neighbour compiles cold (three third-GPU actors: torch.compile's autotuning takes memory for a while)
-_MEMORY_RACE = re.compile(r"Error in memory profiling|Free memory on device \S+ \([\d.]+/[\d.]+ GiB\) on startup is less than")
 MEMORY_RACE_ATTEMPTS = 4
 MEMORY_RACE_WAIT_S = 5.0  # times the attempt number
-# where a failed start came from graph capture or torch.compile (frames or messages): eager may still run
-_GRAPH_FAILURE = re.compile(r"capture_model|cudagraph|cuda_graph|torch/_dynamo|torch/_inductor|"
-                            r"BackendCompilerFailed|InductorError", re.IGNORECASE)
 _MODE = re.compile(r"Capturing CUDA graphs \((?:[^()]*?, )?(FULL|PIECEWISE)\)")
 
 
@@ -102,7 +95,7 @@ class VllmEngine:
     def _start(self):
         """`LLM(...)` with CUDA graphs. Where the engine core failed in graph capture or torch.compile, it
         starts eager and `fallback_reason` says why; where GPU memory moved under a neighbour's engine on the
-        same GPU (_MEMORY_RACE), it waits and tries again, a few times; any other failure is the engine's
+        same GPU (MEMORY_RACE), it waits and tries again, a few times; any other failure is the engine's
         own error, raised as is."""
         from vllm import LLM
 
@@ -115,19 +108,19 @@ class VllmEngine:
             except Exception as e:
                 # the engine core's log (a forked or spawned one writes its traceback there) and ours
                 core_log = self._tee.text_since(mark)
-                cause = _error_lines(f"{core_log}\n{traceback.format_exc()}")
-                if _MEMORY_RACE.search(cause) and attempt < MEMORY_RACE_ATTEMPTS:
+                cause = error_lines(f"{core_log}\n{traceback.format_exc()}")
+                if MEMORY_RACE.search(cause) and attempt < MEMORY_RACE_ATTEMPTS:
                     print(f"[raysweep] engine start {attempt} of {MEMORY_RACE_ATTEMPTS}: GPU memory moved under "
-                          f"another engine on this GPU ({_failure_line(e, core_log)}); starting again", file=sys.stderr)
+                          f"another engine on this GPU ({failure_line(e, core_log)}); starting again", file=sys.stderr)
                     time.sleep(MEMORY_RACE_WAIT_S * attempt)
                     attempt += 1
                     continue
-                if eager or not _GRAPH_FAILURE.search(cause):
+                if eager or not GRAPH_FAILURE.search(cause):
                     raise with_root_cause(e, core_log) from e
                 if self.reproducible:  # eager kernels are not batch-invariant: no silent fallback
                     raise RuntimeError(f"reproducible: true needs CUDA graphs and torch.compile, and the engine "
-                                       f"could not start with them: {_failure_line(e, core_log)}") from e
-                self._fallback_reason = _failure_line(e, core_log)
+                                       f"could not start with them: {failure_line(e, core_log)}") from e
+                self._fallback_reason = failure_line(e, core_log)
                 print(f"[raysweep] CUDA graph start failed ({self._fallback_reason}); starting eager", file=sys.stderr)
                 eager = True
 
@@ -329,31 +322,6 @@ def _prompt_logprobs(req: GenRequest, out) -> list[tuple[float, int]]:
             list(plp.token_ids) == list(ids[1:]):
         return list(zip(plp.logprobs, plp.ranks))
     return [(plp[p][ids[p]].logprob, plp[p][ids[p]].rank) for p in range(1, len(ids))]
-
-
-def _error_lines(log: str) -> str:
-    """The traceback and error lines of an engine core's log (not its start-up report, which names
-    Dynamo and CUDA graphs when all is well)."""
-    return "\n".join(line for line in log.splitlines() if " ERROR " in line or 'File "' in line or "Error" in line)
-
-
-def with_root_cause(error: Exception, core_log: str) -> Exception:
-    """A failed start's error, naming the engine core's own last error line where vLLM's says only "See root
-    cause above" (that line is in the actor's log, not in what the driver reports); else `error` as it is."""
-    root = _failure_line(error, core_log)
-    if root == _failure_line(error, ""):
-        return error
-    return RuntimeError(f"{root} (vLLM: {_failure_line(error, '')})")
-
-
-def _failure_line(error: Exception, cause: str) -> str:
-    """One line for telemetry: the engine core's last error line where it logged one, else the exception's."""
-    lines = [re.sub(r"^\(EngineCore[^)]*\)\s*", "", line).split("] ", 1)[-1].strip()
-             for line in cause.splitlines() if "Error" in line]
-    if lines:
-        return lines[-1][:500]
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[-1] if text else ''}"[:500]
 
 
 def _last_float(pattern: re.Pattern, text: str) -> float | None:

@@ -1,9 +1,14 @@
-"""How a failed vLLM engine start is read (actors/vllm_engine.py), on lines an H100 printed: a neighbour
+"""How a failed vLLM engine start is read (actors/vllm_start_errors.py), on lines an H100 printed: a neighbour
 freeing GPU memory during vLLM's profiling is retried, a graph or compile failure falls back to eager, and
 anything else is the engine's own error, not hidden behind an eager start."""
 
-from actors.vllm_engine import _GRAPH_FAILURE, _MEMORY_RACE, _error_lines, _failure_line, with_root_cause
+import os
+from pathlib import Path
 
+from actors.vllm_start_errors import GRAPH_FAILURE as _GRAPH_FAILURE, MEMORY_RACE as _MEMORY_RACE, \
+    error_lines as _error_lines, failure_line as _failure_line, with_root_cause
+
+ROOT = Path(__file__).resolve().parents[1]
 START_REPORT = """\
 (EngineCore pid=12917) INFO 11-22 09:14:14 [backends.py:1155] Dynamo bytecode transform time: 1.74 s
 (EngineCore pid=12917) INFO 11-22 09:14:26 [monitor.py:53] torch.compile took 11.80 s in total
@@ -89,3 +94,63 @@ def test_on_a_shared_gpu_the_kv_cache_is_sized_from_the_share_so_engines_can_sta
     assert shared_kv_bytes(spec_sized, str(tmp_path), 0.5, 80 * GIB) is None  # the spec sizes memory itself
     monkeypatch.setenv("RAYSWEEP_SHARED_GPU_START", "serial")
     assert shared_kv_bytes(model, str(tmp_path), 0.5, 80 * GIB) is None
+
+
+# lines a plain `LLM(..., tensor_parallel_size=2)` script logged on a 4xH200 machine with NVLink multicast off
+# and vLLM's FlashInfer all-reduce fusion on (actors/vllm_args.py NO_MULTICAST_PASSES), in this order
+TENSOR_PARALLEL_FAILURE = START_REPORT + """\
+(Worker_TP1 pid=5168) INFO 11-27 10:30:35 [flashinfer_all_reduce.py:121] Auto-selected flashinfer allreduce backend: mnnvl
+(Worker_TP1 pid=5168) WARNING 11-27 10:30:35 [cuda_communicator.py:93] SymmMemCommunicator: ValueError: multicast not supported
+(Worker_TP1 pid=5168) ERROR 11-27 10:31:40 [multiproc_executor.py:1007]   File "/var/tmp/site/vllm/v1/worker/gpu_worker.py", line 412, in compile_or_warm_up_model
+(Worker_TP1 pid=5168) ERROR 11-27 10:31:40 [multiproc_executor.py:1007] RuntimeError: CUDA error: CUBLAS_STATUS_INTERNAL_ERROR when calling `cublasCreate(handle)`
+(EngineCore pid=4823) ERROR 11-27 10:31:40 [core.py:1330]     raise RuntimeError(
+(EngineCore pid=4823) ERROR 11-27 10:31:40 [core.py:1330] RuntimeError: Worker failed with error 'CUDA error: CUBLAS_STATUS_INTERNAL_ERROR when calling `cublasCreate(handle)`', please check the stack trace above for the root cause
+(Worker_TP1 pid=5168) torch.AcceleratorError: CUDA error: an illegal memory access was encountered
+terminate called after throwing an instance of 'c10::AcceleratorError'
+  what():  CUDA error: an illegal memory access was encountered
+frame #0: c10::Error::Error(c10::SourceLocation, std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >) + 0x9d (0x7f9d22d7305d in /opt/torch/.venv/lib/python3.12/site-packages/torch/lib/libc10.so)
+"""
+
+
+def test_a_tensor_parallel_start_failure_names_the_workers_first_error_not_a_cpp_frame():
+    """The engine's error names the first exception a worker raised, not the C++ frame printed last nor the
+    CUDA error that followed it nor a warning's: the line a user reads in the shard's error and the run's line."""
+    line = _failure_line(ENGINE_CORE_FAILED, TENSOR_PARALLEL_FAILURE)
+    assert line == "RuntimeError: CUDA error: CUBLAS_STATUS_INTERNAL_ERROR when calling `cublasCreate(handle)`"
+    error = with_root_cause(ENGINE_CORE_FAILED, TENSOR_PARALLEL_FAILURE)
+    assert str(error).startswith(line) and "frame #" not in str(error) and "c10::" not in str(error)
+
+
+def test_a_tensor_parallel_engine_runs_without_vllms_multicast_all_reduce_fusion_unless_the_spec_asks():
+    """vLLM's FlashInfer all-reduce fusion (its `mnnvl` backend needs NVLink multicast) is off for an engine across
+    GPUs; a one-GPU engine is left as vLLM has it; a spec that sets the pass itself keeps its value."""
+    from actors.engine import EngineProfile
+    from actors.vllm_args import NO_MULTICAST_PASSES, engine_args
+    from cluster.contracts.spec import ModelSpec
+
+    def passes(engine: dict) -> dict | None:
+        args = engine_args(ModelSpec("m", "/m", engine=engine), "/m", EngineProfile(), 1.0)
+        return args["compilation_config"].get("pass_config")
+
+    assert passes({"tensor_parallel_size": 2}) == NO_MULTICAST_PASSES == {"fuse_allreduce_rms": False}
+    assert passes({"tensor_parallel_size": 4, "compilation_config": {"pass_config": {"fuse_allreduce_rms": True}}}) \
+        == {"fuse_allreduce_rms": True}
+    assert passes({}) is None and passes({"pipeline_parallel_size": 2}) is None
+
+
+def test_every_engine_process_gets_vllms_symmetric_memory_all_reduce_off_unless_set():
+    """Set before vLLM is imported, so the engine core and its workers read it; a value the user set is kept."""
+    import subprocess
+    import sys
+
+    probe = ("import os; from actors import vllm_core_process as v; os.environ['RAYSWEEP_VLLM_CORE'] = 'inprocess'; "
+             "v.start(); print(os.environ['VLLM_ALLREDUCE_USE_SYMM_MEM'])")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ALLREDUCE_USE_SYMM_MEM"}
+
+    def seen(env: dict) -> str:  # start() routes the process's stdout through its tee to stderr
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=ROOT,
+                              timeout=120)
+        return (done.stdout + done.stderr).strip().splitlines()[-1]
+
+    assert seen(env) == "0"
+    assert seen({**env, "VLLM_ALLREDUCE_USE_SYMM_MEM": "1"}) == "1"

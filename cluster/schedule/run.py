@@ -195,6 +195,8 @@ class _Run:
                                  on_bisected=commits.on_bisected, on_bisecting=commits.on_bisecting,
                                  on_split=commits.on_split, on_attempt_failed=commits.on_attempt_failed,
                                  on_actor_started=commits.add_engine_row,
+                                 on_model_failed=lambda model, error: self.log(
+                                     f"[raysweep] model {model}: {error}; its shards fail, the other models go on"),
                                  on_dispatched=lambda job: self.metrics.dispatched(job.shard.model, job.task.name),
                                  on_tick=self.on_tick)
         shared = any(0 < shape.num_gpus < 1 for shape in holds)

@@ -1,28 +1,23 @@
 """One scheduler over the whole sweep (DESIGN §4): every model's shards on one set of actors.
 
-1. Actors are GPU shares, started before their model is chosen: their processes start and import vLLM
-   while the driver still checks and plans (a model gets an engine only once it passed its checks). There are as many as the models with work left allow (each model's
-   `actors.count` is a per-model maximum; they add up), bounded by what the cluster can hold.
-2. An actor whose imports are done is given the model with the most samples left per actor among those
-   below their maximum. When its model has no shards left and none in flight, it is given another model
-   with work (a model change: a new engine, counted in telemetry): one below its maximum, else, once
-   planning is over, one whose waiting shards outnumber what its actors hold at once (it helps with that
-   model's tail, above the model's `actors.count`); else it is released.
-3. Within a model, shards are routed by engine profile: an actor keeps taking shards of the profile its
-   engine runs, and changes profile (an engine restart) only when none are left and nothing is in flight.
-   Each actor is kept `depth` shards deep, so a streaming engine never waits for its slowest shard.
+1. Actors are GPU shares, started before their model is chosen, so their imports overlap the driver's checks
+   and planning; as many as the models with work left allow (each model's `actors.count` is a per-model
+   maximum), bounded by what the cluster holds. A model gets an engine once it passed its checks.
+2. An actor whose imports are done gets the model with the most samples left per actor below its maximum.
+   When its model's work is done, it gets another (a counted model change): one below its maximum, else,
+   once planning is over, one whose waiting shards outnumber what its actors hold (a tail); else it goes.
+3. Within a model, shards go by engine profile: an actor changes profile (an engine restart) only when none of
+   its own are left and nothing is in flight; it is kept `depth` shards deep, so a streaming engine never waits.
 4. Shards arrive while planning goes on (`feed`): a task's shards go out as soon as it is planned.
 5. Failures: a shard that raises is retried, up to `max_attempts`; one that raises the same error twice, or
-   on its last attempt, is bisected (cluster/schedule/bisection.py): its parts run as jobs of their own until the
-   rows that fail alone are found, and it is committed with those as error rows. An actor that dies is
-   replaced and its shards retried (never bisected); an engine that cannot start fails its model's shards
-   with the engine's own error, and the other models go on. A pooled model's shard whose pool replica died
-   (ReplicaDied) is retried as on an actor's death; one whose pool went away (PoolGone) goes back to its
-   queue, and the model gets actors of its own. Engines sharing a GPU start together, each KV
-   cache sized from its share (`RAYSWEEP_SHARED_GPU_START=serial`: one at a time, vLLM measuring free memory).
+   on its last attempt, is bisected (cluster/schedule/bisection.py) down to the rows that fail alone. An actor
+   that dies is replaced and its shards retried (never bisected). An engine that cannot start (it raised, or
+   did not answer in time: cluster/schedule/engine_starts.py) fails its model's shards with its own error, in
+   one line, and the other models go on. A pooled shard whose replica died is retried as on an actor's death;
+   one whose pool went away goes back to its queue. Engines sharing a GPU start together, each KV cache sized
+   from its share (`RAYSWEEP_SHARED_GPU_START=serial`: one at a time, vLLM measuring free memory).
 
-What it moves (a shard's Job, each model's ModelWork queues, an actor's Slot) and the events it reports
-(SchedulerEvents) are in cluster/schedule/work.py.
+What it moves (Job, ModelWork, Slot) and the events it reports (SchedulerEvents): cluster/schedule/work.py.
 """
 
 from __future__ import annotations
@@ -35,6 +30,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from cluster.contracts.errors import RaysweepError
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
+from cluster.schedule.engine_starts import start_timeout_s, take_overdue, timed_out_line
 from cluster.schedule.kept import close_actors
 from cluster.schedule.tail_split import TailClock, TailSplit, cut_waiting
 from cluster.schedule.work import Job, ModelWork, SchedulerEvents, Slot
@@ -60,6 +56,7 @@ class SweepScheduler:
         self.spawn, self.events, self.capacity, self.max_attempts = spawn, events, capacity, max_attempts
         self.start_one_by_one = start_one_by_one  # engines sharing a GPU must not size their memory at once
         self.keep = keep
+        self.start_timeout_s = start_timeout_s()  # cluster/schedule/engine_starts.py
         self.models: dict[str, ModelWork] = {}
         self.slots: list[Slot] = []
         self.inflight: dict[Any, tuple[str, Job | None, Slot]] = {}
@@ -114,6 +111,10 @@ class SweepScheduler:
                 for ref in ready:
                     kind, job, slot = self.inflight.pop(ref)
                     self._collect(ref, kind, job, slot)
+                for slot in take_overdue(self.inflight, self.start_timeout_s):  # a hung start: its actor goes
+                    self._model_failed(slot, timed_out_line(self.start_timeout_s))
+                    self.slots.remove(slot)
+                    ray.kill(slot.handle)
         finally:
             self._shutdown()
 
@@ -178,7 +179,7 @@ class SweepScheduler:
                 current.assigned -= 1
                 self.model_changes += 1
             model.assigned += 1
-            slot.state, slot.model, slot.profile = "starting", model.name, None
+            slot.state, slot.model, slot.profile, slot.start_at = "starting", model.name, None, time.monotonic()
             self.inflight[model.start(slot.handle, time.time())] = ("start", None, slot)
         for slot in done:  # their engines close at once, not one after another (about 1 s each on a GPU)
             self.slots.remove(slot)
@@ -292,6 +293,7 @@ class SweepScheduler:
         if any(s.model == model.name and s.state == "running" for s in self.slots):
             return
         model.failed = error
+        self.events.on_model_failed(model.name, error)
         for queue in model.queues.values():
             while queue:
                 self._fail(queue.popleft(), error)
@@ -357,10 +359,11 @@ class SweepScheduler:
         else:
             self.events.on_bisected(bisection.job, bisection.table(), bisection.row_errors())
 
-    def _unpool(self, slot: Slot, job: Job) -> None:
-        """The pool went away (`raysweep pool down --force`): the shard goes back to its queue, its attempt
-        not counted, and the model gets its own actors from now on."""
-        self.models[job.shard.model].add(job, first=True)
+    def _unpool(self, slot: Slot, job: Job | None = None) -> None:
+        """The pool went away (`raysweep pool down --force`) or the sweep's pool client died: the shard goes back
+        to its queue, its attempt not counted, and the model gets its own actors from now on."""
+        if job is not None:
+            self.models[job.shard.model].add(job, first=True)
         if slot in self.slots:
             self.slots.remove(slot)
             self.models[slot.model].max_actors = slot.actors
@@ -370,10 +373,7 @@ class SweepScheduler:
         if slot not in self.slots:
             return  # its death was already seen through another of its calls
         if slot.state == "pooled":  # the sweep's pool client died: the model runs on actors of its own
-            self.slots.remove(slot)
-            self.models[slot.model].max_actors = slot.actors
-            self.pool_lost.append(slot.model)
-            return
+            return self._unpool(slot)
         self.slots.remove(slot)
         if slot.model is not None and slot.state in ("starting", "running", "idle"):
             self.models[slot.model].assigned -= 1

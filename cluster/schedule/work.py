@@ -84,6 +84,7 @@ class Slot:
     actors: int = 0  # a pool slot: the model's own actors should the pool go away
     replicas: int = 0  # a pool slot: the most replicas the pool runs the model on
     shape: Any = None  # the resources it holds (ModelWork.shape): it runs only models of that shape
+    start_at: float | None = None  # time.monotonic() when its engine start was asked for
 
 
 @dataclass
@@ -100,6 +101,8 @@ class SchedulerEvents:
     on_split: Callable[[Job, Any], None] | None = None
     on_attempt_failed: Callable[[Job, str], None] = lambda job, error: None
     on_actor_started: Callable[[dict], None] = lambda row: None  # an engine started: its telemetry row
+    # a model given up: no engine of it could start (model name, the engine's error); its shards fail
+    on_model_failed: Callable[[str, str], None] = lambda model, error: None
     on_dispatched: Callable[[Job], None] = lambda job: None  # sent to an actor; comes back as one of the above
     # (the SweepScheduler) at least every TICK_S (cluster/schedule/scheduler.py) while it runs
     on_tick: Callable[[Any], None] = lambda scheduler: None
