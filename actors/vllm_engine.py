@@ -169,7 +169,7 @@ class VllmEngine:
         so a row's context is computed once per choice, as in a plain script. The log-probabilities come back
         in vLLM's flat container (`flat_logprobs`: a few lists per request, not a dict and a Logprob object per
         prompt token): the same values, 7.5-10.2 s down to 2.6-3.5 s for 4,800 requests of about 300 tokens on an
-        H100 (bench/h100-2026-11-26-s21-micro.txt); the frontend's per-token objects were most of that time."""
+        H100 (bench/records/h200-lm-eval-flat-logprobs/h100-2026-11-26-s21-micro.txt); the frontend's per-token objects were most of that time."""
         from vllm import SamplingParams
 
         check_loglik_requests(requests)

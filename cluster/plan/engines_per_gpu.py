@@ -12,7 +12,7 @@ tasks, 1.27x at 5,248 prompts), because a small model's one engine leaves the GP
   max_tokens x n, per model): on an H200 with a 136M model, 5,248 prompts of 256 new tokens (1.34M) ran in
   43.5 s on four engines against 48.3 s on two (the plain script: 62.6 s), while 1,312 prompts (0.34M) took
   35.2 s on four and 33.7 s on two: four engines start as fast, but a small sweep's tail idles more of them
-  (bench/h200-2026-11-26-s16.md);
+  (bench/records/h200-engines-per-gpu-and-pool-planning.md);
 - one engine per GPU otherwise: a large model (`builtin:large`, 8B) is compute-bound, and sharing halves its
   KV cache for nothing measured; a GPU of unknown memory is not shared;
 - actors per model: engines per GPU x the GPUs the cluster has now, over the GPUs one engine spans (at least

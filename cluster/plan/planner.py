@@ -9,7 +9,7 @@
 The data is streamed in batches and each batch's rendered prompts are staged on local disk
 (cluster/inputs/staging.py); a shard holds positions into that file and reads its rows when it is dispatched.
 The driver keeps numpy arrays per sample (length, status, offset, sort order), not the prompts:
-planning 1M prompts grew its peak by about 0.1 KB per sample (bench/cpu-planning-2026-11-22.md).
+planning 1M prompts grew its peak by about 0.1 KB per sample (bench/records/cpu-planning-streamed.md).
 Shards carry prompt text and its measured length; actors tokenize their own shards (and check the
 count), so the driver never holds every token id of a sweep. Only truncated rows carry their ids.
 """
