@@ -4,7 +4,7 @@
   The graph mode actually captured (vLLM may downgrade FULL to PIECEWISE for an attention backend),
   the torch.compile time and the capture time are read from vLLM's own start-up reports; if the engine
   cannot start with graphs it starts eager and `fallback_reason` says why.
-- Profiles (DESIGN §3): `short` turns chunked prefill off (vLLM then sets max_num_batched_tokens =
+- Profiles (docs/design.md, Planning): `short` turns chunked prefill off (vLLM then sets max_num_batched_tokens =
   max_model_len, so no prompt is ever split); `long` turns it on with the chunk size from the plan.
 - Structured outputs: vLLM's `StructuredOutputsParams`, xgrammar backend forced, compact JSON.
 - Warm-up: a few short requests run before the engine is reported started (included in load_s).

@@ -1,4 +1,4 @@
-"""Preflight checks (DESIGN §3): every input that can be checked is checked here, before any actor starts
+"""Preflight checks (docs/design.md, Planning): every input that can be checked is checked here, before any actor starts
 (cluster/plan/plan_source.py runs them, then plans).
 
 1. Checks that need no tokenizer (`check_inputs`, cheap: jobs/sweep.py runs them before Ray starts):

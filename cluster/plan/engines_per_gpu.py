@@ -1,8 +1,8 @@
 """How many engines share each GPU, and so how many actors a model gets, where the spec leaves `actors.count` or
-`actors.num_gpus` out (issue 30): chosen once Ray is up, from the cluster's GPUs, their memory and the models'
+`actors.num_gpus` out: chosen once Ray is up, from the cluster's GPUs, their memory and the models'
 weights, and recorded with its reason in the manifest (`runs[].engines`) and the run's output.
 
-The rule, measured on one H100 80GB (vLLM 0.26; bench/README.md, "GPU whole process" and "lm-eval tasks"):
+The rule, measured on one H100 80GB (vLLM 0.26; bench/README.md, "Whole processes" and "lm-eval tasks"):
 two engines on one GPU beat one engine as a whole process for a 136M and a 254M model (1.25x on lm-eval
 tasks, 1.27x at 5,248 prompts), because a small model's one engine leaves the GPU idle between its steps. So:
 - two engines per GPU where every model's weights take at most SMALL_WEIGHTS_BYTES, each engine spans one GPU,

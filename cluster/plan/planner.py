@@ -1,4 +1,4 @@
-"""Planning (DESIGN §3): prompts measured in tokens, the length policy applied, tasks cut into shards.
+"""Planning (docs/design.md, Planning): prompts measured in tokens, the length policy applied, tasks cut into shards.
 
 1. Render each task's prompts for the model and measure them in tokens with the model's own tokenizer
    (batched; counts cached per tokenizer and prompt hash, cluster/inputs/token_cache.py).
@@ -48,7 +48,8 @@ class TaskPlan:
 
 
 def chunk_threshold(lengths: np.ndarray) -> int | None:
-    """DESIGN §3: off if the longest prompt is under 1,000 tokens; 2,048 if p95 < 2,048; else 0.8 x p95."""
+    """The chunked-prefill threshold (docs/design.md, Planning): off if the longest prompt is under 1,000
+    tokens; 2,048 if p95 < 2,048; else 0.8 x p95."""
     if len(lengths) == 0 or lengths.max() < 1000:
         return None
     p95 = float(np.percentile(lengths, 95))

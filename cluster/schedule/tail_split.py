@@ -1,4 +1,4 @@
-"""Balanced tails (issue 17): as a model's work runs out, its last shards are cut smaller, so that no actor
+"""Balanced tails: as a model's work runs out, its last shards are cut smaller, so that no actor
 idles while another finishes a long shard; and how long actors did idle at the tail, per run.
 
 1. When: planning is over, the model runs on two actors or more, or on the pool, counting actors whose
