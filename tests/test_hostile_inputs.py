@@ -1,4 +1,4 @@
-"""Hostile input (issue 15): each case is the real command, `python -m jobs.sweep SPEC --output DIR`, run
+"""Hostile input: each case is the real command, `python -m jobs.sweep SPEC --output DIR`, run
 in-process through `jobs.sweep.main`, and `raysweep plan SPEC` beside it. Each must exit 2 with one line on
 stderr naming the file and the line or field, before Ray is started (`ray.init` here fails the test if it
 is called at all), leaving an existing output byte-for-byte as it was."""
@@ -198,7 +198,7 @@ CASES = [
      "{spec}:14: not valid YAML: expected ',' or '}'"),
     ("spec-is-a-directory", lambda t: (os.remove(t / "sweep.yaml"), (t / "sweep.yaml").mkdir(), [])[-1],
      "{spec}: is a directory, not a spec file"),
-    # found in review (issue 15): each of these was a traceback, a silent wrong result, or a minute-long hang
+    # each of these would otherwise be a traceback, a silent wrong result, or a minute-long hang
     ("messages-null", messages_rows(None), "{data}:2: column 'm' (tasks.qa.messages) must be a non-empty list of "
      '{"role": ..., "content": ...} messages, got null'),
     ("messages-a-string", messages_rows("text"), "{data}:2: column 'm' (tasks.qa.messages) must be a non-empty list "
@@ -255,7 +255,7 @@ CASES = [
     ("model-dir-without-a-tokenizer", then(lambda t: spec_with(t, "builtin:tiny", "./m"), config_only_model),
      "{spec}: model tiny: cannot load './m' ({dir}/m): no tokenizer files in {dir}/m (tokenizer.json, "
      "tokenizer_config.json, tokenizer.model or vocab files): not a complete Hugging Face model directory"),
-    # issue 16: log-likelihood, n completions and pass@k, code_exec, replay
+    # the scoring kinds: log-likelihood, n completions and pass@k, code_exec, replay
     ("loglikelihood-row-without-choices", lambda t: loglik(t, [row(choices=["2", "3"]), row(id="r1")]),
      "{data}:2: missing column 'choices' (the task 'qa' needs it as its `choices` column)"),
     ("loglikelihood-choices-empty", lambda t: loglik(t, [row(choices=["2", "3"]), row(id="r1", choices=[])]),
@@ -281,7 +281,7 @@ CASES = [
     ("replay-column-missing", lambda t: spec_with(t, "    target: answer\n", "    target: answer\n"
                                                   "    replay: {column: output}\n"),
      "{data}:1: missing column 'output' (the task 'qa' needs it as its `replay.column` (its completions))"),
-    # found in review (issue 16): a bare KeyError after the GPU work, a silent waste, results filed under a model
+    # each of these would otherwise be a bare KeyError after the GPU work, a silent waste, results filed under a model
     ("code-exec-program-that-cannot-render-a-row", then(
         lambda t: spec_with(t, "scorer: exact_match", 'scorer: {name: code_exec, program: "{completion}\\nassert '
                             '{meta[fn]}() == 1"}'),

@@ -240,10 +240,10 @@ def test_a_replica_killed_mid_sweep_is_replaced_and_its_shards_run_again_exactly
         assert len(ids) == len(set(ids)) == 150  # every sample exactly once
         shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pylist()
         # each shard that was on the killed replica ran again (Serve's router may have put none there:
-        # seen in session 8; the GPU bench's kill had one, bench/records/h100-engine-pool.md)
+        # the GPU bench's kill had one, bench/records/h100-engine-pool.md)
         died = {line.split()[2] for line in text.splitlines() if "failed: ReplicaDied" in line}
         assert died <= {s["shard_id"] for s in shards if s["attempt"] >= 2}, died
-        # both replicas ran at once (issue 30: a pool keeps every replica busy): the two that finished the most
+        # both replicas ran at once (a pool keeps every replica busy): the two that finished the most
         # shards have shard windows that overlap. Only where the kill took one replica before it finished a shard
         # (Serve's router had put the first shards in flight on the other) and its replacement came up after the
         # last one (seen in CI, stop 37, and with two xdist workers) did one replica finish them all: the survivor

@@ -179,7 +179,7 @@ def test_a_sandbox_failure_of_every_program_fails_the_pools_future(monkeypatch):
 
 
 def test_one_programs_sandbox_failing_to_start_is_retried_then_recorded_alone(monkeypatch):
-    """Review 16, finding 5: a SandboxError or an OSError (EAGAIN from fork) of one program's sandbox is tried
+    """A SandboxError or an OSError (EAGAIN from fork) of one program's sandbox is tried
     again; where it never starts, that one Outcome is an error saying why and its neighbours keep theirs."""
     real, tries = sandbox.run_program, []
 
@@ -233,7 +233,7 @@ def test_limits_are_validated(field, value):
 
 
 def test_a_programs_own_exit_code_is_not_read_as_a_signal():
-    """Review 16, finding 14: the bootstrap reports how the program ended, so 137 and 70 are its own codes."""
+    """The bootstrap reports how the program ended, so 137 and 70 are its own codes."""
     out = run_program("import sys\nsys.exit(137)", QUICK)
     assert (out.status, out.error, out.exit_code) == ("failed", "exit code 137", 137)
     out = run_program("import sys\nsys.exit(70)", QUICK)
@@ -266,7 +266,7 @@ def no_bwrap(monkeypatch, tmp_path):
 
 
 def test_not_root_without_bubblewrap_refuses_unless_the_task_opts_in(no_bwrap, monkeypatch):
-    """Review 16, finding 1: without bwrap a driver that is not root would run programs under its own uid."""
+    """Without bwrap a driver that is not root would run programs under its own uid: refused without the opt-in."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(sandbox.SandboxError) as refused:
         check_available()
@@ -280,7 +280,7 @@ def test_not_root_without_bubblewrap_refuses_unless_the_task_opts_in(no_bwrap, m
 
 
 def test_python_that_uid_65534_cannot_reach_is_named_as_the_cause(no_bwrap, monkeypatch, tmp_path):
-    """Review 16, finding 4: the fallback's failure, as root with Python under a 0700 directory (/root/.pyenv,
+    """The fallback's failure, as root with Python under a 0700 directory (/root/.pyenv,
     say), names the install, not the module the interpreter then failed to import."""
     prefix = tmp_path / "home" / ".pyenv" / "3.11"
     (prefix / "bin").mkdir(parents=True)
@@ -340,7 +340,7 @@ print("driver alive")
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs a driver as another uid, which needs root")
 def test_a_driver_that_is_not_root_with_and_without_bubblewrap(tmp_path):
-    """Review 16, finding 1, for real: a driver as uid 4242. Without bwrap: refused, or with the opt-in a
+    """A driver that is not root, for real: uid 4242. Without bwrap: refused, or with the opt-in a
     program reads its secret, changes its files and kills it (hence UNSAFE). With bwrap: contained."""
     uid, python = 4242, _python_for(4242)
     assert python, "no interpreter that uid 4242 can run"
@@ -386,7 +386,7 @@ def test_code_exec_unsafe_fallback_is_validated():
 
 @pytest.mark.slow
 def test_a_sandbox_that_never_starts_costs_its_row_not_the_shard(ray_local, tmp_path, monkeypatch):
-    """Review 16, finding 5, in a sweep: of 8 replayed programs one's sandbox fails once (tried again: passed)
+    """A sandbox that fails to start, in a sweep: of 8 replayed programs one's sandbox fails once (tried again: passed)
     and one's always; the shard commits, that row is an error with the reason and no score, the rest pass."""
     import pyarrow.parquet as pq
 
@@ -421,7 +421,7 @@ tasks:
     assert results.loc["r5", "exec_error"] == reason
     assert results.score.isna().tolist() == [False] * 5 + [True] + [False] * 2
     # the row that never ran is an error row: the task's fail_on_error (true) fails the sweep, loudly, and
-    # the summary counts it (review of session 11: it was a null score, and the sweep exited 0)
+    # the summary counts it (not a null score and an exit 0)
     assert list(results.status) == ["ok"] * 5 + ["error"] + ["ok"] * 2
     assert results.loc["r5", "error"] == f"code_exec: the program's sandbox did not start: {reason}"
     assert list(report.failed) == ["replay/t/00000"]
@@ -432,7 +432,7 @@ tasks:
 
 def test_a_code_exec_sweep_on_a_driver_with_no_sandbox_is_refused_before_ray(no_bwrap, monkeypatch):
     """The same refusal, from preflight: one line naming the spec and the task, before Ray or any engine
-    starts (review 16, finding 4: it came after the engines had run)."""
+    starts, not after the engines have run."""
     from cluster.contracts.errors import PreflightError
     from cluster.inputs.checks import check_inputs
     from cluster.inputs.spec_file import load_spec
