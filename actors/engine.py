@@ -51,7 +51,7 @@ class LoglikResult:
 
 @dataclass(frozen=True)
 class EngineProfile:
-    """How an engine is configured for a class of shards (DESIGN §3)."""
+    """How an engine is configured for a class of shards (docs/design.md, Planning)."""
     name: str = "short"  # short | long
     chunked_prefill: bool = False
     max_num_batched_tokens: int | None = None

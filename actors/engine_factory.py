@@ -55,7 +55,7 @@ def engine_cpu_threads(num_cpus: float, num_gpus: float, node_gpus: float | None
     OMP_NUM_THREADS to the actor's `num_cpus` (1 for raysweep's GPU actors) where nothing else set it, and vLLM
     then loads weights on one thread: builtin:large (13 GiB) on an H200 took 14.2 s to load with
     OMP_NUM_THREADS=1 and 4.5 s with 16, and the actor's engine init was 37.7 s against the plain script's
-    18.1 s (bench/h200-2026-11-26-s17.md). The share: this process's CPUs x its GPUs / the node's GPUs. A value
+    18.1 s (bench/records/h200-lm-eval-templates-and-engine-threads.md). The share: this process's CPUs x its GPUs / the node's GPUs. A value
     other than Ray's default for this actor was set by someone (the user's runtime_env): it is kept. Returns
     the threads set, or None where nothing changed."""
     ray_default = str(max(math.floor(num_cpus), 1))

@@ -7,7 +7,7 @@ shard while the last one finishes. The actor is started before its model is chos
 imports overlap the driver's planning); `start_engine` gives it a model, and a later call another one
 (a counted model change). A shard whose profile the engine does not run waits for the shards in
 flight, then the engine restarts with that profile (counted, and reported as a new engine start).
-Each shard returns its results as an Arrow table and one telemetry row (DESIGN §5); figures that are
+Each shard returns its results as an Arrow table and one telemetry row (docs/design.md, Output); figures that are
 not measured here are None. With `sleep_mode` (a pool replica serving several models on one GPU share), a
 new model's start puts the running engine to sleep instead of closing it, and `switch` wakes it again.
 """

@@ -35,7 +35,7 @@ def shared_kv_bytes(model: ModelSpec, model_path: str, gpu_fraction: float, tota
 # `reproducible: true` (with VLLM_BATCH_INVARIANT=1): on an H100, vLLM 0.26 repeated greedy outputs across batch
 # sizes (groups of 256, 64, 100 reversed: 1,312 of 1,312 each) only with these, CUDA graphs and torch.compile
 # on. FLASH_ATTN (the default) differed even between two identical passes; eager mode (C++ kernels) differed
-# between batch sizes with every attention backend (bench/h100-2026-11-23-s10-r.md). Chunked prefill is off:
+# between batch sizes with every attention backend (bench/records/h100-reproducible-mode.md). Chunked prefill is off:
 # whether a prompt is chunked would depend on its neighbours in the shard.
 REPRODUCIBLE_ARGS = {"attention_config": {"backend": "TRITON_ATTN"}, "enable_prefix_caching": False,
                      "enable_chunked_prefill": False}

@@ -4,7 +4,7 @@ vLLM runs its engine core (scheduler, model, KV cache) in a process of its own. 
 process from the one that built `LLM(...)`, which has vLLM imported already. Inside a Ray actor vLLM
 spawns it instead (a fork would copy the locks of a Ray worker's threads), and a spawned process imports
 torch and vLLM all over again: 18 s between `LLM(...)` and the engine core's first line on an H100
-machine, on every engine start, after the actor's own import of vLLM (bench/h100-2026-11-22-s6.md).
+machine, on every engine start, after the actor's own import of vLLM (bench/records/h100-whole-process-forkserver.md).
 
 `RAYSWEEP_VLLM_CORE` chooses:
 - `forkserver` (the default): when the actor starts, a forkserver (Python's multiprocessing) starts with
@@ -19,7 +19,7 @@ machine, on every engine start, after the actor's own import of vLLM (bench/h100
 - `spawn`: vLLM's own choice inside an actor.
 - `inprocess`: the engine core in the actor's process (VLLM_ENABLE_V1_MULTIPROCESSING=0). No second
   process at all, but the engine core's scheduling then shares the actor's GIL with output processing:
-  generation ran at half the speed on an H100 (bench/h100-2026-11-22-s5.md).
+  generation ran at half the speed on an H100 (bench/records/h100-whole-process-in-actor-engine-core.md).
 
 A forked core inherits the forkserver's environment, fixed when the forkserver starts: what the engine
 core reads from the environment (VLLM_LOGGING_LEVEL=INFO for its start-up report, CUDA_VISIBLE_DEVICES

@@ -4,7 +4,7 @@
   The graph mode actually captured (vLLM may downgrade FULL to PIECEWISE for an attention backend),
   the torch.compile time and the capture time are read from vLLM's own start-up reports; if the engine
   cannot start with graphs it starts eager and `fallback_reason` says why.
-- Profiles (DESIGN §3): `short` turns chunked prefill off (vLLM then sets max_num_batched_tokens =
+- Profiles (docs/design.md, Planning): `short` turns chunked prefill off (vLLM then sets max_num_batched_tokens =
   max_model_len, so no prompt is ever split); `long` turns it on with the chunk size from the plan.
 - Structured outputs: vLLM's `StructuredOutputsParams`, xgrammar backend forced, compact JSON.
 - Warm-up: a few short requests run before the engine is reported started (included in load_s).
@@ -162,7 +162,7 @@ class VllmEngine:
         so a row's context is computed once per choice, as in a plain script. The log-probabilities come back
         in vLLM's flat container (`flat_logprobs`: a few lists per request, not a dict and a Logprob object per
         prompt token): the same values, 7.5-10.2 s down to 2.6-3.5 s for 4,800 requests of about 300 tokens on an
-        H100 (bench/h100-2026-11-26-s21-micro.txt); the frontend's per-token objects were most of that time."""
+        H100 (bench/records/h200-lm-eval-flat-logprobs/h100-2026-11-26-s21-micro.txt); the frontend's per-token objects were most of that time."""
         from vllm import SamplingParams
 
         check_loglik_requests(requests)

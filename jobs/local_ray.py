@@ -7,7 +7,7 @@ Ray kills it a second later: 1.0 s of a local command's 1.4 s shutdown, every ru
 Ray's idle workers started ahead (`prestart_worker_first_driver`, one per CPU when the driver connects) are
 left as Ray has them: without them the quickstart on a 2-core machine took 11.6-12.3 s against 12.7-14.3 s,
 but on a 16-core H200 machine a 1,312-prompt sweep took 42.2, 45.6 and 39.9 s against 35.0, 42.6 and 36.6 s
-with them, in three rounds of one lease with the order swapped in the last (bench/h200-2026-11-27-s24.md).
+with them, in three rounds of one lease with the order swapped in the last (bench/records/h200-run-finish.md).
 """
 
 from __future__ import annotations

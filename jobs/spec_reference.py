@@ -55,8 +55,8 @@ NOTES = {"ModelSpec": "`engine: NAME` is short for `engine: {backend: NAME}`; ev
                       "builds locally, with random weights and no download: "
                       + ", ".join(f"`{BUILTIN_PREFIX}{name}`" for name in BUILTIN_MODELS)
                       + " (`raysweep models` lists their sizes)."}
-# the code's comments cite the design notes (`(DESIGN §3)`), which are not among the files a user has
-DESIGN_CITATION = re.compile(r" ?\(DESIGN §[^)]*\)")
+# the code's comments cite docs/design.md (`(docs/design.md, Planning)`): the spec reference leaves those out
+DOC_CITATION = re.compile(r" ?\(docs/design\.md, [^)]*\)")
 MINIMAL = {"name": "NAME", "models": [{"name": "m", "path": "builtin:tiny"}],
            "tasks": [{"name": "t", "data": "data.jsonl", "prompt": "{q}"}]}
 
@@ -117,7 +117,7 @@ def _section(path: str, cls: type, probe: "_Probe") -> str:
     checks, other = _checks(cls)
     title = f"`{path}`" if path else "Top level"
     lines = [f"## {title} ({cls.__name__})", ""]
-    doc = DESIGN_CITATION.sub("", ast.get_docstring(tree) or "")
+    doc = DOC_CITATION.sub("", ast.get_docstring(tree) or "")
     lines += [doc, ""] if doc else []
     note = SHAPES.get(cls.__name__) or NOTES.get(cls.__name__)
     lines += [note, ""] if note else []
@@ -185,7 +185,7 @@ def _comments(source: str, tree: ast.ClassDef) -> dict[str, str]:
                 above.insert(0, notes[line][0])
                 line -= 1
             after = [notes[n][0] for n in range(node.lineno, node.end_lineno + 1) if n in notes and not notes[n][1]]
-            found[node.target.id] = DESIGN_CITATION.sub("", " ".join(above + after))
+            found[node.target.id] = DOC_CITATION.sub("", " ".join(above + after))
     return found
 
 

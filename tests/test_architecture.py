@@ -1,4 +1,4 @@
-"""The import rules of DESIGN §1, checked over grimp's import graph (every import statement, at module level
+"""The import rules of docs/design.md, Shape, checked over grimp's import graph (every import statement, at module level
 or inside a function; `if TYPE_CHECKING:` imports left out, they never run):
 
 - layers: jobs -> cluster -> cluster.contracts <- actors;

@@ -123,7 +123,7 @@ def test_a_failure_that_does_not_repeat_on_the_parts_leaves_no_error_row():
 def test_a_sample_that_fails_alone_has_an_error_row_per_completion_and_fail_on_error_counts_them():
     """sampling.n = 4: the rows that ran are 4 per sample, so a sample that failed alone has 4 error rows (the
     results' grain, one row per completion), and fail_on_error: 0.25 judges 8 of 16 completions as the
-    actor would, not 2 of 10 (review of issue 16: a sweep with half its prompts failed exited 0)."""
+    actor would, not 2 of 10 (otherwise a sweep with half its prompts failed would exit 0)."""
     schema = RESULTS.append(pa.field("completion", pa.int32()))
     task = SimpleNamespace(sampling=SimpleNamespace(n=4), type="generate", fail_on_error=0.25)
     b = Bisection(SimpleNamespace(shard=shard(4), errors=[BOOM, BOOM], task=task))

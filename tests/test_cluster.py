@@ -178,7 +178,7 @@ print(client.get_job_logs(job))
 
 def _stopped_mid_shards(dashboard: str, runtime_env: dict) -> str:
     """`ray job stop` (Ray's job supervisor sends the driver SIGTERM, then SIGKILL after 3 s) once the job's
-    logs show samples done; the job's final status and logs (issue 29: the same one line as any SIGTERM). In a
+    logs show samples done; the job's final status and logs (the same one line as any SIGTERM). In a
     process of its own, as the `ray job` CLI: this one may hold a Ray connection made without token auth."""
     done = subprocess.run([sys.executable, "-c", STOP_MID_SHARDS, dashboard, json.dumps(runtime_env)], cwd=ROOT,
                           env=os.environ | TOKEN_AUTH, capture_output=True, text=True, timeout=400)

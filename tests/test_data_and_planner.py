@@ -101,7 +101,7 @@ def test_plan_sorts_cuts_and_applies_length_policy(tmp_path, tiny_path):
 @pytest.mark.parametrize("policy", ["error", "truncate_left", "skip"])
 def test_max_tokens_that_leave_no_room_for_a_prompt_are_said_so(tmp_path, tiny_path, policy):
     """The planner's own check, for a model whose length is known only once it is loaded (a hub id):
-    no negative limit, and no length_policy advice that cannot help (issue 15)."""
+    no negative limit, and no length_policy advice that cannot help."""
     from transformers import AutoTokenizer
 
     spec, task = make(tmp_path, [json.dumps({"q": "x", "a": "1"})], length_policy=policy)

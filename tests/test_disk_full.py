@@ -1,6 +1,6 @@
 """The output's disk filling up mid-run (a 60 KiB tmpfs as the output): one line naming the cause, exit 1, what
 was committed kept, no temporary file left; once there is room, the same command resumes to every sample
-exactly once (issue 29: two or three chained OSErrors, and .tmp files left forever)."""
+exactly once (not two or three chained OSErrors, and no .tmp file left forever)."""
 
 import os
 import subprocess

@@ -1,5 +1,5 @@
-"""Engines per GPU and actors per model, chosen where the spec leaves them out (issue 30,
-cluster/plan/engines_per_gpu.py): from the cluster's GPUs, their memory and the models' weights; a value the
+"""Engines per GPU and actors per model, chosen where the spec leaves them out
+(cluster/plan/engines_per_gpu.py): from the cluster's GPUs, their memory and the models' weights; a value the
 spec gives is kept."""
 
 import pytest

@@ -1,6 +1,6 @@
 """Files you can trust: a committed results file that is swapped, shortened, missing or garbage is named by
-the resume and by `raysweep verify` (one line each, before any work), never resumed over (issue 29: a file
-copied over another resumed as "4 of 4 committed", exit 0, with 10 ids twice and 10 missing)."""
+the resume and by `raysweep verify` (one line each, before any work), never resumed over (unchecked, a file
+copied over another would resume as "4 of 4 committed", exit 0, with 10 ids twice and 10 missing)."""
 
 import json
 import os

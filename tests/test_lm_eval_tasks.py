@@ -250,7 +250,7 @@ def test_an_unknown_lm_eval_task_is_named_with_lm_evals_closest(include_path, tm
 
 @pytest.mark.slow
 def test_a_sweep_starts_ray_while_lm_eval_builds_its_tasks_and_a_bad_task_stops_it_again(include_path, tmp_path):
-    """lm-eval's tasks took seconds to build before Ray began its start (bench/h200-2026-11-26-s22.md); now Ray
+    """lm-eval's tasks took seconds to build before Ray began its start (bench/records/h200-warm-pool-and-lm-eval-ray-start.md); now Ray
     starts meanwhile, and an input lm-eval refuses still ends in its one line, with no Ray process left behind."""
     import shutil
     import tempfile

@@ -1,4 +1,4 @@
-"""Engines across GPUs and balanced tails (issue 17), on CPUs: tensor/pipeline-parallel sizes in the spec,
+"""Engines across GPUs and balanced tails, on CPUs: tensor/pipeline-parallel sizes in the spec,
 the memory refusal before any engine starts, actors of N GPUs on one node of a fake multi-node cluster,
 and shards cut at a model's tail committed exactly once."""
 
@@ -97,7 +97,7 @@ def test_the_same_model_at_the_tp_that_fits_passes_and_a_gpu_share_counts(tmp_pa
     assert refusal("large", {}, large, ACCELERATOR_MEMORY["L4"], "an L4") is None
     half = refusal("large", {}, large, ACCELERATOR_MEMORY["L4"], "an L4", gpu_share=0.5, heads=32)
     assert "an L4 (0.5 of it) has 11.2 GiB" in half and half.endswith("tensor_parallel_size 2 is the smallest that fits")
-    # two GPUs given to a one-GPU engine: it uses one (review of issue 17: the room was doubled)
+    # two GPUs given to a one-GPU engine: it uses one (its room is not doubled)
     assert refusal("large", {}, large, ACCELERATOR_MEMORY["T4"], "a T4", gpu_share=2.0) is not None
     # weights vLLM keeps in CPU memory (cpu_offload_gb, per GPU) are not on the GPU
     assert refusal("large", {"cpu_offload_gb": 8}, large, ACCELERATOR_MEMORY["T4"], "a T4") is None
@@ -113,8 +113,8 @@ QWEN15_MOE = {"hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_
 
 
 def test_expert_models_are_counted_at_their_experts_width_and_unknown_shapes_not_at_all():
-    """Qwen-MoE experts are moe_intermediate_size wide (review of issue 17: counted at intermediate_size,
-    Qwen3-30B-A3B came out at 233B and was refused on an H100); DeepSeek's latent attention is not a shape
+    """Qwen-MoE experts are moe_intermediate_size wide (counted at intermediate_size,
+    Qwen3-30B-A3B would come out at 233B and be refused on an H100); DeepSeek's latent attention is not a shape
     the formula knows: no count, so no check, rather than a wrong one."""
     assert round(config_parameters(QWEN3_30B_A3B) / 1e9, 1) == 30.5
     assert round(config_parameters(QWEN15_MOE) / 1e9, 1) == 14.3
@@ -321,7 +321,7 @@ def _recorder():
 @pytest.mark.slow
 def test_both_parts_of_a_tail_split_raising_send_the_shard_back_once(ray_local):
     """Both halves raise (an error in each, run at once on the two actors): the whole shard is retried once,
-    bisected once and reported once (review of issue 17: it was retried, bisected and committed twice)."""
+    bisected once and reported once (not retried, bisected and committed twice)."""
     reported, events = _recorder()
     scheduler, jobs = _tail_scheduler(ray_local, events, raising=("s70", "s90"))
     scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
@@ -379,7 +379,7 @@ def test_a_shard_of_long_prompts_is_cut_down_to_rows_a_short_one_to_16(tmp_path)
 
 @pytest.mark.slow
 def test_the_first_engine_up_does_not_take_the_shards_of_one_still_starting(ray_local):
-    """Issue 30 item 2: two actors of a model, two shards in flight each; the second's engine comes up 1 s
+    """Tails cut across engines still starting: two actors of a model, two shards in flight each; the second's engine comes up 1 s
     after the first's. Three shards of 128, 128 and 72 rows (1,312 prompts in 512, 512 and 288 on an H100
     had two engines idle 33% at the tail): the first engine up must not take 256 rows while the second
     starts. Each shard of 128 rows is cut in halves (a fair part: 328 rows over 4 held shards is 82), and the
@@ -438,7 +438,7 @@ def test_the_first_engine_up_does_not_take_the_shards_of_one_still_starting(ray_
 
 @pytest.mark.slow
 def test_an_actor_whose_model_is_done_runs_the_tail_of_another_model(ray_local):
-    """Issue 30 item 2, across models: two models of one actor each (a CPU sweep's default). Model a has one
+    """Tails across models: two models of one actor each (a CPU sweep's default). Model a has one
     shard, model b six, each shard 0.3 s: once a is done its actor takes b's waiting shards (a model change)
     rather than idling while b's one actor runs the rest (before: 27.7% of actor-seconds idle at the tail of
     a tiny + small sweep on two CPU actors)."""
@@ -488,7 +488,7 @@ def test_an_actor_whose_model_is_done_runs_the_tail_of_another_model(ray_local):
 
 @pytest.mark.parametrize("replicas, cut", [(1, 0), (2, 2)])
 def test_a_pools_shards_are_cut_for_its_replicas_but_not_for_one(replicas, cut):
-    """Issue 30 item 2 on the pool: three shards of 128, 128 and 72 rows for a pool holding 4 shards at once
+    """Tails on the pool: three shards of 128, 128 and 72 rows for a pool holding 4 shards at once
     are cut where the pool runs the model on two replicas (the two 128s in halves: a fair part is 328 / 4),
     and left whole on one replica, which runs every shard anyway."""
     import pyarrow as pa

@@ -166,7 +166,7 @@ def test_an_empty_prompt_under_fail_on_error_true_is_refused_before_ray_with_one
     proc = subprocess.run([sys.executable, "-m", "jobs.sweep", str(poison_spec(tmp_path, True))], cwd=ROOT,
                           env=os.environ | {"RAY_ADDRESS": "local"}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    # planning runs while Ray starts (issue 13), so Ray's own start-up lines may come first
+    # planning runs while Ray starts, so Ray's own start-up lines may come first
     lines = [line for line in proc.stderr.splitlines() if line.startswith("raysweep:")]
     assert lines == [
         f"raysweep: error: task p: 1 prompt(s) empty after rendering (0 tokens): {tmp_path / 'poison.jsonl'}:14 "

@@ -173,7 +173,7 @@ def test_a_resume_never_mixes_reproducible_and_other_results(tmp_path):
 
 def test_a_resume_never_adds_to_reproducible_results_of_another_setting(tmp_path):
     """An output made under another `reproducible: true` setting (an earlier raysweep's: FLASH_ATTN, prefix
-    caching) is refused, as the mode's flag alone would not tell (review of issue 17)."""
+    caching) is refused, as the mode's flag alone would not tell."""
     import json
 
     from cluster.schedule.run import prepare

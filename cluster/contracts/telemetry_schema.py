@@ -1,4 +1,4 @@
-"""The telemetry tables under telemetry/ (DESIGN §6): each column, its type, who fills it and when. The one
+"""The telemetry tables under telemetry/ (docs/design.md, Telemetry): each column, its type, who fills it and when. The one
 owner of these columns, as cluster/contracts/results_schema.py is of the results': the store builds every
 telemetry table from `SCHEMAS` (columns in this order, a key a row leaves out is null) and refuses a key
 that is not here, so a new column is added here first.

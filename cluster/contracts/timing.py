@@ -1,6 +1,6 @@
-"""Wall-clock start-up figures shared by the driver and the actors (DESIGN §4: start-up is a first-class
-figure). Times are UTC epoch seconds (`time.time()`), so figures taken in different processes of one node
-compare; across nodes they carry the nodes' clock skew.
+"""Wall-clock start-up figures shared by the driver and the actors (start-up is a first-class figure:
+docs/design.md, Actors and engines). Times are UTC epoch seconds (`time.time()`), so figures taken in
+different processes of one node compare; across nodes they carry the nodes' clock skew.
 """
 
 from __future__ import annotations

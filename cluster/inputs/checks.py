@@ -1,4 +1,4 @@
-"""Preflight checks (DESIGN §3): every input that can be checked is checked here, before any actor starts
+"""Preflight checks (docs/design.md, Planning): every input that can be checked is checked here, before any actor starts
 (cluster/plan/plan_source.py runs them, then plans).
 
 1. Checks that need no tokenizer (`check_inputs`, cheap: jobs/sweep.py runs them before Ray starts):
@@ -61,7 +61,7 @@ def check_sandbox(spec: SweepSpec, task) -> None:
 
 
 # `reproducible: true` runs vLLM with actors/vllm_engine.py REPRODUCIBLE_ARGS: the one setting under which
-# vLLM 0.26 gave identical greedy outputs across batch sizes on an H100 (bench/h100-2026-11-23-s10-r.md)
+# vLLM 0.26 gave identical greedy outputs across batch sizes on an H100 (bench/records/h100-reproducible-mode.md)
 REPRODUCIBLE_BACKEND = "TRITON_ATTN"
 
 

@@ -176,7 +176,7 @@ def _unrenderable(t) -> bool:
 
 
 def _as_text(batch, path: str, first: int):
-    """Each column's values as a prompt, a target and a scorer read them (issue 29: every Arrow type that can
+    """Each column's values as a prompt, a target and a scorer read them (every Arrow type that can
     reach a prompt or target is rendered as the user expects, or refused naming the file and column):
     - binary decoded as UTF-8 (read as `b'...'` it scored the right answer 0); bytes that are not UTF-8 refused;
     - timestamps, dates and times as text, exactly (`render_temporal`): nanoseconds kept, years past 9999 read;

@@ -2,7 +2,7 @@
 
 `AutoTokenizer` and `AutoConfig` import transformers' model configuration code, and with it torch: 9.8 of a
 10.7 s plan of 1,312 prompts on this 2-core machine, and 11 s of planning before a warm pool's first shard on
-an H200 machine (bench/h200-2026-11-26-s16.md). The driver needs neither torch nor a model: a folder whose
+an H200 machine (bench/records/h200-engines-per-gpu-and-pool-planning.md). The driver needs neither torch nor a model: a folder whose
 tokenizer_config.json names transformers' generic fast tokenizer (`PreTrainedTokenizerFast`, as the builtin
 models and Llama 3 do; no remote code) gets that class directly, which imports no torch; its context length
 is read from config.json. Anything else (another class, remote code, a hub id) goes through AutoTokenizer,
@@ -12,7 +12,7 @@ For those folders the tokenizer's identity is known without loading it (`files_f
 the versions of the code that reads them), so a sweep whose prompts were all measured before (the token
 cache, cluster/inputs/token_cache.py) loads no tokenizer at all (`LazyTokenizer`): on an H200 machine whose
 transformers imports torch, loading it was 5.5 s of a warm pool sweep's 7.1 s of planning
-(bench/h200-2026-11-26-s22.md).
+(bench/records/h200-warm-pool-and-lm-eval-ray-start.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """How many engines share each GPU, and so how many actors a model gets, where the spec leaves `actors.count` or
-`actors.num_gpus` out (issue 30): chosen once Ray is up, from the cluster's GPUs, their memory and the models'
+`actors.num_gpus` out: chosen once Ray is up, from the cluster's GPUs, their memory and the models'
 weights, and recorded with its reason in the manifest (`runs[].engines`) and the run's output.
 
-The rule, measured on one H100 80GB (vLLM 0.26; bench/README.md, "GPU whole process" and "lm-eval tasks"):
+The rule, measured on one H100 80GB (vLLM 0.26; bench/README.md, "Whole processes" and "lm-eval tasks"):
 two engines on one GPU beat one engine as a whole process for a 136M and a 254M model (1.25x on lm-eval
 tasks, 1.27x at 5,248 prompts), because a small model's one engine leaves the GPU idle between its steps. So:
 - two engines per GPU where every model's weights take at most SMALL_WEIGHTS_BYTES, each engine spans one GPU,
@@ -12,7 +12,7 @@ tasks, 1.27x at 5,248 prompts), because a small model's one engine leaves the GP
   max_tokens x n, per model): on an H200 with a 136M model, 5,248 prompts of 256 new tokens (1.34M) ran in
   43.5 s on four engines against 48.3 s on two (the plain script: 62.6 s), while 1,312 prompts (0.34M) took
   35.2 s on four and 33.7 s on two: four engines start as fast, but a small sweep's tail idles more of them
-  (bench/h200-2026-11-26-s16.md);
+  (bench/records/h200-engines-per-gpu-and-pool-planning.md);
 - one engine per GPU otherwise: a large model (`builtin:large`, 8B) is compute-bound, and sharing halves its
   KV cache for nothing measured; a GPU of unknown memory is not shared;
 - actors per model: engines per GPU x the GPUs the cluster has now, over the GPUs one engine spans (at least

@@ -1,4 +1,4 @@
-"""Preflight then planning (DESIGN §3), as a stream the scheduler consumes while it runs.
+"""Preflight then planning (docs/design.md, Planning), as a stream the scheduler consumes while it runs.
 
 1. Every check (cluster/inputs/checks.py): a problem is one line naming the file, task, model or field,
    before any actor starts.

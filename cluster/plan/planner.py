@@ -1,4 +1,4 @@
-"""Planning (DESIGN §3): prompts measured in tokens, the length policy applied, tasks cut into shards.
+"""Planning (docs/design.md, Planning): prompts measured in tokens, the length policy applied, tasks cut into shards.
 
 1. Render each task's prompts for the model and measure them in tokens with the model's own tokenizer
    (batched; counts cached per tokenizer and prompt hash, cluster/inputs/token_cache.py).
@@ -9,7 +9,7 @@
 The data is streamed in batches and each batch's rendered prompts are staged on local disk
 (cluster/inputs/staging.py); a shard holds positions into that file and reads its rows when it is dispatched.
 The driver keeps numpy arrays per sample (length, status, offset, sort order), not the prompts:
-planning 1M prompts grew its peak by about 0.1 KB per sample (bench/cpu-planning-2026-11-22.md).
+planning 1M prompts grew its peak by about 0.1 KB per sample (bench/records/cpu-planning-streamed.md).
 Shards carry prompt text and its measured length; actors tokenize their own shards (and check the
 count), so the driver never holds every token id of a sweep. Only truncated rows carry their ids.
 """
@@ -48,7 +48,8 @@ class TaskPlan:
 
 
 def chunk_threshold(lengths: np.ndarray) -> int | None:
-    """DESIGN §3: off if the longest prompt is under 1,000 tokens; 2,048 if p95 < 2,048; else 0.8 x p95."""
+    """The chunked-prefill threshold (docs/design.md, Planning): off if the longest prompt is under 1,000
+    tokens; 2,048 if p95 < 2,048; else 0.8 x p95."""
     if len(lengths) == 0 or lengths.max() < 1000:
         return None
     p95 = float(np.percentile(lengths, 95))

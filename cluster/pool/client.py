@@ -4,7 +4,7 @@ for a pooled model, and the recorder that keeps the pool's HTTP API told of the 
 
 Ray Serve is imported only in the client actor, never in the sweep's driver: its import (1.4 s on the 2-core
 machine, on the driver's main thread) slowed the driver's planning thread, and the client, started only once
-the pool had been read, imported it again before its first shard (bench/h200-2026-11-26-s22.md)."""
+the pool had been read, imported it again before its first shard (bench/records/h200-warm-pool-and-lm-eval-ray-start.md)."""
 
 from __future__ import annotations
 

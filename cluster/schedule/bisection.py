@@ -1,5 +1,5 @@
 """Bisection: the rows of a shard that fails the same way on every attempt still run, and the rows that
-cause the failure become error rows with their error (issue 15, item 3).
+cause the failure become error rows with their error.
 
 1. When: a whole shard's attempt raised (its actor lived) and either raised the same error on the attempt
    before, or was its last attempt (`should_bisect`, called by cluster/schedule/scheduler.py). An actor's death is never

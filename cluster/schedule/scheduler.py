@@ -1,4 +1,4 @@
-"""One scheduler over the whole sweep (DESIGN §4): every model's shards on one set of actors.
+"""One scheduler over the whole sweep (docs/design.md, Actors and engines): every model's shards on one set of actors.
 
 1. Actors are GPU shares, started before their model is chosen, so their imports overlap the driver's checks
    and planning; as many as the models with work left allow (each model's `actors.count` is a per-model
@@ -203,7 +203,7 @@ class SweepScheduler:
         """For an actor no model needs below its maximum (its own model done): the model of its shape with the
         most shards waiting, where more wait than its actors hold at once, so a whole round of them would
         still be waiting for those actors. Above `actors.count` for that model, but no new actor: one that
-        would idle (or be released) runs the tail of another model instead (issue 30 item 2)."""
+        would idle (or be released) runs the tail of another model instead."""
         def held(m: ModelWork) -> int:
             return sum(s.depth or m.depth for s in self.slots if s.model == m.name and s.state != "importing")
 

@@ -1,4 +1,4 @@
-"""The manifest of an output (DESIGN §5): the shards and their states (cluster/contracts/shard.py ShardState),
+"""The manifest of an output (docs/design.md, Output): the shards and their states (cluster/contracts/shard.py ShardState),
 the runs, and the checks a resume passes before it adds to an output.
 
 A shard is recorded once its results file is in place. On a local disk the record is one line appended to

@@ -1,4 +1,4 @@
-"""An output location's files (DESIGN §5): opening it on any pyarrow filesystem URI, the lock held while a
+"""An output location's files (docs/design.md, Output): opening it on any pyarrow filesystem URI, the lock held while a
 sweep writes it, and writes by rename, so that a reader never sees half a file.
 
 Results lie in results/<model>/<task>/shard-NNNNN.parquet with model and task as string columns in the

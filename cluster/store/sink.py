@@ -1,5 +1,5 @@
-"""The sweep's output (DESIGN §5, §6): `ResultSink`, the one object the driver writes it through. It holds
-the output locked and keeps the summary; the work is the store's modules':
+"""The sweep's output (docs/design.md, Output; Exactly once and resume): `ResultSink`, the one object the
+driver writes it through. It holds the output locked and keeps the summary; the work is the store's modules':
 
 - cluster/store/output_files.py: opening the location, its lock, writes by rename, the results layout;
 - cluster/store/manifest.py: the manifest and its journal, shard states, the resume checks;

@@ -1,4 +1,4 @@
-"""Telemetry on disk (DESIGN §6): rows added as the sweep runs, flushed as parts under telemetry/.pending/
+"""Telemetry on disk (docs/design.md, Telemetry): rows added as the sweep runs, flushed as parts under telemetry/.pending/
 as shards commit, and folded by `finish` into telemetry/<table>.parquet (appended to earlier runs'). Each
 table is built from its schema (cluster/contracts/telemetry_schema.py): a key not in it is refused.
 

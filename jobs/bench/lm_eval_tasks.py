@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fresh(out: Path, *names: str) -> None:
     """Earlier runs' raysweep outputs removed, before any clock starts: a second timed phase in the same folder
-    resumed them (every shard committed) and timed 17.3 s of nothing (session 21)."""
+    resumed them (every shard committed) and timed 17.3 s of nothing."""
     for name in names:
         shutil.rmtree(out / name, ignore_errors=True)
 

@@ -126,7 +126,7 @@ def _warm_pool(args, steps: set, spec: Path, out: Path, env: dict, address: str,
         found = raysweep_figures(output)  # where the whole process's time went: Ray, planning, shards
         for name, (value, unit) in found.items():
             record(f"sweep{n} {name}", value, unit)
-        if "shards_span_s" in found:  # issue 30's warm target: within 5 s of the time its shards generate
+        if "shards_span_s" in found:  # the warm target: within 5 s of the time its shards generate
             record(f"sweep{n} beyond its shards s", wall - found["shards_span_s"][0],
                    "s (whole process less first shard start to last shard end)")
     _, status = run_process([sys.executable, "-m", "jobs.cli", "pool", "status"], env, out / "w_pool_status")
