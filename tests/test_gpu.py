@@ -460,3 +460,35 @@ def test_tensor_parallel_2_sweep_beside_a_one_gpu_model(ray_local, tmp_path):
     actors = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
     print(actors[["model", "gpus", "gpu_ids", "startup_s"]].to_string())
     assert set(actors[actors.model == "wide"]["gpus"]) == {2} and set(actors[actors.model == "narrow"]["gpus"]) == {1}
+    if _gpu_count() >= 3:  # room for both at once: the two models' shards ran side by side
+        shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
+        span = {m: (g["started_at"].min(), g["finished_at"].max()) for m, g in shards.groupby("model")}
+        assert span["wide"][0] < span["narrow"][1] and span["narrow"][0] < span["wide"][1], span
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_gpu_count() < 4, reason="needs 4 GPUs")
+def test_tensor_parallel_4_sweep(ray_local, tmp_path):
+    """builtin:small at tensor_parallel_size 4: one actor holds four GPUs, every sample exactly once."""
+    import pyarrow.parquet as pq
+
+    from cluster.schedule.run import run_sweep
+    from cluster.inputs.spec_file import load_spec
+    from jobs.bench.common import prompts_of
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"id": f"p{i}", "text": t}) + "\n"
+                            for i, t in enumerate(prompts_of(200, 64, 1024, seed=14))))
+    spec = {"name": "tp4", "output": str(tmp_path / "out"),
+            "models": [{"name": "wide", "path": "builtin:small", "engine": {"backend": "vllm", "tensor_parallel_size": 4}}],
+            "tasks": [{"name": "t", "data": str(data), "id_column": "id", "prompt": "{text}",
+                       "sampling": {"max_tokens": 32}}],
+            "shards": {"max_samples": 50}}
+    (tmp_path / "tp4.yaml").write_text(json.dumps(spec))
+    report = run_sweep(load_spec(tmp_path / "tp4.yaml"), log=print)
+    assert not report.failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas()
+    assert len(results) == 200 and not results.duplicated(["sample_id"]).any() and set(results["status"]) == {"ok"}
+    actors = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
+    print(actors[["model", "gpus", "gpu_ids", "startup_s"]].to_string())
+    assert set(actors["gpus"]) == {4}
