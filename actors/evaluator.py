@@ -80,7 +80,8 @@ class EvalActor:
 
     def ready(self) -> dict:
         """Returns once the process is up and its imports are done."""
-        return {"actor_id": self.actor_id, "node_id": self.node_id, "refusal": self.refusal, **self._first}
+        return {"actor_id": self.actor_id, "node_id": self.node_id, "node_ip": self.node_ip, "refusal": self.refusal,
+                **self._first}
 
     def start_engine(self, model: ModelSpec, model_path: str, requested_at: float,
                      profile: EngineProfile = EngineProfile()) -> dict:

@@ -386,3 +386,29 @@ def test_a_shard_that_raises_the_same_way_is_bisected_and_reported_once(ray_loca
     else:
         assert not bisected and len(failed) == 1 and len(attempts) == 2 + 6
         assert failed[0][1].startswith("bisected into 6 parts, none of which ran")
+
+
+def test_the_line_for_a_lost_node_or_actor():
+    """cluster/schedule/work.py lost_node and lost_line: the driver's one line when actors die (tests/
+    test_multinode.py loses a real node)."""
+    from types import SimpleNamespace
+
+    from ray.exceptions import ActorUnavailableError
+
+    from cluster.schedule.work import lost_line, lost_node
+
+    node = "a06e8ef9bb9672f90d4ec11819e0eb6e8d893a0cbb9c385536edafc8"
+    held = [SimpleNamespace(attempt=1), SimpleNamespace(attempt=3), SimpleNamespace(attempt=2)]
+    died = RuntimeError(f"The actor died unexpectedly.\n\tip: 10.0.0.7\nThe actor died because its node has died. "
+                        f"Node Id: {node}\n\tthe actor's node was terminated unexpectedly: health check failed")
+    assert lost_node(died, None) == (node, "10.0.0.7", "gone")
+    assert lost_line([3, 1], lost_node(died, None), "", held, 3) == (
+        "[raysweep] node 10.0.0.7 (a06e8ef9) lost: actor(s) 1, 3 gone, 2 shard(s) sent to other actors, "
+        "1 failed at their last attempt")
+    unreachable = ActorUnavailableError("RpcError: Socket closed", b"\x00" * 16)
+    assert lost_node(unreachable, (node, "10.0.0.8")) == (node, "10.0.0.8", "unreachable")
+    assert lost_node(unreachable, None) is None  # where it ran is not known: an actor's death
+    crashed = RuntimeError("The actor is dead because its worker process has died.")
+    assert lost_node(crashed, (node, "10.0.0.8")) is None
+    assert lost_line([2], None, "ActorDiedError: worker died", held[:1], 3) == (
+        "[raysweep] actor(s) 2 died (ActorDiedError: worker died): 1 shard(s) sent to other actors")

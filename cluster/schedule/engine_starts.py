@@ -1,4 +1,4 @@
-"""How long an engine may take to start, and which starts are past it.
+"""How long an engine may take to start, which starts are past it, and an actor that cannot start at all.
 
 An engine start that raises fails at once, with the engine's own error. One that never answers (seen: a
 tensor-parallel vLLM engine whose workers died in a CUDA error left its engine core waiting for them) would
@@ -17,6 +17,10 @@ from cluster.contracts.errors import RaysweepError
 
 ENV = "RAYSWEEP_ENGINE_START_TIMEOUT_S"
 DEFAULT_S = 900.0
+
+
+class ActorStartError(RaysweepError, RuntimeError):
+    """An actor could not start at all (its imports failed); the message carries the error."""
 
 
 class StartTimeoutSetting(RaysweepError, ValueError):

@@ -198,7 +198,7 @@ class _Run:
                                  on_model_failed=lambda model, error: self.log(
                                      f"[raysweep] model {model}: {error}; its shards fail, the other models go on"),
                                  on_dispatched=lambda job: self.metrics.dispatched(job.shard.model, job.task.name),
-                                 on_tick=self.on_tick)
+                                 on_actor_lost=self.progress.log, on_tick=self.on_tick)
         shared = any(0 < shape.num_gpus < 1 for shape in holds)
         keep = None if self.kept is None else self.kept.keeper(self.models, lambda name: bool(self.scheduler.models[name].failed))
         self.scheduler = SweepScheduler(spawn, events, capacity=holds, max_attempts=max_attempts,

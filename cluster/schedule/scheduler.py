@@ -11,11 +11,12 @@
 4. Shards arrive while planning goes on (`feed`): a task's shards go out as soon as it is planned.
 5. Failures: a shard that raises is retried, up to `max_attempts`; one that raises the same error twice, or
    on its last attempt, is bisected (cluster/schedule/bisection.py) down to the rows that fail alone. An actor
-   that dies is replaced and its shards retried (never bisected). An engine that cannot start (it raised, or
-   did not answer in time: cluster/schedule/engine_starts.py) fails its model's shards with its own error, in
-   one line, and the other models go on. A pooled shard whose replica died is retried as on an actor's death;
-   one whose pool went away goes back to its queue. Engines sharing a GPU start together, each KV cache sized
-   from its share (`RAYSWEEP_SHARED_GPU_START=serial`: one at a time, vLLM measuring free memory).
+   that dies is replaced and its shards retried (never bisected), said in one line (a lost node's actors all in
+   one: work.py lost_node). An engine that cannot start (it raised, or did not answer in time:
+   cluster/schedule/engine_starts.py) fails its model's shards with its own error, in one line, and the other
+   models go on. A pooled shard whose replica died is retried as on an actor's death; one whose pool went away
+   goes back to its queue. Engines sharing a GPU start together, each KV cache sized from its share
+   (`RAYSWEEP_SHARED_GPU_START=serial`: one at a time, vLLM measuring free memory).
 
 What it moves (Job, ModelWork, Slot) and the events it reports (SchedulerEvents): cluster/schedule/work.py.
 """
@@ -28,16 +29,11 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from cluster.contracts.errors import RaysweepError
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
-from cluster.schedule.engine_starts import start_timeout_s, take_overdue, timed_out_line
+from cluster.schedule.engine_starts import ActorStartError, start_timeout_s, take_overdue, timed_out_line
 from cluster.schedule.kept import close_actors
 from cluster.schedule.tail_split import TailClock, TailSplit, cut_waiting
-from cluster.schedule.work import Job, ModelWork, SchedulerEvents, Slot
-
-
-class ActorStartError(RaysweepError, RuntimeError):
-    """An actor could not start at all (its imports failed); the message carries the error."""
+from cluster.schedule.work import Job, ModelWork, SchedulerEvents, Slot, first_line as _first_line, lost_line, lost_node
 
 
 TICK_S = 1.0  # the longest the loop waits for a result before it reports in (progress lines)
@@ -62,6 +58,7 @@ class SweepScheduler:
         self.inflight: dict[Any, tuple[str, Job | None, Slot]] = {}
         self.actors_started = self.actor_deaths = self.model_changes = 0
         self.pool_lost: list[str] = []  # models whose pool went away during the sweep
+        self.nodes_lost: set[str] = set()  # nodes whose actors died with them (or became unreachable)
         self._most_slots = 1
         self.tail = TailClock()  # each actor's first and last shard: the run's tail idle
         self.tail_splits = 0  # shards cut in parts at their model's tail
@@ -255,7 +252,7 @@ class SweepScheduler:
         except RayActorError as e:
             if kind == "ready" and e.actor_init_failed:  # its imports raised: every actor's would
                 raise ActorStartError(_first_line(e)) from e
-            self._lost(slot, e)  # the process died (killed, OOM, node lost): replaced by _grow
+            self._lost(slot, e, job)  # the process died (killed, OOM, node lost): replaced by _grow
             if job is not None:
                 self._retry(job, f"{DIED}{_first_line(e)}", died=True)
             return
@@ -274,7 +271,7 @@ class SweepScheduler:
         if kind == "ready":
             if value.get("refusal"):  # the actor's GPU cannot do what the spec asks (reproducible: true)
                 raise ActorStartError(value["refusal"])
-            slot.state = "idle"
+            slot.state, slot.node = "idle", (value["node_id"], value.get("node_ip") or "?") if value.get("node_id") else None
         elif kind == "start":
             slot.state = "running"
             self.events.on_actor_started(value)
@@ -359,8 +356,8 @@ class SweepScheduler:
         else:
             self.events.on_bisected(bisection.job, bisection.table(), bisection.row_errors())
 
-    def _unpool(self, slot: Slot, job: Job | None = None) -> None:
-        """The pool went away (`raysweep pool down --force`) or the sweep's pool client died: the shard goes back
+    def _unpool(self, slot: Slot, job: Job | None) -> None:
+        """The pool went away (`raysweep pool down --force`), or its client died (no `job`): the shard goes back
         to its queue, its attempt not counted, and the model gets its own actors from now on."""
         if job is not None:
             self.models[job.shard.model].add(job, first=True)
@@ -369,19 +366,26 @@ class SweepScheduler:
             self.models[slot.model].max_actors = slot.actors
             self.pool_lost.append(slot.model)
 
-    def _lost(self, slot: Slot, error: RayActorError) -> None:
+    def _lost(self, slot: Slot, error: RayActorError, job: Job | None = None) -> None:
         if slot not in self.slots:
-            return  # its death was already seen through another of its calls
+            return  # its death was already seen through another of its calls (or its node's loss)
         if slot.state == "pooled":  # the sweep's pool client died: the model runs on actors of its own
-            return self._unpool(slot)
-        self.slots.remove(slot)
-        if slot.model is not None and slot.state in ("starting", "running", "idle"):
-            self.models[slot.model].assigned -= 1
-        self.tail.died(slot.number)
-        self.actor_deaths += 1
+            return self._unpool(slot, None)
+        node = lost_node(error, slot.node)  # a node lost takes every actor of the sweep there: said in one line
+        gone = [s for s in self.slots if s is slot or node and s.state != "pooled" and s.node and s.node[0] == node[0]]
+        held = [j for kind, j, s in self.inflight.values() if kind == "shard" and s in gone] + [job] * (job is not None)
+        if node is None or node[0] not in self.nodes_lost:  # a replacement that had started there: said already
+            self.events.on_actor_lost(lost_line([s.number for s in gone], node, _first_line(error), held, self.max_attempts))
+        self.nodes_lost |= {node[0]} if node else set()
+        for gone_slot in gone:  # their shards come back one by one as failed calls, and are retried (_collect)
+            self.slots.remove(gone_slot)
+            if gone_slot.model is not None and gone_slot.state in ("starting", "running", "idle"):
+                self.models[gone_slot.model].assigned -= 1
+            self.tail.died(gone_slot.number)
+            self.actor_deaths += 1
+            ray.kill(gone_slot.handle)
         if self.actor_deaths > self._most_slots * self.max_attempts:
             raise RuntimeError(f"{self.actor_deaths} actors died; the last: {_first_line(error)}") from error
-        ray.kill(slot.handle)
 
     def _shutdown(self) -> None:
         slots, self.slots = [s for s in self.slots if s.state != "pooled"], []
@@ -391,9 +395,3 @@ class SweepScheduler:
         """Those `keep` does not take: engines closed first, then the actors killed (cluster/schedule/kept.py)."""
         slots = self.keep(slots) if self.keep is not None else slots
         close_actors([s.handle for s in slots if s.state in ("idle", "running")], [s.handle for s in slots])
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    lines = [line for line in text.splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[-1] if lines else text}"[:2000]

@@ -5,6 +5,7 @@ queues, one per engine profile; an actor slot; and the events the scheduler repo
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -85,6 +86,7 @@ class Slot:
     replicas: int = 0  # a pool slot: the most replicas the pool runs the model on
     shape: Any = None  # the resources it holds (ModelWork.shape): it runs only models of that shape
     start_at: float | None = None  # time.monotonic() when its engine start was asked for
+    node: tuple[str, str] | None = None  # (Ray node id, its IP) of the node it runs on, once it is ready
 
 
 @dataclass
@@ -104,5 +106,40 @@ class SchedulerEvents:
     # a model given up: no engine of it could start (model name, the engine's error); its shards fail
     on_model_failed: Callable[[str, str], None] = lambda model, error: None
     on_dispatched: Callable[[Job], None] = lambda job: None  # sent to an actor; comes back as one of the above
+    on_actor_lost: Callable[[str], None] = lambda line: None  # an actor (or a node's actors) died: one line, said
     # (the SweepScheduler) at least every TICK_S (cluster/schedule/scheduler.py) while it runs
     on_tick: Callable[[Any], None] = lambda scheduler: None
+
+
+def first_line(error: BaseException) -> str:
+    """The error's type and the last line of its message (Ray's put the cause last), at most 2000 characters."""
+    text = str(error).strip() or type(error).__name__
+    lines = [line for line in text.splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[-1] if lines else text}"[:2000]
+
+
+def lost_node(error: BaseException, node: tuple[str, str] | None) -> tuple[str, str, str] | None:
+    """(node id, node IP, what became of its actors) where an actor's death is its node's: Ray says its node
+    died, or its actor is unreachable (ActorUnavailableError: its process cannot be reached while Ray still
+    counts it alive; a process that dies on a live node is an ActorDiedError at once). `node`: where the actor
+    ran, if known. None for any other death."""
+    text = str(error)
+    died = re.search(r"its node has died\. Node Id: ([0-9a-f]+)", text)
+    if died is not None:
+        ip = re.search(r"^\s*ip: (\S+)", text, re.M)
+        return died.group(1), ip.group(1) if ip else node[1] if node else "?", "gone"
+    if type(error).__name__ == "ActorUnavailableError" and node is not None:
+        return node[0], node[1], "unreachable"
+    return None
+
+
+def lost_line(numbers: list[int], node: tuple[str, str, str] | None, error: str, held: list[Job],
+              max_attempts: int) -> str:
+    """The driver's one line for actors lost at once (all of the sweep's actors on a lost node, or one actor):
+    which, and what becomes of the shards they held (retried elsewhere, or failed at their last attempt)."""
+    actors = f"actor(s) {', '.join(str(n) for n in sorted(numbers))}"
+    last = sum(job.attempt >= max_attempts for job in held)
+    fate = f"{len(held) - last} shard(s) sent to other actors" + (f", {last} failed at their last attempt" if last else "")
+    if node is not None:
+        return f"[raysweep] node {node[1]} ({node[0][:8]}) lost: {actors} {node[2]}, {fate}"
+    return f"[raysweep] {actors} died ({error[:300]}): {fate}"
