@@ -97,10 +97,13 @@ def test_on_a_shared_gpu_the_kv_cache_is_sized_from_the_share_so_engines_can_sta
 
 
 # lines a plain `LLM(..., tensor_parallel_size=2)` script logged on a 4xH200 machine with NVLink multicast off
-# and vLLM's FlashInfer all-reduce fusion on (actors/vllm_args.py NO_MULTICAST_PASSES), in this order
+# and vLLM's FlashInfer all-reduce fusion on (actors/vllm_args.py NO_MULTICAST_PASSES), in this order, a few of
+# each kind (bench/records/tensor-parallel-multicast/plain-script-tp2-fusion-on-symm-mem-off.log); the
+# warning below is a made-up one of the same form: a warning that names an error is never the root cause
 TENSOR_PARALLEL_FAILURE = START_REPORT + """\
-(Worker_TP1 pid=5168) INFO 11-27 10:30:35 [flashinfer_all_reduce.py:121] Auto-selected flashinfer allreduce backend: mnnvl
-(Worker_TP1 pid=5168) WARNING 11-27 10:30:35 [cuda_communicator.py:93] SymmMemCommunicator: ValueError: multicast not supported
+(Worker_TP0 pid=5167) INFO 11-27 10:30:35 [flashinfer_all_reduce.py:121] Auto-selected flashinfer allreduce backend: mnnvl
+(Worker pid=5168) WARNING 11-27 10:30:25 [symm_mem.py:106] SymmMemCommunicator: symmetric memory multicast operations are not supported.
+(Worker pid=5168) WARNING 11-27 10:30:26 [example.py:1] RuntimeError: a retried probe, not the failure
 (Worker_TP1 pid=5168) ERROR 11-27 10:31:40 [multiproc_executor.py:1007]   File "/var/tmp/site/vllm/v1/worker/gpu_worker.py", line 412, in compile_or_warm_up_model
 (Worker_TP1 pid=5168) ERROR 11-27 10:31:40 [multiproc_executor.py:1007] RuntimeError: CUDA error: CUBLAS_STATUS_INTERNAL_ERROR when calling `cublasCreate(handle)`
 (EngineCore pid=4823) ERROR 11-27 10:31:40 [core.py:1330]     raise RuntimeError(
