@@ -127,16 +127,13 @@ class Engines:
         if op == START:
             return self._start(args)
         if op == RUN_ROWS:
-            from actors.shard_work import run_rows
-
             engine_id, rows, task, add_special_tokens = args
-            engine, tokenizer = self.engines[engine_id]
-            return run_rows(engine, rows, task, tokenizer, add_special_tokens)
+            return self.engines[engine_id].run_rows(rows, task, add_special_tokens)
         if op == CALL:
             engine_id, method = args
             if method not in CALLS:
                 raise ValueError(f"engine call {method!r}: not one of {', '.join(CALLS)}")
-            engine, _ = self.engines[engine_id]
+            engine = self.engines[engine_id]
             value = getattr(engine, method)()
             if method == "close":
                 self.engines.pop(engine_id, None)
@@ -144,13 +141,13 @@ class Engines:
         raise ValueError(f"engine process: unknown call {op!r}")
 
     def _start(self, kwargs: dict) -> dict:
-        from actors.engine_factory import engine_tokenizer, make_engine
+        from actors.local_engine import InProcess
 
-        engine = make_engine(**kwargs)
+        engine = InProcess().start_engine(**kwargs)
         engine_id = next(self.ids)
-        self.engines[engine_id] = (engine, engine_tokenizer(engine, kwargs["model_path"]))
+        self.engines[engine_id] = engine
         return {"id": engine_id, "kind": engine.kind, "profile": engine.profile, "startup": engine.startup(),
-                "counters": callable(getattr(engine, "batch_counters", None))}
+                "counters": hasattr(engine, "batch_counters")}
 
 
 def _portable(e: BaseException) -> BaseException:

@@ -22,11 +22,10 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 from actors.engine import EngineProfile, runs_profile
-from actors.engine_factory import (BATCH_INVARIANT, engine_cpu_threads, engine_tokenizer, make_engine, preload,
-                                   reproducible_refusal)
+from actors.engine_factory import BATCH_INVARIANT, engine_cpu_threads, reproducible_refusal
 from actors.hosted_engine import connect
+from actors.local_engine import InProcess
 from actors.telemetry import GpuSampler, gpu_name
-from actors.shard_work import run_rows
 from cluster.contracts.engine_host import EngineHostAddress
 from cluster.contracts.shard import Shard
 from cluster.contracts.results_schema import actor_table
@@ -61,21 +60,19 @@ class EvalActor:
         # there is one on this machine (a local run's); else here, with the imports every engine start would
         # otherwise pay done now, once. Reproducible runs keep their engines here: vLLM's batch-invariant
         # setting is this process's, set above
-        self.host = None if reproducible else connect(engine_host)
-        if self.host is None:
-            preload(backends)
+        self.engines = (None if reproducible else connect(engine_host)) or InProcess(backends)
         self.gpu_name = gpu_name()
         self.refusal = reproducible_refusal(backends) if reproducible else None  # the driver stops on it
         self.gpu = GpuSampler().start()  # one sampler for the actor's life; shards read their own windows
         self._imported_at = time.time()
         self._first = {"requested_at": requested_at, "process_started_at": utc(process_at),
                        "process_s": since(requested_at, process_at), "imports_s": since(process_at, self._imported_at)}
-        self.model = self.model_path = self.engine = self.tokenizer = None
+        self.model = self.model_path = self.engine = None
         self.restarts = self.model_changes = self.engine_starts = 0
         self._cv = threading.Condition()
         self._inflight = 0
         self._starts: list[dict] = []  # profile restarts not yet reported to the driver
-        self.asleep: dict[str, tuple] = {}  # model name -> (model, path, engine, tokenizer), sleeping
+        self.asleep: dict[str, tuple] = {}  # model name -> (model, path, engine), sleeping
         self.switches = 0
 
     def ready(self) -> dict:
@@ -90,7 +87,7 @@ class EvalActor:
         with self._cv:
             if self.engine is not None and self.sleep_mode:
                 self.engine.sleep()
-                self.asleep[self.model.name] = (self.model, self.model_path, self.engine, self.tokenizer)
+                self.asleep[self.model.name] = (self.model, self.model_path, self.engine)
                 self.engine = None
             elif self.engine is not None:
                 self.engine.close()
@@ -122,8 +119,8 @@ class EvalActor:
             slept = self.model.name
             self.engine.sleep()
             slept_at = time.perf_counter()
-            self.asleep[slept] = (self.model, self.model_path, self.engine, self.tokenizer)
-            self.model, self.model_path, self.engine, self.tokenizer = self.asleep.pop(model_name)
+            self.asleep[slept] = (self.model, self.model_path, self.engine)
+            self.model, self.model_path, self.engine = self.asleep.pop(model_name)
             self.engine.wake_up()
             woke_at = time.perf_counter()
             self.switches += 1
@@ -133,21 +130,13 @@ class EvalActor:
                     "switch_s": woke_at - started}
 
     def close(self) -> None:
-        """Shut the engines down (vLLM's engine-core processes with them) before the actor is killed. Engines in
-        an engine process are not shut down one by one: the process's group is killed when this actor lets go of
-        it (actors/engine_process.py), which frees the GPU at once; vLLM's own shutdown of an engine took about a
-        second of every run's finish."""
+        """Let go of the engines (vLLM's engine-core processes with them) before the actor is killed: each shut
+        down here, or an engine process's all at once (actors/local_engine.py, actors/hosted_engine.py)."""
         self.gpu.stop()
-        if self.host is not None:
-            self.asleep.clear()
-            self.engine = None
-            self.host.close()
-            return
-        for _, _, engine, _ in self.asleep.values():
-            engine.close()
+        engines = [engine for _, _, engine in self.asleep.values()] + [self.engine] * (self.engine is not None)
         self.asleep.clear()
-        if self.engine is not None:
-            self.engine.close()
+        self.engine = None
+        self.engines.close(engines)
 
     def exit(self) -> None:
         """Test hook: die as a crashed engine would."""
@@ -167,14 +156,10 @@ class EvalActor:
 
     def _start_engine(self, profile: EngineProfile, engine_requested_at: float, reason: str) -> dict:
         gpu_fraction = self.num_gpus if self.num_gpus else 1.0
-        start = self.host.start_engine if self.host is not None else make_engine
-        self.engine = start(model=self.model, model_path=self.model_path, profile=profile,
+        self.engine = self.engines.start_engine(model=self.model, model_path=self.model_path, profile=profile,
                             num_threads=max(1, int(self.num_cpus)), gpu_fraction=gpu_fraction,
                             sleep_mode=self.sleep_mode, reproducible=self.reproducible)
         ready_at = time.time()
-        # one tokenizer per engine: the engine's own where it has one (vLLM's, the CPU engine's); a hosted
-        # engine's stays in its process, where its shards run
-        self.tokenizer = None if self.host is not None else engine_tokenizer(self.engine, self.model_path)
         first, self._first = self._first, {}  # the process and its imports belong to the first start only
         requested_at = engine_requested_at
         if first:  # its clock runs from the actor's request; the wait for a model sits between
@@ -189,17 +174,14 @@ class EvalActor:
                 "requested_at": utc(requested_at), "ready_at": utc(ready_at),
                 "process_started_at": None, "process_s": None, "imports_s": None, "waiting_s": None, **first,
                 "startup_s": since(requested_at, ready_at), "first_token_s": None,  # filled by the driver
-                "engine_process": "actor" if self.host is None else "host", **self.engine.startup()}
+                "engine_process": self.engines.where, **self.engine.startup()}
 
     def _run(self, engine, shard: Shard, task: TaskSpec, attempt: int) -> tuple[pa.Table, dict]:
         started_at, started, t0 = datetime.now(timezone.utc), time.perf_counter(), time.time()
         rows = shard.rows.to_pylist()
         counters = getattr(engine, "batch_counters", None)  # vLLM only: how full the engine's batch was
         before = counters() if counters else None
-        if self.host is not None:
-            done = engine.run_rows(rows, task, shard.add_special_tokens)
-        else:
-            done = run_rows(engine, rows, task, self.tokenizer, shard.add_special_tokens)
+        done = engine.run_rows(rows, task, shard.add_special_tokens)  # encoded where the engine and its tokenizer are
         after = counters() if counters else None
         steps = after[0] - before[0] if counters else 0
         wall = time.perf_counter() - started

@@ -25,7 +25,10 @@ HOST_WAIT_S = 600.0  # the host's imports (vLLM: 10-25 s measured; a cold disk a
 
 
 class EngineProcess:
-    """The connection to this actor's engine process; calls from several threads at once."""
+    """The connection to this actor's engine process; calls from several threads at once. It starts and lets go
+    of engines as actors/local_engine.py's `InProcess` does, so the actor does not ask which it has."""
+
+    where = "host"
 
     def __init__(self, conn: Connection, pid: int):
         self.conn, self.pid = conn, pid
@@ -51,8 +54,10 @@ class EngineProcess:
         return HostedEngine(self, started["id"], started["kind"], started["profile"], started["startup"],
                             started["counters"])
 
-    def close(self) -> None:
-        """The engines are closed: the engine process goes (with anything it still runs)."""
+    def close(self, engines: list | None = None) -> None:
+        """Let go of the engines: not shut down one by one, the engine process goes (with anything it still runs)
+        and its group is killed (actors/engine_process.py), which frees the GPU at once; vLLM's own shutdown of
+        an engine took about a second of every run's finish."""
         self.closing = True
         # shut down, not only closed: this actor's reader thread is inside recv on it, and a socket closed
         # under a blocked recv stays open (no end-of-file reaches the engine process)
@@ -83,7 +88,6 @@ class HostedEngine:
                  counters: bool):
         self.process, self.engine_id, self.kind, self.profile = process, engine_id, kind, profile
         self._startup = startup  # fixed once the engine is up: read with its start, not once per shard
-        self.tokenizer = None  # the engine's tokenizer stays in its process: shards run there (run_rows)
         if counters:
             self.batch_counters = lambda: self._call("batch_counters")
 

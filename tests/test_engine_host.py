@@ -215,3 +215,21 @@ def test_a_killed_drivers_host_folder_is_removed_by_the_next_host(tmp_path):
         (tmp_path / name).mkdir()
     remove_stale_folders(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{FOLDER_PREFIX}{os.getpid()}-def", f"{FOLDER_PREFIX}other"]
+
+
+def test_an_engine_here_and_an_engine_in_an_engine_process_answer_the_same_calls():
+    """The actor starts, runs and lets go of engines the same way wherever they run (actors/local_engine.py,
+    actors/hosted_engine.py): the two places and the two kinds of engine offer the same calls."""
+    import inspect
+
+    from actors.hosted_engine import EngineProcess, HostedEngine
+    from actors.local_engine import InProcess, LocalEngine
+
+    def calls(cls) -> set[str]:
+        return {name for name, _ in inspect.getmembers(cls, callable) if not name.startswith("_")}
+
+    assert {"start_engine", "close"} <= calls(InProcess) & calls(EngineProcess)
+    assert (InProcess.where, EngineProcess.where) == ("actor", "host")
+    assert calls(LocalEngine) == calls(HostedEngine) == {"run_rows", "startup", "sleep", "wake_up", "close"}
+    assert inspect.signature(InProcess.start_engine).parameters.keys() == \
+        inspect.signature(EngineProcess.start_engine).parameters.keys()
