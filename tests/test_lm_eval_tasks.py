@@ -548,3 +548,73 @@ def test_score_ahead_imports_torch_on_one_thread_and_the_scoring_pass_waits_for_
     """)
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout[-2000:] + done.stderr[-2000:]
+
+
+class _EveryAnswer(dict):
+    """Committed rows for every request of a task: each choice equally likely (what the answers are does not matter
+    here, only that scoring reaches every document)."""
+
+    def get(self, key, default=None):
+        return {"status": "ok", "choice_logprobs": [-1.0] * 4, "choice_greedy": [False] * 4, "output_text": ""}
+
+
+def _score(task, answers: dict):
+    """lm-eval's scoring pass of `task` (a planned TaskSpec) from `answers`, with the checks of what it read."""
+    from cluster.harness.lm_eval_run import quiet, run_lm_eval, task_manager
+    from cluster.score.lm_eval_scores import check_documents, replay_lm
+
+    settings = task.lm_eval.settings
+    manager = task_manager(settings)
+    with quiet():
+        results = run_lm_eval(settings, replay_lm(answers, {task.name: task.lm_eval.requests}, manager), manager,
+                              log_samples=True, bootstrap_iters=0)
+    check_documents(results, [task], manager)
+    return results
+
+
+@pytest.mark.parametrize("change", ["labels", "template"])
+def test_answers_are_never_scored_against_documents_that_changed_after_planning(tmp_path, change):
+    """A task's data or template edited after the sweep planned it: scoring stops with one line naming the task
+    and its YAML, rather than pair the answers with other labels or prompts (planned as they are: only the
+    missing answers stop it)."""
+    from cluster.score.lm_eval_scores import ChangedDocuments, MissingAnswer
+
+    tasks = write_tasks(tmp_path / "own")
+    spec = _load(write_spec(tmp_path, {"tasks": ["rs_mc0"], "include_path": str(tasks), "limit": 8}))
+    task = next(t for t in spec.tasks if t.lm_eval is not None)
+    assert _score(task, {task.name: _EveryAnswer()})["results"]["rs_mc0"]  # as planned: scored
+    with pytest.raises(MissingAnswer) as no_rows:  # as planned, no answers: only the missing rows stop it
+        _score(task, {})
+    assert not isinstance(no_rows.value, ChangedDocuments)
+    if change == "labels":  # the same questions and choices, each label moved on by one
+        data = tasks.parent / "data" / "mc_test.jsonl"
+        docs = [json.loads(line) for line in data.read_text().splitlines()]
+        data.write_text("".join(json.dumps(dict(d, label=(d["label"] + 1) % 4)) + "\n" for d in docs))
+        what = "documents"
+    else:
+        yaml_file = tasks / "rs_mc0.yaml"
+        yaml_file.write_text(yaml_file.read_text().replace('doc_to_text: "Question:', 'doc_to_text: "EDITED Question:'))
+        what = "prompts"
+    with pytest.raises(ChangedDocuments, match=rf"task rs_mc0: its {what} changed since the sweep planned them "
+                                               rf"\(.*rs_mc0.yaml\)"):
+        _score(task, {task.name: _EveryAnswer()})
+
+
+def test_a_resume_after_a_tasks_documents_changed_is_refused_naming_them(tmp_path):
+    from cluster.inputs.data import data_hashes
+    from cluster.store.manifest import _check_data
+    from cluster.store.output_files import SinkError
+
+    tasks = write_tasks(tmp_path / "own")
+    # a limit: no request cache, which a later process would not share either (cluster/harness/lm_eval_run.py)
+    entry = {"tasks": ["rs_mc0"], "include_path": str(tasks), "limit": 8}
+    before = data_hashes(_load(write_spec(tmp_path, entry)))
+    assert before["rs_mc0"]["documents"]
+    manifest = {"data": before, "shards": {"tiny/rs_mc0/00000": {"state": "committed", "file": "f", "rows": 1}}}
+    data = tasks.parent / "data" / "mc_test.jsonl"
+    docs = [json.loads(line) for line in data.read_text().splitlines()]
+    data.write_text("".join(json.dumps(dict(d, label=(d["label"] + 1) % 4)) + "\n" for d in docs))
+    after = data_hashes(_load(write_spec(tmp_path, entry)))
+    assert after["rs_mc0"]["hash"] == before["rs_mc0"]["hash"]  # the rows (prompts, choices) are the same
+    with pytest.raises(SinkError, match="the documents of lm-eval task rs_mc0 .* changed"):
+        _check_data("out", manifest, after)

@@ -81,6 +81,10 @@ class LmEvalTask:
     # which `lm_eval:` entry of the spec it came from (its tasks are scored together); -1: made by `raysweep
     # lm-eval`, whose lm-eval process scores the answers itself
     entry: int = 0
+    # hashes of its documents and of its requests as planned (cluster/harness/lm_eval_run.py documents_hash,
+    # requests_hash): scoring checks what it read again against them, a resume the documents; None: not taken
+    documents: str | None = None
+    requests: str | None = None
 
     def __post_init__(self) -> None:
         if self.output_type not in OUTPUT_TYPES:

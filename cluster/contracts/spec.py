@@ -183,8 +183,10 @@ class SweepSpec:
                                  ("lm_eval", None), ("target_delimiter", None)):
                 if task[key] == default:
                     task.pop(key)
-            if "lm_eval" in task:  # its data is lm-eval's requests, cached where this machine keeps them
-                task.pop("data")
+            if "lm_eval" in task:  # its data is lm-eval's requests, cached where this machine keeps them; the
+                task.pop("data")  # hashes of its documents and requests are checked apart (manifest, scoring)
+                for key in ("documents", "requests"):
+                    task["lm_eval"].pop(key, None)
             if task["sampling"]["n"] == 1:
                 task["sampling"].pop("n")
         if not with_placement:  # whether actors have GPUs stays: it decides the engine (vLLM or the CPU one)

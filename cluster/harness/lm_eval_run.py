@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import json
 import logging
 import os
 import sys
@@ -259,3 +261,23 @@ def request_rows(requests: Iterable) -> dict[str, list[tuple[dict, list[tuple[in
                     row = {"id": rid, "context": r.args[0]}
                 rows.append((row, [(doc_id, r.idx, 0)]))
     return out
+
+
+
+def documents_hash(docs: Iterable) -> str:
+    """A hash of lm-eval documents as a set (fields, labels, choices): the same for the documents a task's
+    requests were built from (each request's `doc`) and those lm-eval's scoring reads again from the task's
+    files (its logged samples' `doc`), where no file changed between the two."""
+    lines = sorted({json.dumps(doc, sort_keys=True, default=repr) for doc in docs})
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:32]
+
+
+def requests_hash(requests: Iterable) -> dict[str, str]:
+    """Per lm-eval task, a hash of its requests' ids, types and arguments (rendered prompts, choices, generation
+    arguments): where a template changed between the requests a sweep answered and those scoring builds, the
+    hashes differ."""
+    digests: dict = {}
+    for r in sorted(requests, key=lambda r: (r.task_name, r.doc_id, r.idx)):
+        digests.setdefault(r.task_name, hashlib.sha256()).update(
+            json.dumps([r.doc_id, r.idx, r.request_type, r.args], sort_keys=True, default=repr).encode() + b"\n")
+    return {task: digest.hexdigest()[:32] for task, digest in digests.items()}

@@ -75,9 +75,14 @@ def row_extra(task: TaskSpec, row: dict) -> dict | None:
 
 
 def data_hashes(spec: SweepSpec) -> dict[str, dict]:
-    """Per task, its data file and that file's content hash (the manifest keeps them)."""
-    return {task.name: {"path": spec.data_path(task), "hash": content_hash(spec.data_path(task))}
-            for task in spec.tasks}
+    """Per task, its data file and that file's content hash (the manifest keeps them); for an lm-eval task, also
+    the hash of its documents (its rows file holds the requests, not the documents' labels)."""
+    hashes = {task.name: {"path": spec.data_path(task), "hash": content_hash(spec.data_path(task))}
+              for task in spec.tasks}
+    for task in spec.tasks:
+        if task.lm_eval is not None and task.lm_eval.documents is not None:
+            hashes[task.name]["documents"] = task.lm_eval.documents
+    return hashes
 
 
 def load_task(spec: SweepSpec, task: TaskSpec) -> TaskData:

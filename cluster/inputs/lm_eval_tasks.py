@@ -23,8 +23,8 @@ from collections import defaultdict
 
 from cluster.contracts.lm_eval_task import LmEvalSettings, LmEvalTask
 from cluster.contracts.task_spec import NAME_RE, SamplingSpec, TaskSpec
-from cluster.harness.lm_eval_run import (import_lm_eval, quiet, request_rows, run_lm_eval, task_manager,
-                                         with_chat_template)
+from cluster.harness.lm_eval_run import (documents_hash, import_lm_eval, quiet, request_rows, requests_hash,
+                                         run_lm_eval, task_manager, with_chat_template)
 
 GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}
 # a message that starts with one of the entry's settings: the spec loader names it as tasks[i].lm_eval.<setting>
@@ -175,11 +175,12 @@ def lm_eval_entry(raw: dict, base_dir: str, entry: int, get_chat_tokenizer=lambd
     by_task: dict[str, list] = defaultdict(list)
     for r in requests:
         by_task[r.task_name].append(r)
-    rows = request_rows(requests)
-    return [task_spec(name, reqs, rows.get(name, []), settings, entry) for name, reqs in by_task.items()]
+    rows, hashes = request_rows(requests), requests_hash(requests)
+    return [task_spec(name, reqs, rows.get(name, []), settings, entry, hashes[name]) for name, reqs in by_task.items()]
 
 
-def task_spec(name: str, requests: list, rows: list, settings: LmEvalSettings, entry: int) -> TaskSpec:
+def task_spec(name: str, requests: list, rows: list, settings: LmEvalSettings, entry: int,
+              requests_digest: str | None = None) -> TaskSpec:
     if not NAME_RE.fullmatch(name):
         raise ValueError(f"{name}: an lm-eval task name raysweep cannot use as a task name (letters, digits, '.', "
                          "'_' or '-')")
@@ -191,7 +192,8 @@ def task_spec(name: str, requests: list, rows: list, settings: LmEvalSettings, e
         else kinds[0]
     if not rows:
         raise ValueError(f"{name}: every document is empty: nothing to run")
-    ref = LmEvalTask(task=name, output_type=kind, settings=settings, entry=entry)
+    ref = LmEvalTask(task=name, output_type=kind, settings=settings, entry=entry,
+                     documents=documents_hash(r.doc for r in requests), requests=requests_digest)
     path = _write_rows(name, [row for row, _ in rows])
     if kinds[0] == "generate_until":
         return TaskSpec(name=name, data=path, prompt="{context}", id_column="id", lm_eval=ref,

@@ -24,8 +24,8 @@ from typing import Callable
 import pyarrow as pa
 
 from cluster.contracts.spec import SweepSpec
-from cluster.harness.lm_eval_run import (empty_document, quiet, request_rows, run_lm_eval, task_manager,
-                                         with_chat_template)
+from cluster.harness.lm_eval_run import (documents_hash, empty_document, quiet, request_rows, requests_hash,
+                                         run_lm_eval, task_manager, with_chat_template)
 
 COUNTS = ("n", "n_samples", "n_ok", "n_truncated", "n_skipped", "n_error", "output_tokens")  # summary columns a group sums
 ANSWER_COLUMNS = ("sample_id", "completion", "status", "error", "output_text", "choice_logprobs", "choice_greedy")
@@ -35,12 +35,22 @@ class MissingAnswer(Exception):
     """A request whose row is not committed, or is an error or skipped row: lm-eval cannot score its task."""
 
 
-def replay_lm(answers: dict[str, dict[tuple[str, int], dict]]):
-    """An lm-eval model answering from results rows: `answers[task][(sample_id, completion)]` = row."""
+class ChangedDocuments(MissingAnswer):
+    """A task's documents or requests, built again to score it, are not those its answers were made for."""
+
+
+def replay_lm(answers: dict[str, dict[tuple[str, int], dict]], planned: dict[str, str | None] | None = None,
+              manager=None):
+    """An lm-eval model answering from results rows: `answers[task][(sample_id, completion)]` = row. Where
+    `planned[task]` holds the hash of the task's requests as planned (requests_hash), requests built otherwise
+    (its template changed since) raise ChangedDocuments before any is answered."""
     from lm_eval.api.model import LM
 
     class ReplayLM(LM):
         def _rows(self, requests):
+            for task, now in requests_hash(requests).items():
+                if (planned or {}).get(task) not in (None, now):
+                    raise ChangedDocuments(_changed(task, "prompts", manager))
             where = {}
             for task, rows in request_rows(requests).items():
                 for row, keys in rows:
@@ -74,6 +84,25 @@ def replay_lm(answers: dict[str, dict[tuple[str, int], dict]]):
     return ReplayLM()
 
 
+def _changed(task: str, what: str, manager) -> str:
+    """The line for a task whose `what` (documents, prompts) changed between planning and scoring, naming its
+    YAML file (from lm-eval's task index) where known."""
+    entry = getattr(manager, "task_index", {}).get(task) if manager is not None else None
+    path = getattr(entry, "yaml_path", None)
+    return (f"task {task}: its {what} changed since the sweep planned them{f' ({path})' if path else ''}; no score "
+            "is made from answers to other documents: run the sweep again with --new-run to answer these")
+
+
+def check_documents(results: dict, tasks: list, manager) -> None:
+    """The documents lm-eval's scoring read (its logged samples) against those the sweep planned: the request
+    cache gives scoring the planned requests, but lm-eval reads each document again from its files to score it."""
+    for task in tasks:
+        samples = results.get("samples", {}).get(task.name)
+        if task.lm_eval.documents is not None and samples is not None and \
+                documents_hash(s["doc"] for s in samples) != task.lm_eval.documents:
+            raise ChangedDocuments(_changed(task.name, "documents", manager))
+
+
 def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], write_text: Callable[[str, str], None],
                   write_table: Callable[[str, pa.Table], None], log: Callable[[str], None],
                   chat_tokenizer: Callable[[], object] = lambda: None) -> dict[tuple[str, str], dict]:
@@ -102,10 +131,12 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
                     manager = manager or task_manager(settings)
                     tracker = EvaluationTracker()
                     try:
-                        lm = with_chat_template(replay_lm(answers),
+                        planned = {t.name: t.lm_eval.requests for t in tasks}
+                        lm = with_chat_template(replay_lm(answers, planned, manager),
                                                 chat_tokenizer() if settings.apply_chat_template else None)
                         results = run_lm_eval(settings, lm, manager, log_samples=True,
                                               bootstrap_iters=settings.bootstrap_iters, tracker=tracker)
+                        check_documents(results, tasks, manager)
                     except MissingAnswer as e:
                         log(f"[raysweep] lm-eval results of model {model.name} not written: {e}")
                         continue

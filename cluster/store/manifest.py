@@ -115,6 +115,10 @@ def _check_data(output: str, manifest: dict, data_hashes: dict) -> None:
         if before is not None and before["hash"] != now["hash"] and task in committed:
             raise SinkError(f"output {output}: the data of task {task} ({now['path']}) changed since the "
                             f"results there were made from it; restore it, or --new-run to discard them")
+        if before is not None and task in committed and None not in (before.get("documents"), now.get("documents")) \
+                and before["documents"] != now["documents"]:
+            raise SinkError(f"output {output}: the documents of lm-eval task {task} (its data or its template) changed "
+                            "since the results there were made from them; restore them, or --new-run to discard them")
         # nothing committed from the old data (or an output from before data was recorded): the new holds
         recorded[task] = now
 
