@@ -1,7 +1,7 @@
 """FakeEngine: a fake behind the real Engine interface that answers every request at once.
 
 It exists to measure what raysweep itself costs — planning, scheduling, Ray transfers, scoring, Parquet
-commits — with no model in the way (`engine: fake` in a spec; `python -m jobs.bench --parts o`).
+commits — with no model in the way (`engine: fake` in a spec; `python -m benchmarks --parts o`).
 Its output is the constant "fake" and one token per sample; nothing it returns is a measurement of a model.
 Like vLLM it holds one profile and is restarted for another, so profile routing can be tested on CPU.
 `engine: {backend: fake, delay_s: S}` makes each batch take S seconds, so a test can hold shards in flight

@@ -130,11 +130,10 @@ def make_model_class():
 
 
 def _said(what: str) -> None:
-    """One stage of the command, timed from the process's start as the spec path's lines are (jobs/sweep.py)."""
-    from cluster.contracts.timing import process_started_at
+    """One stage of the command, timed from its Python's start as the spec path's lines are (jobs/sweep.py)."""
+    from jobs import started_at
 
-    started = process_started_at()
-    when = f" ({time.time() - started:.1f}s after the command started)" if started else ""
+    when = f" ({time.time() - started_at():.1f}s after the command started)"
     print(f"[raysweep] lm-eval: {what}{when}", file=sys.stderr, flush=True)
 
 

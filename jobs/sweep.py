@@ -56,8 +56,9 @@ def _at_least_one(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from cluster.contracts.timing import RunClock
+    from jobs import started_at
 
-    clock = RunClock()  # from this process's start: Python and imports count, as on a user's stopwatch
+    clock = RunClock(started_at())  # from Python's start: its imports count, a shell's sleep before it does not
     from cluster.inputs.spec_file import load_spec
 
     # 1. Before Ray and before the output is touched, the cheap checks: the spec, every data file (one
@@ -189,8 +190,9 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
 
 def _run_spec(spec, args: argparse.Namespace, clock, held: dict, ray_starting=None, host=None):
     from cluster.contracts.timing import RunClock
+    from jobs import started_at
 
-    clock = clock or RunClock()
+    clock = clock or RunClock(started_at())
     address, named = _ray_address(args)
     if host is not None and spec.reproducible:  # the quick look missed it: the actors run their engines
         host.stop()

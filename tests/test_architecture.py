@@ -5,9 +5,10 @@ or inside a function; `if TYPE_CHECKING:` imports left out, they never run):
 - actors/ import only cluster/contracts/ of the driver's code;
 - cluster/ reaches actors/ in one place, cluster/launch.py, where the driver starts actors;
 - cluster/contracts/ import nothing else of the project (they are the bottom layer);
-- no module of jobs/, cluster/ or actors/ is imported back by cluster/ or actors/ from jobs/;
+- no module of jobs/ is imported by cluster/ or actors/ (only jobs/ itself and benchmarks/ import jobs/);
+- benchmarks/ (not installed) may import the product; the product (cluster/, actors/, jobs/) never imports it;
 - no import cycles, between modules or between cluster/'s stage packages;
-- every Python file of the product is under 400 lines.
+- every Python file of the product, and of benchmarks/, is under 400 lines.
 """
 
 from pathlib import Path
@@ -19,12 +20,14 @@ from tests.conftest import ROOT
 
 LAUNCH = "cluster.launch"
 CONTRACTS = "cluster.contracts"
+PRODUCT = ("cluster", "actors", "jobs")  # the installed packages (pyproject.toml's packages.find)
+BENCHMARKS = "benchmarks"  # run from the repository's root, never installed
 MAX_LINES = 400
 
 
 @pytest.fixture(scope="module")
 def graph():
-    return grimp.build_graph("cluster", "actors", "jobs", exclude_type_checking_imports=True)
+    return grimp.build_graph(*PRODUCT, BENCHMARKS, exclude_type_checking_imports=True)
 
 
 def _imports(graph):
@@ -52,9 +55,21 @@ def test_contracts_are_the_bottom_layer(graph):
     assert wrong == []
 
 
-def test_nothing_but_jobs_imports_jobs(graph):
-    wrong = [(m, i) for m, i in _imports(graph) if _in(i, "jobs") and not _in(m, "jobs")]
+def test_nothing_but_jobs_and_benchmarks_imports_jobs(graph):
+    wrong = [(m, i) for m, i in _imports(graph) if _in(i, "jobs") and not (_in(m, "jobs") or _in(m, BENCHMARKS))]
     assert wrong == []
+
+
+def test_the_product_never_imports_the_benchmarks(graph):
+    assert any(_in(m, BENCHMARKS) for m in graph.modules)  # the graph holds them: the rule is not vacuous
+    wrong = [(m, i) for m, i in _imports(graph) if _in(i, BENCHMARKS) and not _in(m, BENCHMARKS)]
+    assert wrong == []
+
+
+def test_the_benchmarks_are_not_installed():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert sorted(include) == sorted(f"{p}*" for p in PRODUCT)
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -122,8 +137,8 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_every_product_file_is_under_400_lines():
+def test_every_product_and_benchmark_file_is_under_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in sorted(Path(ROOT).glob("*/**/*.py"))
-            if p.parts[len(ROOT.parts)] in ("cluster", "actors", "jobs")
+            if p.parts[len(ROOT.parts)] in (*PRODUCT, BENCHMARKS)
             and (n := len(p.read_text().splitlines())) >= MAX_LINES}
     assert long == {}

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from cluster.inputs.spec_file import load_spec
-from jobs.bench.common import Bench, run_process, sweep_spec, write_prompts
-from jobs.bench.whole_process import E2EConfig, EndToEnd
+from benchmarks.common import Bench, run_process, sweep_spec, write_prompts
+from benchmarks.whole_process import E2EConfig, EndToEnd
 
-WALL = {"jobs.sweep": 10.0, "jobs.bench.plain_vllm": 20.0, "jobs.bench.ray_data_llm": 30.0}  # stub seconds per program
+WALL = {"jobs.sweep": 10.0, "benchmarks.plain_vllm": 20.0, "benchmarks.ray_data_llm": 30.0}  # stub seconds per program
 
 
 def test_sweep_spec_is_a_valid_greedy_spec(tmp_path):
@@ -105,7 +105,7 @@ def test_part_e_fails_when_a_run_misses_outputs(tmp_path):
 
 
 def test_the_plain_scripts_summary_is_found_under_vllms_shutdown_logs():
-    from jobs.bench.common import summary_line
+    from benchmarks.common import summary_line
 
     stdout = ('INFO 11-22 08:34:17 [api_utils.py:273] non-default args: {"a": 1}\n'
               '{"outputs": 3, "output_tokens": 9, "import_s": 1.0}\n'

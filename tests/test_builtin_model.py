@@ -23,6 +23,18 @@ def test_resolve_builds_once_and_passes_other_paths_through(tiny_path):
     assert resolve_model_path("/models/Qwen3-1.7B") == "/models/Qwen3-1.7B"
 
 
+def test_a_build_says_so_in_one_line_and_a_cached_model_says_nothing(tmp_path, monkeypatch, capsys):
+    """A first use of builtin:small was 50 s of silence: the build is said on stderr, once."""
+    monkeypatch.setenv("RAYSWEEP_CACHE", str(tmp_path))
+    path = resolve_model_path("builtin:tiny")
+    out, err = capsys.readouterr()
+    target = tmp_path / "builtin-tiny-v1"
+    assert path == str(target) and out == ""
+    assert err == f"[raysweep] building builtin:tiny (first use; cached under {target})\n"
+    assert resolve_model_path("builtin:tiny") == path
+    assert capsys.readouterr() == ("", "")
+
+
 def test_loads_in_transformers(tiny_path):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

@@ -373,7 +373,7 @@ def test_a_context_or_a_choice_of_0_tokens_is_refused_in_planning(tmp_path, tiny
     assert str(err.value) == f"{tmp_path}/{message}"
 
 
-def test_raysweep_plan_says_a_0_token_context_in_one_line(tmp_path, capsys):
+def test_raysweep_plan_says_a_0_token_context_in_one_line(tmp_path, capsys, tiny_path):  # built: no build line
     from jobs.cli import main
 
     (tmp_path / "d.jsonl").write_text(json.dumps({"q": " ", "c": ["a", "b"], "a": 1}) + "\n")

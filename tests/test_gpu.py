@@ -400,7 +400,7 @@ def test_reproducible_sweep_repeats_across_shard_sizes_and_actors_on_vllm(ray_lo
 
     from cluster.schedule.run import run_sweep
     from cluster.inputs.spec_file import load_spec
-    from jobs.bench.common import prompts_of
+    from benchmarks.common import prompts_of
 
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{i}", "text": t}) + "\n"
@@ -441,7 +441,7 @@ def test_tensor_parallel_2_sweep_beside_a_one_gpu_model(ray_local, tmp_path):
 
     from cluster.schedule.run import run_sweep
     from cluster.inputs.spec_file import load_spec
-    from jobs.bench.common import prompts_of
+    from benchmarks.common import prompts_of
 
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{i}", "text": t}) + "\n"
@@ -474,7 +474,7 @@ def test_tensor_parallel_4_sweep(ray_local, tmp_path):
 
     from cluster.schedule.run import run_sweep
     from cluster.inputs.spec_file import load_spec
-    from jobs.bench.common import prompts_of
+    from benchmarks.common import prompts_of
 
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{i}", "text": t}) + "\n"

@@ -265,6 +265,27 @@ def test_comparison_marks_the_best_model_and_the_browser_puts_disagreements_firs
     assert [r["id"] for r in capped["tasks"]["qa"]["shown"]] == ["q1", "q4"] and capped["tasks"]["qa"]["rows"] == 6
 
 
+def test_the_browser_shows_unprintable_characters_as_escapes(tmp_path):
+    """A completion's NUL, terminal escape sequence or bidirectional override showed as a box, or reordered the
+    text around it; they are written as escapes. Tabs, line ends and printable text of any script stay."""
+    from cluster.report.html_parts import visible
+
+    root = _qa_output(tmp_path / "out", "unprintable", {"tiny": [1, 0]})
+    rel = result_file("tiny", "qa", 0)
+    rows = pq.read_table(root / rel).to_pylist()
+    rows[1] |= {"output_text": "a\x00b\x1b[31mred\x7f\tcafé 🙂\n\u202eevil\x85\ue000",
+                "prompt": "Q\x01" + "x" * 2000, "error": "died\x07"}
+    pq.write_table(pa.Table.from_pylist(rows), root / rel)
+    page = write_report(str(root)).read_text()
+    q1 = next(r for r in _browser_data(page)["tasks"]["qa"]["shown"] if r["id"] == "q1")
+    assert q1["cells"][0]["output"] == "a\\x00b\\x1b[31mred\\x7f\tcafé 🙂\n\\u202eevil\\x85\\ue000"
+    assert q1["prompt"] == "Q\\x01" + "x" * 1498 + "… (502 more characters)"  # cut by the text's own characters
+    assert "\x00" not in page and "\x1b" not in page and "\u202e" not in page
+    assert visible(None) is None and visible("plain ascii, ünïcödé, 中文, 🙂\t\r\n") == "plain ascii, ünïcödé, 中文, 🙂\t\r\n"
+    assert q1["cells"][0]["why"] == "died\\x07"
+    assert visible("\U000e0001\U0010fffd") == "\U000e0001\\U0010fffd"  # a format tag stays, private use is escaped
+
+
 def test_two_outputs_side_by_side_mark_differences_beyond_their_stderr(tmp_path, capsys):
     before = _qa_output(tmp_path / "monday", "nightly", {"tiny": [1, 0, 1, 0, 0, 0] * 4, "small": [1, 1, 1, 0, 1, 1] * 4})
     after = _qa_output(tmp_path / "tuesday", "nightly", {"tiny": [1, 1, 1, 1, 1, 1] * 4, "small": [1, 1, 1, 0, 1, 1] * 3 + [1, 1, 1, 0, 0, 1]})

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import urllib.parse
@@ -63,8 +64,17 @@ def resolve_model_path(path: str) -> str:
         raise ValueError(f"{path}: unknown builtin model; known: {', '.join(BUILTIN_PREFIX + n for n in CONFIGS)}")
     target = cache_root() / f"builtin-{name}-{VERSION}"
     if not (target / "model.safetensors").exists():
+        say_building(path, target)
         build(name, target)
     return str(target)
+
+
+def say_building(path: str, target: Path) -> None:
+    """One line while a builtin model is built (seconds for tiny, about a minute for small, minutes for large),
+    so that its first use is not a silence. On stderr: on a terminal the line under the progress bar (stdout)
+    is cleared first, so the two do not run into each other."""
+    lead = "\r\x1b[K" if sys.stderr.isatty() else ""
+    print(f"{lead}[raysweep] building {path} (first use; cached under {target})", file=sys.stderr, flush=True)
 
 
 # any of these makes a folder a tokenizer's (fast, slow, sentencepiece, BPE and WordPiece vocabularies)

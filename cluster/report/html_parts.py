@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
+import unicodedata
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,29 @@ nav{clear:both;padding:1em 0}nav a{margin-right:1em}
 #browser .controls{margin:.5em 0;display:flex;gap:1em;flex-wrap:wrap;align-items:center}
 #browser td.text{max-width:36em;font-family:ui-monospace,monospace;font-size:12px}
 #browser tr.disagree td:first-child{border-left:4px solid #c0392b}"""
+
+
+# what a model's output or a row's text may hold that a browser draws as a box or not at all: control characters
+# (the text's tabs and line ends kept), surrogates, private-use and unassigned code points, and the bidirectional
+# controls that reorder what is shown around them
+_SUSPECT = re.compile(r"[^\t\n\r\x20-\x7e]")
+_UNSEEN = {"Cc", "Cs", "Co", "Cn"}
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _escape_one(match: re.Match) -> str:
+    ch = match.group()
+    if ch not in _BIDI and unicodedata.category(ch) not in _UNSEEN:
+        return ch
+    code = ord(ch)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def visible(text: str | None) -> str | None:
+    """`text` with its unprintable characters written as Python writes them in a string (`\\x00`, `\\x1b`,
+    `\\u202e`), so that a completion's NUL or escape sequence shows as what it is, not as a box or nothing.
+    Tabs, line ends and every printable character (any script, emoji) are kept as they are."""
+    return text if text is None else _SUSPECT.sub(_escape_one, text)
 
 
 def document(title: str, body: str, refresh_s: int | None = None) -> str:

@@ -7,7 +7,8 @@ first, then rows some column did not get ok, then the rest, each by sample id (s
 rows per task go on the page (the page says how many there are), so a sweep of millions of rows makes a
 page of a few megabytes: only the key columns of every row are read, and the texts of the rows shown.
 The rows travel as JSON inside the page; a small script draws them, filters (status, score, disagreement,
-text) and pages them. Texts are cut at TEXT_CHARS characters, saying how many more there were.
+text) and pages them. Texts are cut at TEXT_CHARS characters, saying how many more there were, and their
+unprintable characters (a NUL, an escape sequence) are written as escapes (`\\x00`, `\\x1b`: html_parts.visible).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cluster.report.comparison import Output, column_label
-from cluster.report.html_parts import note, section
+from cluster.report.html_parts import note, section, visible
 from cluster.report.reading import columns_of, committed
 
 LIMIT = 200  # rows per task on the page
@@ -82,7 +83,9 @@ def sample_rows(outputs: list[Output], limit: int = LIMIT) -> dict:
             for cell in row_cells:  # a prompt rendered alike for every model is kept once, on the row
                 if cell is not None and cell["prompt"] == first.get("prompt"):
                     del cell["prompt"]
-            rows.append({"id": key[0], "completion": key[1], "disagree": disagree,
+                elif cell is not None:
+                    cell["prompt"] = visible(cell["prompt"])
+            rows.append({"id": visible(key[0]), "completion": key[1], "disagree": disagree,
                          "prompt": _cut(first.get("prompt")), "target": _cut(first.get("target")), "cells": row_cells})
         ranking = ranked[task]
         tasks[task] = {"rows": ranking.num_rows, "disagree": pc.sum(ranking["disagree"]).as_py() or 0, "shown": rows}
@@ -157,9 +160,11 @@ def _cell(status_score: tuple, texts: dict | None) -> dict:
 
 
 def _cut(text: str | None) -> str | None:
+    """A text as the page shows it: cut at TEXT_CHARS characters (of the text, before its escapes), unprintable
+    characters escaped."""
     if text is None or len(text) <= TEXT_CHARS:
-        return text
-    return text[:TEXT_CHARS] + f"… ({len(text) - TEXT_CHARS} more characters)"
+        return visible(text)
+    return visible(text[:TEXT_CHARS]) + f"… ({len(text) - TEXT_CHARS} more characters)"
 
 
 SCRIPT = r"""(function(){

@@ -1,6 +1,6 @@
 """Bench part (t): lm-eval tasks through raysweep and through `lm_eval --model vllm`, whole processes, one GPU.
 
-    python -m jobs.bench.lm_eval_tasks --out DIR [--model builtin:small] [--docs 1200] [--phase all|warm|timed]
+    python -m benchmarks.lm_eval_tasks --out DIR [--model builtin:small] [--docs 1200] [--phase all|warm|timed]
 
 1. Tasks: two local lm-eval task YAMLs over seeded synthetic data (`dataset_path: json`), `docs` documents
    each: `bench_mc` (multiple choice, four choices, 2-shot contexts from a train split) and `bench_gen`
@@ -30,7 +30,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from jobs.bench.loglik import LETTERS, timed
+from benchmarks.loglik import LETTERS, timed
 
 MAX_MODEL_LEN = 2048
 WARM_LIMIT = 32
@@ -123,7 +123,7 @@ def agreement(ours: Path, theirs: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.bench.lm_eval_tasks", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.lm_eval_tasks", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--model", default="builtin:small")
     parser.add_argument("--docs", type=int, default=1200)

@@ -1,8 +1,8 @@
 """Bench part (r): do raysweep's outputs repeat, and equal a plain vLLM script's? Whole processes, one run.
 
-    python -m jobs.bench.repro --model builtin:small --prompts 1312 --max-tokens 128 --out DIR [--steps identity,repro]
+    python -m benchmarks.repro --model builtin:small --prompts 1312 --max-tokens 128 --out DIR [--steps identity,repro]
 
-identity: the plain script (`jobs.bench.plain_vllm --outputs`) twice with raysweep's vLLM arguments and once with
+identity: the plain script (`benchmarks.plain_vllm --outputs`) twice with raysweep's vLLM arguments and once with
   vLLM's own defaults; raysweep once (`reproducible: false`, one engine on the GPU). Printed: how many
   greedy outputs of the second plain run, of the defaults run and of raysweep equal the first plain run's.
 repro: raysweep with `reproducible: true` three ways: one actor in shards of 256; two actors sharing the GPU
@@ -13,7 +13,7 @@ repro: raysweep with `reproducible: true` three ways: one actor in shards of 256
 cost: raysweep (one actor, shards of 256) without and with `reproducible: true`, each twice, alternating
   (the second of each on warm compile caches). Printed: output tokens per second over first to last result
   and the whole process's wall time of each, and their ratios per turn.
-Every run's log is in DIR. Greedy decoding, synthetic prompts (`jobs.bench.common.prompts_of`).
+Every run's log is in DIR. Greedy decoding, synthetic prompts (`benchmarks.common.prompts_of`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.bench.common import prompts_of, run_process, sweep_spec, vllm_args, write_prompts
+from benchmarks.common import prompts_of, run_process, sweep_spec, vllm_args, write_prompts
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.bench.repro", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.repro", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:small")
     parser.add_argument("--prompts", type=int, default=1312)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def plain(label: str, engine_args: dict) -> dict:
         path = out / f"r_{label}.jsonl"
-        run_process([sys.executable, "-m", "jobs.bench.plain_vllm", "--model", model, "--prompts", str(data),
+        run_process([sys.executable, "-m", "benchmarks.plain_vllm", "--model", model, "--prompts", str(data),
                      "--engine-args", json.dumps(engine_args), "--max-tokens", str(args.max_tokens),
                      "--outputs", str(path)], {}, out / f"r_{label}")
         return {row["id"]: row["text"] for row in map(json.loads, open(path))}

@@ -1,6 +1,6 @@
 """A plain vLLM script: the baseline that bench part (e) times as a whole process.
 
-    python -m jobs.bench.plain_vllm --model PATH --prompts FILE.jsonl --engine-args JSON --max-tokens N
+    python -m benchmarks.plain_vllm --model PATH --prompts FILE.jsonl --engine-args JSON --max-tokens N
 
 What a user would write without raysweep: one `vllm.LLM`, one `generate` over every prompt (greedy, no
 stop strings), one JSON line on stdout with the counts and its own phase times, exit. The prompts are the `text` field of each
@@ -34,7 +34,7 @@ def add_baseline_arguments(parser: argparse.ArgumentParser, engine_note: str = "
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.bench.plain_vllm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.plain_vllm", description=__doc__.splitlines()[0])
     add_baseline_arguments(parser)
     parser.add_argument("--outputs", help="also write each output as a JSONL row {id, text} here (bench part r)")
     args = parser.parse_args(argv)
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from vllm import LLM, SamplingParams
     except ImportError as e:
-        print(f"jobs.bench.plain_vllm: vLLM is not installed: pip install 'raysweep[vllm]' ({e})", file=sys.stderr)
+        print(f"benchmarks.plain_vllm: vLLM is not installed: pip install 'raysweep[vllm]' ({e})", file=sys.stderr)
         return 2
 
     imported = time.perf_counter()

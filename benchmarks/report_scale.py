@@ -1,6 +1,6 @@
 """A synthetic sweep output of 1,000,000 rows for timing `raysweep report` at scale (bench/README.md#report):
 2 models x 5 tasks x 100,000 samples in shard files of 1,000 rows, with its manifest and summary, written as
-the sink writes them. `python -m jobs.bench.report_scale OUT`, then `time raysweep report OUT`."""
+the sink writes them. `python -m benchmarks.report_scale OUT`, then `time raysweep report OUT`."""
 
 import json
 import random

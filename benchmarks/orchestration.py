@@ -4,7 +4,7 @@
     measured in tokens and cut into shards; cold, then again with the token cache warm.
 (o) orchestration alone: N synthetic samples through planning, the scheduler, Ray, scoring and Parquet
     commits with the fake engine (answers at once); samples/s and the driver's peak memory.
-Run through `python -m jobs.bench --parts p,o`.
+Run through `python -m benchmarks --parts p,o`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import random
 import time
 
-from jobs.bench.common import Bench
+from benchmarks.common import Bench
 
 
 def part_p(bench: Bench) -> None:

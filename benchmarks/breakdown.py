@@ -3,7 +3,7 @@
 (x) one engine in this process: raw `generate` in the bench's order and in raysweep's (sorted by prompt
     length), then raysweep's VllmEngine (its engine thread, no Ray) in one batch and in shards.
 (y) that engine thread inside a Ray actor (1 CPU, 1 GPU, as raysweep's), then with OMP_NUM_THREADS raised.
-Run through `python -m jobs.bench --parts x,y`.
+Run through `python -m benchmarks --parts x,y`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from jobs.bench.common import Bench
+from benchmarks.common import Bench
 
 
 def part_x(bench: Bench) -> None:

@@ -1,6 +1,6 @@
 """A plain vLLM log-likelihood script: the baseline for raysweep's `type: loglikelihood` tasks.
 
-    python -m jobs.bench.plain_vllm_loglik MODEL_DIR DATA.jsonl [--out PATH] [--max-model-len N] [--enforce-eager]
+    python -m benchmarks.plain_vllm_loglik MODEL_DIR DATA.jsonl [--out PATH] [--max-model-len N] [--enforce-eager]
 
 What a user would write without raysweep, the way lm-evaluation-harness's vLLM backend scores multiple choice: each
 JSONL row {"context": str, "choices": [str, ...], "label": int} gives one request per choice, whose prompt is the
@@ -39,7 +39,7 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.bench.plain_vllm_loglik", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.plain_vllm_loglik", description=__doc__.splitlines()[0])
     parser.add_argument("model", help="model directory or hub id")
     parser.add_argument("data", help="JSONL file, one {\"context\": ..., \"choices\": [...], \"label\": i} row each")
     parser.add_argument("--out", help="also write each row's per-choice logprobs as JSONL here")
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from vllm import LLM, SamplingParams, TokensPrompt
     except ImportError as e:
-        print(f"jobs.bench.plain_vllm_loglik: vLLM is not installed: pip install 'raysweep[vllm]' ({e})",
+        print(f"benchmarks.plain_vllm_loglik: vLLM is not installed: pip install 'raysweep[vllm]' ({e})",
               file=sys.stderr)
         return 2
 

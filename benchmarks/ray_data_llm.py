@@ -1,6 +1,6 @@
 """Ray Data LLM over the same work: the second baseline that bench part (e) times as a whole process.
 
-    python -m jobs.bench.ray_data_llm --model PATH --prompts FILE.jsonl --engine-args JSON --max-tokens N
+    python -m benchmarks.ray_data_llm --model PATH --prompts FILE.jsonl --engine-args JSON --max-tokens N
 
 Ray Data's vLLM processor (`ray.data.llm.build_processor` with a `vLLMEngineProcessorConfig`, as in
 Ray 2.60): one engine replica on one GPU, the prompts as raw text. Its chat-template, tokenize and
@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from jobs.bench.plain_vllm import add_baseline_arguments
+from benchmarks.plain_vllm import add_baseline_arguments
 
 BATCH_SIZE = 64  # rows per engine call; with Ray's 8 concurrent batches, 512 requests can be queued
 
@@ -54,7 +54,7 @@ def run(model: str, rows: list[dict], llm_args: dict, max_tokens: int, batch_siz
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.bench.ray_data_llm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ray_data_llm", description=__doc__.splitlines()[0])
     add_baseline_arguments(parser, "; `model` is ignored")
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="rows per engine call")
     args = parser.parse_args(argv)
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         import ray
         import ray.data.llm  # noqa: F401
     except ImportError as e:
-        print(f"jobs.bench.ray_data_llm: needs Ray Data LLM: pip install 'ray[data,llm]' ({e})", file=sys.stderr)
+        print(f"benchmarks.ray_data_llm: needs Ray Data LLM: pip install 'ray[data,llm]' ({e})", file=sys.stderr)
         return 2
 
     # a new local Ray, as `python -m jobs.sweep` starts one, not whatever /tmp/ray records

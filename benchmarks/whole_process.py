@@ -6,9 +6,9 @@ the same prompts, vLLM arguments and sampling (greedy, `max_tokens`, no stop str
 
 1. `raysweep`: `python -m jobs.sweep SPEC --output DIR --new-run`, once per `--e-raysweep-env` entry
    (extra environment variables for that run, e.g. RAYSWEEP_VLLM_CORE=spawn).
-2. `plain`: `python -m jobs.bench.plain_vllm`, one `vllm.LLM(**args).generate(...)`, where `args` are what
+2. `plain`: `python -m benchmarks.plain_vllm`, one `vllm.LLM(**args).generate(...)`, where `args` are what
    raysweep gives vLLM for a short shard on a whole GPU (`actors.vllm_args.engine_args`).
-3. `ray_data`: `python -m jobs.bench.ray_data_llm`, Ray Data LLM's vLLM processor with the same arguments.
+3. `ray_data`: `python -m benchmarks.ray_data_llm`, Ray Data LLM's vLLM processor with the same arguments.
 4. `multi`: several models x two tasks (short and long prompts, the first size split between them) on
    one GPU as one raysweep process, against the plain script once per model over both tasks' prompts,
    one after another (the sum of their times).
@@ -17,7 +17,7 @@ Each variant (for `multi`'s plain runs: each model) first runs once untimed over
 so vLLM's torch.compile cache and the page cache are warm for the timed runs. Builtin models are built
 in the bench process before any timing. A run counts only if it exits 0 with one output per prompt.
 Logs and command lines of every run are kept in the bench's out folder (`e_*.stdout`, `.stderr`, `.cmd`).
-Run through `python -m jobs.bench --parts e` (flags --e-*); the child runner and spec are in jobs/bench/common.py.
+Run through `python -m benchmarks --parts e` (flags --e-*); the child runner and spec are in benchmarks/common.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobs.bench.common import (Runner, count_lines, prompts_of, result_counts, run_process, summary_line,
+from benchmarks.common import (Runner, count_lines, prompts_of, result_counts, run_process, summary_line,
                                sweep_spec, vllm_args, write_prompts)
 
 VARIANTS = ("raysweep", "plain", "ray_data", "multi")
@@ -187,7 +187,7 @@ class EndToEnd:
                 actors = self.config.raysweep_actors.get(label, self.config.actors)
                 run = self.sweep([("m", self.bench.model_path)], env, actors)
                 walls[label] = self.measure(label, tag, run, [("t", data)], [("t", warm)])
-        for variant, module in (("plain", "jobs.bench.plain_vllm"), ("ray_data", "jobs.bench.ray_data_llm")):
+        for variant, module in (("plain", "benchmarks.plain_vllm"), ("ray_data", "benchmarks.ray_data_llm")):
             if variant in variants:
                 run = self.script(module, self.bench.model_path)
                 walls[variant] = self.measure(variant, tag, run, [("t", data)], [("t", warm)])
@@ -208,7 +208,7 @@ class EndToEnd:
         walls = {label: self.measure(f"multi_{label}", tag, self.sweep(models, env, self.config.multi_actors),
                                      [(t, data[t]) for t in tasks], [(t, warm[t]) for t in tasks])
                  for label, env in self.config.raysweep_env.items()}
-        plain_sum = sum(self.measure(f"multi_plain_{name}", tag, self.script("jobs.bench.plain_vllm", path),
+        plain_sum = sum(self.measure(f"multi_plain_{name}", tag, self.script("benchmarks.plain_vllm", path),
                                      [("both", data["both"])], [("both", warm["both"])]) for name, path in models)
         self.bench.record("e", f"multi_plain_sum {tag} wall_s", plain_sum,
                           f"s ({len(models)} plain processes, one after another)")

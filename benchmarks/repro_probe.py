@@ -1,6 +1,6 @@
 """Which vLLM settings make greedy outputs batch-invariant? One engine per setting, each in a process of its own.
 
-    python -m jobs.bench.repro_probe --model builtin:small --prompts 1312 --max-tokens 64 --out DIR \
+    python -m benchmarks.repro_probe --model builtin:small --prompts 1312 --max-tokens 64 --out DIR \
         --configs '[{"name": "eager", "env": {"VLLM_BATCH_INVARIANT": "1"}, "engine": {"enforce_eager": true}}]'
 
 A setting's `engine` goes on top of raysweep's vLLM arguments for a short shard (`"base": "plain"`: on top
@@ -62,7 +62,7 @@ def _invariant_flag():
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.bench.repro_probe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.repro_probe", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:small")
     parser.add_argument("--prompts", type=int, default=1312)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench/out-probe")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: the JSON of one setting
     args = parser.parse_args(argv)
-    from jobs.bench.common import prompts_of
+    from benchmarks.common import prompts_of
 
     prompts = prompts_of(args.prompts, 64, 1024, seed=13)
     if args.one:
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         model = resolve_model_path(args.model)
         engine = dict(config.get("engine", {}))
         if config.get("base", "raysweep") == "raysweep":  # raysweep's arguments for a short shard, the setting's on top
-            from jobs.bench.common import vllm_args
+            from benchmarks.common import vllm_args
 
             engine = {k: v for k, v in vllm_args(model, engine).items() if k not in ("model", "tokenizer", "seed")}
         print("ENGINE " + json.dumps(engine, default=str), flush=True)
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         log = out / f"probe_{config['name']}.log"
         began = time.perf_counter()
         with open(log, "w") as f:
-            code = subprocess.run([sys.executable, "-m", "jobs.bench.repro_probe", "--model", args.model, "--prompts",
+            code = subprocess.run([sys.executable, "-m", "benchmarks.repro_probe", "--model", args.model, "--prompts",
                                    str(args.prompts), "--max-tokens", str(args.max_tokens), "--configs", "[]",
                                    "--one", json.dumps(config)], stdout=f, stderr=subprocess.STDOUT,
                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **config.get("env", {})}).returncode

@@ -1,22 +1,22 @@
 """GPU benchmark: ratios measured in one run, on one GPU, one model and one prompt set.
 
-    python -m jobs.bench --model builtin:small --parts a,b,c,d --out bench/out
+    python -m benchmarks --model builtin:small --parts a,b,c,d --out bench/out
 
 (a)-(d) raysweep ÷ raw `LLM.generate`, CUDA graphs ÷ eager, chunked ÷ unchunked prefill, guided ÷ free
-    (jobs/bench/engine_ratios.py says how each is measured).
+    (benchmarks/engine_ratios.py says how each is measured).
 (e) whole processes, start to exit: raysweep ÷ a plain vLLM script ÷ Ray Data LLM, and several models in
-    one sweep ÷ the plain script once per model (jobs/bench/whole_process.py; flags --e-*).
+    one sweep ÷ the plain script once per model (benchmarks/whole_process.py; flags --e-*).
 (x) diagnostic for (a), one engine: raw `generate` in the bench's order and in raysweep's (sorted by
     prompt length), then raysweep's VllmEngine (its engine thread, no Ray) in one batch and in shards.
 (y) diagnostic for (a), continued: that engine thread inside a Ray actor (1 CPU, 1 GPU, as raysweep's).
-    (x), (y): jobs/bench/breakdown.py.
+    (x), (y): benchmarks/breakdown.py.
 (p) planning alone, on CPU: N synthetic prompts of mixed lengths (90% 20-120 characters, 10% 1-2k)
     read, rendered, measured in tokens and cut into shards; cold, then again with the token cache warm.
 (o) orchestration alone, on CPU: N synthetic samples through planning, the scheduler, Ray, scoring and
     Parquet commits with the fake engine (answers at once); samples/s and the driver's peak memory.
-    (p), (o): jobs/bench/orchestration.py.
+    (p), (o): benchmarks/orchestration.py.
 Each part appends rows (part, metric, value, unit) to OUT/bench.parquet and the run prints a markdown table.
-Parts l, w and r are commands of their own: python -m jobs.bench.loglik, .pool, .repro.
+Parts l, w and r are commands of their own: python -m benchmarks.loglik, .pool, .repro.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import os
 import sys
 from pathlib import Path
 
-from jobs.bench import breakdown, engine_ratios, orchestration, whole_process
-from jobs.bench.common import Bench
+from benchmarks import breakdown, engine_ratios, orchestration, whole_process
+from benchmarks.common import Bench
 
 PARTS = {**engine_ratios.PARTS, **whole_process.PARTS, **breakdown.PARTS, **orchestration.PARTS}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:small", help="model path or builtin:NAME")
     parser.add_argument("--parts", default="a,b,c,d", help="which parts to run, comma-separated")
     parser.add_argument("--prompts", type=int, default=2048, help="prompts in parts a and d")
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from cluster.inputs.builtin_model import resolve_model_path
 
     if set(parts) - {"o", "p"} and not torch.cuda.is_available():
-        print("jobs.bench parts a-d need a CUDA GPU and vLLM (parts o and p run anywhere)", file=sys.stderr)
+        print("benchmarks parts a-d need a CUDA GPU and vLLM (parts o and p run anywhere)", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()  # absolute: the specs it writes name their data from their own folder
     out.mkdir(parents=True, exist_ok=True)

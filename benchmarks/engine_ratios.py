@@ -9,7 +9,7 @@
 (c) a long shard (prompts of 12-16k tokens) with chunked prefill vs without: throughput, peak GPU memory
     (NVML) and the KV-cache blocks vLLM could allocate.
 (d) guided (JSON schema, xgrammar) ÷ free generation on the same prompts.
-Run through `python -m jobs.bench --parts a,b,c,d`; each part records its figures on the `Bench` it is given.
+Run through `python -m benchmarks --parts a,b,c,d`; each part records its figures on the `Bench` it is given.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from jobs.bench.common import Bench, prompts_of
+from benchmarks.common import Bench, prompts_of
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
           "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{1,11} [A-Z][a-z]{1,11}$"},

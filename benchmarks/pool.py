@@ -1,10 +1,10 @@
 """Bench part (w): sweeps on a warm engine pool against the plain vLLM script, whole processes.
 
-    python -m jobs.bench.pool --model builtin:small --prompts 1312 --out DIR [--actors JSON]
+    python -m benchmarks.pool --model builtin:small --prompts 1312 --out DIR [--actors JSON]
                               [--switch-model builtin:medium --switches 6]
 
 In one run:
-1. the plain script (`python -m jobs.bench.plain_vllm`, one untimed run first so its compile cache is warm, as the
+1. the plain script (`python -m benchmarks.plain_vllm`, one untimed run first so its compile cache is warm, as the
    pool's is; first, as the pool holds the GPU once up);
 2. `ray start --head` (its own process group), `raysweep pool up SPEC` (timed: what the pool's start costs
    once), then the same sweep twice against the pool (`python -m jobs.sweep SPEC --address`, each a whole
@@ -32,16 +32,16 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.bench.common import (count_lines, prompts_of, result_counts, run_process, summary_line, sweep_spec,
+from benchmarks.common import (count_lines, prompts_of, result_counts, run_process, summary_line, sweep_spec,
                                vllm_args, write_prompts)
-from jobs.bench.whole_process import raysweep_figures
+from benchmarks.whole_process import raysweep_figures
 
 # a bench's own cluster on one machine: no token to create and hand to every process
 NO_AUTH = {"RAY_AUTH_MODE": "disabled"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.bench.pool", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pool", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:small")
     parser.add_argument("--prompts", type=int, default=1312)
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] w {name} = {value:.3f} {unit}", flush=True)
 
     if not args.cpu and "warm" in steps:  # first, while the GPU is free: the pool holds it once up
-        script = [sys.executable, "-m", "jobs.bench.plain_vllm", "--model", model, "--prompts", str(data),
+        script = [sys.executable, "-m", "benchmarks.plain_vllm", "--model", model, "--prompts", str(data),
                   "--engine-args", json.dumps(vllm_args(model, {})), "--max-tokens", str(args.max_tokens)]
         run_process(script, NO_AUTH, out / "w_plain_warm")
         wall, stdout = run_process(script, NO_AUTH, out / "w_plain")

@@ -1,13 +1,13 @@
 """Bench part (l): log-likelihood multiple choice on a GPU, raysweep against a plain vLLM script, whole processes.
 
-    python -m jobs.bench.loglik --out DIR [--model builtin:small] [--rows 8000] [--cpu-rows 32]
+    python -m benchmarks.loglik --out DIR [--model builtin:small] [--rows 8000] [--cpu-rows 32]
 
 1. Data: `rows` multiple-choice rows of synthetic text (contexts of 200-600 bytes, four choices of 3-12
    bytes with a leading space, a label), written as {"context", "choices", "label"} JSONL, seeded.
 2. Each of the two runs once untimed over 64 rows (vLLM's compile cache and the page cache warm), then
    once timed, each a new process, timed from just before its start to just after its exit:
    `python -m jobs.sweep SPEC --new-run` (a `type: loglikelihood` task, one actor on the whole GPU) and
-   `python -m jobs.bench.plain_vllm_loglik MODEL DATA` (one `LLM(...)`, one `generate` with prompt_logprobs).
+   `python -m benchmarks.plain_vllm_loglik MODEL DATA` (one `LLM(...)`, one `generate` with prompt_logprobs).
 3. Agreement: raysweep's per-choice log-probabilities against the plain script's (both vLLM, bf16), and
    against the CPU engine's (transformers, fp32, `cpu-rows` rows, in this process): the largest and mean
    absolute difference per token, and how often the argmax choice is the same.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from jobs.bench.common import REPO
+from benchmarks.common import REPO
 
 WARM_ROWS = 64
 LETTERS = "abcdefghijklmnopqrstuvwxyz      "
@@ -95,7 +95,7 @@ def cpu_engine_logprobs(model_path: str, data: Path, n: int) -> tuple[dict[int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.bench.loglik", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.loglik", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--model", default="builtin:small")
     parser.add_argument("--rows", type=int, default=8000)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         return [sys.executable, "-m", "jobs.sweep", str(out / f"{name}.yaml"), "--new-run"]
 
     def plain(rows: Path, dest: Path) -> list[str]:
-        return [sys.executable, "-m", "jobs.bench.plain_vllm_loglik", model_path, str(rows), "--out", str(dest)]
+        return [sys.executable, "-m", "benchmarks.plain_vllm_loglik", model_path, str(rows), "--out", str(dest)]
 
     if not args.no_warm:
         timed(sweep("l_warm"), out / "l_warm_sweep")
