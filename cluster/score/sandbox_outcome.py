@@ -27,22 +27,27 @@ class Outcome:
 
 
 COMPLETED = "completed"  # the program's last statement ran: the only way to pass
+FORGED = "forged"        # a completion line with a wrong token: a program claiming it ran to the end
 
 
-def _ending(status: list[str], nonce: str) -> str | None:
+def _ending(status: list[str], token: str) -> str | None:
     """The last of the bootstrap's status lines (after "ready") saying how the program ended, or None;
-    "completed" only for the line carrying this run's nonce."""
-    ends = [COMPLETED if line == f"{COMPLETED} {nonce}" else line for line in status[1:]
-            if line in ("raised assert", "raised error", f"{COMPLETED} {nonce}") or
+    "completed" only for the line carrying this run's token, and FORGED wherever any "completed" line carries
+    another: only the harness holds the token, so a program guessing it gets one try."""
+    if any(line.startswith(COMPLETED) and line != f"{COMPLETED} {token}" for line in status[1:]):
+        return FORGED
+    ends = [COMPLETED if line == f"{COMPLETED} {token}" else line for line in status[1:]
+            if line in ("raised assert", "raised error", f"{COMPLETED} {token}") or
             (line[:5] == "exit " and line[5:].isdigit() and len(line) <= 8)]
     return ends[-1] if ends else None
 
 
 def _classify(plan: _Plan, code: int, ended: str | None, timed_out: bool, limits: SandboxLimits, wall: float,
               stdout: str, stderr: str) -> Outcome:
-    """`ended`: how the bootstrap saw the program end ("completed", "exit N", "raised assert|error"), None where
-    it never said (killed by a signal, or left by os._exit): then the exit status alone tells. Only a program
-    that completed passes: one that left with code 0 before its end failed."""
+    """`ended`: how the bootstrap saw the program end ("completed", "exit N", "raised assert|error"), FORGED
+    where the program claimed completion with a wrong token, None where it never said (killed by a signal,
+    or left by os._exit): then the exit status alone tells. Only a program that completed passes: one that
+    left with code 0 before its end failed."""
     def outcome(status: str, error: str | None, exit_code: int | None) -> Outcome:
         return Outcome(status, error, exit_code, wall, stdout, stderr)
 
@@ -50,6 +55,9 @@ def _classify(plan: _Plan, code: int, ended: str | None, timed_out: bool, limits
         return outcome("timeout", f"timed out after {limits.timeout_s:g} s", None)
     if ended == COMPLETED:
         return outcome("passed", None, 0)
+    if ended == FORGED:
+        return outcome("failed", "claimed to have run to the end with a token the harness did not give it "
+                       "(a forged completion)", code)
     if ended is not None:  # the program's word wins over a status an atexit os._exit or a late signal changed
         code = int(ended.split()[1]) if ended.startswith("exit ") else 1 if ended == "raised assert" else ERROR_EXIT
     elif plan.bwrap and code > 128:  # bwrap reports its child's death by signal N as exit 128 + N
