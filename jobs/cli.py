@@ -54,6 +54,17 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least_zero(text: str) -> int:
+    """report --samples: a count of rows, 0 or more; anything else refused by argparse in one line (exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: must be 0 or more")
+    return value
+
+
 def models(args: argparse.Namespace) -> int:
     from cluster.contracts.model_paths import BUILTIN_PREFIX
     from cluster.inputs.builtin_model import CONFIGS, VERSION, cache_root
@@ -117,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     report_parser = sub.add_parser("report", help="write one self-contained HTML report of sweep outputs, side by side")
     report_parser.add_argument("output", nargs="+", help="the sweep's output directory; several are compared")
     report_parser.add_argument("-o", "--out", help="where to write the HTML (default: the first OUTPUT/report.html)")
-    report_parser.add_argument("--samples", type=int, default=200, metavar="N",
+    report_parser.add_argument("--samples", type=_at_least_zero, default=200, metavar="N",
                                help="rows per task in the sample browser, disagreements first (default 200)")
     sub.add_parser("models", help="list the builtin models (path: builtin:NAME) with their sizes")
     sub.add_parser("spec-reference", help="print the sweep spec reference (Markdown; sweeps/REFERENCE.md)")

@@ -16,23 +16,33 @@ model_args: pretrained (a model folder, hub id or builtin:NAME; also `model`), m
 (auto | hf | vllm), actors (per model) and num_gpus (per actor) (default `auto` for each: chosen as for a spec
 without `actors:`, cluster/plan/engines_per_gpu.py, e.g. two engines on a large GPU for a small model), address
 (a Ray cluster; default: a local Ray), output (where the sweeps' results stay, and resume from; default: a
-temporary folder).
+temporary folder, removed when the command ends).
+
+A model_args value or an lm-eval option that cannot be used (`--tasks` naming no task, `actors=0`) is one line
+at the edge, `raysweep: error: ...` (LmEvalError), as raysweep's own commands say theirs.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
 from collections import defaultdict
 
+from cluster.contracts.errors import RaysweepError
 from jobs.background import Background
 
 NAME = "raysweep"
+
+
+class LmEvalError(RaysweepError, ValueError):
+    """lm-eval's command line or raysweep's model_args cannot be used as given; the message names the option."""
 
 
 def make_model_class():
@@ -48,12 +58,22 @@ def make_model_class():
 
             path = pretrained or model
             if not path:
-                raise ValueError("--model_args: raysweep needs pretrained=PATH (a model folder, hub id or builtin:NAME)")
-            engine = {"max_model_len": int(max_model_len)} if max_model_len else {}
+                raise LmEvalError("--model_args: raysweep needs pretrained=PATH (a model folder, hub id or builtin:NAME)")
+            length = _auto(max_model_len, int, "max_model_len")
+            engine = {"max_model_len": length} if length is not None else {}
             name = re.sub(r"[^A-Za-z0-9._-]", "_", str(path).rstrip("/").split("/")[-1].split(":")[-1]).lstrip("._-")
-            self.model = ModelSpec(name=name or "model", path=str(path), backend=backend, engine=engine)
-            self.actors = ActorSpec(count=_auto(actors, int, "actors"), num_gpus=_auto(num_gpus, float, "num_gpus"))
+            try:  # the specs' own checks, said with model_args' names (actors, not count; max_model_len)
+                self.model = ModelSpec(name=name or "model", path=str(path), backend=backend, engine=engine)
+                self.actors = ActorSpec(count=_auto(actors, int, "actors"), num_gpus=_auto(num_gpus, float, "num_gpus"))
+            except LmEvalError:
+                raise
+            except ValueError as e:
+                raise LmEvalError("--model_args: " + re.sub(r"^(engine\.|count:)", lambda m: "actors:" if
+                                                             m.group(1) == "count:" else "", str(e))) from None
+            self.kept = output is not None  # the user's folder stays; the default, a temporary one, goes at exit
             self.output = output or tempfile.mkdtemp(prefix="raysweep-lm-eval-")
+            if not self.kept:  # registered first, so it runs last: after the engines and Ray have closed
+                atexit.register(shutil.rmtree, self.output, ignore_errors=True)
             self.address = address or os.environ.get("RAY_ADDRESS") or "local"
             self._kept = None  # the engines of the first request type's sweep, kept for the next ones
             self._host = None  # a local run's engine host (cluster/launch.py): the engines' imports start now
@@ -88,12 +108,19 @@ def make_model_class():
             spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),
                              models=(self.model,), tasks=tasks, actors=self.actors)
             self._ray.result()
-            report = execute(prepare(spec, spec.output), log=lambda line: print(line, file=sys.stderr, flush=True),
+            from cluster.store.output_files import SinkError
+
+            try:
+                prepared = prepare(spec, spec.output)
+            except SinkError as e:  # the output refused (another spec's results ...): advice this command can follow
+                raise type(e)(lm_eval_advice(str(e), spec.output)) from None
+            report = execute(prepared, log=lambda line: print(line, file=sys.stderr, flush=True),
                              kept=self._kept, engine_host=self._host.address if self._host is not None else None)
             if report.failed:
                 first = next(iter(report.failed.values()))["errors"][-1]
-                raise RuntimeError(f"raysweep: {len(report.failed)} shard(s) failed (first: {first}); the run's "
-                                   f"output {spec.output} keeps what was committed: the same command resumes it")
+                kept = (f"the run's output {spec.output} keeps what was committed: the same command resumes it"
+                        if self.kept else "pass output=DIR in --model_args to keep what is committed and resume it")
+                raise RuntimeError(f"raysweep: {len(report.failed)} shard(s) failed (first: {first}); {kept}")
             answers = _read_answers(spec.output, self.model.name, [t.name for t in tasks])
             _said(f"{kind}: answers read; back to lm-eval")
             return answers
@@ -144,7 +171,42 @@ def _auto(value, kind, name: str):
     try:
         return kind(value)
     except ValueError:
-        raise ValueError(f"--model_args: {name} must be auto or a number, got {value!r}") from None
+        raise LmEvalError(f"--model_args: {name} must be auto or a number, got {value!r}") from None
+
+
+def lm_eval_advice(message: str, output: str) -> str:
+    """A refusal of an output (another spec's results, changed data, a damaged file) with advice `raysweep
+    lm-eval` can follow: it has no --new-run; another output= in --model_args, or the folder removed, does that."""
+    return message.replace("use a new output", "use another output= in --model_args").replace(
+        "--new-run", f"remove the folder {output}")
+
+
+@contextlib.contextmanager
+def _command_line_checked():
+    """lm-eval's checks of its own command line (its EvaluatorConfig: `Tasks not found: X`, a --config file that
+    is not there, --samples with --limit ...) raise ValueError or FileNotFoundError: LmEvalError here, one line."""
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    def checked(method):
+        def call(*args, **kwargs):
+            try:
+                return method(*args, **kwargs)
+            except (ValueError, FileNotFoundError) as e:
+                raise LmEvalError(f"lm-eval: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+        return call
+
+    originals = {name: EvaluatorConfig.__dict__[name] for name in ("from_cli", "process_tasks")
+                 if name in EvaluatorConfig.__dict__}
+    for name, original in originals.items():
+        if isinstance(original, classmethod):
+            setattr(EvaluatorConfig, name, classmethod(checked(original.__func__)))
+        else:
+            setattr(EvaluatorConfig, name, checked(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(EvaluatorConfig, name, original)
 
 
 def _chat_templated(lm, path: str) -> None:
@@ -255,7 +317,7 @@ def run(argv: list[str]) -> int:
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv = ["lm_eval", *argv]
-    with templates_compiled_once(), own_tasks_indexed(task_names(argv)):
+    with templates_compiled_once(), own_tasks_indexed(task_names(argv)), _command_line_checked():
         cli_evaluate()
     return 0
 

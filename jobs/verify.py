@@ -131,16 +131,21 @@ def _folder(keep: str | None):
 
 def _check_files(output: str, manifest: dict) -> str | None:
     """Each committed shard's file against its manifest entry (rows, checksum), each mismatch printed. A file
-    that is missing or unreadable stops verify (VerifyError); one that reads but is not what was committed is
+    that is missing or unreadable stops verify (VerifyError), as does a file in results/ that the manifest did
+    not commit (every reader of the folder reads it too); one that reads but is not what was committed is
     said at the end, after the rows are generated again. Returns that closing line, or None: all match."""
-    from cluster.store.integrity import problems
+    from cluster.store.integrity import problems, stray_files, stray_line
     from cluster.store.output_files import filesystem
 
     fs, root = filesystem(output)
     found = problems(fs, root, manifest)
+    strays = stray_files(fs, root, manifest)
     committed = sum(e.get("state") == ShardState.COMMITTED for e in manifest.get("shards", {}).values())
-    for line in found:
+    for line in found + [stray_line(rel) for rel in strays]:
         print(f"[raysweep] verify: {line}")
+    if strays:
+        raise VerifyError(f"{output}: {len(strays)} file(s) in results/ that the manifest did not commit (listed "
+                          f"above, first {strays[0]}): remove them or move them out of results/")
     if not found:
         print(f"[raysweep] verify: {committed} of {committed} committed results files match the manifest")
         return None

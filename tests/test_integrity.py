@@ -116,6 +116,77 @@ def test_a_tampered_manifest_is_one_line_in_run_verify_and_report(ray_local, tmp
         assert proc.stderr.count("\n") == 1
 
 
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stray", ["copy", "rename", "notes"])
+def test_a_file_the_manifest_did_not_commit_is_named_by_run_verify_and_report(ray_local, tmp_path, stray):
+    """`cp shard-00000.parquet shard-00099.parquet`: run, verify and report exited 0 and every reader of
+    results/ saw its 10 ids twice; a notes.txt there made verify raise ArrowInvalid."""
+    spec, out, files = _replay_output(tmp_path)
+    first = out / files[sorted(files)[0]]
+    if stray == "copy":
+        rel = str(first.relative_to(out).with_name("shard-00099.parquet"))
+        shutil.copy(first, out / rel)
+    elif stray == "rename":
+        rel = str(first.relative_to(out).with_name("shard-00042.parquet"))
+        os.rename(first, out / rel)
+    else:
+        rel = "results/notes.txt"
+        (out / rel).write_text("my notes")
+    line = f"{rel}: in results/ but committed by no shard of manifest.json"
+    with pytest.raises(SinkError, match=re.escape(line) + ".*--new-run"):
+        run_sweep(spec, log=lambda line: None)
+    proc = _cli("verify", str(out))
+    assert proc.returncode == 2 and f"[raysweep] verify: {line}" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"raysweep: error: {out}: 1 file(s) in results/ that the manifest did not "
+                                  f"commit (listed above, first {rel})") and proc.stderr.count("\n") == 1, proc.stderr
+    proc = _cli("report", str(out))
+    warning = f"raysweep: warning: output {out}: 1 file(s) in results/ that its manifest did not commit, left out " \
+              f"of the report: {rel}\n"
+    if stray == "rename":  # the committed file is missing too: no report
+        assert proc.returncode == 2 and proc.stderr.startswith(warning) and proc.stderr.endswith(" is missing\n")
+        return
+    assert proc.returncode == 0 and proc.stderr == warning
+    assert f"that the manifest did not commit: {rel}" in (out / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_a_shards_file_renamed_into_place_but_never_recorded_is_written_again_by_the_resume(ray_local, tmp_path):
+    """A run killed between the rename and the manifest's record leaves the file of a pending shard: not a
+    stray to refuse, the resume's own (it runs that shard again)."""
+    spec, out, files = _replay_output(tmp_path)
+    manifest = read_manifest(str(out))
+    sid = sorted(files)[-1]
+    manifest["shards"][sid] = {"state": "pending"}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / "manifest.journal").unlink(missing_ok=True)
+    report = run_sweep(spec, log=lambda line: None)
+    assert not report.failed and report.shards_run == 1
+    assert read_manifest(str(out))["shards"][sid]["state"] == "committed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data, says", [(None, "data: not a mapping of task to data file (it is null)"),
+                                        ({"t": None}, "data.t: not a data file and its hash (it is null)")])
+def test_a_manifest_whose_data_entry_is_null_is_one_line_in_run_verify_and_report(ray_local, tmp_path, data, says):
+    """verify raised AttributeError on `"data": null`, and so did the resume."""
+    spec, out, _ = _replay_output(tmp_path)
+    manifest = read_manifest(str(out))
+    manifest["data"] = data
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / "manifest.journal").unlink(missing_ok=True)
+    with pytest.raises(SinkError, match=re.escape(f"output {out}: manifest.json: {says}")):
+        run_sweep(spec, log=lambda line: None)
+    for command in ("verify", "report"):
+        proc = _cli(command, str(out))
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (command, proc.stderr)
+        assert proc.stderr.startswith(f"raysweep: error: output {out}: manifest.json: {says}"), (command, proc.stderr)
+
+
 @pytest.mark.slow
 def test_a_dead_runs_temporary_files_are_removed_and_the_summary_is_written_by_rename(ray_local, tmp_path):
     spec, out, files = _replay_output(tmp_path)

@@ -14,8 +14,10 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -457,6 +459,66 @@ def test_lm_eval_model_args_leave_the_engines_per_gpu_to_raysweep_unless_given(m
     assert (given.count, given.num_gpus) == (2, 0.5)
     with pytest.raises(ValueError, match="num_gpus must be auto or a number, got 'half'"):
         RaysweepLM(pretrained="builtin:tiny", num_gpus="half")
+
+
+def test_lm_eval_model_args_that_cannot_be_used_are_one_line_at_the_edge(monkeypatch):
+    """`actors=0` ended in ValueError's traceback (`count: must be an integer >= 1`)."""
+    from cluster.contracts.errors import RaysweepError
+    from jobs.lm_eval_model import make_model_class
+
+    RaysweepLM = make_model_class()
+    monkeypatch.setattr("jobs.lm_eval_model.Background", lambda work, name: None)
+    monkeypatch.setenv("RAYSWEEP_ENGINE_HOST", "0")
+    for args, says in [({"actors": "0"}, "--model_args: actors: must be an integer >= 1, got 0"),
+                       ({"max_model_len": "0"}, "--model_args: max_model_len: must be an integer >= 1, got 0"),
+                       ({"max_model_len": "long"}, "--model_args: max_model_len must be auto or a number, got 'long'"),
+                       ({"backend": "tpu"}, "--model_args: backend: must be one of")]:
+        with pytest.raises(RaysweepError) as refused:
+            RaysweepLM(pretrained="builtin:tiny", **args)
+        assert str(refused.value).startswith(says), (args, str(refused.value))
+
+
+def _lm_eval_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", *args], cwd=ROOT,
+                          env=env or _env(), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_lm_eval_command_line_errors_are_one_line_with_advice_it_can_follow(include_path, tmp_path):
+    """`--tasks ht_nope` ended in lm-eval's ValueError traceback; another spec's output advised `--new-run`, which
+    `raysweep lm-eval` does not have."""
+    proc = _lm_eval_cli("--model_args", "pretrained=builtin:tiny", "--tasks", "ht_nope")
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1] == "raysweep: error: lm-eval: Tasks not found: ht_nope"
+    assert "Traceback" not in proc.stderr
+    other = tmp_path / "runs" / "loglikelihood"  # another spec's results where this one's loglikelihood sweep goes
+    other.mkdir(parents=True)
+    (other / "manifest.json").write_text(json.dumps({"sweep": "x", "spec_hash": "0" * 16, "shards": {
+        "tiny/rs_mc/00000": {"state": "committed", "file": "results/tiny/rs_mc/shard-00000.parquet", "rows": 1}}}))
+    proc = _lm_eval_cli("--model_args", f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=1,"
+                        f"output={tmp_path / 'runs'}", "--tasks", "rs_mc", "--include_path", str(include_path),
+                        "--limit", "2")
+    said = [line for line in proc.stderr.splitlines() if line.startswith("raysweep: error:")]
+    assert len(said) == 1, proc.stderr[-2000:]
+    last = said[0]
+    assert proc.returncode == 2 and last.startswith(f"raysweep: error: output {other} holds results of another spec"), \
+        proc.stderr[-2000:]
+    assert last.endswith(f"use another output= in --model_args, or remove the folder {other} to discard them")
+    assert "--new-run" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_lm_eval_without_output_removes_its_temporary_folder(include_path, tmp_path):
+    """Each `raysweep lm-eval` without output= left a /tmp/raysweep-lm-eval-* folder behind."""
+    tmp = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))  # short: Ray's sockets go under TMPDIR too
+    try:
+        proc = _lm_eval_cli("--model_args", f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=1",
+                            "--tasks", "rs_mc", "--include_path", str(include_path), "--limit", "2",
+                            env={**_env(), "TMPDIR": str(tmp), "RAYSWEEP_ENGINE_HOST": "0"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "rs_mc" in proc.stdout and "planned tiny/rs_mc: 2 samples" in proc.stderr
+        assert not list(tmp.glob("raysweep-lm-eval-*"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_lm_evals_command_line_indexes_only_the_include_path_that_holds_every_task(include_path, monkeypatch):

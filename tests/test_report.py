@@ -286,6 +286,22 @@ def test_the_browser_shows_unprintable_characters_as_escapes(tmp_path):
     assert visible("\U000e0001\U0010fffd") == "\U000e0001\\U0010fffd"  # a format tag stays, private use is escaped
 
 
+def test_a_nan_or_infinite_score_keeps_the_browsers_data_valid_json(tmp_path, capsys):
+    """A NaN or inf score was embedded as bare NaN/Infinity: not JSON, and the sample browser did not load."""
+    nan, inf = float("nan"), float("inf")
+    root = _qa_output(tmp_path / "out", "odd-scores", {"tiny": [nan, inf, -inf, 0.5]})
+    page = write_report(str(root)).read_text()
+    payload = re.search(r'id="samples-data">(.*?)</script>', page, re.DOTALL).group(1)
+    data = json.loads(payload, parse_constant=lambda name: pytest.fail(f"not JSON: {name}"))
+    assert {r["id"]: r["cells"][0]["score"] for r in data["tasks"]["qa"]["shown"]} == \
+        {"q0": "NaN", "q1": "inf", "q2": "-inf", "q3": 0.5}
+    with pytest.raises(SystemExit) as refused:
+        main(["report", str(root), "--samples", "-5"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "raysweep report: error: argument --samples: -5: must be 0 or more"
+    assert main(["report", str(root), "--samples", "0"]) == 0
+
+
 def test_two_outputs_side_by_side_mark_differences_beyond_their_stderr(tmp_path, capsys):
     before = _qa_output(tmp_path / "monday", "nightly", {"tiny": [1, 0, 1, 0, 0, 0] * 4, "small": [1, 1, 1, 0, 1, 1] * 4})
     after = _qa_output(tmp_path / "tuesday", "nightly", {"tiny": [1, 1, 1, 1, 1, 1] * 4, "small": [1, 1, 1, 0, 1, 1] * 3 + [1, 1, 1, 0, 0, 1]})

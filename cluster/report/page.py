@@ -11,6 +11,7 @@ rows stay cheap. The pool's live page (cluster/pool/ingress.py) serves the same 
 from __future__ import annotations
 
 import html
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from cluster.contracts.shard import ShardState
 from cluster.report.comparison import Output, comparison
 from cluster.report.html_parts import document, fmt
 from cluster.report.operator import operator_view
-from cluster.report.reading import ReportError, load_manifest
+from cluster.report.reading import ReportError, load_manifest, strays
 from cluster.report.samples import LIMIT, browser
 
 MAX_ROWS = 200  # problem rows listed per output; the total is always stated
@@ -28,7 +29,7 @@ def write_report(outputs: list[str] | str, out: str | None = None, max_rows: int
                  samples: int = LIMIT) -> Path:
     """Render the report of the sweep output(s) into `out` (default: the first output's report.html)."""
     roots = [Path(outputs)] if isinstance(outputs, str) else [Path(o) for o in outputs]
-    page = render(roots, max_rows, samples)
+    page = render(roots, max_rows, samples, warn=lambda line: print(f"raysweep: warning: {line}", file=sys.stderr))
     path = Path(out) if out else roots[0] / "report.html"
     try:
         path.write_text(page, encoding="utf-8")
@@ -37,11 +38,18 @@ def write_report(outputs: list[str] | str, out: str | None = None, max_rows: int
     return path
 
 
-def render(roots: list[Path], max_rows: int = MAX_ROWS, samples: int = LIMIT, refresh_s: int | None = None) -> str:
-    """The page; `refresh_s` makes the browser reload it (the pool's live page, while a sweep runs)."""
+def render(roots: list[Path], max_rows: int = MAX_ROWS, samples: int = LIMIT, refresh_s: int | None = None,
+           warn=None) -> str:
+    """The page; `refresh_s` makes the browser reload it (the pool's live page, while a sweep runs). Files in an
+    output's results/ that its manifest did not commit are left out, named in its header and to `warn`."""
     outputs = labelled([(root, load_manifest(root)) for root in roots])
+    left_out = {o.root: strays(o.root, o.manifest) for o in outputs}
+    for root, files in left_out.items():
+        if files and warn is not None:
+            warn(f"output {root}: {len(files)} file(s) in results/ that its manifest did not commit, left out of "
+                 f"the report: {', '.join(files[:3])}{' ...' if len(files) > 3 else ''}")
     several = len(outputs) > 1
-    parts = ["\n".join(_header(o, several) for o in outputs), _nav(outputs), comparison(outputs),
+    parts = ["\n".join(_header(o, several, left_out[o.root]) for o in outputs), _nav(outputs), comparison(outputs),
              browser(outputs, samples)]
     for o in outputs:
         view = operator_view(o.root, o.manifest, max_rows)
@@ -61,7 +69,7 @@ def labelled(found: list[tuple[Path, dict]]) -> list[Output]:
     return [Output(chr(ord("A") + i) if i < 26 else f"#{i + 1}", root, m) for i, (root, m) in enumerate(found)]
 
 
-def _header(out: Output, several: bool) -> str:
+def _header(out: Output, several: bool, left_out: list[str] = ()) -> str:
     manifest = out.manifest
     states = Counter(s.get("state") for s in manifest["shards"].values())
     versions = manifest.get("versions") or {}
@@ -70,6 +78,9 @@ def _header(out: Output, several: bool) -> str:
              "shards": f"{states[ShardState.COMMITTED]} committed, {states[ShardState.FAILED]} failed, "
                        f"{states[ShardState.PENDING]} pending",
              "versions": ", ".join(f"{k} {fmt(v)}" for k, v in sorted(versions.items()))}
+    if left_out:
+        facts["left out"] = (f"{len(left_out)} file(s) in results/ that the manifest did not commit: "
+                             f"{', '.join(left_out[:3])}{' ...' if len(left_out) > 3 else ''}")
     if several:
         facts = {"label": out.label, **facts}
     items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(fmt(v))}</dd>" for k, v in facts.items())

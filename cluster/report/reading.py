@@ -1,6 +1,6 @@
 """What the report reads of an output: the manifest, the named columns of a Parquet file (absent ones as
-null), and the committed result shards as one dataset. Any file that cannot be read is one ReportError
-line naming it."""
+null), and the committed result shards as one dataset (only those: a file in results/ the manifest did not commit is left
+out, `strays`). Any file that cannot be read is one ReportError line naming it."""
 
 from __future__ import annotations
 
@@ -31,6 +31,16 @@ def load_manifest(root: Path) -> dict:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), dict):
         raise ReportError(f"output {root}/manifest.json: no `shards` mapping, so not a raysweep manifest")
     return manifest
+
+
+def strays(root: Path, manifest: dict) -> list[str]:
+    """The files in the output's results/ that the manifest did not commit (cluster/store/integrity.py): the
+    report reads only committed files, so these are left out, and said."""
+    import pyarrow.fs as pafs
+
+    from cluster.store.integrity import stray_files
+
+    return stray_files(pafs.LocalFileSystem(), str(root.absolute()), manifest)
 
 
 def read(path: Path, columns: list[str]) -> pa.Table | None:

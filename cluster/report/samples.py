@@ -14,6 +14,7 @@ unprintable characters (a NUL, an escape sequence) are written as escapes (`\\x0
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 
 import numpy as np
@@ -36,7 +37,8 @@ def browser(outputs: list[Output], limit: int = LIMIT) -> str:
     if not data["tasks"]:
         return section("Samples", "samples", note("No committed result shards: no sample to show."))
     # <, > and & as JSON escapes: no text of a row can end the script element or read as markup
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")) \
+    # a NaN or infinite score (a scorer's) as the string "NaN", "inf" or "-inf": JSON has no such number
+    payload = json.dumps(_finite(data), ensure_ascii=False, separators=(",", ":"), allow_nan=False) \
         .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return section("Samples", "samples", f"""<div id="browser">
 <div class="controls"><label>task <select id="f-task"></select></label>
@@ -157,6 +159,17 @@ def _cell(status_score: tuple, texts: dict | None) -> dict:
     why = texts.get("error") or texts.get("exec_error")
     return {"status": status, "score": score, "output": _cut(texts.get("output_text")), "prompt": texts.get("prompt"),
             "why": _cut(why), "exec": texts.get("exec_status"), "finish": texts.get("finish_reason")}
+
+
+def _finite(value):
+    """`value` with each NaN or infinite float as the string "NaN", "inf" or "-inf" (the browser shows it)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _cut(text: str | None) -> str | None:

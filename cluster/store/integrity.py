@@ -3,11 +3,16 @@
 them before anything else, naming the shard whose file is missing, unreadable or not what was committed.
 
 Outputs committed before checksums were recorded are checked by row count and by their rows' `shard_id`
-(a file copied over another's carries the other shard's id)."""
+(a file copied over another's carries the other shard's id).
+
+results/ holds only the files the manifest committed: every reader of the folder (pyarrow.dataset, pandas,
+DuckDB) reads all of it, so a file no committed entry names (copied, renamed, put there by hand) would add
+its rows to the results. `stray_files` lists them; the resume, `raysweep verify` and the report name them."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -17,6 +22,7 @@ from cluster.contracts.shard import ShardState
 from cluster.store.output_files import SinkError, join
 
 CHUNK = 1 << 20
+TMP = re.compile(r"\..+\.[0-9a-f]{8}\.tmp")  # a file being written under its temporary name (output_files.py)
 
 
 def checksum(data: bytes) -> str:
@@ -69,10 +75,50 @@ def problems(fs: pafs.FileSystem, root: str, manifest: dict) -> list[str]:
     return found
 
 
+def stray_files(fs: pafs.FileSystem, root: str, manifest: dict) -> list[str]:
+    """The files under results/ (relative to the output, sorted) that no committed shard's entry names; a
+    running sweep's temporary files (`.NAME.XXXXXXXX.tmp`, not yet renamed into place) are left out."""
+    results = join(root, "results")
+    if fs.get_file_info(results).type != pafs.FileType.Directory:
+        return []
+    committed = {e.get("file") for e in manifest.get("shards", {}).values() if e.get("state") == ShardState.COMMITTED}
+    found = []
+    for info in fs.get_file_info(pafs.FileSelector(results, recursive=True)):
+        rel = "results/" + info.path[len(results):].lstrip("/")
+        if info.type != pafs.FileType.Directory and rel not in committed and not TMP.fullmatch(info.base_name):
+            found.append(rel)
+    return sorted(found)
+
+
+def stray_line(rel: str) -> str:
+    return (f"{rel}: in results/ but committed by no shard of manifest.json (a stray, copied or renamed file; "
+            "every reader of results/ would read it too)")
+
+
+def _unrecorded(manifest: dict) -> set[str]:
+    """The files of the shards the manifest holds but not as committed: a run killed between renaming a shard's
+    file into place and recording it leaves one (that shard runs again, and its file is written again)."""
+    files = set()
+    for sid, entry in manifest.get("shards", {}).items():
+        model, _, rest = sid.partition("/")
+        task, _, index = rest.partition("/")
+        if entry.get("state") != ShardState.COMMITTED and index.isdigit():
+            files.add(f"results/{model}/{task}/shard-{int(index):05d}.parquet")
+    return files
+
+
 def check_committed(fs: pafs.FileSystem, root: str, output: str, manifest: dict) -> None:
-    """SinkError naming the first shards whose files do not match, before a resume builds on them."""
+    """SinkError naming the first shards whose files do not match, and the files in results/ the manifest did
+    not commit, before a resume builds on them. (Called with the output locked: an uncommitted shard's own
+    file, left by a killed run, is removed.)"""
     found = problems(fs, root, manifest)
+    unrecorded = _unrecorded(manifest)
+    for rel in stray_files(fs, root, manifest):
+        if rel in unrecorded:
+            fs.delete_file(join(root, rel))
+        else:
+            found.append(stray_line(rel))
     if found:
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
-        raise SinkError(f"output {output}: {'; '.join(found[:3])}{more}: restore the file(s), or --new-run to "
-                        "discard the output's results")
+        raise SinkError(f"output {output}: {'; '.join(found[:3])}{more}: restore (or remove) the file(s), or "
+                        "--new-run to discard the output's results")

@@ -217,6 +217,13 @@ def read_manifest(output: str) -> dict:
                 raise SinkError(f"output {output}: {JOURNAL}:{n}: not a shard's entry (no shard_id); restore "
                                 "the journal, or --new-run to start the output again")
             shards[entry.pop("shard_id")] = entry
+    data = manifest.get("data", {})
+    for task, entry in data.items() if isinstance(data, dict) else [(None, data)]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("hash"), str):
+            raise SinkError(f"output {output}: manifest.json: {'data' if task is None else f'data.{task}'}: not "
+                            f"{'a mapping of task to data file' if task is None else 'a data file and its hash'} "
+                            f"(it is {json.dumps(entry)[:60]}); restore the manifest, or --new-run to start the "
+                            "output again")
     states = {s.value for s in ShardState}
     for sid, entry in shards.items():
         if not isinstance(entry, dict) or entry.get("state") not in states:
