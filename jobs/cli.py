@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from jobs.pool import add_pool_arguments, pool
-from jobs.sweep import add_run_arguments, exit_now, guarded, run
+from jobs.sweep import add_run_arguments, at_least, exit_now, guarded, run
 from jobs.verify import add_verify_arguments, verify
 
 
@@ -52,17 +52,6 @@ def report(args: argparse.Namespace) -> int:
 
     print(write_report(args.output, args.out, samples=args.samples))
     return 0
-
-
-def _at_least_zero(text: str) -> int:
-    """report --samples: a count of rows, 0 or more; anything else refused by argparse in one line (exit 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: must be 0 or more")
-    return value
 
 
 def models(args: argparse.Namespace) -> int:
@@ -128,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     report_parser = sub.add_parser("report", help="write one self-contained HTML report of sweep outputs, side by side")
     report_parser.add_argument("output", nargs="+", help="the sweep's output directory; several are compared")
     report_parser.add_argument("-o", "--out", help="where to write the HTML (default: the first OUTPUT/report.html)")
-    report_parser.add_argument("--samples", type=_at_least_zero, default=200, metavar="N",
+    report_parser.add_argument("--samples", type=at_least(0), default=200, metavar="N",
                                help="rows per task in the sample browser, disagreements first (default 200)")
     sub.add_parser("models", help="list the builtin models (path: builtin:NAME) with their sizes")
     sub.add_parser("spec-reference", help="print the sweep spec reference (Markdown; sweeps/REFERENCE.md)")

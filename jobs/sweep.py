@@ -34,7 +34,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="output directory or URI (default: the spec's `output`)")
     parser.add_argument("--address", help="Ray cluster address, or `auto` for the one `ray start` runs here "
                                           "(default: RAY_ADDRESS, set by `ray job submit`; else a new local Ray)")
-    parser.add_argument("--max-attempts", type=_at_least_one, default=3, help="attempts per shard before it is failed")
+    parser.add_argument("--max-attempts", type=at_least(1), default=3, help="attempts per shard before it is failed")
     parser.add_argument("--dashboard", action="store_true",
                         help="with a new local Ray, start its dashboard too (a cluster's is on its head node); "
                              "off by default: it adds seconds to every sweep's start")
@@ -43,15 +43,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_verbose_argument(parser)
 
 
-def _at_least_one(text: str) -> int:
-    """--max-attempts: refused by argparse in one line (exit 2) before anything starts, not after Ray started."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
-    return value
+def at_least(minimum: int):
+    """An argparse type: an integer of at least `minimum`, anything else refused by argparse in one line (exit 2)
+    before anything starts (--max-attempts: not after Ray started)."""
+    def integer(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value}: must be at least {minimum}")
+        return value
+
+    return integer
 
 
 def run(args: argparse.Namespace) -> int:

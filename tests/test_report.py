@@ -298,7 +298,7 @@ def test_a_nan_or_infinite_score_keeps_the_browsers_data_valid_json(tmp_path, ca
     with pytest.raises(SystemExit) as refused:
         main(["report", str(root), "--samples", "-5"])
     assert refused.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == "raysweep report: error: argument --samples: -5: must be 0 or more"
+    assert capsys.readouterr().err.splitlines()[-1] == "raysweep report: error: argument --samples: -5: must be at least 0"
     assert main(["report", str(root), "--samples", "0"]) == 0
 
 
