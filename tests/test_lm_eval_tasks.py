@@ -680,3 +680,23 @@ def test_a_resume_after_a_tasks_documents_changed_is_refused_naming_them(tmp_pat
     assert after["rs_mc0"]["hash"] == before["rs_mc0"]["hash"]  # the rows (prompts, choices) are the same
     with pytest.raises(SinkError, match="the documents of lm-eval task rs_mc0 .* changed"):
         _check_data("out", manifest, after)
+
+
+def test_generation_arguments_are_read_as_lm_evals_models_read_them():
+    """lm-eval's aliases of max_gen_toks (max_new_tokens, max_tokens, max_completion_tokens, in lm-eval's order of
+    priority) and num_beams: 1 are taken; beam search, which vLLM's sampling does not run, is refused naming the task."""
+    from cluster.inputs.lm_eval_tasks import sampling_of
+
+    def sampling(gen: dict):
+        return sampling_of("t", [SimpleNamespace(args=("Q:", gen), repeats=1)])
+
+    assert sampling({"until": ["\n"], "max_new_tokens": 7}).max_tokens == 7
+    assert sampling({"max_completion_tokens": 5}).max_tokens == 5
+    assert sampling({"max_tokens": 5, "max_new_tokens": 6, "max_gen_toks": 9}).max_tokens == 9
+    assert sampling({"until": "\n\n", "num_beams": 1, "do_sample": False}).stop == ("\n\n",)
+    assert sampling({}).max_tokens == 256 and sampling({}).temperature == 0.0
+    assert sampling({"do_sample": True}).temperature == 1.0 and sampling({"temperature": 0.5}).temperature == 0.5
+    with pytest.raises(ValueError, match="t: generation argument num_beams: 4: beam search"):
+        sampling({"num_beams": 4})
+    with pytest.raises(ValueError, match="t: generation argument 'typical_p' is not one raysweep passes"):
+        sampling({"typical_p": 0.9})

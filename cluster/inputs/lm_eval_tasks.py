@@ -27,6 +27,8 @@ from cluster.harness.lm_eval_run import (documents_hash, import_lm_eval, quiet, 
                                          run_lm_eval, task_manager, with_chat_template)
 
 GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}
+# what lm-eval's models read as max_gen_toks too (lm_eval.models.utils.normalize_gen_kwargs, in its order of priority)
+MAX_TOKEN_ALIASES = {"max_new_tokens", "max_tokens", "max_completion_tokens"}
 # a message that starts with one of the entry's settings: the spec loader names it as tasks[i].lm_eval.<setting>
 SETTING_ERROR = re.compile(rf"^({'|'.join(LmEvalSettings.__dataclass_fields__)}):|^\w+: not a setting")
 MAX_GEN_TOKS = 256  # lm-eval's default for a task that does not say (its HFLM and VLLM models)
@@ -117,11 +119,17 @@ def sampling_of(task: str, requests: list) -> SamplingSpec:
     if len(kwargs) > 1:
         raise ValueError(f"{task}: its documents ask for different generation arguments; raysweep runs one "
                          "sampling per task")
-    gen = dict(requests[0].args[1])
-    unknown = sorted(set(gen) - GEN_KEYS)
+    from lm_eval.models.utils import normalize_gen_kwargs
+
+    given = dict(requests[0].args[1])
+    unknown = sorted(set(given) - GEN_KEYS - MAX_TOKEN_ALIASES - {"num_beams"})
     if unknown:
         raise ValueError(f"{task}: generation argument {unknown[0]!r} is not one raysweep passes to its engines "
-                         f"(it takes {', '.join(sorted(GEN_KEYS))})")
+                         f"(it takes {', '.join(sorted(GEN_KEYS | MAX_TOKEN_ALIASES | {'num_beams'}))})")
+    if given.get("num_beams", 1) != 1:  # vLLM 0.26's SamplingParams has no beam search: lm-eval's vLLM model fails
+        raise ValueError(f"{task}: generation argument num_beams: {given['num_beams']!r}: beam search is not one "
+                         "raysweep's engines run (num_beams: 1 is)")
+    gen = normalize_gen_kwargs(given, default_max_gen_toks=MAX_GEN_TOKS)  # lm-eval's aliases and their order
     until = gen.get("until") or ()
     do_sample = gen.get("do_sample")
     temperature = 0.0 if do_sample is False else float(gen.get("temperature", 1.0 if do_sample else 0.0))
