@@ -45,6 +45,10 @@ class LmEvalError(RaysweepError, ValueError):
     """lm-eval's command line or raysweep's model_args cannot be used as given; the message names the option."""
 
 
+# what lm-eval's command line hands every model beside --model_args (lm_eval.evaluator.simple_evaluate)
+LM_EVAL_OPTIONS = {"batch_size", "max_batch_size", "device"}
+
+
 def make_model_class():
     from lm_eval.api.model import LM
 
@@ -56,6 +60,10 @@ def make_model_class():
             super().__init__()
             from cluster.contracts.spec import ActorSpec, ModelSpec
 
+            unknown = sorted(set(lm_eval_options) - LM_EVAL_OPTIONS)
+            if unknown:  # lm-eval's header prints model_args as given: one raysweep ignored would mislead
+                raise LmEvalError(f"--model_args: {unknown[0]} is not one raysweep takes (it takes pretrained, "
+                                  "model, max_model_len, backend, actors, num_gpus, address, output)")
             path = pretrained or model
             if not path:
                 raise LmEvalError("--model_args: raysweep needs pretrained=PATH (a model folder, hub id or builtin:NAME)")

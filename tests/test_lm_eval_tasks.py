@@ -462,7 +462,8 @@ def test_lm_eval_model_args_leave_the_engines_per_gpu_to_raysweep_unless_given(m
 
 
 def test_lm_eval_model_args_that_cannot_be_used_are_one_line_at_the_edge(monkeypatch):
-    """`actors=0` ended in ValueError's traceback (`count: must be an integer >= 1`)."""
+    """`actors=0` ended in ValueError's traceback (`count: must be an integer >= 1`); `dtype=float32` and
+    `max_length=50` were ignored while lm-eval's header printed them."""
     from cluster.contracts.errors import RaysweepError
     from jobs.lm_eval_model import make_model_class
 
@@ -472,7 +473,9 @@ def test_lm_eval_model_args_that_cannot_be_used_are_one_line_at_the_edge(monkeyp
     for args, says in [({"actors": "0"}, "--model_args: actors: must be an integer >= 1, got 0"),
                        ({"max_model_len": "0"}, "--model_args: max_model_len: must be an integer >= 1, got 0"),
                        ({"max_model_len": "long"}, "--model_args: max_model_len must be auto or a number, got 'long'"),
-                       ({"backend": "tpu"}, "--model_args: backend: must be one of")]:
+                       ({"backend": "tpu"}, "--model_args: backend: must be one of"),
+                       ({"dtype": "float32"}, "--model_args: dtype is not one raysweep takes"),
+                       ({"max_length": "50"}, "--model_args: max_length is not one raysweep takes")]:
         with pytest.raises(RaysweepError) as refused:
             RaysweepLM(pretrained="builtin:tiny", **args)
         assert str(refused.value).startswith(says), (args, str(refused.value))
