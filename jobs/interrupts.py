@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM (what `ray job stop` and most schedulers send) end a sweep in one line.
+"""Ctrl-C, SIGTERM (what `ray job stop` and most schedulers send) and SIGHUP (a closed terminal) end a sweep in
+one line.
 
 The first signal raises `Interrupted` in the driver's main thread, wherever it is (checks, Ray's start, the
 scheduler's loop, scoring): the run's own cleanup then runs as on any error (engines closed, the telemetry
@@ -20,7 +21,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
 _OURS: list = []  # the handler interruptible() installed, while it is in force
 
 
@@ -39,7 +40,7 @@ GCS_LOST_AFTER = 2  # refused connections in a row that say the GCS is gone (not
 
 @contextmanager
 def interruptible(say: Callable[[Interrupted], None] | None = None):
-    """The first SIGINT or SIGTERM raises Interrupted here; the second exits at once (128 + signal).
+    """The first SIGINT, SIGTERM or SIGHUP raises Interrupted here; the second exits at once (128 + signal).
     `say(stop)`: the run's line, said at the first signal, before the cleanup (`ray job stop` sends SIGKILL 3 s
     after its SIGTERM, which a cleanup of closing engines may outlast); and where after it the connected
     cluster's GCS stops answering, the process then exits (1) without its cleanup. `say` is called from the

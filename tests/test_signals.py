@@ -87,6 +87,13 @@ def test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behin
 
 
 @pytest.mark.slow
+def test_sighup_from_a_closed_terminal_ends_the_run_in_one_line_as_sigterm_does(tmp_path, ray_dir):
+    """SIGHUP ended the run with no line (rc -1) and left Ray's agents running."""
+    test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behind(tmp_path, ray_dir, "mid-shards",
+                                                                                  signal.SIGHUP)
+
+
+@pytest.mark.slow
 def test_sigterm_to_the_whole_process_group_ends_the_run_in_one_line_without_waiting_for_its_dead_ray(tmp_path, ray_dir):
     """`kill -TERM -- -PGID` (what `timeout`, a shell's job control or a container stop send) also ends the local
     Ray this run started: its GCS is gone, and a cleanup that made Ray calls would wait Ray's 60 s for it, then
