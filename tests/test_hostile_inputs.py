@@ -374,7 +374,12 @@ def test_ray_that_fails_to_start_is_one_line_and_releases_the_output(sweep_dir, 
         raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to.")
 
     monkeypatch.setattr(ray, "init", refused)
+    # the run stops what it half started (jobs/local_ray.py shutdown): here, in the test's process, that would be the
+    # session's Ray of this pytest worker (ray_local), which every later test on the worker then found gone
+    stopped = []
+    monkeypatch.setattr("jobs.local_ray.shutdown", lambda: stopped.append(True))
     assert main([str(folder / "sweep.yaml"), "--output", str(tmp := out.parent / "fresh"), "--address", "auto"]) == 2
+    assert stopped  # it did stop what it had started
     stdout, stderr = capsys.readouterr()
     assert stderr == ("raysweep: error: --address auto: Ray did not connect: Could not find any running Ray "
                       "instance. Please specify the one to connect to.\n")
