@@ -109,7 +109,7 @@ def sweep_spec(name: str, output: Path, models: list, tasks: list, overrides: di
         # chunked prefill off: every shard runs the short profile, whose vLLM arguments the baselines get
         "tasks": [{"name": t, "data": str(f), "id_column": "id", "prompt": "{text}", "chunked_prefill": "off",
                    "sampling": {"max_tokens": max_tokens, "temperature": 0}} for t, f in tasks],
-        "shards": {"max_samples": SHARD_SAMPLES}, "actors": dict(actors)}
+        "shards": {"max_samples": SHARD_SAMPLES}, **({"actors": dict(actors)} if actors else {})}  # none: chosen
 
 
 def vllm_args(model_path: str, overrides: dict) -> dict:

@@ -3,8 +3,8 @@
     python -m benchmarks.ray_data_llm --model PATH --prompts FILE.jsonl --engine-args JSON --max-tokens N
 
 Ray Data's vLLM processor (`ray.data.llm.build_processor` with a `vLLMEngineProcessorConfig`, as in
-Ray 2.60): one engine replica on one GPU, the prompts as raw text. Its chat-template, tokenize and
-detokenize stages are off, so vLLM tokenizes and detokenizes inside the engine, as in the plain script.
+Ray 2.60): `--concurrency` engine replicas (default one), one GPU each, the prompts as raw text. Its
+chat-template, tokenize and detokenize stages are off, so vLLM tokenizes and detokenizes inside the engine, as in the plain script.
 Greedy, no stop strings. Prints one JSON line with the counts on stdout and exits.
 """
 
@@ -37,13 +37,14 @@ def engine_kwargs(llm_args: dict) -> dict:
     return kwargs
 
 
-def run(model: str, rows: list[dict], llm_args: dict, max_tokens: int, batch_size: int) -> list[dict]:
+def run(model: str, rows: list[dict], llm_args: dict, max_tokens: int, batch_size: int,
+        concurrency: int = 1) -> list[dict]:
     """Every row through the processor: one {"id", "output_tokens"} per row, in no set order."""
     import ray
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     config = vLLMEngineProcessorConfig(
-        model_source=model, engine_kwargs=engine_kwargs(llm_args), concurrency=1, batch_size=batch_size,
+        model_source=model, engine_kwargs=engine_kwargs(llm_args), concurrency=concurrency, batch_size=batch_size,
         chat_template_stage=False, tokenize_stage=False, detokenize_stage=False)
     sampling = {"max_tokens": max_tokens, "temperature": 0.0}
     processor = build_processor(
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ray_data_llm", description=__doc__.splitlines()[0])
     add_baseline_arguments(parser, "; `model` is ignored")
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="rows per engine call")
+    parser.add_argument("--concurrency", type=int, default=1, help="engine replicas, one GPU each")
     args = parser.parse_args(argv)
     rows = read_rows(args.prompts)
     try:
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     # a new local Ray, as `python -m jobs.sweep` starts one, not whatever /tmp/ray records
     ray.init(address="local")
     try:
-        out = run(args.model, rows, json.loads(args.engine_args), args.max_tokens, args.batch_size)
+        out = run(args.model, rows, json.loads(args.engine_args), args.max_tokens, args.batch_size, args.concurrency)
     finally:
         ray.shutdown()
     print(json.dumps({"outputs": len(out), "output_tokens": sum(int(r["output_tokens"]) for r in out)}))

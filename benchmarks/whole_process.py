@@ -134,6 +134,12 @@ def raysweep_figures(output: Path) -> dict:
             column in table.column_names else []
         if values:
             figures[f"actor_{column}_median"] = (statistics.median(values), f"s (median of {len(values)} actors)")
+            figures[f"actor_{column}_max"] = (max(values), f"s (the most of {len(values)} actors)")
+    if table is not None and "ready_at" in table.column_names:  # engines side by side: first to last ready
+        ready = [t for t in table["ready_at"].to_pylist() if t is not None]
+        if ready:
+            figures["engines_ready_spread_s"] = ((max(ready) - min(ready)).total_seconds(),
+                                                 f"s (first to last of {len(ready)} engine starts ready)")
     shards = output / "telemetry" / "shards.parquet"
     if shards.exists():  # first shard's start to last shard's end: comparable to the plain script's generate_s
         times = pq.read_table(shards, columns=["started_at", "finished_at"]).drop_null()

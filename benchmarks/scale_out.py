@@ -1,0 +1,214 @@
+"""Bench part (n): one sweep on the N GPUs of one host against the usual ways to spread it, whole processes.
+
+    python -m benchmarks.scale_out --gpus 4 --prompts 10496 --out DIR [--model builtin:small] [--variants ...]
+
+Every variant is timed from just before its first process starts to just after its last one exits, over the
+same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tokens` new tokens, in one call:
+- `plain`: the plain script (benchmarks/plain_vllm.py, raysweep's engine arguments) on one GPU, every prompt;
+- `split`: the plain script as N processes started together, one GPU and 1/N of the prompts each (a hand split);
+- `raysweep_1`: `python -m jobs.sweep` over a spec with no `actors:` section, on one GPU (CUDA_VISIBLE_DEVICES=0);
+- `raysweep`: the same spec on all N GPUs;
+- `raysweep_two`: the same on N GPUs with `actors: {num_gpus: 0.5}` (two engines per GPU, whatever the rule says);
+- `ray_data`: Ray Data LLM (benchmarks/ray_data_llm.py) with `concurrency=N`;
+- `lm_eval`: `lm_eval --model vllm --model_args pretrained=PATH,data_parallel_size=N` over a local generate_until
+  task of the same prompts (`max_gen_toks`, greedy; lm-eval adds the end-of-text string as its stop).
+Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts: the plain script on one GPU (vLLM's
+compile cache for the one-GPU engine arguments, which raysweep's engines and Ray Data share), raysweep on N GPUs
+with four engines per GPU, and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
+with one output per prompt. Figures go to OUT/n.json after each variant (a call cut short keeps those done) and
+to OUT/bench.parquet; each process's command and prints are kept beside them (`n_*.cmd`, `.stdout`, `.stderr`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from benchmarks.common import (REPO, Bench, count_lines, prompts_of, result_counts, run_process, summary_line,
+                               sweep_spec, vllm_args, write_prompts)
+from benchmarks.whole_process import raysweep_figures
+
+VARIANTS = ("plain", "split", "raysweep", "raysweep_1", "raysweep_two", "lm_eval", "ray_data")
+WARM_PROMPTS = 256
+
+
+class ScaleOut:
+    """`runner` starts and times one child (`run_process`), `popen` starts one of the hand split's: tests stub them."""
+
+    def __init__(self, bench: Bench, gpus: int, prompts: int, max_tokens: int, runner=run_process,
+                 popen=subprocess.Popen):
+        self.bench, self.gpus, self.max_tokens, self.out = bench, gpus, max_tokens, Path(bench.out)
+        self.runner, self.popen = runner, popen
+        texts = prompts_of(prompts, 64, 1024, seed=11)
+        self.data = write_prompts(self.out / f"n_n{prompts}.jsonl", texts)
+        self.warm = write_prompts(self.out / "n_warm.jsonl", texts[:WARM_PROMPTS])
+        self.parts = [write_prompts(self.out / f"n_part{i}.jsonl", texts[i::gpus]) for i in range(gpus)]
+        self.figures: dict = {"gpus": gpus, "prompts": prompts, "max_tokens": max_tokens, "walls": {}}
+
+    # -- the variants -----------------------------------------------------------------------------------
+    def plain(self, stem: str, data: Path) -> float:
+        wall, stdout = self.runner(self._script("benchmarks.plain_vllm", data), {"CUDA_VISIBLE_DEVICES": "0"},
+                                   self.out / stem)
+        self._expect(stem, _outputs(stdout, stem), count_lines(data))
+        return wall
+
+    def split(self, stem: str) -> float:
+        """N plain scripts started together, one GPU each: the wall time of the slowest."""
+        children, started = [], time.perf_counter()
+        for i, part in enumerate(self.parts):
+            path = self.out / f"{stem}_{i}"
+            path.with_name(path.name + ".cmd").write_text(f"CUDA_VISIBLE_DEVICES={i} " +
+                                                          " ".join(self._script("benchmarks.plain_vllm", part)) + "\n")
+            stdout, stderr = open(f"{path}.stdout", "w"), open(f"{path}.stderr", "w")
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(i), "PYTHONUNBUFFERED": "1"}
+            children.append((self.popen(self._script("benchmarks.plain_vllm", part), stdout=stdout,
+                                              stderr=stderr, env=env, cwd=REPO), path, part))
+        codes = [child.wait() for child, _, _ in children]
+        wall = time.perf_counter() - started
+        for code, (_, path, part) in zip(codes, children):
+            if code != 0:
+                raise RuntimeError(f"{path.name}: exited {code}: {Path(f'{path}.stderr').read_text()[-2000:]}")
+            self._expect(path.name, _outputs(Path(f"{path}.stdout").read_text(), path.name), count_lines(part))
+        return wall
+
+    def raysweep(self, stem: str, data: Path, actors: dict, env: dict) -> float:
+        output, spec = self.out / stem, self.out / f"{stem}.yaml"
+        spec.write_text(json.dumps(sweep_spec(stem, output, [("m", self.bench.model_path)], [("t", data)], {},
+                                              self.max_tokens, actors), indent=1))
+        wall, _ = self.runner([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(output), "--new-run"],
+                              env, self.out / stem)
+        rows, _tokens = result_counts(output)
+        self._expect(stem, rows, count_lines(data))
+        self.figures[stem] = {name: value for name, (value, _unit) in raysweep_figures(output).items()}
+        from cluster.store.manifest import read_manifest
+
+        self.figures[stem]["engines"] = (read_manifest(str(output)).get("runs") or [{}])[-1].get("engines")
+        return wall
+
+    def ray_data(self, stem: str) -> float:
+        argv = self._script("benchmarks.ray_data_llm", self.data) + ["--concurrency", str(self.gpus)]
+        wall, stdout = self.runner(argv, {}, self.out / stem)
+        self._expect(stem, _outputs(stdout, stem), count_lines(self.data))
+        return wall
+
+    def lm_eval(self, stem: str, limit: int | None) -> float:
+        tasks = self._lm_eval_task()
+        argv = [sys.executable, "-m", "lm_eval", "--model", "vllm", "--model_args",
+                f"pretrained={self.bench.model_path},data_parallel_size={self.gpus}", "--tasks", "scale_gen",
+                "--include_path", str(tasks), "--batch_size", "auto", "--output_path", str(self.out / stem),
+                *(["--limit", str(limit)] if limit else [])]
+        wall, _ = self.runner(argv, {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}, self.out / stem)
+        found = sorted((self.out / stem).rglob("results_*.json"))
+        if not found:
+            raise RuntimeError(f"{stem}: lm_eval wrote no results file")
+        counted = json.loads(found[-1].read_text())["n-samples"]["scale_gen"]["effective"]
+        self._expect(stem, counted, limit or count_lines(self.data))
+        return wall
+
+    # -- the call ---------------------------------------------------------------------------------------
+    def run(self, variants: list[str], warm: bool) -> None:
+        four = {"num_gpus": 0.25}
+        if warm:
+            for label, go in (("plain", lambda: self.plain("n_warm_plain", self.warm)),
+                              ("raysweep", lambda: self.raysweep("n_warm_raysweep", self.warm, four, {})),
+                              ("lm_eval", lambda: self.lm_eval("n_warm_lm_eval", WARM_PROMPTS))):
+                if label in variants or label == "plain":
+                    self._note(f"warm {label}", go())
+        runs = {"plain": lambda: self.plain("n_plain", self.data), "split": lambda: self.split("n_split"),
+                "raysweep": lambda: self.raysweep("n_raysweep", self.data, {}, {}),
+                "raysweep_1": lambda: self.raysweep("n_raysweep_1", self.data, {}, {"CUDA_VISIBLE_DEVICES": "0"}),
+                "raysweep_two": lambda: self.raysweep("n_raysweep_two", self.data, {"num_gpus": 0.5}, {}),
+                "lm_eval": lambda: self.lm_eval("n_lm_eval", None), "ray_data": lambda: self.ray_data("n_ray_data")}
+        for variant in variants:
+            self.figures["walls"][variant] = self._note(variant, runs[variant]())
+        walls = self.figures["walls"]
+        for variant, wall in walls.items():
+            if "plain" in walls:
+                self.bench.record("n", f"RATIO plain/{variant}", walls["plain"] / wall,
+                                  "x (whole process; the plain script on one GPU over it)")
+        spans = {v: self.figures.get(f"n_{v}", {}).get("shards_span_s") for v in ("raysweep", "raysweep_1")}
+        if all(spans.values()):
+            self.figures["span_ratio"] = spans["raysweep_1"] / spans["raysweep"]
+            self.bench.record("n", "RATIO span raysweep_1/raysweep", self.figures["span_ratio"],
+                              f"x (first shard start to last shard end; {self.gpus} GPUs against one)")
+        self._save()
+
+    def _note(self, label: str, wall: float) -> float:
+        self.bench.record("n", f"{label} wall_s", wall, "s (whole process, start to exit)")
+        self.figures.setdefault("notes", {})[label] = wall
+        self._save()
+        return wall
+
+    def _save(self) -> None:
+        (self.out / "n.json").write_text(json.dumps(self.figures, indent=1, default=str))
+
+    def _script(self, module: str, prompts: Path) -> list[str]:
+        return [sys.executable, "-m", module, "--model", self.bench.model_path, "--prompts", str(prompts),
+                "--engine-args", json.dumps(vllm_args(self.bench.model_path, {})), "--max-tokens", str(self.max_tokens)]
+
+    def _lm_eval_task(self) -> Path:
+        tasks = self.out / "n_tasks"
+        tasks.mkdir(exist_ok=True)
+        (tasks / "scale_gen.yaml").write_text(textwrap.dedent(f"""\
+            task: scale_gen
+            dataset_path: json
+            dataset_kwargs: {{data_files: {{test: {self.data}}}}}
+            test_split: test
+            output_type: generate_until
+            doc_to_text: "{{{{text}}}}"
+            doc_to_target: ""
+            generation_kwargs: {{until: [], max_gen_toks: {self.max_tokens}, do_sample: false, temperature: 0}}
+            metric_list:
+              - {{metric: exact_match, aggregation: mean, higher_is_better: true}}
+            """))
+        return tasks
+
+    @staticmethod
+    def _expect(stem: str, got: int, want: int) -> None:
+        if got != want:
+            raise RuntimeError(f"{stem}: {got} outputs for {want} prompts")
+
+
+def _outputs(stdout: str, stem: str) -> int:
+    summary = summary_line(stdout)
+    if summary is None:
+        raise RuntimeError(f"{stem}: no JSON summary line on its stdout")
+    return summary["outputs"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale_out", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--model", default="builtin:small")
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs of this host to spread over (N)")
+    parser.add_argument("--prompts", type=int, default=10496)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"some of {', '.join(VARIANTS)}, in order")
+    parser.add_argument("--no-warm", action="store_true", help="no untimed warm-up runs (caches already warm)")
+    args = parser.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or args.gpus < 1 or args.prompts < args.gpus:
+        parser.error(f"variants {unknown} unknown, or --gpus < 1, or fewer prompts than GPUs")
+    from cluster.inputs.builtin_model import resolve_model_path
+
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    bench = Bench(resolve_model_path(args.model), out, 0)
+    bench.record("-", "model", None, args.model)
+    try:
+        ScaleOut(bench, args.gpus, args.prompts, args.max_tokens).run(variants, warm=not args.no_warm)
+    finally:
+        bench.save()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Bench part (n) without a GPU: every variant runs against stub programs (a sweep's results, a script's JSON
+summary, lm-eval's results file), the hand split starts one process per GPU, and the ratios come from the walls."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.common import Bench
+from benchmarks.scale_out import VARIANTS, ScaleOut
+from cluster.inputs.spec_file import load_spec
+from test_bench_e2e import StubRunner
+
+
+class Runner(StubRunner):
+    """The e2e stub, plus lm-eval: a results file counting the documents it was given."""
+
+    def __call__(self, argv, env, stem):
+        if argv[2] == "lm_eval":
+            limit = argv[argv.index("--limit") + 1] if "--limit" in argv else None
+            data = Path(argv[argv.index("--include_path") + 1]).parent / "n_n12.jsonl"
+            n = int(limit) if limit else sum(1 for _ in open(data))
+            folder = Path(argv[argv.index("--output_path") + 1]) / "model"
+            folder.mkdir(parents=True)
+            (folder / "results_1.json").write_text(json.dumps({"n-samples": {"scale_gen": {"effective": n}}}))
+            self.calls.append((stem.name, env))
+            return 40.0, ""
+        return super().__call__(argv, env, stem)
+
+
+class Child:
+    """A hand-split process: its summary printed to the file it was given at once."""
+    started: list = []
+
+    def __init__(self, argv, stdout, stderr, env, cwd):
+        n = sum(1 for _ in open(argv[argv.index("--prompts") + 1]))
+        stdout.write(json.dumps({"outputs": n, "output_tokens": n}) + "\n")
+        stdout.close()
+        Child.started.append((env["CUDA_VISIBLE_DEVICES"], n))
+
+    def wait(self):
+        return 0
+
+
+def test_every_variant_runs_once_after_the_warm_ups_and_the_split_takes_one_gpu_each(tmp_path):
+    bench, runner = Bench("/models/small", tmp_path, 0), Runner()
+    Child.started = []
+    ScaleOut(bench, 4, 12, 8, runner=runner, popen=Child).run(list(VARIANTS), warm=True)
+    names = [name for name, _ in runner.calls]
+    assert names[:3] == ["n_warm_plain", "n_warm_raysweep", "n_warm_lm_eval"]
+    assert sorted(Child.started) == [("0", 3), ("1", 3), ("2", 3), ("3", 3)]
+    envs = dict(runner.calls)
+    assert envs["n_plain"] == envs["n_raysweep_1"] == {"CUDA_VISIBLE_DEVICES": "0"} and envs["n_raysweep"] == {}
+    assert "actors" not in json.loads((tmp_path / "n_raysweep.yaml").read_text())  # the rule chooses
+    assert load_spec(tmp_path / "n_raysweep_two.yaml").actors.num_gpus == 0.5
+    assert load_spec(tmp_path / "n_warm_raysweep.yaml").actors.num_gpus == 0.25
+    figures = json.loads((tmp_path / "n.json").read_text())
+    assert set(figures["walls"]) == set(VARIANTS)
+    values = {r["metric"]: r["value"] for r in bench.rows}
+    assert values["RATIO plain/raysweep"] == pytest.approx(2.0)  # the stub's 20 s over 10 s
+    assert values["RATIO plain/lm_eval"] == pytest.approx(0.5)
+
+
+def test_a_variant_that_misses_outputs_fails_the_bench(tmp_path):
+    with pytest.raises(RuntimeError, match="11 outputs for 12 prompts"):
+        ScaleOut(Bench("/m", tmp_path, 0), 2, 12, 8, runner=StubRunner(short_by=1)).run(["raysweep"], warm=False)
