@@ -28,6 +28,7 @@ from cluster.harness.lm_eval_run import (documents_hash, empty_document, quiet, 
                                          run_lm_eval, task_manager, with_chat_template)
 
 COUNTS = ("n", "n_samples", "n_ok", "n_truncated", "n_skipped", "n_error", "output_tokens")  # summary columns a group sums
+BYPASS = "bypass"  # the metric lm-eval's predict_only puts in place of a task's metrics (its aggregate is 999)
 ANSWER_COLUMNS = ("sample_id", "completion", "status", "error", "output_text", "choice_logprobs", "choice_greedy")
 
 
@@ -40,29 +41,28 @@ class ChangedDocuments(MissingAnswer):
 
 
 def replay_lm(answers: dict[str, dict[tuple[str, int], dict]], planned: dict[str, str | None] | None = None,
-              manager=None):
+              manager=None, cache: str | None = None):
     """An lm-eval model answering from results rows: `answers[task][(sample_id, completion)]` = row. Where
     `planned[task]` holds the hash of the task's requests as planned (requests_hash), requests built otherwise
-    (its template changed since) raise ChangedDocuments before any is answered."""
+    (its template changed since) raise ChangedDocuments before any is answered. `cache`: lm-eval's answers cache
+    (`--use_cache`'s path) in front of the rows, lm-eval's own CachingLM: a request it holds is answered from it,
+    the others from the rows and added to it. The rows are found from every request lm-eval asks for, before the
+    cache takes those it holds (the rule that makes requests into rows reads a document's requests together)."""
     from lm_eval.api.model import LM
 
-    class ReplayLM(LM):
+    class FromRows(LM):
+        def __init__(self, where: dict):
+            super().__init__()
+            self.where = where  # (task, doc_id, idx) -> (row id, position in the row's choices)
+
         def _rows(self, requests):
-            for task, now in requests_hash(requests).items():
-                if (planned or {}).get(task) not in (None, now):
-                    raise ChangedDocuments(_changed(task, "prompts", manager))
-            where = {}
-            for task, rows in request_rows(requests).items():
-                for row, keys in rows:
-                    for doc_id, idx, position in keys:
-                        where[(task, doc_id, idx)] = (row["id"], position)
             seen: dict[tuple, int] = defaultdict(int)
             for r in requests:
                 if empty_document(r):
-                    yield {"choice_logprobs": [0.0]}, 0  # no windows: lm-eval's models sum nothing
+                    yield {"choice_logprobs": [sum(())]}, 0  # no windows: lm-eval's models sum nothing (the int 0)
                     continue
                 key = (r.task_name, r.doc_id, r.idx)
-                sample_id, position = where[key]
+                sample_id, position = self.where[key]
                 completion = seen[key]
                 seen[key] += 1
                 row = answers.get(r.task_name, {}).get((sample_id, completion)) or \
@@ -81,7 +81,39 @@ def replay_lm(answers: dict[str, dict[tuple[str, int], dict]], planned: dict[str
         def generate_until(self, requests, disable_tqdm: bool = False):
             return [row["output_text"] for row, _ in self._rows(requests)]
 
+    class ReplayLM(LM):
+        def _answer(self, kind: str, requests):
+            for task, now in requests_hash(requests).items():
+                if (planned or {}).get(task) not in (None, now):
+                    raise ChangedDocuments(_changed(task, "prompts", manager))
+            where = {}
+            for task, rows in request_rows(requests).items():
+                for row, keys in rows:
+                    for doc_id, idx, position in keys:
+                        where[(task, doc_id, idx)] = (row["id"], position)
+            lm = FromRows(where)
+            if cache is not None:
+                from lm_eval.api.model import CachingLM
+
+                lm = CachingLM(lm, cache_file(cache))
+            return getattr(lm, kind)(requests)
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            return self._answer("loglikelihood", requests)
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            return self._answer("loglikelihood_rolling", requests)
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            return self._answer("generate_until", requests)
+
     return ReplayLM()
+
+
+def cache_file(path: str) -> str:
+    """The sqlite file of lm-eval's answers cache at `--use_cache PATH`, as lm-eval's simple_evaluate names it for
+    its one process (rank 0)."""
+    return f"{path}_rank0.db"
 
 
 def _changed(task: str, what: str, manager) -> str:
@@ -132,10 +164,12 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
                     tracker = EvaluationTracker()
                     try:
                         planned = {t.name: t.lm_eval.requests for t in tasks}
-                        lm = with_chat_template(replay_lm(answers, planned, manager),
+                        cache = settings.cache_of(model.name)
+                        lm = with_chat_template(replay_lm(answers, planned, manager, cache),
                                                 chat_tokenizer() if settings.apply_chat_template else None)
                         results = run_lm_eval(settings, lm, manager, log_samples=True,
                                               bootstrap_iters=settings.bootstrap_iters, tracker=tracker)
+                        results["config"]["use_cache"] = cache  # as `--use_cache` records it
                         check_documents(results, tasks, manager)
                     except MissingAnswer as e:
                         log(f"[raysweep] lm-eval results of model {model.name} not written: {e}")
@@ -202,12 +236,15 @@ def samples_table(records: list[dict], dumps) -> pa.Table:
 
 def summary_metrics(values: dict) -> tuple[float | None, float | None, list[dict]]:
     """lm-eval's `results[task]` as the summary keeps it: the first metric as score and stderr, and every
-    metric,filter pair with its stderr (lm-eval's "N/A" stderr: null)."""
+    metric,filter pair with its stderr (lm-eval's "N/A" stderr: null). `predict_only`'s stand-in metric, whose
+    999 measures nothing, is left out: such a task has no score."""
     out = []
     for key, value in values.items():
         if "," not in key or "_stderr," in key or not isinstance(value, (int, float)) or isinstance(value, bool):
             continue
         metric, _, filt = key.partition(",")
+        if metric == BYPASS:
+            continue
         stderr = values.get(f"{metric}_stderr,{filt}")
         out.append({"name": metric if filt == "none" else key, "value": float(value),
                     "stderr": float(stderr) if isinstance(stderr, (int, float)) else None, "n": None})
