@@ -29,13 +29,12 @@ def _int_or_none(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def _seeds(seed: Any) -> tuple:
+def _seeds(seed: Any) -> tuple | None:
     """`seed` as lm-eval's `--seed` takes it: one integer for all four generators, or four values (random,
-    numpy, torch, few-shot), each an integer or None (that generator not seeded)."""
+    numpy, torch, few-shot), each an integer or None (that generator not seeded). None: neither."""
     values = [seed] * len(DEFAULT_SEEDS) if _int_or_none(seed) and seed is not None else seed
     if not isinstance(values, (list, tuple)) or len(values) != len(DEFAULT_SEEDS) or not all(map(_int_or_none, values)):
-        raise ValueError(f"seed: one integer, or four (random, numpy, torch, few-shot; null leaves one unseeded) as "
-                         f"lm-eval's --seed, got {seed!r}")
+        return None
     return tuple(values)
 
 
@@ -78,8 +77,9 @@ class LmEvalSettings:
     predict_only: bool = False  # as `--predict_only`: the answers and lm-eval's records of them, no metrics
     # as `--samples`: per lm-eval task, the indices of the documents to run (in increasing order); not with limit
     samples: dict | None = None
-    # as `--use_cache`: lm-eval's sqlite cache of answers (PATH_rank0.db): what it holds answers the scoring, what
-    # it lacks is added; `{model}` in it is the model's name (needed where the sweep has several models)
+    # as `--use_cache`: lm-eval's sqlite cache of answers (PATH_rank0.db), read when lm-eval scores the sweep's
+    # answers: what it holds is taken, what it lacks is added (the sweep still runs every request); `{model}` in
+    # it is the model's name (needed where the sweep has several models)
     use_cache: str | None = None
 
     def __post_init__(self) -> None:
@@ -111,6 +111,9 @@ class LmEvalSettings:
         if not _int_or_none(self.bootstrap_iters) or self.bootstrap_iters is None or self.bootstrap_iters < 0:
             raise ValueError(f"bootstrap_iters: an integer >= 0, got {self.bootstrap_iters!r}")
         if self.seed is not None:
+            if _seeds(self.seed) is None:
+                raise ValueError(f"seed: one integer, or four (random, numpy, torch, few-shot; null leaves one "
+                                 f"unseeded) as lm-eval's --seed, got {self.seed!r}")
             object.__setattr__(self, "seed", _seeds(self.seed))
             if self.fewshot_seed not in (DEFAULT_SEEDS[3], self.seed[3]):
                 raise ValueError(f"fewshot_seed: {self.fewshot_seed}, but seed's fourth value (the few-shot seed) "

@@ -194,7 +194,7 @@ def _paths_resolved(settings: dict, base_dir: str) -> dict:
     """The entry's paths from the spec's folder where relative (include_path, use_cache), and `samples` given as
     a JSON file's path read into its mapping."""
     for key in ("include_path", "use_cache", "samples"):
-        if isinstance(settings.get(key), str):
+        if isinstance(settings.get(key), str) and settings[key].strip():
             path = os.path.expanduser(settings[key])
             settings[key] = path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
     if settings.get("include_path") is not None and not os.path.isdir(settings["include_path"]):
