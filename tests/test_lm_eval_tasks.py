@@ -625,7 +625,8 @@ class _EveryAnswer(dict):
 
 def _score(task, answers: dict):
     """lm-eval's scoring pass of `task` (a planned TaskSpec) from `answers`, with the checks of what it read."""
-    from cluster.harness.lm_eval_run import quiet, run_lm_eval, task_manager
+    from cluster.harness.lm_eval_quiet import quiet
+    from cluster.harness.lm_eval_run import run_lm_eval, task_manager
     from cluster.score.lm_eval_scores import check_documents, replay_lm
 
     settings = task.lm_eval.settings
@@ -715,7 +716,7 @@ def test_what_lm_eval_prints_while_it_scores_goes_to_its_logger_and_other_thread
 
     import lm_eval.api.metrics as metrics
 
-    from cluster.harness.lm_eval_run import quiet
+    from cluster.harness.lm_eval_quiet import quiet
 
     logged = []
     monkeypatch.setattr(logging.getLogger("lm_eval"), "info", lambda *args: logged.append(args[0] % args[1:]))

@@ -23,8 +23,9 @@ from collections import defaultdict
 
 from cluster.contracts.lm_eval_task import LmEvalSettings, LmEvalTask
 from cluster.contracts.task_spec import NAME_RE, SamplingSpec, TaskSpec
-from cluster.harness.lm_eval_run import (documents_hash, import_lm_eval, quiet, request_rows, requests_hash,
-                                         run_lm_eval, task_manager, with_chat_template)
+from cluster.harness.lm_eval_quiet import quiet
+from cluster.harness.lm_eval_run import (documents_hash, import_lm_eval, request_rows, requests_hash, run_lm_eval,
+                                         task_manager, with_chat_template)
 
 GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}
 # what lm-eval's models read as max_gen_toks too (lm_eval.models.utils.normalize_gen_kwargs, in its order of priority)

@@ -24,8 +24,9 @@ from typing import Callable
 import pyarrow as pa
 
 from cluster.contracts.spec import SweepSpec
-from cluster.harness.lm_eval_run import (documents_hash, empty_document, quiet, request_rows, requests_hash,
-                                         run_lm_eval, task_manager, with_chat_template)
+from cluster.harness.lm_eval_quiet import quiet
+from cluster.harness.lm_eval_run import (documents_hash, empty_document, request_rows, requests_hash, run_lm_eval,
+                                         task_manager, with_chat_template)
 
 COUNTS = ("n", "n_samples", "n_ok", "n_truncated", "n_skipped", "n_error", "output_tokens")  # summary columns a group sums
 BYPASS = "bypass"  # the metric lm-eval's predict_only puts in place of a task's metrics (its aggregate is 999)
@@ -50,37 +51,6 @@ def replay_lm(answers: dict[str, dict[tuple[str, int], dict]], planned: dict[str
     cache takes those it holds (the rule that makes requests into rows reads a document's requests together)."""
     from lm_eval.api.model import LM
 
-    class FromRows(LM):
-        def __init__(self, where: dict):
-            super().__init__()
-            self.where = where  # (task, doc_id, idx) -> (row id, position in the row's choices)
-
-        def _rows(self, requests):
-            seen: dict[tuple, int] = defaultdict(int)
-            for r in requests:
-                if empty_document(r):
-                    yield {"choice_logprobs": [sum(())]}, 0  # no windows: lm-eval's models sum nothing (the int 0)
-                    continue
-                key = (r.task_name, r.doc_id, r.idx)
-                sample_id, position = self.where[key]
-                completion = seen[key]
-                seen[key] += 1
-                row = answers.get(r.task_name, {}).get((sample_id, completion)) or \
-                    answers.get(r.task_name, {}).get((sample_id, 0))  # greedy repeats: the one completion
-                if row is None or row["status"] not in ("ok", "truncated"):
-                    why = "no committed row" if row is None else f"a {row['status']} row ({row.get('error')})"
-                    raise MissingAnswer(f"task {r.task_name}: document {r.doc_id} has {why}")
-                yield row, position
-
-        def loglikelihood(self, requests, disable_tqdm: bool = False):
-            return [(row["choice_logprobs"][p], bool(row["choice_greedy"][p])) for row, p in self._rows(requests)]
-
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            return [row["choice_logprobs"][0] for row, _ in self._rows(requests)]
-
-        def generate_until(self, requests, disable_tqdm: bool = False):
-            return [row["output_text"] for row, _ in self._rows(requests)]
-
     class ReplayLM(LM):
         def _answer(self, kind: str, requests):
             for task, now in requests_hash(requests).items():
@@ -91,7 +61,7 @@ def replay_lm(answers: dict[str, dict[tuple[str, int], dict]], planned: dict[str
                 for row, keys in rows:
                     for doc_id, idx, position in keys:
                         where[(task, doc_id, idx)] = (row["id"], position)
-            lm = FromRows(where)
+            lm = _from_rows(answers, where)
             if cache is not None:
                 from lm_eval.api.model import CachingLM
 
@@ -108,6 +78,41 @@ def replay_lm(answers: dict[str, dict[tuple[str, int], dict]], planned: dict[str
             return self._answer("generate_until", requests)
 
     return ReplayLM()
+
+
+def _from_rows(answers: dict[str, dict[tuple[str, int], dict]], where: dict[tuple, tuple[str, int]]):
+    """An lm-eval model answering each request from its row: `where[(task, doc_id, idx)]` = (row id, the
+    request's position in the row's choices)."""
+    from lm_eval.api.model import LM
+
+    def rows(requests):
+        seen: dict[tuple, int] = defaultdict(int)
+        for r in requests:
+            if empty_document(r):
+                yield {"choice_logprobs": [sum(())]}, 0  # no windows: lm-eval's models sum nothing (the int 0)
+                continue
+            key = (r.task_name, r.doc_id, r.idx)
+            sample_id, position = where[key]
+            completion = seen[key]
+            seen[key] += 1
+            row = answers.get(r.task_name, {}).get((sample_id, completion)) or \
+                answers.get(r.task_name, {}).get((sample_id, 0))  # greedy repeats: the one completion
+            if row is None or row["status"] not in ("ok", "truncated"):
+                why = "no committed row" if row is None else f"a {row['status']} row ({row.get('error')})"
+                raise MissingAnswer(f"task {r.task_name}: document {r.doc_id} has {why}")
+            yield row, position
+
+    class FromRows(LM):
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            return [(row["choice_logprobs"][p], bool(row["choice_greedy"][p])) for row, p in rows(requests)]
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            return [row["choice_logprobs"][0] for row, _ in rows(requests)]
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            return [row["output_text"] for row, _ in rows(requests)]
+
+    return FromRows()
 
 
 def cache_file(path: str) -> str:
