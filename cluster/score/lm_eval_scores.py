@@ -61,12 +61,15 @@ def replay_lm(answers: dict[str, dict[tuple[str, int], dict]], planned: dict[str
                 for row, keys in rows:
                     for doc_id, idx, position in keys:
                         where[(task, doc_id, idx)] = (row["id"], position)
-            lm = _from_rows(answers, where)
-            if cache is not None:
-                from lm_eval.api.model import CachingLM
+            if cache is None:
+                return getattr(_from_rows(answers, where), kind)(requests)
+            from lm_eval.api.model import CachingLM
 
-                lm = CachingLM(lm, cache_file(cache))
-            return getattr(lm, kind)(requests)
+            cached = CachingLM(_from_rows(answers, where), cache_file(cache))
+            try:
+                return getattr(cached, kind)(requests)
+            finally:
+                cached.dbdict.close()  # its connection's thread, which lm-eval leaves open
 
         def loglikelihood(self, requests, disable_tqdm: bool = False):
             return self._answer("loglikelihood", requests)
