@@ -84,13 +84,16 @@ class HFEngine:
         return results
 
     def loglikelihood(self, requests: Sequence[LoglikRequest]) -> list[LoglikResult]:
-        """Each (context + choice) sequence through the model once, longest first in batches, right-padded;
-        a choice's tokens are read from the log-softmax (fp32) at the positions before them."""
+        """Each choice scored as lm-eval's HF model scores it: the model reads (context + continuation) less its
+        last token, which is only predicted; a choice's tokens are read from the log-softmax (fp32) at the
+        positions before them. Longest first in batches, right-padded; one row at a time (`reproducible: true`)
+        it is lm-eval's batch-1 call itself: no padding, no attention mask, the log-softmax of the whole output,
+        so the sums are bit-equal to `lm_eval --model hf --batch_size 1` in float32."""
         import torch
 
         check_loglik_requests(requests)
         submitted = time.perf_counter()
-        seqs = [(i, j, r.context_ids + cont, len(cont)) for i, r in enumerate(requests)
+        seqs = [(i, j, (r.context_ids + cont)[:-1], cont) for i, r in enumerate(requests)
                 for j, cont in enumerate(r.continuations)]
         sums = [[0.0] * len(r.continuations) for r in requests]
         greedy = [[False] * len(r.continuations) for r in requests]
@@ -98,19 +101,34 @@ class HFEngine:
         with self._lock, torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 batch = [seqs[k] for k in order[start:start + self.batch_size]]
-                width = max(len(seq) for _, _, seq, _ in batch)
-                ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-                mask = torch.zeros((len(batch), width), dtype=torch.long)
-                for b, (_, _, seq, _) in enumerate(batch):
-                    ids[b, :len(seq)], mask[b, :len(seq)] = torch.tensor(seq), 1
-                logits = self.model(input_ids=ids, attention_mask=mask).logits
-                for b, (i, j, seq, n) in enumerate(batch):
-                    logprobs = torch.log_softmax(logits[b, len(seq) - n - 1:len(seq) - 1].float(), dim=-1)
-                    wanted = torch.tensor(seq[len(seq) - n:])
-                    sums[i][j] = float(logprobs.gather(1, wanted[:, None]).sum())
-                    greedy[i][j] = bool((logprobs.argmax(-1) == wanted).all())
+                for (i, j, _, _), (total, matched) in zip(batch, self._scores(batch)):
+                    sums[i][j], greedy[i][j] = total, matched
         latency = time.perf_counter() - submitted
         return [LoglikResult(r.sample_id, sums[i], greedy[i], latency) for i, r in enumerate(requests)]
+
+    def _scores(self, batch: list[tuple[int, int, list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """(sum of log-probabilities, greedy) of each (_, _, input ids, continuation) of one batch."""
+        import torch
+
+        if len(batch) == 1:  # lm-eval's HFLM._loglikelihood_tokens at batch size 1, step for step
+            _, _, seq, cont = batch[0]
+            logprobs = torch.log_softmax(self.model(torch.tensor([seq])).logits, dim=-1)
+            selected = logprobs[0, len(seq) - len(cont):len(seq)].unsqueeze(0)
+            wanted = torch.tensor(cont).unsqueeze(0)
+            matched = bool((selected.argmax(dim=-1) == wanted).all())
+            return [(float(torch.gather(selected, 2, wanted.unsqueeze(-1)).squeeze(-1).sum()), matched)]
+        width = max(len(seq) for _, _, seq, _ in batch)
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for b, (_, _, seq, _) in enumerate(batch):
+            ids[b, :len(seq)], mask[b, :len(seq)] = torch.tensor(seq), 1
+        logits = self.model(input_ids=ids, attention_mask=mask).logits
+        out = []
+        for b, (_, _, seq, cont) in enumerate(batch):
+            logprobs = torch.log_softmax(logits[b, len(seq) - len(cont):len(seq)].float(), dim=-1)
+            wanted = torch.tensor(cont)
+            out.append((float(logprobs.gather(1, wanted[:, None]).sum()), bool((logprobs.argmax(-1) == wanted).all())))
+        return out
 
     def _grammar(self, spec: StructuredSpec):
         """Compiled once per spec for this engine's tokenizer."""

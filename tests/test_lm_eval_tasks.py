@@ -625,7 +625,8 @@ class _EveryAnswer(dict):
 
 def _score(task, answers: dict):
     """lm-eval's scoring pass of `task` (a planned TaskSpec) from `answers`, with the checks of what it read."""
-    from cluster.harness.lm_eval_run import quiet, run_lm_eval, task_manager
+    from cluster.harness.lm_eval_quiet import quiet
+    from cluster.harness.lm_eval_run import run_lm_eval, task_manager
     from cluster.score.lm_eval_scores import check_documents, replay_lm
 
     settings = task.lm_eval.settings
@@ -703,3 +704,29 @@ def test_generation_arguments_are_read_as_lm_evals_models_read_them():
         sampling({"num_beams": 4})
     with pytest.raises(ValueError, match="t: generation argument 'typical_p' is not one raysweep passes"):
         sampling({"typical_p": 0.9})
+
+
+def test_what_lm_eval_prints_while_it_scores_goes_to_its_logger_and_other_threads_print_on(capfd, monkeypatch):
+    """lm-eval prints `bootstrapping for stddev: perplexity` while it scores (a task with the perplexity metric):
+    the line landed among the run's own, by its summary table. Inside quiet() what its thread prints goes to
+    lm-eval's logger; a line printed from another thread meanwhile (the Ray start, while lm-eval builds requests)
+    still reaches stdout."""
+    import logging
+    import threading
+
+    import lm_eval.api.metrics as metrics
+
+    from cluster.harness.lm_eval_quiet import quiet
+
+    logged = []
+    monkeypatch.setattr(logging.getLogger("lm_eval"), "info", lambda *args: logged.append(args[0] % args[1:]))
+    monkeypatch.setenv("DISABLE_MULTIPROC", "1")  # lm-eval's bootstrap in this process (it prints either way)
+    with quiet():
+        metrics.bootstrap_stderr(metrics.perplexity, [-1.0, -2.0, -3.0], iters=10)
+        other = threading.Thread(target=print, args=("[raysweep] said on another thread",))
+        other.start()
+        other.join()
+    print("[raysweep] after")
+    out = capfd.readouterr().out
+    assert out == "[raysweep] said on another thread\n[raysweep] after\n"
+    assert logged == ["bootstrapping for stddev: perplexity"]

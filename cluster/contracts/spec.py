@@ -187,6 +187,9 @@ class SweepSpec:
                 task.pop("data")  # hashes of its documents and requests are checked apart (manifest, scoring)
                 for key in ("documents", "requests"):
                     task["lm_eval"].pop(key, None)
+                for key, default in (("seed", None), ("predict_only", False), ("samples", None), ("use_cache", None)):
+                    if task["lm_eval"]["settings"][key] == default:  # added later: at their defaults, as before
+                        task["lm_eval"]["settings"].pop(key)
             if task["sampling"]["n"] == 1:
                 task["sampling"].pop("n")
         if not with_placement:  # whether actors have GPUs stays: it decides the engine (vLLM or the CPU one)

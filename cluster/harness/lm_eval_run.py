@@ -10,14 +10,12 @@ import contextlib
 import functools
 import hashlib
 import json
-import logging
-import os
-import sys
 import threading
 from collections import defaultdict
 from typing import Iterable
 
 from cluster.contracts.lm_eval_task import EXTRA, LmEvalSettings
+from cluster.harness.lm_eval_quiet import quiet
 
 
 def import_lm_eval():
@@ -28,31 +26,6 @@ def import_lm_eval():
         raise ValueError(f"lm-eval is not installed ({e}); {EXTRA}") from None
     import lm_eval
     return lm_eval
-
-
-@contextlib.contextmanager
-def quiet():
-    """lm-eval's progress bars, INFO and WARNING lines and its `git describe` (whose "fatal: not a git
-    repository" goes to the process's stderr) kept out of the sweep's terminal; its errors still raise."""
-    logger = logging.getLogger("lm_eval")
-    level, before = logger.level, os.environ.get("TQDM_DISABLE")
-    logger.setLevel(logging.ERROR)
-    os.environ["TQDM_DISABLE"] = "1"
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 2)
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        logger.setLevel(level)
-        if before is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = before
 
 
 def with_chat_template(lm, tokenizer):
@@ -87,26 +60,31 @@ def with_chat_template(lm, tokenizer):
 def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, bootstrap_iters: int,
                 tracker=None, requests_only: bool = False) -> dict:
     """lm-eval's `simple_evaluate` with the entry's settings: the one call that builds and that scores.
-    Without a `limit`, lm-eval's request cache is on, in a folder of this process's own: the scoring pass
-    reads the requests the building pass made (lm-eval renders each document's few-shot context again
-    otherwise, about half of a pass), and no later process can read a cache made from other data.
-    `requests_only` (the building pass, whose results are thrown away): without what only the results
-    record (`without_run_record`) and without seeding torch (a model's sampling; no request depends on it):
-    torch is not imported for it."""
+    Without a `limit` or `samples`, lm-eval's request cache is on, in a folder of this process's own: the scoring
+    pass reads the requests the building pass made (lm-eval renders each document's few-shot context again
+    otherwise, about half of a pass), and no later process can read a cache made from other data (its key names
+    neither the limit nor the samples). `requests_only` (the building pass, whose results are thrown away):
+    without what only the results record (`without_run_record`), without seeding torch (a model's sampling; no
+    request depends on it): torch is not imported for it; and without predict_only (which changes only the
+    metrics). The answers cache (`use_cache`) is the scoring model's own (cluster/score/lm_eval_scores.py)."""
     import lm_eval.evaluator
 
     _own_request_cache()
-    seeds = {"torch_random_seed": None} if requests_only else {}
+    random_seed, numpy_seed, torch_seed, fewshot_seed = settings.seeds
     if not requests_only and _AHEAD["thread"] is not None:
         _AHEAD["thread"].join()
     with templates_compiled_once(), (without_run_record() if requests_only else contextlib.nullcontext()):
         return lm_eval.evaluator.simple_evaluate(
-            cache_requests=settings.limit is None,  # with a limit, lm-eval's cache would build every document
+            # with a limit lm-eval's request cache would build every document; its key names no samples
+            cache_requests=settings.limit is None and settings.samples is None,
             model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot, limit=settings.limit,
-            bootstrap_iters=bootstrap_iters, log_samples=log_samples, system_instruction=settings.system_instruction,
-            apply_chat_template=settings.apply_chat_template, fewshot_as_multiturn=settings.fewshot_as_multiturn,
-            gen_kwargs=settings.gen_kwargs, task_manager=task_manager, fewshot_random_seed=settings.fewshot_seed,
-            confirm_run_unsafe_code=settings.confirm_run_unsafe_code, evaluation_tracker=tracker, **seeds)
+            samples=settings.samples, bootstrap_iters=bootstrap_iters, log_samples=log_samples,
+            system_instruction=settings.system_instruction, apply_chat_template=settings.apply_chat_template,
+            fewshot_as_multiturn=settings.fewshot_as_multiturn, gen_kwargs=settings.gen_kwargs,
+            task_manager=task_manager, predict_only=settings.predict_only and not requests_only,
+            random_seed=random_seed, numpy_random_seed=numpy_seed, fewshot_random_seed=fewshot_seed,
+            torch_random_seed=None if requests_only else torch_seed,
+            confirm_run_unsafe_code=settings.confirm_run_unsafe_code, evaluation_tracker=tracker)
 
 
 _AHEAD: dict = {"thread": None}  # the thread `score_ahead` started in this process

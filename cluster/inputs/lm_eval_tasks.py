@@ -23,14 +23,16 @@ from collections import defaultdict
 
 from cluster.contracts.lm_eval_task import LmEvalSettings, LmEvalTask
 from cluster.contracts.task_spec import NAME_RE, SamplingSpec, TaskSpec
-from cluster.harness.lm_eval_run import (documents_hash, import_lm_eval, quiet, request_rows, requests_hash,
-                                         run_lm_eval, task_manager, with_chat_template)
+from cluster.harness.lm_eval_quiet import quiet
+from cluster.harness.lm_eval_run import (documents_hash, import_lm_eval, request_rows, requests_hash, run_lm_eval,
+                                         task_manager, with_chat_template)
 
 GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}
 # what lm-eval's models read as max_gen_toks too (lm_eval.models.utils.normalize_gen_kwargs, in its order of priority)
 MAX_TOKEN_ALIASES = {"max_new_tokens", "max_tokens", "max_completion_tokens"}
-# a message that starts with one of the entry's settings: the spec loader names it as tasks[i].lm_eval.<setting>
-SETTING_ERROR = re.compile(rf"^({'|'.join(LmEvalSettings.__dataclass_fields__)}):|^\w+: not a setting")
+# a message that starts with one of the entry's settings (or a key in one): the spec loader names it as
+# tasks[i].lm_eval.<setting>
+SETTING_ERROR = re.compile(rf"^({'|'.join(LmEvalSettings.__dataclass_fields__)})[:.]|^\w+: not a setting")
 MAX_GEN_TOKS = 256  # lm-eval's default for a task that does not say (its HFLM and VLLM models)
 
 
@@ -160,8 +162,10 @@ def chat_tokenizer(models, base_dir: str):
     return tokenizers[0]
 
 
-def lm_eval_entry(raw: dict, base_dir: str, entry: int, get_chat_tokenizer=lambda: None) -> list[TaskSpec]:
-    """The raysweep tasks of one `lm_eval:` entry (its settings as the spec gives them)."""
+def lm_eval_entry(raw: dict, base_dir: str, entry: int, get_chat_tokenizer=lambda: None,
+                  models: tuple[str, ...] = ()) -> list[TaskSpec]:
+    """The raysweep tasks of one `lm_eval:` entry (its settings as the spec gives them) over the sweep's `models`
+    (their names)."""
     if not isinstance(raw, dict):
         raise ValueError(f"a mapping of settings (tasks, include_path, num_fewshot ...), got {raw!r}")
     known = set(LmEvalSettings.__dataclass_fields__)
@@ -169,13 +173,10 @@ def lm_eval_entry(raw: dict, base_dir: str, entry: int, get_chat_tokenizer=lambd
     if extra:
         close = difflib.get_close_matches(extra[0], sorted(known), n=1)
         raise ValueError(f"{extra[0]}: not a setting{f' (did you mean {close[0]!r}?)' if close else ''}")
-    settings = dict(raw)
-    if settings.get("include_path") is not None and isinstance(settings["include_path"], str):
-        path = os.path.expanduser(settings["include_path"])
-        settings["include_path"] = path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
-        if not os.path.isdir(settings["include_path"]):
-            raise ValueError(f"include_path: {settings['include_path']} is not a folder")
-    settings = LmEvalSettings(**settings)
+    settings = LmEvalSettings(**_paths_resolved(dict(raw), base_dir))
+    if settings.use_cache is not None and len(models) > 1 and "{model}" not in settings.use_cache:
+        raise ValueError(f"use_cache: lm-eval's cache holds one model's answers, and the sweep has {len(models)} "
+                         "models: put {model} in the path (each model's own file)")
     import_lm_eval()
     manager = task_manager(settings)
     check_names(settings, manager)
@@ -183,8 +184,30 @@ def lm_eval_entry(raw: dict, base_dir: str, entry: int, get_chat_tokenizer=lambd
     by_task: dict[str, list] = defaultdict(list)
     for r in requests:
         by_task[r.task_name].append(r)
+    unknown = sorted(set(settings.samples or {}) - set(by_task))
+    if unknown:  # lm-eval would run every document of the task meant
+        raise ValueError(f"samples: {unknown[0]!r} is not one of the entry's lm-eval tasks ({', '.join(by_task)})")
     rows, hashes = request_rows(requests), requests_hash(requests)
     return [task_spec(name, reqs, rows.get(name, []), settings, entry, hashes[name]) for name, reqs in by_task.items()]
+
+
+def _paths_resolved(settings: dict, base_dir: str) -> dict:
+    """The entry's paths from the spec's folder where relative (include_path, use_cache), and `samples` given as
+    a JSON file's path read into its mapping."""
+    for key in ("include_path", "use_cache", "samples"):
+        if isinstance(settings.get(key), str) and settings[key].strip():
+            path = os.path.expanduser(settings[key])
+            settings[key] = path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
+    if settings.get("include_path") is not None and not os.path.isdir(settings["include_path"]):
+        raise ValueError(f"include_path: {settings['include_path']} is not a folder")
+    if isinstance(settings.get("samples"), str):
+        try:
+            with open(settings["samples"], encoding="utf-8") as f:
+                settings["samples"] = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"samples: {settings['samples']} is not a JSON file of document indices per task "
+                             f"({type(e).__name__}: {e})") from None
+    return settings
 
 
 def task_spec(name: str, requests: list, rows: list, settings: LmEvalSettings, entry: int,

@@ -153,8 +153,8 @@ def _tasks(raw: Any, models: tuple[ModelSpec, ...], base_dir: str) -> tuple[Task
         from cluster.inputs.lm_eval_tasks import SETTING_ERROR, chat_tokenizer, lm_eval_entry
 
         try:
-            tasks.extend(lm_eval_entry(item["lm_eval"], base_dir, entries,
-                                       lambda: chat_tokenizer(models, base_dir)))
+            tasks.extend(lm_eval_entry(item["lm_eval"], base_dir, entries, lambda: chat_tokenizer(models, base_dir),
+                                       tuple(m.name for m in models)))
         except ValueError as e:
             sep = "." if SETTING_ERROR.match(str(e)) else ": "
             raise ValueError(f"tasks[{i}].lm_eval{sep}{e}") from None

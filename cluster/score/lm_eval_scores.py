@@ -24,10 +24,12 @@ from typing import Callable
 import pyarrow as pa
 
 from cluster.contracts.spec import SweepSpec
-from cluster.harness.lm_eval_run import (documents_hash, empty_document, quiet, request_rows, requests_hash,
-                                         run_lm_eval, task_manager, with_chat_template)
+from cluster.harness.lm_eval_quiet import quiet
+from cluster.harness.lm_eval_run import (documents_hash, empty_document, request_rows, requests_hash, run_lm_eval,
+                                         task_manager, with_chat_template)
 
 COUNTS = ("n", "n_samples", "n_ok", "n_truncated", "n_skipped", "n_error", "output_tokens")  # summary columns a group sums
+BYPASS = "bypass"  # the metric lm-eval's predict_only puts in place of a task's metrics (its aggregate is 999)
 ANSWER_COLUMNS = ("sample_id", "completion", "status", "error", "output_text", "choice_logprobs", "choice_greedy")
 
 
@@ -40,14 +42,17 @@ class ChangedDocuments(MissingAnswer):
 
 
 def replay_lm(answers: dict[str, dict[tuple[str, int], dict]], planned: dict[str, str | None] | None = None,
-              manager=None):
+              manager=None, cache: str | None = None):
     """An lm-eval model answering from results rows: `answers[task][(sample_id, completion)]` = row. Where
     `planned[task]` holds the hash of the task's requests as planned (requests_hash), requests built otherwise
-    (its template changed since) raise ChangedDocuments before any is answered."""
+    (its template changed since) raise ChangedDocuments before any is answered. `cache`: lm-eval's answers cache
+    (`--use_cache`'s path) in front of the rows, lm-eval's own CachingLM: a request it holds is answered from it,
+    the others from the rows and added to it. The rows are found from every request lm-eval asks for, before the
+    cache takes those it holds (the rule that makes requests into rows reads a document's requests together)."""
     from lm_eval.api.model import LM
 
     class ReplayLM(LM):
-        def _rows(self, requests):
+        def _answer(self, kind: str, requests):
             for task, now in requests_hash(requests).items():
                 if (planned or {}).get(task) not in (None, now):
                     raise ChangedDocuments(_changed(task, "prompts", manager))
@@ -56,32 +61,67 @@ def replay_lm(answers: dict[str, dict[tuple[str, int], dict]], planned: dict[str
                 for row, keys in rows:
                     for doc_id, idx, position in keys:
                         where[(task, doc_id, idx)] = (row["id"], position)
-            seen: dict[tuple, int] = defaultdict(int)
-            for r in requests:
-                if empty_document(r):
-                    yield {"choice_logprobs": [0.0]}, 0  # no windows: lm-eval's models sum nothing
-                    continue
-                key = (r.task_name, r.doc_id, r.idx)
-                sample_id, position = where[key]
-                completion = seen[key]
-                seen[key] += 1
-                row = answers.get(r.task_name, {}).get((sample_id, completion)) or \
-                    answers.get(r.task_name, {}).get((sample_id, 0))  # greedy repeats: the one completion
-                if row is None or row["status"] not in ("ok", "truncated"):
-                    why = "no committed row" if row is None else f"a {row['status']} row ({row.get('error')})"
-                    raise MissingAnswer(f"task {r.task_name}: document {r.doc_id} has {why}")
-                yield row, position
+            if cache is None:
+                return getattr(_from_rows(answers, where), kind)(requests)
+            from lm_eval.api.model import CachingLM
+
+            cached = CachingLM(_from_rows(answers, where), cache_file(cache))
+            try:
+                return getattr(cached, kind)(requests)
+            finally:
+                cached.dbdict.close()  # its connection's thread, which lm-eval leaves open
 
         def loglikelihood(self, requests, disable_tqdm: bool = False):
-            return [(row["choice_logprobs"][p], bool(row["choice_greedy"][p])) for row, p in self._rows(requests)]
+            return self._answer("loglikelihood", requests)
 
         def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            return [row["choice_logprobs"][0] for row, _ in self._rows(requests)]
+            return self._answer("loglikelihood_rolling", requests)
 
         def generate_until(self, requests, disable_tqdm: bool = False):
-            return [row["output_text"] for row, _ in self._rows(requests)]
+            return self._answer("generate_until", requests)
 
     return ReplayLM()
+
+
+def _from_rows(answers: dict[str, dict[tuple[str, int], dict]], where: dict[tuple, tuple[str, int]]):
+    """An lm-eval model answering each request from its row: `where[(task, doc_id, idx)]` = (row id, the
+    request's position in the row's choices)."""
+    from lm_eval.api.model import LM
+
+    def rows(requests):
+        seen: dict[tuple, int] = defaultdict(int)
+        for r in requests:
+            if empty_document(r):
+                yield {"choice_logprobs": [sum(())]}, 0  # no windows: lm-eval's models sum nothing (the int 0)
+                continue
+            key = (r.task_name, r.doc_id, r.idx)
+            sample_id, position = where[key]
+            completion = seen[key]
+            seen[key] += 1
+            row = answers.get(r.task_name, {}).get((sample_id, completion)) or \
+                answers.get(r.task_name, {}).get((sample_id, 0))  # greedy repeats: the one completion
+            if row is None or row["status"] not in ("ok", "truncated"):
+                why = "no committed row" if row is None else f"a {row['status']} row ({row.get('error')})"
+                raise MissingAnswer(f"task {r.task_name}: document {r.doc_id} has {why}")
+            yield row, position
+
+    class FromRows(LM):
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            return [(row["choice_logprobs"][p], bool(row["choice_greedy"][p])) for row, p in rows(requests)]
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            return [row["choice_logprobs"][0] for row, _ in rows(requests)]
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            return [row["output_text"] for row, _ in rows(requests)]
+
+    return FromRows()
+
+
+def cache_file(path: str) -> str:
+    """The sqlite file of lm-eval's answers cache at `--use_cache PATH`, as lm-eval's simple_evaluate names it for
+    its one process (rank 0)."""
+    return f"{path}_rank0.db"
 
 
 def _changed(task: str, what: str, manager) -> str:
@@ -132,10 +172,12 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
                     tracker = EvaluationTracker()
                     try:
                         planned = {t.name: t.lm_eval.requests for t in tasks}
-                        lm = with_chat_template(replay_lm(answers, planned, manager),
+                        cache = settings.cache_of(model.name)
+                        lm = with_chat_template(replay_lm(answers, planned, manager, cache),
                                                 chat_tokenizer() if settings.apply_chat_template else None)
                         results = run_lm_eval(settings, lm, manager, log_samples=True,
                                               bootstrap_iters=settings.bootstrap_iters, tracker=tracker)
+                        results["config"]["use_cache"] = cache  # as `--use_cache` records it
                         check_documents(results, tasks, manager)
                     except MissingAnswer as e:
                         log(f"[raysweep] lm-eval results of model {model.name} not written: {e}")
@@ -202,12 +244,15 @@ def samples_table(records: list[dict], dumps) -> pa.Table:
 
 def summary_metrics(values: dict) -> tuple[float | None, float | None, list[dict]]:
     """lm-eval's `results[task]` as the summary keeps it: the first metric as score and stderr, and every
-    metric,filter pair with its stderr (lm-eval's "N/A" stderr: null)."""
+    metric,filter pair with its stderr (lm-eval's "N/A" stderr: null). `predict_only`'s stand-in metric, whose
+    999 measures nothing, is left out: such a task has no score."""
     out = []
     for key, value in values.items():
         if "," not in key or "_stderr," in key or not isinstance(value, (int, float)) or isinstance(value, bool):
             continue
         metric, _, filt = key.partition(",")
+        if metric == BYPASS:
+            continue
         stderr = values.get(f"{metric}_stderr,{filt}")
         out.append({"name": metric if filt == "none" else key, "value": float(value),
                     "stderr": float(stderr) if isinstance(stderr, (int, float)) else None, "n": None})
