@@ -486,6 +486,43 @@ def test_an_actor_whose_model_is_done_runs_the_tail_of_another_model(ray_local):
     assert len(b_actors) == 2 and min(ran[("b", a)] for a in b_actors) >= 2, ran
 
 
+@pytest.mark.slow
+def test_a_fast_models_cpu_actor_takes_shards_of_a_slow_one_in_a_real_sweep(ray_local, tmp_path, monkeypatch):
+    """A fast and a slow model, one CPU actor each, 48 rows in shards of 6, `max_num_seqs: 8`: each CPU actor
+    holds two shards (its engine runs one batch at a time), so the slow model's shards wait in the driver,
+    and the fast model's actor, once done, runs some of them. Before, each actor held six (the depth that
+    fills a streaming engine's batches), the slow actor took six of its eight shards at once, nothing waited,
+    and the fast actor idled for the rest of the sweep (47% of the actors' time at the tail)."""
+    from cluster.inputs import builtin_model
+    from cluster.schedule.run import run_sweep
+    from cluster.store.manifest import read_manifest
+
+    monkeypatch.setitem(builtin_model.CONFIGS, "slowish", dict(
+        hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+        max_position_embeddings=4096, seed=7))
+    builtin_model.build("slowish", tmp_path / "slowish")  # a local folder: the actors load it as any model
+    rows = [json.loads(line) for line in open(Path(__file__).parents[1] / "sweeps" / "data" / "arithmetic.jsonl")]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:48]))
+    spec = {"name": "tails", "output": str(tmp_path / "out"),
+            "models": [{"name": "fast", "path": "builtin:tiny", "engine": {"max_num_seqs": 8}},
+                       {"name": "slow", "path": str(tmp_path / "slowish"), "engine": {"max_num_seqs": 8}}],
+            "tasks": [{"name": "t", "data": str(tmp_path / "a.jsonl"), "id_column": "id",
+                       "prompt": "Question: {question}\nAnswer:", "sampling": {"max_tokens": 32}}],
+            "shards": {"max_samples": 6}, "actors": {"count": 1, "num_cpus": 1}}
+    (tmp_path / "s.yaml").write_text(json.dumps(spec))
+    report = run_sweep(load_spec(tmp_path / "s.yaml"), log=print)
+    assert not report.failed
+    shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
+    fast_actor = set(shards[shards.model == "fast"].actor_id)
+    assert len(shards[shards.model == "slow"]) == 8 and len(fast_actor) == 1
+    helped = shards[(shards.model == "slow") & shards.actor_id.isin(fast_actor)]
+    print(f"slow shards run by the fast model's actor: {len(helped)} of 8; tail idle share "
+          f"{read_manifest(str(tmp_path / 'out'))['runs'][-1].get('tail_idle_share')}")
+    assert len(helped) >= 1
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas()
+    assert len(results) == 96 and not results.duplicated(["model", "sample_id"]).any()
+
+
 @pytest.mark.parametrize("replicas, cut", [(1, 0), (2, 2)])
 def test_a_pools_shards_are_cut_for_its_replicas_but_not_for_one(replicas, cut):
     """Tails on the pool: three shards of 128, 128 and 72 rows for a pool holding 4 shards at once

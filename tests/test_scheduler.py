@@ -176,6 +176,25 @@ def test_shards_in_flight_fill_four_engine_batches(max_samples, engine, actors, 
     assert shards_in_flight(spec, spec.models[0]) == depth
 
 
+@pytest.mark.parametrize("engine, resources, accelerator, cpu", [
+    ({}, {"CPU": 2}, None, True),                         # auto, no GPU: the CPU engine
+    ({}, {"CPU": 2, "GPU": 1}, None, False),               # auto with a GPU: vLLM
+    ({}, {"CPU": 2}, "L4", False),                         # GPUs asked of the autoscaler: vLLM
+    ({"backend": "hf"}, {"CPU": 2, "GPU": 1}, None, True),
+    ({"backend": "fake"}, {"CPU": 2}, None, False),
+])
+def test_a_cpu_engine_holds_two_shards_whatever_its_batch(engine, resources, accelerator, cpu):
+    from cluster.plan.depth import runs_on_cpu, shards_in_flight
+    from cluster.inputs.spec_file import parse_spec
+
+    engine = {"max_num_seqs": 64, **engine}
+    spec = parse_spec({"name": "d", "models": [{"name": "m", "path": "builtin:tiny", "engine": engine}],
+                       "tasks": [{"name": "t", "data": "x.jsonl", "prompt": "{q}"}], "shards": {"max_samples": 16}})
+    model = spec.models[0]
+    assert runs_on_cpu(model, resources, accelerator) is cpu
+    assert shards_in_flight(spec, model, runs_on_cpu(model, resources, accelerator)) == (2 if cpu else 8)
+
+
 @pytest.mark.slow
 def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_local):
     """Actor 1's engine raises (as a GPU share short of memory would) while actor 0 runs the same model:

@@ -8,14 +8,27 @@ from cluster.contracts.spec import ModelSpec, SweepSpec
 MIN_SHARDS_IN_FLIGHT, MAX_SHARDS_IN_FLIGHT = 2, 8
 
 
-def shards_in_flight(spec: SweepSpec, model: ModelSpec) -> int:
+def runs_on_cpu(model: ModelSpec, cluster_resources: dict, accelerator_type: str | None = None) -> bool:
+    """The model's engine is the CPU engine: `backend: hf`, or `auto` on a cluster with no GPU that none is
+    asked of (no `accelerator_type`)."""
+    return model.backend == "hf" or (model.backend == "auto" and not cluster_resources.get("GPU")
+                                     and accelerator_type is None)
+
+
+def shards_in_flight(spec: SweepSpec, model: ModelSpec, cpu_engine: bool = False) -> int:
     """Shards each actor holds at once: enough that four times the engine's batch (max_num_seqs) is
     queued, so a streaming engine stays full while each shard waits on its slowest request; at least two.
+    The CPU engine (`cpu_engine`) runs one batch at a time: two, one running and the next ready. More would
+    sit in its actor's queue where an actor whose model is done cannot take them: a fast and a slow model of
+    one actor each, 48 rows in shards of 6, held six each and left the actors idle 47% of their time at the
+    slow model's tail.
     Measured on an H100 with an 8B-shape model, 256-sample shards (bench/records/h100-shards-in-flight-large.md): 2 in
     flight ran at 93% of one 2,048-request batch, 3 at 96%, 4 at 99%; whole sweeps with 8 were no faster
     than with 4 (bench/records/h100-engine-ratios-large.md). `actors.shards_in_flight` overrides it."""
     if spec.actors.shards_in_flight is not None:
         return spec.actors.shards_in_flight
+    if cpu_engine:
+        return MIN_SHARDS_IN_FLIGHT
     batch = model.engine.get("max_num_seqs", DEFAULT_MAX_SEQS)
     wanted = -(-4 * batch // spec.shards.max_samples)
     return max(MIN_SHARDS_IN_FLIGHT, min(MAX_SHARDS_IN_FLIGHT, wanted))

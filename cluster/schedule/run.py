@@ -38,7 +38,7 @@ from cluster.store.output_files import OutputWriteError
 from cluster.store.sink import ResultSink
 from cluster.contracts.spec import SweepSpec
 from cluster.contracts.timing import RunClock
-from cluster.plan.depth import MIN_SHARDS_IN_FLIGHT, shards_in_flight
+from cluster.plan.depth import MIN_SHARDS_IN_FLIGHT, runs_on_cpu, shards_in_flight
 
 TICK_EVERY_S = 1.0  # progress is told what the sweep is doing at most this often
 
@@ -172,7 +172,8 @@ class _Run:
         holds = {}  # per shape: how many actors the cluster holds at once; refuses a shape no node can hold
         for shape in dict.fromkeys(shapes.values()):
             holds[shape] = capacity(shape, [name for name, s in shapes.items() if s == shape])
-        depth = max((shards_in_flight(spec, m) for m in spec.models), default=MIN_SHARDS_IN_FLIGHT)
+        cpu = {m.name: runs_on_cpu(m, resources, spec.actors.accelerator_type) for m in spec.models}
+        depth = max((shards_in_flight(spec, m, cpu[m.name]) for m in spec.models), default=MIN_SHARDS_IN_FLIGHT)
         remote = ray.remote(EvalActor)
         backends = tuple(sorted({m.backend for m in spec.models}))
 
@@ -206,7 +207,8 @@ class _Run:
         # every model from the spec now, so its actors start (process, imports) while the checks run;
         # each gets its engine start only once it passed them (ModelReady, in feed)
         for model in spec.models:
-            self.scheduler.add_model(ModelWork(model.name, spec.actors.count, shards_in_flight(spec, model),
+            depth_of = shards_in_flight(spec, model, cpu[model.name])
+            self.scheduler.add_model(ModelWork(model.name, spec.actors.count, depth_of,
                                                shape=shapes[model.name]))
         pooled = self._use_kept(spec) or self._use_pool()  # engines already up: their models' shards go to them
         wanted: dict = {}
