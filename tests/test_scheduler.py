@@ -431,3 +431,15 @@ def test_the_line_for_a_lost_node_or_actor():
     assert lost_node(crashed, (node, "10.0.0.8")) is None
     assert lost_line([2], None, "ActorDiedError: worker died", held[:1], 3) == (
         "[raysweep] actor(s) 2 died (ActorDiedError: worker died): 1 shard(s) sent to other actors")
+
+
+def test_actor_states_are_one_enum_and_the_progress_line_counts_them_by_name():
+    from cluster.contracts.shard import ActorState
+    from cluster.schedule.scheduler import SweepScheduler
+    from cluster.schedule.work import SchedulerEvents, Slot
+
+    scheduler = SweepScheduler(lambda n, at, shape: None, SchedulerEvents(on_result=None, on_failed=None), capacity=3)
+    scheduler.slots = [Slot(None, 0), Slot(None, 1, state=ActorState.RUNNING), Slot(None, 2, state=ActorState.RUNNING)]
+    assert scheduler.slots[0].state is ActorState.IMPORTING
+    assert scheduler.state_counts() == {"importing": 1, "running": 2}
+    assert all(type(k) is str for k in scheduler.state_counts())

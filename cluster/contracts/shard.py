@@ -43,6 +43,17 @@ class ShardState(str, Enum):
     FAILED = "failed"
 
 
+class ActorState(str, Enum):
+    """Where an actor slot of the scheduler stands (cluster/schedule/work.py Slot): its process importing,
+    up with no engine (idle), starting an engine for a model, running that model's shards; or a slot of the
+    engine pool, which stands for the pool's replicas of a model, not one actor (pooled)."""
+    IMPORTING = "importing"
+    IDLE = "idle"
+    STARTING = "starting"
+    RUNNING = "running"
+    POOLED = "pooled"
+
+
 @dataclass(frozen=True, eq=False)
 class Shard:
     shard_id: str  # "<model>/<task>/<index:05d>", stable for the same spec and data

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ray
 
+from cluster.contracts.shard import ActorState
 from cluster.contracts.spec import ModelSpec
 
 
@@ -35,7 +36,7 @@ class KeptActors:
         def keep(slots: list) -> list:
             closing = []
             for slot in slots:
-                if slot.state == "running" and slot.model is not None and not failed(slot.model) and not slot.inflight:
+                if slot.state == ActorState.RUNNING and slot.model and not failed(slot.model) and not slot.inflight:
                     self._actors.append((models[slot.model], slot.handle))
                 else:
                     closing.append(slot)

@@ -29,11 +29,13 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from cluster.contracts.shard import ActorState
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
 from cluster.schedule.engine_starts import ActorStartError, start_timeout_s, take_overdue, timed_out_line
 from cluster.schedule.kept import close_actors
 from cluster.schedule.tail_split import TailClock, TailSplit, cut_waiting
-from cluster.schedule.work import Job, ModelWork, SchedulerEvents, Slot, first_line as _first_line, lost_line, lost_node
+from cluster.schedule.work import (ENGINE_HELD, FREE, POOLED, SERVING, UP, Job, ModelWork, SchedulerEvents, Slot,
+                                   first_line as _first_line, lost_line, lost_node, node_of)
 
 
 TICK_S = 1.0  # the longest the loop waits for a result before it reports in (progress lines)
@@ -72,8 +74,8 @@ class SweepScheduler:
         `depth` at a time, over at most `replicas` replicas; no actor starts for it unless the pool goes away
         (a shard raises PoolGone)."""
         work = self.models[model]
-        own = work.max_actors or next((s.actors for s in self.slots if s.state == "pooled" and s.model == model), 0)
-        self.slots.append(Slot(handle=handle, number=-1, state="pooled", model=model, depth=depth,
+        own = work.max_actors or next((s.actors for s in self.slots if s.state == POOLED and s.model == model), 0)
+        self.slots.append(Slot(handle=handle, number=-1, state=POOLED, model=model, depth=depth,
                                 actors=own, replicas=replicas))
         work.max_actors = 0
 
@@ -119,7 +121,7 @@ class SweepScheduler:
         """Actors by state (importing, idle, starting, running), for progress lines."""
         counts: dict[str, int] = {}
         for slot in self.slots:
-            counts[slot.state] = counts.get(slot.state, 0) + 1
+            counts[slot.state.value] = counts.get(slot.state.value, 0) + 1
         return counts
 
     def _work_left(self) -> bool:
@@ -145,7 +147,7 @@ class SweepScheduler:
         wanted = self._wanted(planning)
         self._most_slots = max(self._most_slots, sum(wanted.values()))
         for shape, count in wanted.items():
-            while sum(s.state != "pooled" and s.shape == shape for s in self.slots) < count:
+            while sum(s.state != POOLED and s.shape == shape for s in self.slots) < count:
                 number = self.actors_started
                 self.actors_started += 1
                 slot = Slot(handle=self.spawn(number, time.time(), shape), number=number, shape=shape)
@@ -155,13 +157,13 @@ class SweepScheduler:
     def _assign(self, planning: bool) -> None:
         done = []  # actors no model needs any more
         for slot in list(self.slots):
-            if slot.state not in ("idle", "running") or slot.inflight:
+            if slot.state not in UP or slot.inflight:
                 continue
             current = self.models.get(slot.model)
             if current is not None and current and not current.failed:
                 continue  # its model still has work
             model = self._next_model(slot) or (None if planning else self._model_to_help(slot))
-            sizing = self.start_one_by_one and any(s.state == "starting" for s in self.slots)
+            sizing = self.start_one_by_one and any(s.state == ActorState.STARTING for s in self.slots)
             if model is None:
                 # no model needs it any more; on a shared GPU not while another engine sizes its memory:
                 # vLLM's profiling fails when a neighbour frees memory meanwhile (seen on an H100); and not
@@ -176,7 +178,7 @@ class SweepScheduler:
                 current.assigned -= 1
                 self.model_changes += 1
             model.assigned += 1
-            slot.state, slot.model, slot.profile, slot.start_at = "starting", model.name, None, time.monotonic()
+            slot.state, slot.model, slot.profile, slot.start_at = ActorState.STARTING, model.name, None, time.monotonic()
             self.inflight[model.start(slot.handle, time.time())] = ("start", None, slot)
         for slot in done:  # their engines close at once, not one after another (about 1 s each on a GPU)
             self.slots.remove(slot)
@@ -202,7 +204,7 @@ class SweepScheduler:
         still be waiting for those actors. Above `actors.count` for that model, but no new actor: one that
         would idle (or be released) runs the tail of another model instead."""
         def held(m: ModelWork) -> int:
-            return sum(s.depth or m.depth for s in self.slots if s.model == m.name and s.state != "importing")
+            return sum(s.depth or m.depth for s in self.slots if s.model == m.name and s.state != ActorState.IMPORTING)
 
         candidates = [m for m in self.models.values() if m and not m.failed and m.start is not None
                       and m.max_actors > 0 and m.name != slot.model and m.name not in slot.refused
@@ -211,7 +213,7 @@ class SweepScheduler:
 
     def _dispatch(self, planning: bool = False) -> None:
         for slot in self.slots:
-            if slot.state not in ("running", "pooled"):
+            if slot.state not in (ActorState.RUNNING, POOLED):
                 continue
             model = self.models[slot.model]
             full = slot.inflight >= (slot.depth or model.depth)
@@ -221,7 +223,7 @@ class SweepScheduler:
                 self.inflight[slot.handle.run_shard.remote(job.shard, job.task, job.attempt)] = ("shard", job, slot)
                 slot.inflight += 1
                 slot.profile = job.shard.profile
-                if slot.state != "pooled":
+                if slot.state != POOLED:
                     self.tail.sent(slot.number, slot.shape.num_gpus if getattr(slot.shape, "num_gpus", 0) else 1.0)
                 self.events.on_dispatched(job)
 
@@ -230,9 +232,9 @@ class SweepScheduler:
         while one is larger than the model's fair share of an actor's slot (cluster/schedule/tail_split.py,
         step 1). The actors still importing or starting their engine for the model count: the first engine up
         must not take the work of the others; the pool's replicas count by the shards the pool holds at once."""
-        serving = [s for s in self.slots if s.model == model.name and s.state in ("running", "starting", "pooled")]
+        serving = [s for s in self.slots if s.model == model.name and s.state in SERVING]
         coming = min(model.max_actors - model.assigned,  # actors still importing, or idle, that it will get
-                     sum(s.model is None and s.shape == model.shape and s.state in ("importing", "idle")
+                     sum(s.model is None and s.shape == model.shape and s.state in FREE
                          for s in self.slots))
         holds = sum(s.depth or model.depth for s in serving) + max(coming, 0) * model.depth
         if holds < 2 or sum(s.replicas or 1 for s in serving) + max(coming, 0) < 2:
@@ -245,7 +247,7 @@ class SweepScheduler:
     def _collect(self, ref, kind: str, job: Job | None, slot: Slot) -> None:
         if kind == "shard":
             slot.inflight -= 1
-            if slot.state != "pooled":
+            if slot.state != POOLED:
                 self.tail.back(slot.number)
         try:
             value = ray.get(ref)
@@ -259,9 +261,9 @@ class SweepScheduler:
         except RayTaskError as e:
             if kind == "start":  # the engine raised while starting: this model cannot run
                 self._model_failed(slot, f"engine did not start: {_first_line(e.cause or e)}")
-            elif kind == "shard" and slot.state == "pooled" and type(e.cause).__name__ == "PoolGone":
+            elif kind == "shard" and slot.state == POOLED and type(e.cause).__name__ == "PoolGone":
                 self._unpool(slot, job)
-            elif kind == "shard" and slot.state == "pooled" and type(e.cause).__name__ == "ReplicaDied":
+            elif kind == "shard" and slot.state == POOLED and type(e.cause).__name__ == "ReplicaDied":
                 self._retry(job, _first_line(e.cause), died=True)  # as an actor's death: retried, never bisected
             elif kind == "shard":
                 self._retry(job, _first_line(e.cause if e.cause is not None else e))
@@ -271,9 +273,9 @@ class SweepScheduler:
         if kind == "ready":
             if value.get("refusal"):  # the actor's GPU cannot do what the spec asks (reproducible: true)
                 raise ActorStartError(value["refusal"])
-            slot.state, slot.node = "idle", (value["node_id"], value.get("node_ip") or "?") if value.get("node_id") else None
+            slot.state, slot.node = ActorState.IDLE, node_of(value)
         elif kind == "start":
-            slot.state = "running"
+            slot.state = ActorState.RUNNING
             self.events.on_actor_started(value)
         else:
             self.events.on_result(job, *value)
@@ -286,8 +288,8 @@ class SweepScheduler:
         model = self.models[slot.model]
         model.assigned -= 1
         slot.refused.add(model.name)
-        slot.state, slot.model = "idle", None
-        if any(s.model == model.name and s.state == "running" for s in self.slots):
+        slot.state, slot.model = ActorState.IDLE, None
+        if any(s.model == model.name and s.state == ActorState.RUNNING for s in self.slots):
             return
         model.failed = error
         self.events.on_model_failed(model.name, error)
@@ -369,17 +371,17 @@ class SweepScheduler:
     def _lost(self, slot: Slot, error: RayActorError, job: Job | None = None) -> None:
         if slot not in self.slots:
             return  # its death was already seen through another of its calls (or its node's loss)
-        if slot.state == "pooled":  # the sweep's pool client died: the model runs on actors of its own
+        if slot.state == POOLED:  # the sweep's pool client died: the model runs on actors of its own
             return self._unpool(slot, None)
         node = lost_node(error, slot.node)  # a node lost takes every actor of the sweep there: said in one line
-        gone = [s for s in self.slots if s is slot or node and s.state != "pooled" and s.node and s.node[0] == node[0]]
+        gone = [s for s in self.slots if s is slot or node and s.state != POOLED and s.node and s.node[0] == node[0]]
         held = [j for kind, j, s in self.inflight.values() if kind == "shard" and s in gone] + [job] * (job is not None)
         if node is None or node[0] not in self.nodes_lost:  # a replacement that had started there: said already
             self.events.on_actor_lost(lost_line([s.number for s in gone], node, _first_line(error), held, self.max_attempts))
         self.nodes_lost |= {node[0]} if node else set()
         for gone_slot in gone:  # their shards come back one by one as failed calls, and are retried (_collect)
             self.slots.remove(gone_slot)
-            if gone_slot.model is not None and gone_slot.state in ("starting", "running", "idle"):
+            if gone_slot.model is not None and gone_slot.state in ENGINE_HELD:
                 self.models[gone_slot.model].assigned -= 1
             self.tail.died(gone_slot.number)
             self.actor_deaths += 1
@@ -388,10 +390,10 @@ class SweepScheduler:
             raise RuntimeError(f"{self.actor_deaths} actors died; the last: {_first_line(error)}") from error
 
     def _shutdown(self) -> None:
-        slots, self.slots = [s for s in self.slots if s.state != "pooled"], []
+        slots, self.slots = [s for s in self.slots if s.state != POOLED], []
         self._shutdown_slots(slots)
 
     def _shutdown_slots(self, slots: list[Slot]) -> None:
         """Those `keep` does not take: engines closed first, then the actors killed (cluster/schedule/kept.py)."""
         slots = self.keep(slots) if self.keep is not None else slots
-        close_actors([s.handle for s in slots if s.state in ("idle", "running")], [s.handle for s in slots])
+        close_actors([s.handle for s in slots if s.state in UP], [s.handle for s in slots])

@@ -10,9 +10,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from cluster.contracts.shard import ActorState, Shard
 from cluster.schedule.bisection import Piece
-from cluster.contracts.shard import Shard
 from cluster.contracts.spec import TaskSpec
+
+# Slot states by what the scheduler asks of them (cluster/contracts/shard.py ActorState)
+POOLED = ActorState.POOLED
+SERVING = (ActorState.RUNNING, ActorState.STARTING, POOLED)  # slots that serve a model, or will once started
+FREE = (ActorState.IMPORTING, ActorState.IDLE)  # actors with no model yet
+ENGINE_HELD = (ActorState.STARTING, ActorState.RUNNING, ActorState.IDLE)  # actors whose engine a node loss ends
+UP = (ActorState.IDLE, ActorState.RUNNING)  # actors that answer a close
 
 
 @dataclass
@@ -55,7 +62,7 @@ class ModelWork:
         return any(self.queues.values())
 
     def take(self, slot: Slot, others: list[Slot]) -> Job | None:
-        if slot.state == "pooled":  # the pool's replicas change profile themselves: the longest queue first
+        if slot.state == ActorState.POOLED:  # the pool's replicas change profile themselves: longest queue first
             left = [q for q in self.queues.values() if q]
             return max(left, key=len).popleft() if left else None
         same = self.queues.get(slot.profile)
@@ -76,7 +83,7 @@ class Slot:
     """An actor of the sweep's (or the engine pool, through its client) as the scheduler sees it."""
     handle: Any
     number: int  # the n in the actor's name
-    state: str = "importing"  # importing | idle | starting | running | pooled (the engine pool: not an actor)
+    state: ActorState = ActorState.IMPORTING
     model: str | None = None  # the model its engine runs (or is starting)
     inflight: int = 0
     profile: str | None = None  # the profile of the last shard sent: what its engine runs now
@@ -116,6 +123,11 @@ def first_line(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     lines = [line for line in text.splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[-1] if lines else text}"[:2000]
+
+
+def node_of(ready: dict) -> tuple[str, str] | None:
+    """(node id, node IP) of an actor, from what its `ready` call answered; None where it did not say."""
+    return (ready["node_id"], ready.get("node_ip") or "?") if ready.get("node_id") else None
 
 
 def lost_node(error: BaseException, node: tuple[str, str] | None) -> tuple[str, str, str] | None:
