@@ -8,8 +8,8 @@ raysweep` cannot find it; `raysweep lm-eval` registers it, then runs lm-eval's C
 From Python, `import jobs.lm_eval_model` does the same for `lm_eval.simple_evaluate(model="raysweep", ...)`.
 
 Each request type lm-eval asks for (loglikelihood, loglikelihood_rolling, generate_until) is one raysweep
-sweep: the requests made into rows by the rule a spec's `lm_eval:` entry uses (cluster/harness/lm_eval_run.py),
-sharded over the model's actors, and answered from the committed rows (cluster/score/lm_eval_scores.py). The
+sweep: the requests made into rows by the rule a spec's `lm_eval:` entry uses (cluster/lm_eval/run.py),
+sharded over the model's actors, and answered from the committed rows (cluster/lm_eval/scores.py). The
 first sweep's actors stay up with their engines for the next request types (cluster/schedule/kept.py): the
 engines start once per command.
 model_args: pretrained (a model folder, hub id or builtin:NAME; also `model`), max_model_len, backend
@@ -101,8 +101,8 @@ def make_model_class():
             """One sweep over the requests; the committed rows by task and (sample id, completion)."""
             from cluster.contracts.lm_eval_task import LmEvalSettings
             from cluster.contracts.spec import SweepSpec
-            from cluster.harness.lm_eval_run import request_rows
-            from cluster.inputs.lm_eval_tasks import task_spec
+            from cluster.lm_eval.run import request_rows
+            from cluster.lm_eval.requests import task_spec
             from cluster.schedule.run import execute, prepare
 
             by_task = defaultdict(list)
@@ -148,7 +148,7 @@ def make_model_class():
             atexit.register(_said, "lm-eval is done: the engines and Ray close")
 
         def _replay(self, kind: str, requests):
-            from cluster.score.lm_eval_scores import replay_lm
+            from cluster.lm_eval.scores import replay_lm
 
             return getattr(replay_lm(self._answers(kind, requests)), kind)(requests)
 
@@ -221,7 +221,7 @@ def _chat_templated(lm, path: str) -> None:
     """The model's chat template for lm-eval's --apply_chat_template, where its tokenizer has one. The tokenizer
     loads when lm-eval first asks for the template, not here (transformers' import and the load took seconds
     before lm-eval could build its requests): a model folder's files say whether it has a template."""
-    from cluster.harness.lm_eval_run import with_chat_template
+    from cluster.lm_eval.adapter import with_chat_template
     from cluster.inputs.builtin_model import resolve_model_path
 
     folder = resolve_model_path(path)
@@ -276,7 +276,7 @@ class _LoadedOnUse:
 def _read_answers(output: str, model: str, tasks: list[str]) -> dict:
     import pyarrow.parquet as pq
 
-    from cluster.score.lm_eval_scores import ANSWER_COLUMNS
+    from cluster.lm_eval.scores import ANSWER_COLUMNS
 
     answers = {}
     for task in tasks:
@@ -312,9 +312,10 @@ def register() -> None:
 
 def run(argv: list[str]) -> int:
     """lm-eval's command line on `argv`, with raysweep registered; each Jinja template of its tasks compiled
-    once, and lm-eval's own tasks not indexed where --include_path holds every task named (cluster/harness/
-    lm_eval_run.py templates_compiled_once, own_tasks_indexed)."""
-    from cluster.harness.lm_eval_run import import_lm_eval, own_tasks_indexed, templates_compiled_once
+    once, and lm-eval's own tasks not indexed where --include_path holds every task named (cluster/lm_eval/
+    adapter.py templates_compiled_once, own_tasks_indexed)."""
+    from cluster.lm_eval.adapter import own_tasks_indexed, templates_compiled_once
+    from cluster.lm_eval.run import import_lm_eval
 
     try:
         import_lm_eval()

@@ -58,9 +58,9 @@ def planned(tmp_path_factory, tiny_path):
 
     from actors.engine import EngineProfile
     from actors.hf_engine import HFEngine
-    from cluster.inputs.lm_eval_tasks import record
+    from cluster.lm_eval.requests import record
     from cluster.inputs.spec_file import load_spec
-    from cluster.harness.lm_eval_run import task_manager
+    from cluster.lm_eval.run import task_manager
 
     folder = tmp_path_factory.mktemp("lengths")
     include = write_tasks(folder)
@@ -104,7 +104,7 @@ def test_log_likelihoods_read_what_lm_evals_hf_model_reads_at_max_length_less_2_
     dropped, as lm-eval's HFLM does), and one row at a time each request's log-likelihood is bit-equal to its
     batch-1 result. The requests themselves (context + continuation) are what lm-eval's vLLM model keeps with
     max_length = max_model_len: their last max_model_len - 1 tokens."""
-    from cluster.score.lm_eval_scores import replay_lm
+    from cluster.lm_eval.scores import replay_lm
 
     task = "rs_mc" if kind == "loglikelihood" else "rs_ppl"
     requests = [r for r in planned["requests"] if r.task_name == task]

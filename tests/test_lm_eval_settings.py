@@ -118,7 +118,7 @@ def test_use_cache_answers_what_it_holds_and_keeps_what_the_rows_answer(tmp_path
     from lm_eval.api.model import hash_args
     from sqlitedict import SqliteDict
 
-    from cluster.score.lm_eval_scores import cache_file, replay_lm
+    from cluster.lm_eval.scores import cache_file, replay_lm
 
     requests = [_request(0, i, c) for i, c in enumerate([" a", " b", " c"])] + [_request(1, 0, " d")]
     answers = {"t": {("0", 0): {"status": "ok", "choice_logprobs": [-1.0, -2.0, -3.0], "choice_greedy": [1, 0, 0]},

@@ -311,8 +311,8 @@ def test_lm_eval_not_installed_names_the_extra(tmp_path):
 
 def test_a_task_whose_requests_are_of_several_types_is_refused():
     from cluster.contracts.lm_eval_task import LmEvalSettings
-    from cluster.harness.lm_eval_run import request_rows
-    from cluster.inputs.lm_eval_tasks import task_spec
+    from cluster.lm_eval.run import request_rows
+    from cluster.lm_eval.requests import task_spec
 
     requests = [SimpleNamespace(task_name="mixed", doc_id=0, idx=0, request_type="loglikelihood", args=("Q", " a"),
                                 repeats=1),
@@ -324,7 +324,7 @@ def test_a_task_whose_requests_are_of_several_types_is_refused():
 
 
 def test_request_rows_group_a_documents_choices_and_split_differing_contexts():
-    from cluster.harness.lm_eval_run import request_rows
+    from cluster.lm_eval.run import request_rows
 
     def req(doc, idx, ctx, cont):
         return SimpleNamespace(task_name="t", doc_id=doc, idx=idx, request_type="loglikelihood", args=(ctx, cont))
@@ -380,7 +380,7 @@ def test_a_group_gets_a_summary_row_with_lm_evals_aggregate():
     its tasks' rows; each task's row carries lm-eval's metrics."""
     import pyarrow as pa
 
-    from cluster.score.lm_eval_scores import merge_summary
+    from cluster.lm_eval.scores import merge_summary
     from cluster.score.summary import SUMMARY_SCHEMA
 
     rows = [{"model": "m", "task": t, "n": 6, "n_samples": 6, "n_ok": 6, "n_truncated": 0, "n_skipped": 0, "n_error": 0,
@@ -429,7 +429,7 @@ def test_a_multiple_choice_context_too_long_is_cut_as_lm_eval_cuts_it(include_pa
 def test_templates_compiled_once_render_as_lm_eval_and_compile_each_template_once(monkeypatch):
     import lm_eval.utils as utils
 
-    from cluster.harness.lm_eval_run import templates_compiled_once
+    from cluster.lm_eval.adapter import templates_compiled_once
 
     docs = [{"question": f"q{i}", "choices": ["a", "b"], "label": i % 2} for i in range(50)]
     templates = ["Question: {{question}}\nAnswer:", "{{choices[label]}}", "{{question | regex_replace('q', 'Q')}}"]
@@ -529,7 +529,7 @@ def test_lm_evals_command_line_indexes_only_the_include_path_that_holds_every_ta
     a and b (not lm-eval's own 14,000 task files); else DIR and lm-eval's tasks, as lm-eval does."""
     import lm_eval.tasks
 
-    from cluster.harness.lm_eval_run import own_tasks_indexed
+    from cluster.lm_eval.adapter import own_tasks_indexed
     from jobs.lm_eval_model import task_names
 
     assert task_names(["--model", "raysweep", "--tasks", "rs_mc,rs_gen", "rs_ppl", "--num_fewshot", "2"]) == \
@@ -566,7 +566,7 @@ def test_building_requests_skips_what_only_lm_evals_results_record(include_path,
     a spec of 2 tasks x 1,200 documents on 2 CPU cores before, 5.6-5.8 s after. The scoring pass keeps them."""
     import lm_eval.evaluator as evaluator
 
-    from cluster.harness.lm_eval_run import without_run_record
+    from cluster.lm_eval.adapter import without_run_record
 
     def refused(*args):
         raise AssertionError("called while building requests")
@@ -601,7 +601,7 @@ def test_score_ahead_imports_torch_on_one_thread_and_the_scoring_pass_waits_for_
     the shards run; in a fresh process, where nothing has imported torch yet."""
     probe = textwrap.dedent("""
         import sys
-        from cluster.harness import lm_eval_run
+        from cluster.lm_eval import run as lm_eval_run
         assert "torch" not in sys.modules
         lm_eval_run.score_ahead()
         thread = lm_eval_run._AHEAD["thread"]
@@ -625,9 +625,9 @@ class _EveryAnswer(dict):
 
 def _score(task, answers: dict):
     """lm-eval's scoring pass of `task` (a planned TaskSpec) from `answers`, with the checks of what it read."""
-    from cluster.harness.lm_eval_quiet import quiet
-    from cluster.harness.lm_eval_run import run_lm_eval, task_manager
-    from cluster.score.lm_eval_scores import check_documents, replay_lm
+    from cluster.lm_eval.quiet import quiet
+    from cluster.lm_eval.run import run_lm_eval, task_manager
+    from cluster.lm_eval.scores import check_documents, replay_lm
 
     settings = task.lm_eval.settings
     manager = task_manager(settings)
@@ -643,7 +643,7 @@ def test_answers_are_never_scored_against_documents_that_changed_after_planning(
     """A task's data or template edited after the sweep planned it: scoring stops with one line naming the task
     and its YAML, rather than pair the answers with other labels or prompts (planned as they are: only the
     missing answers stop it)."""
-    from cluster.score.lm_eval_scores import ChangedDocuments, MissingAnswer
+    from cluster.lm_eval.scores import ChangedDocuments, MissingAnswer
 
     tasks = write_tasks(tmp_path / "own")
     spec = _load(write_spec(tmp_path, {"tasks": ["rs_mc0"], "include_path": str(tasks), "limit": 8}))
@@ -672,7 +672,7 @@ def test_a_resume_after_a_tasks_documents_changed_is_refused_naming_them(tmp_pat
     from cluster.store.output_files import SinkError
 
     tasks = write_tasks(tmp_path / "own")
-    # a limit: no request cache, which a later process would not share either (cluster/harness/lm_eval_run.py)
+    # a limit: no request cache, which a later process would not share either (cluster/lm_eval/run.py)
     entry = {"tasks": ["rs_mc0"], "include_path": str(tasks), "limit": 8}
     before = data_hashes(_load(write_spec(tmp_path, entry)))
     assert before["rs_mc0"]["documents"]
@@ -689,7 +689,7 @@ def test_a_resume_after_a_tasks_documents_changed_is_refused_naming_them(tmp_pat
 def test_generation_arguments_are_read_as_lm_evals_models_read_them():
     """lm-eval's aliases of max_gen_toks (max_new_tokens, max_tokens, max_completion_tokens, in lm-eval's order of
     priority) and num_beams: 1 are taken; beam search, which vLLM's sampling does not run, is refused naming the task."""
-    from cluster.inputs.lm_eval_tasks import sampling_of
+    from cluster.lm_eval.requests import sampling_of
 
     def sampling(gen: dict):
         return sampling_of("t", [SimpleNamespace(args=("Q:", gen), repeats=1)])
@@ -716,7 +716,7 @@ def test_what_lm_eval_prints_while_it_scores_goes_to_its_logger_and_other_thread
 
     import lm_eval.api.metrics as metrics
 
-    from cluster.harness.lm_eval_quiet import quiet
+    from cluster.lm_eval.quiet import quiet
 
     logged = []
     monkeypatch.setattr(logging.getLogger("lm_eval"), "info", lambda *args: logged.append(args[0] % args[1:]))

@@ -1,7 +1,7 @@
 """lm-evaluation-harness tasks in a spec (docs/lm-eval.md): the settings of a `lm_eval:` task entry, and what
 each raysweep task made from it remembers of them.
 
-A `lm_eval:` entry names lm-eval tasks or groups. At spec load (cluster/inputs/lm_eval_tasks.py) lm-eval
+A `lm_eval:` entry names lm-eval tasks or groups. At spec load (cluster/lm_eval/requests.py) lm-eval
 itself builds their requests; each lm-eval task becomes one raysweep task over every model of the sweep:
 - `generate_until`: a `generate` task, its sampling from the task's generation arguments;
 - `loglikelihood` and `multiple_choice`: a `loglikelihood` task, a row per document (its requests' continuations
@@ -9,7 +9,7 @@ itself builds their requests; each lm-eval task becomes one raysweep task over e
 - `loglikelihood_rolling`: a `loglikelihood` task whose one choice is the document, scored in lm-eval's
   rolling windows (`rolling_windows`, cluster/contracts/loglikelihood.py) by the actor.
 After the sweep, lm-eval's own code scores and aggregates what the engines returned
-(cluster/score/lm_eval_scores.py). This module imports nothing of lm-eval: actors read it.
+(cluster/lm_eval/scores.py). This module imports nothing of lm-eval: actors read it.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class LmEvalTask:
     # which `lm_eval:` entry of the spec it came from (its tasks are scored together); -1: made by `raysweep
     # lm-eval`, whose lm-eval process scores the answers itself
     entry: int = 0
-    # hashes of its documents and of its requests as planned (cluster/harness/lm_eval_run.py documents_hash,
+    # hashes of its documents and of its requests as planned (cluster/lm_eval/run.py documents_hash,
     # requests_hash): scoring checks what it read again against them, a resume the documents; None: not taken
     documents: str | None = None
     requests: str | None = None

@@ -1,11 +1,17 @@
 """How a spec's model path reads: a builtin model's name, a path that can only be a local directory, or
-(otherwise) a hub id unless such a folder exists."""
+(otherwise) a hub id unless such a folder exists; and raysweep's own cache folder (`cache_root`)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 BUILTIN_PREFIX = "builtin:"
+
+
+def cache_root() -> Path:
+    """Where raysweep keeps what it builds: builtin models, token counts, lm-eval requests (RAYSWEEP_CACHE)."""
+    return Path(os.environ.get("RAYSWEEP_CACHE", Path.home() / ".cache" / "raysweep"))
 
 
 def is_builtin(path: str) -> bool:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cluster.contracts.model_paths import BUILTIN_PREFIX, is_builtin, is_local_path  # noqa: F401
+from cluster.contracts.model_paths import BUILTIN_PREFIX, cache_root, is_builtin, is_local_path  # noqa: F401
 
 HUB_PROBE_S = 2.0  # one connection attempt to the hub, no retries: without network, say so at once
 VERSION = "v1"  # bump when the recipe changes: the cache directory is keyed by it
@@ -49,10 +49,6 @@ CONFIGS = {
                   num_key_value_heads=8, max_position_embeddings=32768, seed=20261124,
                   init="uniform", storage="float16"),
 }
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("RAYSWEEP_CACHE", Path.home() / ".cache" / "raysweep"))
 
 
 def resolve_model_path(path: str) -> str:

@@ -137,3 +137,22 @@ def _generic_name(path: str) -> str | None:
     if name not in GENERIC or raw.get("auto_map"):
         return None
     return name
+
+
+def chat_tokenizer(models, base_dir: str):
+    """The tokenizer whose chat template renders a `lm_eval:` entry's requests (cluster/lm_eval/requests.py):
+    every model's template must be the same text (the requests are built once, for all of them)."""
+    from cluster.inputs.builtin_model import resolve_model_path
+
+    tokenizers = []
+    for model in models:
+        path = os.path.expanduser(model.path)
+        local = os.path.normpath(os.path.join(base_dir, path))
+        tokenizers.append(load_tokenizer(resolve_model_path(local if os.path.exists(local) else path)))
+    templates = {getattr(t, "chat_template", None) for t in tokenizers}
+    if None in templates:
+        raise ValueError("apply_chat_template: a model's tokenizer has no chat template")
+    if len(templates) > 1:
+        raise ValueError("apply_chat_template: the sweep's models have different chat templates; lm-eval requests "
+                         "rendered with one would be wrong for the others (give each its own sweep)")
+    return tokenizers[0]

@@ -138,7 +138,7 @@ def _listed(raw: Any, key: str, build) -> tuple:
 
 
 def _tasks(raw: Any, models: tuple[ModelSpec, ...], base_dir: str) -> tuple[TaskSpec, ...]:
-    """The spec's tasks: its own, and those a `lm_eval:` entry names (cluster/inputs/lm_eval_tasks.py)."""
+    """The spec's tasks: its own, and those a `lm_eval:` entry names (cluster/lm_eval/requests.py)."""
     if not isinstance(raw, list):
         raise ValueError("tasks: must be a list")
     tasks, entries = [], 0
@@ -150,7 +150,8 @@ def _tasks(raw: Any, models: tuple[ModelSpec, ...], base_dir: str) -> tuple[Task
         if extra:
             raise ValueError(f"tasks[{i}].{extra[0]}: an lm_eval entry holds only `lm_eval:` (its tasks are named "
                              "by lm-eval)")
-        from cluster.inputs.lm_eval_tasks import SETTING_ERROR, chat_tokenizer, lm_eval_entry
+        from cluster.inputs.model_files import chat_tokenizer
+        from cluster.lm_eval.requests import SETTING_ERROR, lm_eval_entry
 
         try:
             tasks.extend(lm_eval_entry(item["lm_eval"], base_dir, entries, lambda: chat_tokenizer(models, base_dir),

@@ -108,7 +108,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
     clock = clock or RunClock(time.time())
     prepared.plans.start()  # a background plan starts now, with Ray up
     if any(t.lm_eval is not None for t in prepared.spec.tasks):
-        from cluster.harness.lm_eval_run import score_ahead
+        from cluster.lm_eval.run import score_ahead
 
         score_ahead()  # lm-eval's scoring pass prepared while the shards run
     with prepared.sink as sink:
@@ -121,7 +121,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
             if not isinstance(sys.exc_info()[1], OutputWriteError):  # else the output takes nothing more now
                 engines = {"engines": run.engines.record()} if run.engines else {}
                 sink.add_run({**clock.record(), **run.tail_record(), **engines})
-                run.report.summary = sink.finish(log)
+                run.report.summary = sink.finish(_scored(prepared.spec, sink, log))
                 for name in sink.set_aside:
                     log(f"[raysweep] {name} could not be read (torn or replaced): set aside as {name}.unreadable-*, "
                         "and this run's telemetry written anew")
@@ -130,6 +130,17 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
         run.report.gpu_samples = sink.gpu_samples
     run.report.samples, run.report.wall_s = run.progress.done, time.perf_counter() - started
     return run.report
+
+
+def _scored(spec: SweepSpec, sink, log: Callable[[str], None]):
+    """The run's summary, with lm-eval's own scores of its `lm_eval:` tasks (cluster/lm_eval/scores.py)."""
+    summary = sink.summary()
+    if not any(t.lm_eval is not None for t in spec.tasks):
+        return summary
+    from cluster.inputs.model_files import chat_tokenizer
+    from cluster.lm_eval.scores import scored_summary
+
+    return scored_summary(spec, sink, summary, log, lambda: chat_tokenizer(spec.models, spec.base_dir))
 
 
 def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], None] = print,

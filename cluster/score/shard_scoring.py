@@ -12,7 +12,7 @@ cluster/contracts/results_schema.py), off the scheduler's path where scoring is 
    - any other scorer: a function of the output and the target (cluster/score/scorers.py), here and now,
      and, for a scorer with metrics beside its score (numeric_match: both extractions), those in `metrics`;
    - a task made from a `lm_eval:` entry: nothing here; lm-eval scores it after the sweep
-     (cluster/score/lm_eval_scores.py).
+     (cluster/lm_eval/scores.py).
 3. Structured validity for generated rows; the table assembled by column name.
 `replay_table` makes the actor's part of a replay task's shard from its data, with no engine.
 """

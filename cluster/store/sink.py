@@ -155,44 +155,47 @@ class ResultSink:
         self._telemetry.flush(tables)
 
     @_writes
-    def finish(self, log=print) -> pa.Table:
-        """Write telemetry (appended to earlier runs', with the parts an earlier run left when it died)
-        and the summary over every committed shard; lm-eval's results of `lm_eval:` tasks whose rows are all in."""
+    def summary(self) -> pa.Table:
+        """Telemetry written (appended to earlier runs', with the parts an earlier run left when it died), and
+        the summary over every committed shard, this run's and earlier ones'. `finish` writes it."""
         self._telemetry.finish()
         for sid in sorted(self.committed() - self._summarized):  # committed by an earlier run
             with self.fs.open_input_file(join(self.root, self.manifest["shards"][sid]["file"])) as f:
                 shard = pq.ParquetFile(f)  # an older output's files lack the newer columns: those read as null
                 self._summary.add(shard.read(columns=[c for c in SUMMARY_COLUMNS if c in shard.schema_arrow.names]))
             self._summarized.add(sid)
-        summary = self._summary.table()
-        if any(t.lm_eval is not None for t in self.spec.tasks):
-            summary = self._lm_eval(summary, log)
+        return self._summary.table()
+
+    @_writes
+    def finish(self, summary: pa.Table | None = None) -> pa.Table:
+        """The summary written (`summary()`'s, or that table as the run completed it: lm-eval's metrics) and the
+        run's end recorded."""
+        summary = self.summary() if summary is None else summary
         write_table(self.fs, join(self.root, "summary.parquet"), summary)  # by rename: a reader never sees half
         self.manifest["finished_at"] = now()
         self._save_manifest()
         return summary
 
-    def _lm_eval(self, summary: pa.Table, log) -> pa.Table:
-        from cluster.score.lm_eval_scores import ANSWER_COLUMNS, merge_summary, score_lm_eval
+    def committed_rows(self, model: str, task: str, columns: list[str]) -> pa.Table | None:
+        """`columns` of every committed row of one model's task; None while any of its shards is not committed."""
+        entries = [s for sid, s in self.manifest["shards"].items() if sid.startswith(f"{model}/{task}/")]
+        if not entries or any(s["state"] != ShardState.COMMITTED for s in entries):
+            return None
+        tables = []
+        for s in entries:
+            with self.fs.open_input_file(join(self.root, s["file"])) as f:
+                tables.append(pq.read_table(f, columns=columns))
+        return pa.concat_tables(tables)
 
-        def read(model: str, task: str) -> pa.Table | None:
-            entries = [s for sid, s in self.manifest["shards"].items() if sid.startswith(f"{model}/{task}/")]
-            if not entries or any(s["state"] != ShardState.COMMITTED for s in entries):
-                return None
-            tables = []
-            for s in entries:
-                with self.fs.open_input_file(join(self.root, s["file"])) as f:
-                    tables.append(pq.read_table(f, columns=list(ANSWER_COLUMNS)))
-            return pa.concat_tables(tables)
+    @_writes
+    def write_text(self, relative: str, body: str) -> None:
+        """A text file under the output, by rename."""
+        write_bytes_renamed(self.fs, join(self.root, relative), body.encode())
 
-        def text(rel: str, body: str) -> None:
-            write_bytes_renamed(self.fs, join(self.root, rel), body.encode())
-
-        from cluster.inputs.lm_eval_tasks import chat_tokenizer
-
-        metrics = score_lm_eval(self.spec, read, text, lambda rel, t: write_table(self.fs, join(self.root, rel), t), log,
-                                lambda: chat_tokenizer(self.spec.models, self.spec.base_dir))
-        return merge_summary(summary, metrics)
+    @_writes
+    def write_parquet(self, relative: str, table: pa.Table) -> None:
+        """A Parquet file under the output, by rename."""
+        write_table(self.fs, join(self.root, relative), table)
 
     def _save_manifest(self) -> None:
         self._writer.save(self.manifest)

@@ -2,11 +2,11 @@
 requests, exactly as `lm_eval --model ...` would, and this module writes them as a task's rows.
 
 1. `lm_eval_entry` checks the entry's settings, then runs lm-eval's `simple_evaluate` with `RecordingLM`, a
-   model that answers nothing real and keeps every request it is asked (`run_lm_eval`, cluster/harness/lm_eval_run.py:
+   model that answers nothing real and keeps every request it is asked (`run_lm_eval`, cluster/lm_eval/run.py:
    the one call, also used to score). Documents, few-shot contexts, `until` strings and
    generation arguments are lm-eval's own.
-2. `request_rows` (cluster/harness/lm_eval_run.py) turns each lm-eval task's requests into rows (the row ids are how scoring finds a request's
-   answer again); they are written as JSONL under raysweep's cache, named by their content, and each task
+2. `request_rows` (cluster/lm_eval/run.py) turns each lm-eval task's requests into rows (the row ids are how
+   scoring finds a request's answer again); they are written as JSONL under raysweep's cache, named by their content, and each task
    becomes a `TaskSpec` whose `data` is that file.
 Bad input is one line before any engine starts: lm-eval not installed, an unknown task (with lm-eval's
 closest names), a dataset that cannot be loaded offline, a task whose requests raysweep cannot serve.
@@ -23,9 +23,10 @@ from collections import defaultdict
 
 from cluster.contracts.lm_eval_task import LmEvalSettings, LmEvalTask
 from cluster.contracts.task_spec import NAME_RE, SamplingSpec, TaskSpec
-from cluster.harness.lm_eval_quiet import quiet
-from cluster.harness.lm_eval_run import (documents_hash, import_lm_eval, request_rows, requests_hash, run_lm_eval,
-                                         task_manager, with_chat_template)
+from cluster.lm_eval.adapter import with_chat_template
+from cluster.lm_eval.quiet import quiet
+from cluster.lm_eval.run import (documents_hash, import_lm_eval, request_rows, requests_hash, run_lm_eval,
+                                 task_manager)
 
 GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}
 # what lm-eval's models read as max_gen_toks too (lm_eval.models.utils.normalize_gen_kwargs, in its order of priority)
@@ -142,26 +143,6 @@ def sampling_of(task: str, requests: list) -> SamplingSpec:
                         n=repeats if temperature > 0 else 1)
 
 
-def chat_tokenizer(models, base_dir: str):
-    """The tokenizer whose chat template renders an entry's requests: every model's template must be the same
-    text (the requests are built once, for all of them)."""
-    from cluster.inputs.builtin_model import resolve_model_path
-    from cluster.inputs.model_files import load_tokenizer
-
-    tokenizers = []
-    for model in models:
-        path = os.path.expanduser(model.path)
-        local = os.path.normpath(os.path.join(base_dir, path))
-        tokenizers.append(load_tokenizer(resolve_model_path(local if os.path.exists(local) else path)))
-    templates = {getattr(t, "chat_template", None) for t in tokenizers}
-    if None in templates:
-        raise ValueError("apply_chat_template: a model's tokenizer has no chat template")
-    if len(templates) > 1:
-        raise ValueError("apply_chat_template: the sweep's models have different chat templates; lm-eval requests "
-                         "rendered with one would be wrong for the others (give each its own sweep)")
-    return tokenizers[0]
-
-
 def lm_eval_entry(raw: dict, base_dir: str, entry: int, get_chat_tokenizer=lambda: None,
                   models: tuple[str, ...] = ()) -> list[TaskSpec]:
     """The raysweep tasks of one `lm_eval:` entry (its settings as the spec gives them) over the sweep's `models`
@@ -238,7 +219,7 @@ def task_spec(name: str, requests: list, rows: list, settings: LmEvalSettings, e
 
 def _write_rows(name: str, rows: list[dict]) -> str:
     """The rows as JSONL under raysweep's cache, named by their content (the same requests: the same file)."""
-    from cluster.inputs.builtin_model import cache_root
+    from cluster.contracts.model_paths import cache_root
 
     body = "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows).encode()
     folder = cache_root() / "lm_eval"

@@ -1,7 +1,7 @@
 """lm-eval's scores of a sweep's `lm_eval:` tasks, by lm-eval's own code, once their rows are committed.
 
 Per `lm_eval:` entry and model: `ReplayLM` is an lm-eval model that answers each request from the committed
-results rows (found again through `request_rows`, cluster/harness/lm_eval_run.py), and `run_lm_eval` runs
+results rows (found again through `request_rows`, cluster/lm_eval/run.py), and `run_lm_eval` runs
 lm-eval's `simple_evaluate` with it and the entry's settings, so filters, `process_results`, aggregation,
 groups and stderr are lm-eval's. Written under the output, per model (docs/lm-eval.md):
 - `lm_eval/<model>/results_<date>.json` and `samples_<task>_<date>.jsonl`: lm-eval's results and its
@@ -24,9 +24,10 @@ from typing import Callable
 import pyarrow as pa
 
 from cluster.contracts.spec import SweepSpec
-from cluster.harness.lm_eval_quiet import quiet
-from cluster.harness.lm_eval_run import (documents_hash, empty_document, request_rows, requests_hash, run_lm_eval,
-                                         task_manager, with_chat_template)
+from cluster.lm_eval.adapter import with_chat_template
+from cluster.lm_eval.quiet import quiet
+from cluster.lm_eval.run import (documents_hash, empty_document, request_rows, requests_hash, run_lm_eval,
+                                 task_manager)
 
 COUNTS = ("n", "n_samples", "n_ok", "n_truncated", "n_skipped", "n_error", "output_tokens")  # summary columns a group sums
 BYPASS = "bypass"  # the metric lm-eval's predict_only puts in place of a task's metrics (its aggregate is 999)
@@ -278,3 +279,13 @@ def merge_summary(summary: pa.Table, metrics: dict[tuple[str, str], dict]) -> pa
             for m in row["metrics"]:
                 m["n"] = values.get("documents")
     return pa.Table.from_pylist(sorted(rows, key=lambda r: (r["model"], r["task"])), schema=summary.schema)
+
+
+def scored_summary(spec: SweepSpec, sink, summary: pa.Table, log: Callable[[str], None],
+                   chat_tokenizer: Callable[[], object] = lambda: None) -> pa.Table:
+    """`summary` with lm-eval's metrics of the sweep's `lm_eval:` tasks whose rows are all committed, their
+    files written under the output (`sink`: cluster/store/sink.py, read and written through). Called by the run
+    once its shards are done, before the summary is written."""
+    metrics = score_lm_eval(spec, lambda model, task: sink.committed_rows(model, task, list(ANSWER_COLUMNS)),
+                            sink.write_text, sink.write_parquet, log, chat_tokenizer)
+    return merge_summary(summary, metrics)

@@ -1,4 +1,4 @@
-"""lm-eval kept out of a sweep's terminal while raysweep calls it (cluster/harness/lm_eval_run.py): its progress
+"""lm-eval kept out of a sweep's terminal while raysweep calls it (cluster/lm_eval/run.py): its progress
 bars, log lines, prints and the stderr of what it runs. A sweep's stdout is raysweep's lines and its table."""
 
 from __future__ import annotations

@@ -1,0 +1,142 @@
+"""Where raysweep replaces parts of lm-eval at run time, in one place, for the one lm-eval release it is written
+against (cluster/contracts/lm_eval_task.py VERSION): `require_version` stops on any other in one line before
+lm-eval is used. Each replacement is a context manager or a subclass that puts lm-eval's own back:
+- `with_chat_template`: an lm-eval model rendering chat templates as lm-eval's HF model does;
+- `without_run_record`: `simple_evaluate` without its environment record (a pass whose results nobody reads);
+- `templates_compiled_once`: `utils.apply_template` with each template compiled once;
+- `own_request_cache`: lm-eval's request cache in a temporary folder of this process's own;
+- `own_tasks_indexed`: lm-eval's command line indexing only an include_path that holds every task named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+from cluster.contracts.lm_eval_task import EXTRA, VERSION
+
+
+class LmEvalVersionError(ValueError):
+    """lm-eval is installed at a release raysweep is not written against."""
+
+
+def require_version(installed: str | None = None) -> None:
+    """One line where the installed lm-eval is not VERSION: the replacements below reach into its internals."""
+    if installed is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("lm_eval")
+        except PackageNotFoundError:
+            return  # an lm-eval without its metadata (a source checkout): its import decides
+    if installed != VERSION:
+        raise LmEvalVersionError(f"lm-eval {installed} is installed; raysweep works with lm-eval {VERSION} only "
+                                 f"(it replaces some of lm-eval's internals): {EXTRA}")
+
+
+def with_chat_template(lm, tokenizer):
+    """`lm` (an lm-eval model) rendering chat templates with `tokenizer`, as lm-eval's HF model does: its
+    `apply_chat_template` (the system message dropped where the template refuses one), `chat_template` and
+    `tokenizer_name` (which lm-eval's request cache and results name). None: `lm` as it is."""
+    if tokenizer is None:
+        return lm
+    import jinja2
+
+    class ChatTemplated(type(lm)):
+        @property
+        def tokenizer_name(self) -> str:
+            return tokenizer.name_or_path.replace("/", "__")
+
+        def chat_template(self, chat_template: bool | str = False) -> str | None:
+            return tokenizer.chat_template if chat_template else None
+
+        def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+            def render(history):
+                return tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                     continue_final_message=not add_generation_prompt)
+            try:
+                return render(chat_history)
+            except jinja2.exceptions.TemplateError:
+                return render([m for m in chat_history if m["role"] != "system"])
+
+    lm.__class__ = ChatTemplated
+    return lm
+
+
+@contextlib.contextmanager
+def without_run_record():
+    """lm-eval's `simple_evaluate` without the environment record it adds to its results: torch's
+    `collect_env` (which imports torch and runs nvidia-smi, pip and others) and `git describe`. For a pass
+    whose results nobody reads; lm-eval's own functions are back when the call ends."""
+    import lm_eval.evaluator as evaluator
+
+    saved = evaluator.add_env_info, evaluator.get_git_commit_hash
+    evaluator.add_env_info, evaluator.get_git_commit_hash = (lambda results: None), (lambda: None)
+    try:
+        yield
+    finally:
+        evaluator.add_env_info, evaluator.get_git_commit_hash = saved
+
+
+@contextlib.contextmanager
+def templates_compiled_once():
+    """lm-eval's `utils.apply_template` with each template string compiled once: lm-eval compiles a task's
+    `doc_to_text`/`doc_to_target`/`doc_to_choice` again for every document and every few-shot example (18,004
+    compiles for 2 tasks of 1,200 documents with 2 shots: 23 of the 38 s that building their requests took on
+    2 CPU cores). The same Jinja environment, the same template, rendered with the same document: the same
+    text. lm-eval's own function is back when the call ends."""
+    import lm_eval.utils as utils
+
+    original, env = utils.apply_template, utils.env
+
+    @functools.lru_cache(maxsize=256)
+    def compiled(template: str):
+        return env.from_string(template)
+
+    def apply_template(template: str, doc: dict) -> str:
+        return compiled(template).render(**doc)
+
+    utils.apply_template = apply_template
+    try:
+        yield
+    finally:
+        utils.apply_template = original
+
+
+@functools.lru_cache(maxsize=1)
+def own_request_cache() -> str:
+    """lm-eval's request cache moved from its package folder to a temporary one removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    import lm_eval.caching.cache as cache
+
+    folder = tempfile.mkdtemp(prefix="raysweep-lm-eval-requests-")
+    atexit.register(shutil.rmtree, folder, True)
+    cache.PATH = folder  # read by lm-eval at each load and save
+    return folder
+
+
+@contextlib.contextmanager
+def own_tasks_indexed(names: list[str]):
+    """lm-eval's command line with `task_manager`'s rule: a TaskManager it makes with an include_path that
+    holds every task of `names` (its --tasks) indexes that folder only, not lm-eval's own 14,000 task files
+    as well (14 s of a 77 s command on 2 CPU cores). A name the folder lacks (one of lm-eval's tasks, a YAML
+    file's path): both, as lm-eval indexes them. lm-eval's own class is back when the call ends."""
+    import lm_eval.tasks
+
+    original = lm_eval.tasks.TaskManager
+
+    class OwnTasksFirst(original):
+        def __init__(self, verbosity=None, include_path=None, include_defaults: bool = True, metadata=None):
+            narrow = include_defaults and include_path is not None and bool(names)
+            super().__init__(verbosity, include_path, include_defaults and not narrow, metadata)
+            if narrow and not all(name in self.all_tasks for name in names):
+                super().__init__(verbosity, include_path, True, metadata)
+
+    lm_eval.tasks.TaskManager = OwnTasksFirst
+    try:
+        yield
+    finally:
+        lm_eval.tasks.TaskManager = original
