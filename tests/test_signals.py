@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 import pyarrow.parquet as pq
 import pytest
@@ -122,16 +123,17 @@ def test_sigterm_to_the_whole_process_group_ends_the_run_in_one_line_without_wai
     assert not _raylets(ray_dir)
 
 
-def _code_spec(folder, sleep_s: float):
-    """A replay sweep of 20 programs through code_exec (no engine), each sleeping `sleep_s`, shards of 5."""
+def _code_spec(folder, sleep_s: float, timeout_s: float = 10, program: str | None = None):
+    """A replay sweep of 20 programs through code_exec (no engine), each sleeping `sleep_s` (or `program`),
+    shards of 5."""
     import json
 
-    program = f"import time\ntime.sleep({sleep_s})\nassert True"
+    program = program or f"import time\ntime.sleep({sleep_s})\nassert True"
     (folder / "c.jsonl").write_text("".join(json.dumps({"id": str(i), "code": program}) + "\n" for i in range(20)))
     spec = folder / "s.yaml"
     spec.write_text(f"name: slow-code\noutput: {folder / 'out'}\nmodels: []\ntasks:\n"
                     "  - {name: slow, data: c.jsonl, id_column: id, prompt: '{id}', replay: {column: code},\n"
-                    "     scorer: {name: code_exec, program: \"{completion}\\n\", timeout_s: 10}}\n"
+                    f"     scorer: {{name: code_exec, program: \"{{completion}}\\n\", timeout_s: {timeout_s}}}}}\n"
                     "shards: {max_samples: 5}\n")
     return spec
 
@@ -177,6 +179,46 @@ def test_ctrl_c_during_code_exec_scoring_is_one_line_and_the_run_resumes(tmp_pat
     assert again.returncode == 0, text[-3000:]
     ids = pq.read_table(tmp_path / "out" / "results", columns=["sample_id"])["sample_id"].to_pylist()
     assert len(ids) == len(set(ids)) == 20
+
+
+def _processes_naming(token: str) -> set[int]:
+    """The processes whose command line holds `token` (zombies too: they are not reaped yet)."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if token.encode() in f.read():
+                    found.add(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_long_code_exec_programs_kills_them_and_ends_in_seconds(tmp_path):
+    """Ctrl-C while code_exec programs sleep for 100 s (timeout_s 120): the line, and the process ended within
+    seconds with no sandbox left, not once the programs' sleep was over (it waited for them)."""
+    token = uuid.uuid4().hex  # in each program's command line, so that they can be found
+    program = ("import os, sys\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(100)', "
+               f"{token!r}])")
+    sweep = _driver(_code_spec(tmp_path, 0, timeout_s=120, program=program))
+    lines = []
+    for line in sweep.stdout:
+        lines.append(line)
+        if "code_exec programs run sandboxed" in line:
+            break
+    deadline = time.monotonic() + 60
+    while not _processes_naming(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_naming(token), "no program seen running: the check below would see none"
+    os.killpg(sweep.pid, signal.SIGINT)
+    signalled = time.monotonic()
+    rest, _ = sweep.communicate(timeout=90)
+    took = time.monotonic() - signalled
+    print(f"{took:.1f}s from Ctrl-C to the process's end")
+    _assert_one_stop_line(sweep, "".join(lines) + rest)
+    assert took < 30  # far below the programs' 100 s: they were killed, not waited for
+    assert not _processes_naming(token)
 
 
 @pytest.mark.slow
