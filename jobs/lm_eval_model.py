@@ -135,7 +135,7 @@ def make_model_class():
 
         def _start_ray(self) -> None:
             from jobs import local_ray
-            from jobs.sweep import check_ray_address, start_ray
+            from jobs.ray_start import check_ray_address, start_ray
 
             from cluster.schedule.kept import KeptActors
 

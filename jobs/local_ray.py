@@ -1,4 +1,7 @@
-"""A local Ray that a raysweep command started for itself: its stop.
+"""A local Ray that a raysweep command started for itself: its reaper, and its stop.
+
+`reaped()`, before ray.init: a reaper process (jobs/ray_reaper.py) that ends what this Ray leaves running if the
+command is killed before `shutdown()` releases it.
 
 `shutdown()`: `ray.shutdown`, with Ray's autoscaler monitor killed first where this process started the node.
 Ray (2.60) stops its GCS before the monitor, whose SIGTERM handler then tries to report to the gone GCS until
@@ -12,9 +15,22 @@ with them, in three rounds of one lease with the order swapped in the last (benc
 
 from __future__ import annotations
 
+import sys
+
+_REAPERS: list = []  # the reaper of the local Ray this process starts, until shutdown() releases it
+
+
+def reaped() -> None:
+    """A reaper for the local Ray this process is about to start (Linux: it reads /proc), if none runs yet."""
+    from jobs.ray_reaper import Reaper
+
+    if not _REAPERS and sys.platform.startswith("linux"):
+        _REAPERS.append(Reaper())
+
 
 def shutdown() -> None:
-    """ray.shutdown, without the monitor's second (a no-op where Ray is not up, as ray.shutdown is)."""
+    """ray.shutdown, without the monitor's second (a no-op where Ray is not up, as ray.shutdown is); then the
+    reaper released: nothing of this Ray is left for it."""
     import subprocess
 
     import ray
@@ -28,3 +44,10 @@ def shutdown() -> None:
         except (OSError, subprocess.TimeoutExpired):
             pass  # Ray's own stop deals with it, as it would have
     ray.shutdown()
+    release_reaper()
+
+
+def release_reaper() -> None:
+    """The reaper told that this process stopped its Ray itself: it ends, killing nothing."""
+    while _REAPERS:
+        _REAPERS.pop().release()

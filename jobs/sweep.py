@@ -13,21 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 
 from cluster.contracts.errors import RaysweepError
 from cluster.contracts.shard import ShardState
-from jobs.ray_output import add_verbose_argument, init_options, keep_quiet
-
-RAY_PROBE_S = 2.0  # an explicit Ray address must accept a connection this fast (ray.init waits minutes)
-
-
-class RayStartError(RaysweepError, ConnectionError):
-    """Ray could not be started or reached; the message names the address and where it came from."""
-
+from jobs.ray_output import add_verbose_argument
+from jobs.ray_start import check_ray_address, start_ray
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="sweep spec (YAML)")
@@ -288,38 +281,6 @@ def _print_report(report, node, output_kept: bool = True, verbose: bool = False)
                   "actor's node (worker-*.err under /tmp/ray/session_*/logs by default)")
         return 1
     return 0
-
-
-def start_ray(address: str, named: str, dashboard: bool, verbose: bool = False) -> None:
-    """ray.init; a Ray that does not start or answer is one line naming the address (RayStartError). Ray's
-    and the actors' own log lines only with `verbose` (jobs/ray_output.py)."""
-    import ray
-
-    print("[raysweep] starting a local Ray" if address == "local" else f"[raysweep] connecting to Ray at {address}",
-          flush=True)
-    # a dashboard can only be chosen for a Ray this process starts
-    options = {"include_dashboard": dashboard} if address == "local" else {}
-    try:
-        ray.init(address=address, **init_options(verbose), **options)
-    except Exception as e:  # ConnectionError, TimeoutError, Ray's own complaints; a raylet that did not register
-        # within Ray's 30 s is a bare Exception (seen with the machine's load at 8 on 2 cores)
-        where = "a local Ray did not start" if address == "local" else f"{named} {address}: Ray did not connect"
-        raise RayStartError(f"{where}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
-    keep_quiet(verbose)
-
-
-def check_ray_address(address: str, named: str) -> None:
-    """An explicit `host:port` must accept a TCP connection within RAY_PROBE_S: where nothing listens,
-    ray.init retries for minutes and ends in a 30-line traceback. `local` and `auto` are ray.init's own."""
-    if address in ("local", "auto"):
-        return
-    host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
-    if not sep or not port.isdigit():
-        return  # not host:port: ray.init says what it makes of it
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_S).close()
-    except OSError as e:
-        raise RayStartError(f"{named} {address}: no Ray there to connect to ({e.strerror or e})") from None
 
 
 JOB_WORKING_DIRS = "/runtime_resources/working_dir_files/"  # where Ray unpacks a job's --working-dir

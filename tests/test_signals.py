@@ -123,6 +123,77 @@ def test_sigterm_to_the_whole_process_group_ends_the_run_in_one_line_without_wai
     assert not _raylets(ray_dir)
 
 
+def _process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, start time) of each process running (zombies have ended: left out)."""
+    table = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != b"Z":
+            table[int(pid)] = (int(fields[1]), int(fields[19]))
+    return table
+
+
+def _descendants(root: int) -> dict[int, int]:
+    """pid -> start time of every process below `root` now (Ray's head processes, its agents and workers, the
+    engine host): the start time tells one of them from a later process given the same pid."""
+    table, found, todo = _process_table(), {}, [root]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, start) in table.items():
+            if ppid == parent and pid not in found:
+                found[pid] = start
+                todo.append(pid)
+    return found
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:100]
+    except OSError:
+        return f"{pid} (ended)"
+
+
+def _left_running(noted: dict[int, int], within_s: float) -> dict[int, int]:
+    """Of `noted`, those still running after waiting up to `within_s` for them to end."""
+    give_up = time.monotonic() + within_s
+    while True:
+        table = _process_table()
+        left = {pid: start for pid, start in noted.items() if table.get(pid, (0, None))[1] == start}
+        if not left or time.monotonic() > give_up:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["kill -9", "SIGHUP to the group"])
+def test_nothing_the_run_started_outlives_a_killed_driver(tmp_path, ray_dir, how):
+    """kill -9 of the driver mid-shards (or a closed terminal's SIGHUP to its process group): within seconds no
+    process it started runs, Ray's agents included (its dashboard and runtime env agents outlived the driver by a
+    minute, trying to tell the dead GCS that their raylet was gone)."""
+    sweep = _run(tmp_path / "out", ray_dir)
+    lines = []
+    for line in sweep.stdout:
+        lines.append(line)
+        if MOMENTS["mid-shards"](line):
+            break
+    noted = _descendants(sweep.pid)
+    assert _raylets(ray_dir) & set(noted), "no raylet of this run's Ray among its processes: nothing to check"
+    if how == "kill -9":
+        os.kill(sweep.pid, signal.SIGKILL)
+    else:
+        os.killpg(sweep.pid, signal.SIGHUP)
+    rest, _ = sweep.communicate(timeout=120)
+    left = _left_running(noted, within_s=15)  # a bound on a hang: the reaper ends them in about a second
+    assert not left, [_command_line(pid) for pid in left]
+    if how != "kill -9":
+        assert "Traceback" not in "".join(lines) + rest
+
+
 def _code_spec(folder, sleep_s: float, timeout_s: float = 10, program: str | None = None):
     """A replay sweep of 20 programs through code_exec (no engine), each sleeping `sleep_s` (or `program`),
     shards of 5."""
