@@ -174,11 +174,11 @@ def reclaim() -> None:
         signal.signal(s, _OURS[-1])
 
 
-def stopped_line(stop: Interrupted, sink, output: str | None) -> str:
-    """What the edge prints: the signal, what the output holds now, how to resume."""
+def stopped_line(stop: Interrupted | str, sink, output: str | None) -> str:
+    """What the edge prints: the signal (or why else the run stopped), what the output holds now, how to resume."""
+    head = f"[raysweep] stopped by {stop}:" if isinstance(stop, Interrupted) else f"[raysweep] stopped: {stop};"
     if sink is None:
-        return f"[raysweep] stopped by {stop}: before the output was opened; nothing was written"
+        return f"{head} before the output was opened; nothing was written"
     shards = sink.manifest.get("shards", {})
     done = len(sink.committed())
-    return (f"[raysweep] stopped by {stop}: {done} of {len(shards)} shard(s) committed in {output}; "
-            "the same command resumes the rest")
+    return f"{head} {done} of {len(shards)} shard(s) committed in {output}; the same command resumes the rest"

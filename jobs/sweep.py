@@ -163,14 +163,15 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
     moment: one line saying what was committed and how to resume (exit 1)."""
     from jobs.interrupts import Interrupted, interrupted_in, interruptible, stopped_line
 
-    held: dict = {}  # what the run has opened so far: the output's sink
-    said = threading.Lock()  # the line is said once: by the signal's handler, the GCS watch or here
+    said = threading.Lock()  # the line is said once: by the signal's handler, a GCS or head watch, or here
 
-    def say_stopped(stop: Interrupted) -> None:
+    def say_stopped(stop: Interrupted | str) -> None:
         if not said.acquire(blocking=False):
             return
         sink = held.get("sink")  # what is committed at the signal is final: the cleanup commits nothing more
         os.write(2, (stopped_line(stop, sink, sink.output if sink else None) + "\n").encode())
+
+    held: dict = {"say": say_stopped}  # the line's teller, and what the run has opened so far: the output's sink
 
     with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)
         try:
@@ -209,6 +210,7 @@ def _run_spec_with(spec, args: argparse.Namespace, clock, held: dict, ray_starti
     from cluster.inputs.checks import check_inputs
     from cluster.schedule.run import execute, prepare
     from jobs import local_ray
+    from jobs.head_watch import head_watched
     from jobs.interrupts import Interrupted, reclaim
 
     address, named = _ray_address(args)
@@ -244,10 +246,11 @@ def _run_spec_with(spec, args: argparse.Namespace, clock, held: dict, ray_starti
     print(f"[raysweep] Ray is up ({clock.record()['ray_start_s']:.1f}s after the command started); actors starting",
           flush=True)
     try:
-        report = execute(prepared, max_attempts=args.max_attempts, clock=clock,
-                         engine_host=host.address if host is not None else None)
-        # a local output on a cluster of several nodes is on the driver's node only: say which
-        node = ray.util.get_node_ip_address() if "://" not in report.output and len(ray.nodes()) > 1 else None
+        with head_watched(held["say"]):  # its GCS or raylet lost: the line, exit 1, in a second
+            report = execute(prepared, max_attempts=args.max_attempts, clock=clock,
+                             engine_host=host.address if host is not None else None)
+            # a local output on a cluster of several nodes is on the driver's node only: say which
+            node = ray.util.get_node_ip_address() if "://" not in report.output and len(ray.nodes()) > 1 else None
     finally:
         local_ray.shutdown()
     return report, node

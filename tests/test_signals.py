@@ -153,7 +153,7 @@ def _descendants(root: int) -> dict[int, int]:
 def _command_line(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")[:100]
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return f"{pid} (ended)"
 
@@ -189,9 +189,42 @@ def test_nothing_the_run_started_outlives_a_killed_driver(tmp_path, ray_dir, how
         os.killpg(sweep.pid, signal.SIGHUP)
     rest, _ = sweep.communicate(timeout=120)
     left = _left_running(noted, within_s=15)  # a bound on a hang: the reaper ends them in about a second
-    assert not left, [_command_line(pid) for pid in left]
+    assert not left, [_command_line(pid)[:100] for pid in left]
     if how != "kill -9":
         assert "Traceback" not in "".join(lines) + rest
+
+
+@pytest.mark.slow
+def test_a_lost_gcs_ends_the_run_in_one_line_within_seconds_and_the_run_resumes(tmp_path, ray_dir):
+    """The run's own gcs_server killed once engines are up: one line saying the run's Ray head was lost, exit 1,
+    in seconds (the sweep went on, then waited Ray's 60 s for the GCS and ended with Ray's C++ "Failed to connect
+    to GCS" line), nothing of the run left running; the same command then resumes to every sample exactly once."""
+    sweep = _run(tmp_path / "out", ray_dir)
+    lines = []
+    for line in sweep.stdout:
+        lines.append(line)
+        if MOMENTS["engines up"](line):
+            break
+    noted = _descendants(sweep.pid)
+    (gcs,) = [pid for pid in noted if "/gcs/gcs_server " in _command_line(pid) and ray_dir in _command_line(pid)]
+    os.kill(gcs, signal.SIGKILL)
+    killed = time.monotonic()
+    rest, _ = sweep.communicate(timeout=120)
+    took = time.monotonic() - killed
+    print(f"{took:.1f}s from the GCS's kill to the run's end")
+    text = "".join(lines) + rest
+    assert sweep.returncode == 1, text[-3000:]
+    stopped = [line for line in text.splitlines() if line.startswith("[raysweep] stopped: this run's local Ray lost "
+                                                                        f"its head (its gcs_server, pid {gcs}, ")]
+    assert len(stopped) == 1 and stopped[0].endswith("; the same command resumes the rest"), text[-3000:]
+    assert "Failed to connect to GCS" not in text and "Traceback" not in text, text[-3000:]
+    assert took < 30  # Ray's own wait for a lost GCS is 60 s: a bound on that, not a timing
+    assert not _left_running(noted, within_s=15), "a process of the run outlived it"
+    again = _run(tmp_path / "out", ray_dir)
+    text, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, text[-3000:]
+    ids = pq.read_table(tmp_path / "out" / "results", columns=["task", "sample_id"]).to_pylist()
+    assert len(ids) == len({(r["task"], r["sample_id"]) for r in ids}) == 250 + LEAN_EXTRACT_ROWS
 
 
 def _code_spec(folder, sleep_s: float, timeout_s: float = 10, program: str | None = None):

@@ -1,0 +1,76 @@
+"""A command's own local Ray watched while the command uses it (`head_watched`): where its head ends (the GCS or
+the raylet: killed, crashed, taken by the OOM killer), the command says one line and exits 1 within a second.
+Without it the sweep went on (its actors answer without the GCS) until its next call that needs the GCS waited out
+Ray's 60 s for it (`gcs_rpc_server_reconnect_timeout_s`) and Ray ended the process with a C++ "Failed to connect to
+GCS" line. What was committed is in the manifest (each commit is whole on disk, as for a killed driver): the same
+command resumes the rest on a new local Ray. The Ray processes still running are the reaper's (jobs/ray_reaper.py).
+
+The head's processes are this process's children: each is watched by its exit, without reaping it (waitid with
+WNOWAIT), so Ray's own stop still finds it to wait for.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from typing import Callable
+
+HEAD_LOOK_S = 0.5  # how often the head's processes are looked at
+HEAD = ("gcs_server", "raylet")  # Ray's process kinds (ray_constants.PROCESS_TYPE_*) whose end ends the node
+
+
+@contextmanager
+def head_watched(say: Callable[[str], None]):
+    """While in force, where a head process of the local Ray this process started has ended: `say(why)` (from
+    another thread; `why` names the process and how it ended), then exit 1 at once. Nothing is watched where this
+    process started no Ray (it joined a cluster). Leaving it stops the watch before anything else happens (the
+    command's own stop of its Ray ends the same processes)."""
+    head = _head_processes()
+    if not head:
+        yield
+        return
+    stop, lock = threading.Event(), threading.Lock()
+
+    def watch() -> None:
+        while not stop.wait(HEAD_LOOK_S):
+            with lock:  # held while looking: the watch is never mid-look when the command stops its Ray
+                if stop.is_set():
+                    return
+                for kind, pid in head:
+                    ended = _ended(pid)
+                    if ended:
+                        try:
+                            say(f"this run's local Ray lost its head (its {kind}, pid {pid}, {ended})")
+                        finally:
+                            os._exit(1)
+
+    threading.Thread(target=watch, name="raysweep-head-watch", daemon=True).start()
+    try:
+        yield
+    finally:
+        with lock:
+            stop.set()
+
+
+def _head_processes() -> list[tuple[str, int]]:
+    """(kind, pid) of the head processes of the Ray this process started; none where it only connected."""
+    from ray._private import worker  # Ray is pinned (pyproject.toml); tests/test_signals.py kills a real head
+
+    node = worker._global_node
+    processes = getattr(node, "all_processes", None) or {}
+    return [(kind, info.process.pid) for kind in HEAD for info in processes.get(kind, [])]
+
+
+def _ended(pid: int) -> str | None:
+    """How a child process ended ("was killed by signal 9", "exited with 1"), or None while it runs (or where it is
+    not this process's child: nothing to tell)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return f"exited with {info.si_status}"
+    return f"was killed by signal {info.si_status}"
