@@ -35,15 +35,12 @@ def head_watched(say: Callable[[str], None]):
     def watch() -> None:
         while not stop.wait(HEAD_LOOK_S):
             with lock:  # held while looking: the watch is never mid-look when the command stops its Ray
-                if stop.is_set():
-                    return
-                for kind, pid in head:
-                    ended = _ended(pid)
-                    if ended:
-                        try:
-                            say(f"this run's local Ray lost its head (its {kind}, pid {pid}, {ended})")
-                        finally:
-                            os._exit(1)
+                lost = None if stop.is_set() else head_lost(head)
+                if lost:
+                    try:
+                        say(f"this run's local Ray lost its head ({lost})")
+                    finally:
+                        os._exit(1)
 
     threading.Thread(target=watch, name="raysweep-head-watch", daemon=True).start()
     try:
@@ -51,6 +48,16 @@ def head_watched(say: Callable[[str], None]):
     finally:
         with lock:
             stop.set()
+
+
+def head_lost(head: list[tuple[str, int]] | None = None) -> str | None:
+    """Which head process of the local Ray this process started has ended, and how ("its gcs_server, pid 12, was
+    killed by signal 9"); None while they run, or where this process started none."""
+    for kind, pid in _head_processes() if head is None else head:
+        ended = _ended(pid)
+        if ended:
+            return f"its {kind}, pid {pid}, {ended}"
+    return None
 
 
 def _head_processes() -> list[tuple[str, int]]:

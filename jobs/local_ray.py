@@ -1,7 +1,8 @@
 """A local Ray that a raysweep command started for itself: its reaper, and its stop.
 
 `reaped()`, before ray.init: a reaper process (jobs/ray_reaper.py) that ends what this Ray leaves running if the
-command is killed before `shutdown()` releases it.
+command is killed before `shutdown()` releases it. `stopping()`: whether this process is stopping its Ray now, so
+that its GCS ending then is not taken for a lost one (jobs/interrupts.py gives up a cleanup on a lost GCS).
 
 `shutdown()`: `ray.shutdown`, with Ray's autoscaler monitor killed first where this process started the node.
 Ray (2.60) stops its GCS before the monitor, whose SIGTERM handler then tries to report to the gone GCS until
@@ -16,7 +17,9 @@ with them, in three rounds of one lease with the order swapped in the last (benc
 from __future__ import annotations
 
 import sys
+import threading
 
+_STOPPING = threading.Event()  # set while shutdown() stops a Ray whose head was running when it began
 _REAPERS: list = []  # the reaper of the local Ray this process starts, until shutdown() releases it
 
 
@@ -36,15 +39,26 @@ def shutdown() -> None:
     import ray
     from ray._private import worker  # Ray is pinned (pyproject.toml); tests/test_local_ray.py checks this
 
+    from jobs.head_watch import head_lost
+
     node = worker._global_node
-    for info in (getattr(node, "all_processes", None) or {}).get("monitor", []):
-        try:
-            info.process.kill()  # SIGKILL: what Ray sends it a second later anyway
-            info.process.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass  # Ray's own stop deals with it, as it would have
-    ray.shutdown()
+    if head_lost() is None:  # a head lost before this stop began is still a lost one
+        _STOPPING.set()
+    try:
+        for info in (getattr(node, "all_processes", None) or {}).get("monitor", []):
+            try:
+                info.process.kill()  # SIGKILL: what Ray sends it a second later anyway
+                info.process.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass  # Ray's own stop deals with it, as it would have
+        ray.shutdown()
+    finally:
+        _STOPPING.clear()
     release_reaper()
+
+
+def stopping() -> bool:
+    return _STOPPING.is_set()
 
 
 def release_reaper() -> None:

@@ -530,7 +530,7 @@ def test_lm_evals_command_line_indexes_only_the_include_path_that_holds_every_ta
     import lm_eval.tasks
 
     from cluster.harness.lm_eval_run import own_tasks_indexed
-    from jobs.lm_eval_model import task_names
+    from jobs.lm_eval_command import task_names
 
     assert task_names(["--model", "raysweep", "--tasks", "rs_mc,rs_gen", "rs_ppl", "--num_fewshot", "2"]) == \
         ["rs_mc", "rs_gen", "rs_ppl"]

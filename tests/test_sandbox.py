@@ -174,7 +174,8 @@ def test_closing_the_pool_kills_its_running_programs_and_cancels_their_batch():
     """A pool closed while its programs sleep for 100 s (a stopped run) returns once they are killed, not
     when their wall clock runs out; their batch is cancelled (no outcome of a program it killed is reported)."""
     token = uuid.uuid4().hex
-    sleeper = f"import os, sys\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(100)', {token!r}])"
+    sleeper = ("import os, sys\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(100)', "
+               f"{token!r}])")
     pool = SandboxPool(workers=2)
     batch = pool.submit([sleeper] * 3, SandboxLimits(timeout_s=120))
     deadline = time.monotonic() + 60

@@ -88,6 +88,34 @@ def test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behin
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("moment", ["0.1 s after the start", "twice, 0.15 s apart"])
+def test_ctrl_c_at_the_start_or_twice_is_one_line(tmp_path, ray_dir, moment):
+    """Ctrl-C 0.1 s after the start (Python still importing: its KeyboardInterrupt traceback), or twice 0.15 s apart
+    mid-shards (the second during the cleanup): one `stopped by SIGINT` line, no traceback, no process left."""
+    sweep = _run(tmp_path / "out", ray_dir)
+    lines, noted = [], {}
+    if moment == "0.1 s after the start":
+        time.sleep(0.1)
+        os.killpg(sweep.pid, signal.SIGINT)
+    else:
+        for line in sweep.stdout:
+            lines.append(line)
+            if MOMENTS["mid-shards"](line):
+                break
+        noted = _descendants(sweep.pid)
+        os.killpg(sweep.pid, signal.SIGINT)
+        time.sleep(0.15)
+        os.killpg(sweep.pid, signal.SIGINT)
+    rest, _ = sweep.communicate(timeout=120)
+    text = "".join(lines) + rest
+    stopped = [line for line in text.splitlines() if line.startswith("[raysweep] stopped by SIGINT: ")]
+    assert len(stopped) == 1, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert sweep.returncode in (1, 130), text[-3000:]  # 130: the second came during the cleanup, which it cut short
+    assert not _left_running(noted, within_s=15), "a process of the run outlived it"
+
+
+@pytest.mark.slow
 def test_sighup_from_a_closed_terminal_ends_the_run_in_one_line_as_sigterm_does(tmp_path, ray_dir):
     """SIGHUP ended the run with no line (rc -1) and left Ray's agents running."""
     test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behind(tmp_path, ray_dir, "mid-shards",
@@ -369,3 +397,39 @@ def test_an_interrupt_that_ray_wait_returns_as_a_system_error_is_the_interrupt(m
     monkeypatch.setattr(sweep, "_run_spec", other_system_error)
     with pytest.raises(SystemError, match="not ours"):
         sweep.run_spec(None, argparse.Namespace())
+
+
+FINALIZED = """
+import os, signal, time, weakref
+from jobs.interrupts import Interrupted, interruptible
+
+def slow():  # a finalizer the signal lands in (a staging folder's rmtree, in the run it was seen in)
+    os.kill(os.getpid(), signal.SIGINT)
+    started = time.monotonic()
+    while time.monotonic() - started < 0.3:
+        pass
+    print("finalizer done", flush=True)
+
+class Thing:
+    pass
+
+said = []
+try:
+    with interruptible(say=lambda stop: said.append(str(stop))):
+        thing = Thing()
+        weakref.finalize(thing, slow)
+        del thing  # the finalizer runs here
+        time.sleep(30)
+    print("not interrupted")
+except Interrupted as stop:
+    print("interrupted by", stop, said)
+"""
+
+
+def test_a_signal_that_lands_in_a_finalizer_still_stops_the_run():
+    """The first signal's Interrupted, raised inside a finalizer the garbage collector ran, was printed as
+    "Exception ignored in: <finalize object>" with its traceback, and the run went on. It is taken again once the
+    finalizer is done: the run stops, its line said once."""
+    done = subprocess.run([sys.executable, "-c", FINALIZED], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines() == ["finalizer done", "interrupted by SIGINT ['SIGINT']"], done.stdout + done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
