@@ -269,6 +269,9 @@ def _print_report(report, node, output_kept: bool = True, verbose: bool = False)
         print(f"[raysweep] results: {where}" + (f" on node {node}" if node else ""))
     else:
         print("[raysweep] results: not kept: a temporary folder, removed when verify ends (--keep DIR keeps them)")
+    unscored = [r for r in report.summary.to_pylist() if r.get("error")]  # its scoring failed (lm-eval tasks)
+    for row in unscored:
+        print(f"[raysweep] FAILED task {row['model']}/{row['task']}: {row['error']}")
     if report.failed:
         for shard_id, entry in sorted(report.failed.items()):
             print(f"[raysweep] FAILED shard {shard_id}: {entry['errors'][-1]}")
@@ -282,8 +285,7 @@ def _print_report(report, node, output_kept: bool = True, verbose: bool = False)
         if not verbose:  # jobs/ray_output.py: the actors' tracebacks and engine logs were not shown
             print("[raysweep] what the actors printed is not shown without --verbose: it is in Ray's logs on each "
                   "actor's node (worker-*.err under /tmp/ray/session_*/logs by default)")
-        return 1
-    return 0
+    return 1 if report.failed or unscored else 0
 
 
 JOB_WORKING_DIRS = "/runtime_resources/working_dir_files/"  # where Ray unpacks a job's --working-dir

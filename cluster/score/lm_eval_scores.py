@@ -10,7 +10,9 @@ groups and stderr are lm-eval's. Written under the output, per model (docs/lm-ev
   arguments, resps, filtered_resps as JSON, each metric a column);
 and each task's summary row gets lm-eval's metrics with their stderr, and each group a row of its own with
 lm-eval's aggregate (`merge_summary`).
-A model whose rows are not all in (a failed shard) is left out, and the run says so.
+A model whose rows are not all in (a failed shard) is left out, and the run says so. A task whose own code raises
+while scored (its process_results) is left out of its entry's scoring, its summary row carrying the error
+(cluster/score/lm_eval_failures.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pyarrow as pa
 from cluster.contracts.spec import SweepSpec
 from cluster.harness.lm_eval_run import (documents_hash, empty_document, quiet, request_rows, requests_hash,
                                          run_lm_eval, task_manager, with_chat_template)
+from cluster.score.lm_eval_failures import scored_leaving_out_failures
 
 COUNTS = ("n", "n_samples", "n_ok", "n_truncated", "n_skipped", "n_error", "output_tokens")  # summary columns a group sums
 ANSWER_COLUMNS = ("sample_id", "completion", "status", "error", "output_text", "choice_logprobs", "choice_greedy")
@@ -129,18 +132,27 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
             else:
                 with quiet():
                     manager = manager or task_manager(settings)
-                    tracker = EvaluationTracker()
+                    trackers = []
+
+                    def score(chosen):
+                        trackers.append(EvaluationTracker())
+                        return run_lm_eval(chosen, lm, manager, log_samples=True,
+                                           bootstrap_iters=settings.bootstrap_iters, tracker=trackers[-1])
                     try:
                         planned = {t.name: t.lm_eval.requests for t in tasks}
                         lm = with_chat_template(replay_lm(answers, planned, manager),
                                                 chat_tokenizer() if settings.apply_chat_template else None)
-                        results = run_lm_eval(settings, lm, manager, log_samples=True,
-                                              bootstrap_iters=settings.bootstrap_iters, tracker=tracker)
-                        check_documents(results, tasks, manager)
+                        results, failed = scored_leaving_out_failures(score, settings, [t.name for t in tasks])
+                        check_documents(results or {}, tasks, manager)
                     except MissingAnswer as e:
                         log(f"[raysweep] lm-eval results of model {model.name} not written: {e}")
                         continue
-                    metrics.update(_write(model.name, results, tracker, write_text, write_table))
+                    for task_name, why in failed.items():  # the summary row carries it; the run exits 1
+                        log(f"[raysweep] {why} (model {model.name}): not scored; its rows stay committed, and the "
+                            "same command scores them once the task is fixed")
+                        metrics[(model.name, task_name)] = {"error": why}
+                    if results is not None:
+                        metrics.update(_write(model.name, results, trackers[-1], write_text, write_table))
                 continue
             log(f"[raysweep] lm-eval results of model {model.name} not written: task {task.name} is not complete")
     return metrics
@@ -227,7 +239,9 @@ def merge_summary(summary: pa.Table, metrics: dict[tuple[str, str], dict]) -> pa
             rows.append({"model": model, "task": task, **{k: sum(p[k] or 0 for p in parts) for k in COUNTS}})
     for row in rows:
         values = metrics.get((row["model"], row["task"]))
-        if values is not None:
+        if values is not None and "error" in values:  # its scoring failed: no score, the error
+            row.update(score=None, stderr=None, metrics=[], n_scored=None, error=values["error"])
+        elif values is not None:
             row["score"], row["stderr"], row["metrics"] = summary_metrics(values)
             row["n_scored"] = values.get("documents")
             for m in row["metrics"]:
