@@ -24,6 +24,7 @@ from typing import Callable
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
 _OURS: list = []  # the handler interruptible() installed, while it is in force
+_SIGNALLED = threading.Event()  # set the moment one of SIGNALS reaches a process under interruptible()
 
 
 class Interrupted(BaseException):
@@ -64,6 +65,7 @@ def interruptible(say: Callable[[Interrupted], None] | None = None):
             threading.Timer(FINALIZER_WAIT_S, signal.pthread_kill, args=(main, signum)).start()
             return
         taken.append(signum)
+        _SIGNALLED.set()
         for s in SIGNALS:
             signal.signal(s, second)
         stop = Interrupted(signum)
@@ -96,6 +98,12 @@ def _in_finalizer(frame) -> bool:
     return False
 
 
+def signalled() -> bool:
+    """Whether a stop signal has reached this process (seen by the wakeup pipe even while the main thread is in a
+    C call, before its handler runs): what ends with it (a local Ray's head, sent the same signal) is that stop."""
+    return _SIGNALLED.is_set()
+
+
 def interrupted_in(error: BaseException) -> Interrupted | None:
     """The Interrupted an exception was raised from (its cause or context, at any depth), if any: the handler's
     Interrupted raised inside a C call that checks signals but mishandles what it raises comes back as
@@ -124,6 +132,7 @@ class _SignalWatch:
     def _wait(self, say) -> None:
         for number in iter(lambda: os.read(self.read_fd, 1), b""):
             if number[0] in {int(s) for s in SIGNALS}:
+                _SIGNALLED.set()
                 _abandon_when_gcs_gone(Interrupted(number[0]), say)
                 return
 

@@ -22,6 +22,7 @@ from cluster.contracts.shard import ShardState
 from jobs.ray_output import add_verbose_argument
 from jobs.ray_start import check_ray_address, start_ray
 
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="sweep spec (YAML)")
     parser.add_argument("--output", help="output directory or URI (default: the spec's `output`)")
@@ -246,7 +247,7 @@ def _run_spec_with(spec, args: argparse.Namespace, clock, held: dict, ray_starti
     print(f"[raysweep] Ray is up ({clock.record()['ray_start_s']:.1f}s after the command started); actors starting",
           flush=True)
     try:
-        with head_watched(held["say"]):  # its GCS or raylet lost: the line, exit 1, in a second
+        with head_watched(held["say"]):  # its GCS or raylet lost: the line, exit 1, in about a second
             report = execute(prepared, max_attempts=args.max_attempts, clock=clock,
                              engine_host=host.address if host is not None else None)
             # a local output on a cluster of several nodes is on the driver's node only: say which
