@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from typing import Callable
 
 HEAD_LOOK_S = 0.5  # how often the head's processes are looked at
-HEAD = ("gcs_server", "raylet")  # Ray's process kinds (ray_constants.PROCESS_TYPE_*) whose end ends the node
 
 
 @contextmanager
@@ -28,7 +27,9 @@ def head_watched(say: Callable[[str], None]):
     another thread; `why` names the process and how it ended), then exit 1 at once. Nothing is watched where this
     process started no Ray (it joined a cluster). Leaving it stops the watch before anything else happens (the
     command's own stop of its Ray ends the same processes)."""
-    head = _head_processes()
+    from jobs.local_ray import head_processes
+
+    head = head_processes()
     if not head:
         yield
         return
@@ -36,6 +37,7 @@ def head_watched(say: Callable[[str], None]):
 
     def watch() -> None:
         from jobs.interrupts import signalled
+        from jobs.local_ray import head_lost
 
         seen = None
         while not stop.wait(HEAD_LOOK_S):
@@ -54,36 +56,3 @@ def head_watched(say: Callable[[str], None]):
     finally:
         with lock:
             stop.set()
-
-
-def head_lost(head: list[tuple[str, int]] | None = None) -> str | None:
-    """Which head process of the local Ray this process started has ended, and how ("its gcs_server, pid 12, was
-    killed by signal 9"); None while they run, or where this process started none."""
-    for kind, pid in _head_processes() if head is None else head:
-        ended = _ended(pid)
-        if ended:
-            return f"its {kind}, pid {pid}, {ended}"
-    return None
-
-
-def _head_processes() -> list[tuple[str, int]]:
-    """(kind, pid) of the head processes of the Ray this process started; none where it only connected."""
-    from ray._private import worker  # Ray is pinned (pyproject.toml); tests/test_signals.py kills a real head
-
-    node = worker._global_node
-    processes = getattr(node, "all_processes", None) or {}
-    return [(kind, info.process.pid) for kind in HEAD for info in processes.get(kind, [])]
-
-
-def _ended(pid: int) -> str | None:
-    """How a child process ended ("was killed by signal 9", "exited with 1"), or None while it runs (or where it is
-    not this process's child: nothing to tell)."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return None
-    if info is None:
-        return None
-    if info.si_code == os.CLD_EXITED:
-        return f"exited with {info.si_status}"
-    return f"was killed by signal {info.si_status}"
