@@ -1,7 +1,11 @@
 """The commands. This is the first of raysweep's code that every command runs (`raysweep`, `python -m jobs.sweep`,
 `python -m jobs.cli`, a `ray job submit` entrypoint): the moment is noted here, with the standard library only,
-for the command's clock (`started_at`)."""
+for the command's clock (`started_at`); and a command's first signals are its own from here (`_stopped_at_once`).
+"""
 
+import os as _os
+import signal as _signal
+import sys as _sys
 import time as _time
 
 _ENTERED_AT, _CPU_AT_ENTRY = _time.time(), _time.process_time()
@@ -19,3 +23,19 @@ def started_at() -> float:
     from cluster.contracts.timing import command_started_at
 
     return command_started_at(_ENTERED_AT, _CPU_AT_ENTRY, _CHILDREN_BEFORE_ENTRY)
+
+
+def _stopped_at_once(signum, frame) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP while the command imports its libraries, or once its run is over and it exits
+    (outside its own handlers, jobs/interrupts.py): no run is open then, so the command ends at once in one line,
+    not Python's traceback of whichever import or exit function it was in."""
+    _os.write(2, f"[raysweep] stopped by {_signal.Signals(signum).name}: the command was starting or ending, no run "
+                 "was cut short\n".encode())
+    _os._exit(1)
+
+
+# A command is `python -m jobs.X` (while Python imports the module's package, sys.argv[0] is "-m") or the installed
+# `raysweep` script; a program that imports jobs (a test, a notebook) keeps its own handlers
+if _sys.argv[:1] == ["-m"] or _os.path.basename(_sys.argv[0] if _sys.argv else "") == "raysweep":
+    for _s in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(_s, _stopped_at_once)

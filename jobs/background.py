@@ -27,6 +27,9 @@ class Background:
         self._done.set()
         threading.Event().wait()  # parked: see the class's docstring
 
+    def done(self) -> bool:
+        return self._done.is_set()
+
     def result(self) -> None:
         self._done.wait()
         if self._error is not None:

@@ -103,8 +103,8 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["lm-eval"]:  # lm-eval's own command line follows, as lm-eval parses it (jobs/lm_eval_model.py)
-        from jobs.lm_eval_model import run as lm_eval
+    if argv[:1] == ["lm-eval"]:  # lm-eval's own command line follows, as lm-eval parses it (jobs/lm_eval_command.py)
+        from jobs.lm_eval_command import run as lm_eval
 
         return guarded(lambda rest: lm_eval(rest), argv[1:])
     parser = argparse.ArgumentParser(prog="raysweep", description="Ray-distributed LLM evaluation sweeps.")

@@ -18,11 +18,13 @@ import signal
 import socket
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Callable
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
 _OURS: list = []  # the handler interruptible() installed, while it is in force
+_SIGNALLED = threading.Event()  # set the moment one of SIGNALS reaches a process under interruptible()
 
 
 class Interrupted(BaseException):
@@ -34,13 +36,15 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+FINALIZER_WAIT_S = 0.05  # a signal that came inside a finalizer is taken again this much later, out of it
 GCS_PROBE_S = 0.5  # how often, after a signal, the run checks that the cluster's GCS still answers
 GCS_LOST_AFTER = 2  # refused connections in a row that say the GCS is gone (not a busy moment)
 
 
 @contextmanager
 def interruptible(say: Callable[[Interrupted], None] | None = None):
-    """The first SIGINT, SIGTERM or SIGHUP raises Interrupted here; the second exits at once (128 + signal).
+    """The first SIGINT, SIGTERM or SIGHUP raises Interrupted here; the second, here or after (the process's
+    exit), exits at once (128 + signal).
     `say(stop)`: the run's line, said at the first signal, before the cleanup (`ray job stop` sends SIGKILL 3 s
     after its SIGTERM, which a cleanup of closing engines may outlast); and where after it the connected
     cluster's GCS stops answering, the process then exits (1) without its cleanup. `say` is called from the
@@ -49,11 +53,19 @@ def interruptible(say: Callable[[Interrupted], None] | None = None):
         yield
         return
 
+    taken: list[int] = []  # the signal that stopped the run, once one did
+
     def second(signum, frame):
         os.write(2, f"\n[raysweep] {signal.Signals(signum).name} again: stopped at once\n".encode())
         os._exit(128 + signum)
 
     def first(signum, frame):
+        if _in_finalizer(frame):  # raised there, Python would print it as "Exception ignored" and go on
+            main = threading.main_thread().ident  # sent again as a signal: a blocking call of the main thread ends
+            threading.Timer(FINALIZER_WAIT_S, signal.pthread_kill, args=(main, signum)).start()
+            return
+        taken.append(signum)
+        _SIGNALLED.set()
         for s in SIGNALS:
             signal.signal(s, second)
         stop = Interrupted(signum)
@@ -70,8 +82,26 @@ def interruptible(say: Callable[[Interrupted], None] | None = None):
         if watch is not None:
             watch.close()
         _OURS.remove(first)
-        for s, handler in before.items():
-            signal.signal(s, handler)
+        for s, handler in before.items():  # a stopped run's process is ending: another signal ends it at once
+            signal.signal(s, second if taken else handler)
+
+
+def _in_finalizer(frame) -> bool:
+    """Whether the main thread is inside a finalizer (a weakref.finalize callback, a __del__) that the garbage
+    collector runs wherever it happens to be: an exception raised there never reaches the run (seen: the signal
+    landed in a staging folder's rmtree, and the run printed a traceback and went on)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or (code.co_name == "__call__" and code.co_filename == weakref.__file__):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def signalled() -> bool:
+    """Whether a stop signal has reached this process (seen by the wakeup pipe even while the main thread is in a
+    C call, before its handler runs): what ends with it (a local Ray's head, sent the same signal) is that stop."""
+    return _SIGNALLED.is_set()
 
 
 def interrupted_in(error: BaseException) -> Interrupted | None:
@@ -102,6 +132,7 @@ class _SignalWatch:
     def _wait(self, say) -> None:
         for number in iter(lambda: os.read(self.read_fd, 1), b""):
             if number[0] in {int(s) for s in SIGNALS}:
+                _SIGNALLED.set()
                 _abandon_when_gcs_gone(Interrupted(number[0]), say)
                 return
 
@@ -113,10 +144,13 @@ class _SignalWatch:
 def _abandon_when_gcs_gone(stop: Interrupted, say: Callable[[Interrupted], None]) -> None:
     """After a signal, while the process cleans up: where the GCS is gone (its port refuses GCS_LOST_AFTER
     times in a row, or the local Ray's gcs_server, this process's child, has exited), the cleanup cannot finish
-    (each Ray call waits 60 s for it, ray.init 30 s): say the line, exit 1."""
+    (each Ray call waits 60 s for it, ray.init 30 s): say the line, exit 1. Not while the cleanup itself stops the
+    local Ray (jobs/local_ray.py): the rest of it (the engine host, what is removed at exit) still runs."""
+    from jobs import local_ray
+
     refused = 0
     while True:
-        refused = refused + 1 if _gcs_gone() else 0
+        refused = 0 if local_ray.stopping() else refused + 1 if _gcs_gone() else 0  # its own stop: not a loss
         if refused >= GCS_LOST_AFTER:
             try:
                 say(stop)  # said already at the signal, unless the main thread was inside a C call
@@ -174,11 +208,11 @@ def reclaim() -> None:
         signal.signal(s, _OURS[-1])
 
 
-def stopped_line(stop: Interrupted, sink, output: str | None) -> str:
-    """What the edge prints: the signal, what the output holds now, how to resume."""
+def stopped_line(stop: Interrupted | str, sink, output: str | None) -> str:
+    """What the edge prints: the signal (or why else the run stopped), what the output holds now, how to resume."""
+    head = f"[raysweep] stopped by {stop}:" if isinstance(stop, Interrupted) else f"[raysweep] stopped: {stop};"
     if sink is None:
-        return f"[raysweep] stopped by {stop}: before the output was opened; nothing was written"
+        return f"{head} before the output was opened; nothing was written"
     shards = sink.manifest.get("shards", {})
     done = len(sink.committed())
-    return (f"[raysweep] stopped by {stop}: {done} of {len(shards)} shard(s) committed in {output}; "
-            "the same command resumes the rest")
+    return f"{head} {done} of {len(shards)} shard(s) committed in {output}; the same command resumes the rest"

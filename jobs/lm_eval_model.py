@@ -4,8 +4,9 @@
     raysweep lm-eval --model raysweep --model_args pretrained=builtin:tiny,actors=2 --tasks arc_easy ...
 
 lm-eval 0.4.13 finds models only in its own registry (no plugin entry points), so plain `lm_eval --model
-raysweep` cannot find it; `raysweep lm-eval` registers it, then runs lm-eval's CLI on the rest of the line.
-From Python, `import jobs.lm_eval_model` does the same for `lm_eval.simple_evaluate(model="raysweep", ...)`.
+raysweep` cannot find it; `raysweep lm-eval` (jobs/lm_eval_command.py) registers it, runs lm-eval's CLI on the
+rest of the line, and closes the model's engines, Ray and temporary output (`close`) at its end. From Python,
+`import jobs.lm_eval_model` registers it for `lm_eval.simple_evaluate(model="raysweep", ...)` (closed at exit).
 
 Each request type lm-eval asks for (loglikelihood, loglikelihood_rolling, generate_until) is one raysweep
 sweep: the requests made into rows by the rule a spec's `lm_eval:` entry uses (cluster/lm_eval/run.py),
@@ -25,13 +26,13 @@ at the edge, `raysweep: error: ...` (LmEvalError), as raysweep's own commands sa
 from __future__ import annotations
 
 import atexit
-import contextlib
 import hashlib
 import os
 import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 
@@ -78,19 +79,16 @@ def make_model_class():
             except ValueError as e:
                 raise LmEvalError("--model_args: " + re.sub(r"^(engine\.|count:)", lambda m: "actors:" if
                                                              m.group(1) == "count:" else "", str(e))) from None
-            self.kept = output is not None  # the user's folder stays; the default, a temporary one, goes at exit
+            self.kept = output is not None  # the user's folder stays; the default, a temporary one, goes at close
             self.output = output or tempfile.mkdtemp(prefix="raysweep-lm-eval-")
-            if not self.kept:  # registered first, so it runs last: after the engines and Ray have closed
-                atexit.register(shutil.rmtree, self.output, ignore_errors=True)
             self.address = address or os.environ.get("RAY_ADDRESS") or "local"
             self._kept = None  # the engines of the first request type's sweep, kept for the next ones
             self._host = None  # a local run's engine host (cluster/launch.py): the engines' imports start now
+            _made(self)  # closed by close(): at the command's end, or at exit
             if self.address == "local":
                 from cluster.launch import start_engine_host
 
                 self._host = start_engine_host([backend])
-                if self._host is not None:
-                    atexit.register(self._host.stop)  # registered before Ray's and the engines': runs after them
             # Ray starts while lm-eval loads its tasks and builds their requests (they need only this thread's
             # Python; ray.init mostly waits on the processes it starts); the first request type waits for it
             self._ray = Background(self._start_ray, "raysweep-ray-start")
@@ -122,8 +120,11 @@ def make_model_class():
                 prepared = prepare(spec, spec.output)
             except SinkError as e:  # the output refused (another spec's results ...): advice this command can follow
                 raise type(e)(lm_eval_advice(str(e), spec.output)) from None
-            report = execute(prepared, log=lambda line: print(line, file=sys.stderr, flush=True),
-                             kept=self._kept, engine_host=self._host.address if self._host is not None else None)
+            from jobs.head_watch import head_watched
+
+            with head_watched(say_stopped):  # a local Ray's head lost: one line, exit 1
+                report = execute(prepared, log=lambda line: print(line, file=sys.stderr, flush=True),
+                                 kept=self._kept, engine_host=self._host.address if self._host is not None else None)
             if report.failed:
                 first = next(iter(report.failed.values()))["errors"][-1]
                 kept = (f"the run's output {spec.output} keeps what was committed: the same command resumes it"
@@ -134,8 +135,7 @@ def make_model_class():
             return answers
 
         def _start_ray(self) -> None:
-            from jobs import local_ray
-            from jobs.sweep import check_ray_address, start_ray
+            from jobs.ray_start import check_ray_address, start_ray
 
             from cluster.schedule.kept import KeptActors
 
@@ -143,9 +143,23 @@ def make_model_class():
             start_ray(self.address, "address", dashboard=False)
             _said("Ray is up")
             self._kept = KeptActors()
-            atexit.register(local_ray.shutdown)
-            atexit.register(self._kept.close)  # atexit runs last in, first out: the engines close before Ray
-            atexit.register(_said, "lm-eval is done: the engines and Ray close")
+
+        def close(self, quiet: bool) -> None:
+            """1. the temporary output removed; 2. the kept engines closed; 3. Ray stopped, where this model started
+            or joined it (not while its start still runs: a stopped command's exit ends that Ray, jobs/ray_reaper.py);
+            4. the engine host stopped."""
+            if not self.kept:
+                shutil.rmtree(self.output, ignore_errors=True)
+            if getattr(self, "_ray", None) is not None and self._ray.done():
+                if not quiet:
+                    _said("lm-eval is done: the engines and Ray close")
+                if self._kept is not None:
+                    self._kept.close()
+                from jobs import local_ray
+
+                local_ray.shutdown()
+            if self._host is not None:
+                self._host.stop()
 
         def _replay(self, kind: str, requests):
             from cluster.lm_eval.scores import replay_lm
@@ -162,6 +176,36 @@ def make_model_class():
             return self._replay("generate_until", requests)
 
     return RaysweepLM
+
+
+_MODELS: list = []  # the models made in this process, until close() closes them
+_STOPPED = threading.Lock()  # held once the stop's line is said: it is said once
+
+
+def _made(model) -> None:
+    if not _MODELS:
+        atexit.register(close)  # Python's own use of the model (simple_evaluate): closed at exit
+    _MODELS.append(model)
+
+
+def close(quiet: bool = False) -> None:
+    """Each model made here closed (`RaysweepLM.close`), once: the command calls it at its end, inside its signal
+    handlers; atexit calls it too. `quiet` (or after a stop's line): without the line saying what closes."""
+    quiet = quiet or _STOPPED.locked()
+    while _MODELS:
+        _MODELS.pop().close(quiet)
+
+
+def say_stopped(stop) -> None:
+    """The command's line for its stop (a signal's Interrupted, or why else it stopped), said once, with os.write:
+    from a signal handler or another thread."""
+    if not _STOPPED.acquire(blocking=False):
+        return
+    head = f"[raysweep] stopped by {stop}:" if isinstance(stop, BaseException) else f"[raysweep] stopped: {stop};"
+    kept = [m.output for m in _MODELS if m.kept]
+    where = (f"what its sweeps committed is kept in {kept[0]}: the same command resumes it" if kept else
+             "pass output=DIR in --model_args to keep what its sweeps commit and resume it")
+    os.write(2, f"{head} lm-eval wrote no results; {where}\n".encode())
 
 
 def _said(what: str) -> None:
@@ -187,34 +231,6 @@ def lm_eval_advice(message: str, output: str) -> str:
     lm-eval` can follow: it has no --new-run; another output= in --model_args, or the folder removed, does that."""
     return message.replace("use a new output", "use another output= in --model_args").replace(
         "--new-run", f"remove the folder {output}")
-
-
-@contextlib.contextmanager
-def _command_line_checked():
-    """lm-eval's checks of its own command line (its EvaluatorConfig: `Tasks not found: X`, a --config file that
-    is not there, --samples with --limit ...) raise ValueError or FileNotFoundError: LmEvalError here, one line."""
-    from lm_eval.config.evaluate_config import EvaluatorConfig
-
-    def checked(method):
-        def call(*args, **kwargs):
-            try:
-                return method(*args, **kwargs)
-            except (ValueError, FileNotFoundError) as e:
-                raise LmEvalError(f"lm-eval: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
-        return call
-
-    originals = {name: EvaluatorConfig.__dict__[name] for name in ("from_cli", "process_tasks")
-                 if name in EvaluatorConfig.__dict__}
-    for name, original in originals.items():
-        if isinstance(original, classmethod):
-            setattr(EvaluatorConfig, name, classmethod(checked(original.__func__)))
-        else:
-            setattr(EvaluatorConfig, name, checked(original))
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(EvaluatorConfig, name, original)
 
 
 def _chat_templated(lm, path: str) -> None:
@@ -285,22 +301,6 @@ def _read_answers(output: str, model: str, tasks: list[str]) -> dict:
     return answers
 
 
-def task_names(argv: list[str]) -> list[str]:
-    """The task names of lm-eval's `--tasks a,b` (or `--tasks a b`, `--tasks=a,b`) on `argv`."""
-    names, taking = [], False
-    for arg in argv:
-        if arg.startswith("--tasks="):
-            names += arg.split("=", 1)[1].split(",")
-            taking = False
-        elif arg in ("--tasks", "-t"):
-            taking = True
-        elif taking and not arg.startswith("-"):
-            names += arg.split(",")
-        else:
-            taking = False
-    return [name.strip() for name in names if name.strip()]
-
-
 def register() -> None:
     """raysweep as lm-eval's model `raysweep` (its own models stay registered beside it)."""
     import lm_eval.models  # noqa: F401  (lm-eval loads its models only while its registry is empty)
@@ -308,27 +308,6 @@ def register() -> None:
 
     if NAME not in model_registry.keys():
         model_registry.register(NAME)(make_model_class())
-
-
-def run(argv: list[str]) -> int:
-    """lm-eval's command line on `argv`, with raysweep registered; each Jinja template of its tasks compiled
-    once, and lm-eval's own tasks not indexed where --include_path holds every task named (cluster/lm_eval/
-    adapter.py templates_compiled_once, own_tasks_indexed)."""
-    from cluster.lm_eval.adapter import own_tasks_indexed, templates_compiled_once
-    from cluster.lm_eval.run import import_lm_eval
-
-    try:
-        import_lm_eval()
-    except ValueError as e:  # not installed: one line naming the extra
-        print(f"raysweep: error: {e}", file=sys.stderr)
-        return 2
-    register()
-    from lm_eval.__main__ import cli_evaluate
-
-    sys.argv = ["lm_eval", *argv]
-    with templates_compiled_once(), own_tasks_indexed(task_names(argv)), _command_line_checked():
-        cli_evaluate()
-    return 0
 
 
 try:  # `import jobs.lm_eval_model` registers the model where lm-eval is installed

@@ -1,4 +1,9 @@
-"""A local Ray that a raysweep command started for itself: its stop.
+"""A local Ray that a raysweep command started for itself: its reaper, and its stop.
+
+`head_lost()`: which of its head processes (GCS, raylet) has ended, and how (jobs/head_watch.py watches them).
+`reaped()`, before ray.init: a reaper process (jobs/ray_reaper.py) that ends what this Ray leaves running if the
+command is killed before `shutdown()` releases it. `stopping()`: whether this process is stopping its Ray now, so
+that its GCS ending then is not taken for a lost one (jobs/interrupts.py gives up a cleanup on a lost GCS).
 
 `shutdown()`: `ray.shutdown`, with Ray's autoscaler monitor killed first where this process started the node.
 Ray (2.60) stops its GCS before the monitor, whose SIGTERM handler then tries to report to the gone GCS until
@@ -12,19 +17,85 @@ with them, in three rounds of one lease with the order swapped in the last (benc
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+
+HEAD = ("gcs_server", "raylet")  # Ray's process kinds (ray_constants.PROCESS_TYPE_*) whose end ends the node
+_STOPPING = threading.Event()  # set while shutdown() stops a Ray whose head was running when it began
+_REAPERS: list = []  # the reaper of the local Ray this process starts, until shutdown() releases it
+
+
+def reaped() -> None:
+    """A reaper for the local Ray this process is about to start (Linux: it reads /proc), if none runs yet."""
+    from jobs.ray_reaper import Reaper
+
+    if not _REAPERS and sys.platform.startswith("linux"):
+        _REAPERS.append(Reaper())
+
 
 def shutdown() -> None:
-    """ray.shutdown, without the monitor's second (a no-op where Ray is not up, as ray.shutdown is)."""
+    """ray.shutdown, without the monitor's second (a no-op where Ray is not up, as ray.shutdown is); then the
+    reaper released: nothing of this Ray is left for it."""
     import subprocess
 
     import ray
     from ray._private import worker  # Ray is pinned (pyproject.toml); tests/test_local_ray.py checks this
 
     node = worker._global_node
-    for info in (getattr(node, "all_processes", None) or {}).get("monitor", []):
-        try:
-            info.process.kill()  # SIGKILL: what Ray sends it a second later anyway
-            info.process.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass  # Ray's own stop deals with it, as it would have
-    ray.shutdown()
+    if head_lost() is None:  # a head lost before this stop began is still a lost one
+        _STOPPING.set()
+    try:
+        for info in (getattr(node, "all_processes", None) or {}).get("monitor", []):
+            try:
+                info.process.kill()  # SIGKILL: what Ray sends it a second later anyway
+                info.process.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass  # Ray's own stop deals with it, as it would have
+        ray.shutdown()
+    finally:
+        _STOPPING.clear()
+    release_reaper()
+
+
+def stopping() -> bool:
+    return _STOPPING.is_set()
+
+
+def release_reaper() -> None:
+    """The reaper told that this process stopped its Ray itself: it ends, killing nothing."""
+    while _REAPERS:
+        _REAPERS.pop().release()
+
+
+def head_lost(head: list[tuple[str, int]] | None = None) -> str | None:
+    """Which head process of the local Ray this process started has ended, and how ("its gcs_server, pid 12, was
+    killed by signal 9"); None while they run, or where this process started none."""
+    for kind, pid in head_processes() if head is None else head:
+        ended = _ended(pid)
+        if ended:
+            return f"its {kind}, pid {pid}, {ended}"
+    return None
+
+
+def head_processes() -> list[tuple[str, int]]:
+    """(kind, pid) of the head processes of the Ray this process started; none where it only connected."""
+    from ray._private import worker  # Ray is pinned (pyproject.toml); tests/test_signals.py kills a real head
+
+    node = worker._global_node
+    processes = getattr(node, "all_processes", None) or {}
+    return [(kind, info.process.pid) for kind in HEAD for info in processes.get(kind, [])]
+
+
+def _ended(pid: int) -> str | None:
+    """How a child process ended ("was killed by signal 9", "exited with 1"), or None while it runs (or where it is
+    not this process's child: nothing to tell)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return f"exited with {info.si_status}"
+    return f"was killed by signal {info.si_status}"

@@ -75,7 +75,7 @@ def _connect(address: str | None, verbose: bool) -> None:
 
     from cluster.pool.serve_app import PoolError
 
-    from jobs.sweep import check_ray_address
+    from jobs.ray_start import check_ray_address
 
     named = "--address" if address else "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "address"
     address = address or os.environ.get("RAY_ADDRESS") or "auto"

@@ -13,20 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 
 from cluster.contracts.errors import RaysweepError
 from cluster.contracts.shard import ShardState
-from jobs.ray_output import add_verbose_argument, init_options, keep_quiet
-
-RAY_PROBE_S = 2.0  # an explicit Ray address must accept a connection this fast (ray.init waits minutes)
-
-
-class RayStartError(RaysweepError, ConnectionError):
-    """Ray could not be started or reached; the message names the address and where it came from."""
+from jobs.ray_output import add_verbose_argument
+from jobs.ray_start import check_ray_address, start_ray
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -170,14 +164,15 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
     moment: one line saying what was committed and how to resume (exit 1)."""
     from jobs.interrupts import Interrupted, interrupted_in, interruptible, stopped_line
 
-    held: dict = {}  # what the run has opened so far: the output's sink
-    said = threading.Lock()  # the line is said once: by the signal's handler, the GCS watch or here
+    said = threading.Lock()  # the line is said once: by the signal's handler, a GCS or head watch, or here
 
-    def say_stopped(stop: Interrupted) -> None:
+    def say_stopped(stop: Interrupted | str) -> None:
         if not said.acquire(blocking=False):
             return
         sink = held.get("sink")  # what is committed at the signal is final: the cleanup commits nothing more
         os.write(2, (stopped_line(stop, sink, sink.output if sink else None) + "\n").encode())
+
+    held: dict = {"say": say_stopped}  # the line's teller, and what the run has opened so far: the output's sink
 
     with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)
         try:
@@ -216,6 +211,7 @@ def _run_spec_with(spec, args: argparse.Namespace, clock, held: dict, ray_starti
     from cluster.inputs.checks import check_inputs
     from cluster.schedule.run import execute, prepare
     from jobs import local_ray
+    from jobs.head_watch import head_watched
     from jobs.interrupts import Interrupted, reclaim
 
     address, named = _ray_address(args)
@@ -251,10 +247,11 @@ def _run_spec_with(spec, args: argparse.Namespace, clock, held: dict, ray_starti
     print(f"[raysweep] Ray is up ({clock.record()['ray_start_s']:.1f}s after the command started); actors starting",
           flush=True)
     try:
-        report = execute(prepared, max_attempts=args.max_attempts, clock=clock,
-                         engine_host=host.address if host is not None else None)
-        # a local output on a cluster of several nodes is on the driver's node only: say which
-        node = ray.util.get_node_ip_address() if "://" not in report.output and len(ray.nodes()) > 1 else None
+        with head_watched(held["say"]):  # its GCS or raylet lost: the line, exit 1, in about a second
+            report = execute(prepared, max_attempts=args.max_attempts, clock=clock,
+                             engine_host=host.address if host is not None else None)
+            # a local output on a cluster of several nodes is on the driver's node only: say which
+            node = ray.util.get_node_ip_address() if "://" not in report.output and len(ray.nodes()) > 1 else None
     finally:
         local_ray.shutdown()
     return report, node
@@ -273,6 +270,9 @@ def _print_report(report, node, output_kept: bool = True, verbose: bool = False)
         print(f"[raysweep] results: {where}" + (f" on node {node}" if node else ""))
     else:
         print("[raysweep] results: not kept: a temporary folder, removed when verify ends (--keep DIR keeps them)")
+    unscored = [r for r in report.summary.to_pylist() if r.get("error")]  # its scoring failed (lm-eval tasks)
+    for row in unscored:
+        print(f"[raysweep] FAILED task {row['model']}/{row['task']}: {row['error']}")
     if report.failed:
         for shard_id, entry in sorted(report.failed.items()):
             print(f"[raysweep] FAILED shard {shard_id}: {entry['errors'][-1]}")
@@ -286,40 +286,7 @@ def _print_report(report, node, output_kept: bool = True, verbose: bool = False)
         if not verbose:  # jobs/ray_output.py: the actors' tracebacks and engine logs were not shown
             print("[raysweep] what the actors printed is not shown without --verbose: it is in Ray's logs on each "
                   "actor's node (worker-*.err under /tmp/ray/session_*/logs by default)")
-        return 1
-    return 0
-
-
-def start_ray(address: str, named: str, dashboard: bool, verbose: bool = False) -> None:
-    """ray.init; a Ray that does not start or answer is one line naming the address (RayStartError). Ray's
-    and the actors' own log lines only with `verbose` (jobs/ray_output.py)."""
-    import ray
-
-    print("[raysweep] starting a local Ray" if address == "local" else f"[raysweep] connecting to Ray at {address}",
-          flush=True)
-    # a dashboard can only be chosen for a Ray this process starts
-    options = {"include_dashboard": dashboard} if address == "local" else {}
-    try:
-        ray.init(address=address, **init_options(verbose), **options)
-    except Exception as e:  # ConnectionError, TimeoutError, Ray's own complaints; a raylet that did not register
-        # within Ray's 30 s is a bare Exception (seen with the machine's load at 8 on 2 cores)
-        where = "a local Ray did not start" if address == "local" else f"{named} {address}: Ray did not connect"
-        raise RayStartError(f"{where}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
-    keep_quiet(verbose)
-
-
-def check_ray_address(address: str, named: str) -> None:
-    """An explicit `host:port` must accept a TCP connection within RAY_PROBE_S: where nothing listens,
-    ray.init retries for minutes and ends in a 30-line traceback. `local` and `auto` are ray.init's own."""
-    if address in ("local", "auto"):
-        return
-    host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
-    if not sep or not port.isdigit():
-        return  # not host:port: ray.init says what it makes of it
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_S).close()
-    except OSError as e:
-        raise RayStartError(f"{named} {address}: no Ray there to connect to ({e.strerror or e})") from None
+    return 1 if report.failed or unscored else 0
 
 
 JOB_WORKING_DIRS = "/runtime_resources/working_dir_files/"  # where Ray unpacks a job's --working-dir

@@ -181,3 +181,19 @@ def test_a_spec_entry_and_the_command_line_with_the_same_settings_write_the_same
         assert all(summary[t]["score"] is None and summary[t]["metrics"] == [] for t in TASKS)
     else:
         assert metrics and summary["rs_mc"]["score"] == ours["results"]["rs_mc"]["acc,none"]
+
+
+def test_another_lm_eval_release_is_refused_in_one_line_before_lm_eval_is_used(monkeypatch):
+    """cluster/lm_eval/adapter.py replaces lm-eval internals written against one release: any other is refused,
+    naming both releases and the extra to install, before a request is built."""
+    from cluster.contracts.lm_eval_task import VERSION
+    from cluster.lm_eval import adapter, run
+
+    adapter.require_version(VERSION)  # the release raysweep takes
+    with pytest.raises(adapter.LmEvalVersionError) as refused:
+        adapter.require_version("0.4.9")
+    line = str(refused.value)
+    assert "\n" not in line and "0.4.9" in line and VERSION in line and "raysweep[lm-eval]" in line
+    monkeypatch.setattr("importlib.metadata.version", lambda name: "0.5.0")
+    with pytest.raises(ValueError, match="lm-eval 0.5.0 is installed"):
+        run.import_lm_eval()

@@ -231,6 +231,56 @@ def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_pa
     assert later.count("engines kept from this process's last sweep run model(s) tiny") == 1
 
 
+RAISING = """
+def process_results(doc, results):
+    lls = [ll for ll, _ in results]
+    if all(ll == 0.0 for ll in lls):  # the placeholders of the pass that builds the requests
+        return {"acc": 0.0}
+    raise ValueError("cannot score these answers")
+"""
+FIXED = """
+def process_results(doc, results):
+    lls = [ll for ll, _ in results]
+    return {"acc": float(lls.index(max(lls)) == doc["label"])}
+"""
+
+
+@pytest.mark.slow
+def test_a_task_whose_process_results_raises_fails_alone_and_a_fixed_one_scores_without_engines(tmp_path):
+    """A `process_results` that raises on real answers ended the run in a traceback, rc 1, no summary and no lm-eval
+    files, and every re-run the same. The task is failed alone (one line naming it and the exception, its summary
+    row's error, rc 1); its neighbour's lm-eval files and summary are written; once the task is fixed, the same
+    command scores it from the committed rows, no shard run again."""
+    import pyarrow.parquet as pq
+
+    tasks = write_tasks(tmp_path / "lm")
+    (tasks / "utils.py").write_text(RAISING)
+    (tasks / "rs_bad.yaml").write_text((tasks / "rs_mc.yaml").read_text().replace("task: rs_mc\n", "task: rs_bad\n")
+                                       .split("metric_list:")[0] + "process_results: !function utils.process_results\n"
+                                       "metric_list:\n  - {metric: acc, aggregation: mean, higher_is_better: true}\n")
+    spec = write_spec(tmp_path, {"tasks": ["rs_mc", "rs_bad"], "include_path": str(tasks), "limit": 6})
+    run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=600)
+    said = run.stdout + run.stderr
+    assert run.returncode == 1, said[-3000:]
+    why = "lm-eval task rs_bad: its process_results raised ValueError: cannot score these answers"
+    assert f"[raysweep] FAILED task tiny/rs_bad: {why}" in run.stdout and "Traceback" not in said, said[-3000:]
+    summary = {r["task"]: r for r in pq.read_table(tmp_path / "out" / "summary.parquet").to_pylist()}
+    assert summary["rs_bad"]["error"] == why and summary["rs_bad"]["score"] is None
+    assert summary["rs_mc"]["error"] is None and summary["rs_mc"]["score"] is not None
+    ours = tmp_path / "out" / "lm_eval" / "tiny"
+    results = json.loads(next(ours.glob("results_*.json")).read_text())["results"]
+    assert "rs_mc" in results and "rs_bad" not in results and (ours / "samples_rs_mc.parquet").exists()
+
+    (tasks / "utils.py").write_text(FIXED)
+    again = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert "(0 shards run, 2 already committed)" in again.stdout and "engine up:" not in again.stdout + again.stderr
+    summary = {r["task"]: r for r in pq.read_table(tmp_path / "out" / "summary.parquet").to_pylist()}
+    assert summary["rs_bad"]["error"] is None and summary["rs_bad"]["score"] == summary["rs_mc"]["score"]
+
+
 def _load(spec: Path):
     from cluster.inputs.spec_file import load_spec
 
@@ -530,7 +580,7 @@ def test_lm_evals_command_line_indexes_only_the_include_path_that_holds_every_ta
     import lm_eval.tasks
 
     from cluster.lm_eval.adapter import own_tasks_indexed
-    from jobs.lm_eval_model import task_names
+    from jobs.lm_eval_command import task_names
 
     assert task_names(["--model", "raysweep", "--tasks", "rs_mc,rs_gen", "rs_ppl", "--num_fewshot", "2"]) == \
         ["rs_mc", "rs_gen", "rs_ppl"]

@@ -170,6 +170,26 @@ def test_killing_its_parent_leaves_the_pool_working():
         assert [o.status for o in pool.submit(["assert True"], QUICK).result(timeout=30)] == ["passed"]
 
 
+def test_closing_the_pool_kills_its_running_programs_and_cancels_their_batch():
+    """A pool closed while its programs sleep for 100 s (a stopped run) returns once they are killed, not
+    when their wall clock runs out; their batch is cancelled (no outcome of a program it killed is reported)."""
+    token = uuid.uuid4().hex
+    sleeper = ("import os, sys\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(100)', "
+               f"{token!r}])")
+    pool = SandboxPool(workers=2)
+    batch = pool.submit([sleeper] * 3, SandboxLimits(timeout_s=120))
+    deadline = time.monotonic() + 60
+    while len(_pids_with(token)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(_pids_with(token)) == 2  # two running, one waiting for a worker
+    closing = time.monotonic()
+    pool.close()
+    print(f"closed in {time.monotonic() - closing:.2f}s")
+    assert time.monotonic() - closing < 30  # far below the programs' 100 s: a bound on a hang, not a timing
+    assert batch.cancelled()
+    assert not _gone(_pids_with(token))
+
+
 def test_a_sandbox_failure_of_every_program_fails_the_pools_future(monkeypatch):
     def broken(*args):
         raise sandbox.SandboxError("bwrap vanished")

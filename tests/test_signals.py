@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 import pyarrow.parquet as pq
 import pytest
@@ -87,6 +88,34 @@ def test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behin
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("moment", ["0.1 s after the start", "twice, 0.15 s apart"])
+def test_ctrl_c_at_the_start_or_twice_is_one_line(tmp_path, ray_dir, moment):
+    """Ctrl-C 0.1 s after the start (Python still importing: its KeyboardInterrupt traceback), or twice 0.15 s apart
+    mid-shards (the second during the cleanup): one `stopped by SIGINT` line, no traceback, no process left."""
+    sweep = _run(tmp_path / "out", ray_dir)
+    lines, noted = [], {}
+    if moment == "0.1 s after the start":
+        time.sleep(0.1)
+        os.killpg(sweep.pid, signal.SIGINT)
+    else:
+        for line in sweep.stdout:
+            lines.append(line)
+            if MOMENTS["mid-shards"](line):
+                break
+        noted = _descendants(sweep.pid)
+        os.killpg(sweep.pid, signal.SIGINT)
+        time.sleep(0.15)
+        os.killpg(sweep.pid, signal.SIGINT)
+    rest, _ = sweep.communicate(timeout=120)
+    text = "".join(lines) + rest
+    stopped = [line for line in text.splitlines() if line.startswith("[raysweep] stopped by SIGINT: ")]
+    assert len(stopped) == 1, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert sweep.returncode in (1, 130), text[-3000:]  # 130: the second came during the cleanup, which it cut short
+    assert not _left_running(noted, within_s=15), "a process of the run outlived it"
+
+
+@pytest.mark.slow
 def test_sighup_from_a_closed_terminal_ends_the_run_in_one_line_as_sigterm_does(tmp_path, ray_dir):
     """SIGHUP ended the run with no line (rc -1) and left Ray's agents running."""
     test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behind(tmp_path, ray_dir, "mid-shards",
@@ -122,16 +151,121 @@ def test_sigterm_to_the_whole_process_group_ends_the_run_in_one_line_without_wai
     assert not _raylets(ray_dir)
 
 
-def _code_spec(folder, sleep_s: float):
-    """A replay sweep of 20 programs through code_exec (no engine), each sleeping `sleep_s`, shards of 5."""
+def _process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, start time) of each process running (zombies have ended: left out)."""
+    table = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != b"Z":
+            table[int(pid)] = (int(fields[1]), int(fields[19]))
+    return table
+
+
+def _descendants(root: int) -> dict[int, int]:
+    """pid -> start time of every process below `root` now (Ray's head processes, its agents and workers, the
+    engine host): the start time tells one of them from a later process given the same pid."""
+    table, found, todo = _process_table(), {}, [root]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, start) in table.items():
+            if ppid == parent and pid not in found:
+                found[pid] = start
+                todo.append(pid)
+    return found
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"{pid} (ended)"
+
+
+def _left_running(noted: dict[int, int], within_s: float) -> dict[int, int]:
+    """Of `noted`, those still running after waiting up to `within_s` for them to end."""
+    give_up = time.monotonic() + within_s
+    while True:
+        table = _process_table()
+        left = {pid: start for pid, start in noted.items() if table.get(pid, (0, None))[1] == start}
+        if not left or time.monotonic() > give_up:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["kill -9", "SIGHUP to the group"])
+def test_nothing_the_run_started_outlives_a_killed_driver(tmp_path, ray_dir, how):
+    """kill -9 of the driver mid-shards (or a closed terminal's SIGHUP to its process group): within seconds no
+    process it started runs, Ray's agents included (its dashboard and runtime env agents outlived the driver by a
+    minute, trying to tell the dead GCS that their raylet was gone)."""
+    sweep = _run(tmp_path / "out", ray_dir)
+    lines = []
+    for line in sweep.stdout:
+        lines.append(line)
+        if MOMENTS["mid-shards"](line):
+            break
+    noted = _descendants(sweep.pid)
+    assert _raylets(ray_dir) & set(noted), "no raylet of this run's Ray among its processes: nothing to check"
+    if how == "kill -9":
+        os.kill(sweep.pid, signal.SIGKILL)
+    else:
+        os.killpg(sweep.pid, signal.SIGHUP)
+    rest, _ = sweep.communicate(timeout=120)
+    left = _left_running(noted, within_s=15)  # a bound on a hang: the reaper ends them in about a second
+    assert not left, [_command_line(pid)[:100] for pid in left]
+    if how != "kill -9":
+        assert "Traceback" not in "".join(lines) + rest
+
+
+@pytest.mark.slow
+def test_a_lost_gcs_ends_the_run_in_one_line_within_seconds_and_the_run_resumes(tmp_path, ray_dir):
+    """The run's own gcs_server killed once engines are up: one line saying the run's Ray head was lost, exit 1,
+    in seconds (the sweep went on, then waited Ray's 60 s for the GCS and ended with Ray's C++ "Failed to connect
+    to GCS" line), nothing of the run left running; the same command then resumes to every sample exactly once."""
+    sweep = _run(tmp_path / "out", ray_dir)
+    lines = []
+    for line in sweep.stdout:
+        lines.append(line)
+        if MOMENTS["engines up"](line):
+            break
+    noted = _descendants(sweep.pid)
+    (gcs,) = [pid for pid in noted if "/gcs/gcs_server " in _command_line(pid) and ray_dir in _command_line(pid)]
+    os.kill(gcs, signal.SIGKILL)
+    killed = time.monotonic()
+    rest, _ = sweep.communicate(timeout=120)
+    took = time.monotonic() - killed
+    print(f"{took:.1f}s from the GCS's kill to the run's end")
+    text = "".join(lines) + rest
+    assert sweep.returncode == 1, text[-3000:]
+    stopped = [line for line in text.splitlines() if line.startswith("[raysweep] stopped: this run's local Ray lost "
+                                                                        f"its head (its gcs_server, pid {gcs}, ")]
+    assert len(stopped) == 1 and stopped[0].endswith("; the same command resumes the rest"), text[-3000:]
+    assert "Failed to connect to GCS" not in text and "Traceback" not in text, text[-3000:]
+    assert took < 30  # Ray's own wait for a lost GCS is 60 s: a bound on that, not a timing
+    assert not _left_running(noted, within_s=15), "a process of the run outlived it"
+    again = _run(tmp_path / "out", ray_dir)
+    text, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, text[-3000:]
+    ids = pq.read_table(tmp_path / "out" / "results", columns=["task", "sample_id"]).to_pylist()
+    assert len(ids) == len({(r["task"], r["sample_id"]) for r in ids}) == 250 + LEAN_EXTRACT_ROWS
+
+
+def _code_spec(folder, sleep_s: float, timeout_s: float = 10, program: str | None = None):
+    """A replay sweep of 20 programs through code_exec (no engine), each sleeping `sleep_s` (or `program`),
+    shards of 5."""
     import json
 
-    program = f"import time\ntime.sleep({sleep_s})\nassert True"
+    program = program or f"import time\ntime.sleep({sleep_s})\nassert True"
     (folder / "c.jsonl").write_text("".join(json.dumps({"id": str(i), "code": program}) + "\n" for i in range(20)))
     spec = folder / "s.yaml"
     spec.write_text(f"name: slow-code\noutput: {folder / 'out'}\nmodels: []\ntasks:\n"
                     "  - {name: slow, data: c.jsonl, id_column: id, prompt: '{id}', replay: {column: code},\n"
-                    "     scorer: {name: code_exec, program: \"{completion}\\n\", timeout_s: 10}}\n"
+                    f"     scorer: {{name: code_exec, program: \"{{completion}}\\n\", timeout_s: {timeout_s}}}}}\n"
                     "shards: {max_samples: 5}\n")
     return spec
 
@@ -179,6 +313,46 @@ def test_ctrl_c_during_code_exec_scoring_is_one_line_and_the_run_resumes(tmp_pat
     assert len(ids) == len(set(ids)) == 20
 
 
+def _processes_naming(token: str) -> set[int]:
+    """The processes whose command line holds `token` (zombies too: they are not reaped yet)."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if token.encode() in f.read():
+                    found.add(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_long_code_exec_programs_kills_them_and_ends_in_seconds(tmp_path):
+    """Ctrl-C while code_exec programs sleep for 100 s (timeout_s 120): the line, and the process ended within
+    seconds with no sandbox left, not once the programs' sleep was over (it waited for them)."""
+    token = uuid.uuid4().hex  # in each program's command line, so that they can be found
+    program = ("import os, sys\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(100)', "
+               f"{token!r}])")
+    sweep = _driver(_code_spec(tmp_path, 0, timeout_s=120, program=program))
+    lines = []
+    for line in sweep.stdout:
+        lines.append(line)
+        if "code_exec programs run sandboxed" in line:
+            break
+    deadline = time.monotonic() + 60
+    while not _processes_naming(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_naming(token), "no program seen running: the check below would see none"
+    os.killpg(sweep.pid, signal.SIGINT)
+    signalled = time.monotonic()
+    rest, _ = sweep.communicate(timeout=90)
+    took = time.monotonic() - signalled
+    print(f"{took:.1f}s from Ctrl-C to the process's end")
+    _assert_one_stop_line(sweep, "".join(lines) + rest)
+    assert took < 30  # far below the programs' 100 s: they were killed, not waited for
+    assert not _processes_naming(token)
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_finish_is_one_line_and_the_next_run_writes_the_summary(tmp_path):
     """Ctrl-C while the run writes its telemetry and summary (a hook holds `finish` open): every shard is
@@ -223,3 +397,39 @@ def test_an_interrupt_that_ray_wait_returns_as_a_system_error_is_the_interrupt(m
     monkeypatch.setattr(sweep, "_run_spec", other_system_error)
     with pytest.raises(SystemError, match="not ours"):
         sweep.run_spec(None, argparse.Namespace())
+
+
+FINALIZED = """
+import os, signal, time, weakref
+from jobs.interrupts import Interrupted, interruptible
+
+def slow():  # a finalizer the signal lands in (a staging folder's rmtree, in the run it was seen in)
+    os.kill(os.getpid(), signal.SIGINT)
+    started = time.monotonic()
+    while time.monotonic() - started < 0.3:
+        pass
+    print("finalizer done", flush=True)
+
+class Thing:
+    pass
+
+said = []
+try:
+    with interruptible(say=lambda stop: said.append(str(stop))):
+        thing = Thing()
+        weakref.finalize(thing, slow)
+        del thing  # the finalizer runs here
+        time.sleep(30)
+    print("not interrupted")
+except Interrupted as stop:
+    print("interrupted by", stop, said)
+"""
+
+
+def test_a_signal_that_lands_in_a_finalizer_still_stops_the_run():
+    """The first signal's Interrupted, raised inside a finalizer the garbage collector ran, was printed as
+    "Exception ignored in: <finalize object>" with its traceback, and the run went on. It is taken again once the
+    finalizer is done: the run stops, its line said once."""
+    done = subprocess.run([sys.executable, "-c", FINALIZED], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines() == ["finalizer done", "interrupted by SIGINT ['SIGINT']"], done.stdout + done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr

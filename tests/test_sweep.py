@@ -211,7 +211,7 @@ def test_a_ray_that_does_not_start_is_one_line_naming_it(monkeypatch, raised):
     seen in the suite with the machine's load at 8), end the run in one line (RayStartError), not a traceback."""
     import ray
 
-    from jobs.sweep import RayStartError, start_ray
+    from jobs.ray_start import RayStartError, start_ray
 
     def refuse(**kwargs):
         raise raised

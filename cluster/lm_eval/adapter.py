@@ -5,7 +5,8 @@ lm-eval is used. Each replacement is a context manager or a subclass that puts l
 - `without_run_record`: `simple_evaluate` without its environment record (a pass whose results nobody reads);
 - `templates_compiled_once`: `utils.apply_template` with each template compiled once;
 - `own_request_cache`: lm-eval's request cache in a temporary folder of this process's own;
-- `own_tasks_indexed`: lm-eval's command line indexing only an include_path that holds every task named.
+- `own_tasks_indexed`: lm-eval's command line indexing only an include_path that holds every task named;
+- `process_results_named`: each task's `process_results` raising an error that names the task.
 """
 
 from __future__ import annotations
@@ -140,3 +141,43 @@ def own_tasks_indexed(names: list[str]):
         yield
     finally:
         lm_eval.tasks.TaskManager = original
+
+
+@contextlib.contextmanager
+def process_results_named(failed: type):
+    """While in force, each task lm-eval evaluates raises `failed(name, error)` from its process_results (failures.py
+    TaskFailed), naming it. Wrapped per task object (whatever class defines the method), where lm-eval hands its
+    tasks to `evaluate`."""
+    import lm_eval.evaluator
+
+    original = lm_eval.evaluator.evaluate
+
+    def evaluate(*args, **kwargs):
+        for name, task in _tasks(kwargs["task_dict"] if "task_dict" in kwargs else args[1]):
+            task.process_results = _named(task.process_results, name, failed)
+        return original(*args, **kwargs)
+
+    lm_eval.evaluator.evaluate = evaluate
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.evaluate = original
+
+
+def _tasks(task_dict: dict):
+    """(name, task) of every task in lm-eval's task dict (nested: groups hold dicts of their tasks)."""
+    for key, value in task_dict.items():
+        if isinstance(value, dict):
+            yield from _tasks(value)
+        elif hasattr(value, "process_results"):
+            yield getattr(getattr(value, "config", None), "task", None) or str(key), value
+
+
+def _named(process_results, name: str, failed: type):
+    def call(doc, results):
+        try:
+            return process_results(doc, results)
+        except Exception as e:  # the task's own code: named, and its neighbours scored without it
+            raise failed(name, e) from e
+
+    return call

@@ -6,8 +6,8 @@ requests, exactly as `lm_eval --model ...` would, and this module writes them as
    the one call, also used to score). Documents, few-shot contexts, `until` strings and
    generation arguments are lm-eval's own.
 2. `request_rows` (cluster/lm_eval/run.py) turns each lm-eval task's requests into rows (the row ids are how
-   scoring finds a request's answer again); they are written as JSONL under raysweep's cache, named by their content, and each task
-   becomes a `TaskSpec` whose `data` is that file.
+   scoring finds a request's answer again); they are written as JSONL under raysweep's cache, named by their
+   content, and each task becomes a `TaskSpec` whose `data` is that file.
 Bad input is one line before any engine starts: lm-eval not installed, an unknown task (with lm-eval's
 closest names), a dataset that cannot be loaded offline, a task whose requests raysweep cannot serve.
 """

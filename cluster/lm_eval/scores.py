@@ -10,7 +10,9 @@ groups and stderr are lm-eval's. Written under the output, per model (docs/lm-ev
   arguments, resps, filtered_resps as JSON, each metric a column);
 and each task's summary row gets lm-eval's metrics with their stderr, and each group a row of its own with
 lm-eval's aggregate (`merge_summary`).
-A model whose rows are not all in (a failed shard) is left out, and the run says so.
+A model whose rows are not all in (a failed shard) is left out, and the run says so. A task whose own code raises
+while scored (its process_results) is left out of its entry's scoring, its summary row carrying the error
+(cluster/lm_eval/failures.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pyarrow as pa
 
 from cluster.contracts.spec import SweepSpec
 from cluster.lm_eval.adapter import with_chat_template
+from cluster.lm_eval.failures import scored_leaving_out_failures
 from cluster.lm_eval.quiet import quiet
 from cluster.lm_eval.run import (documents_hash, empty_document, request_rows, requests_hash, run_lm_eval,
                                  task_manager)
@@ -170,20 +173,30 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
             else:
                 with quiet():
                     manager = manager or task_manager(settings)
-                    tracker = EvaluationTracker()
+                    trackers = []
+
+                    def score(chosen):
+                        trackers.append(EvaluationTracker())
+                        return run_lm_eval(chosen, lm, manager, log_samples=True,
+                                           bootstrap_iters=settings.bootstrap_iters, tracker=trackers[-1])
                     try:
                         planned = {t.name: t.lm_eval.requests for t in tasks}
                         cache = settings.cache_of(model.name)
                         lm = with_chat_template(replay_lm(answers, planned, manager, cache),
                                                 chat_tokenizer() if settings.apply_chat_template else None)
-                        results = run_lm_eval(settings, lm, manager, log_samples=True,
-                                              bootstrap_iters=settings.bootstrap_iters, tracker=tracker)
-                        results["config"]["use_cache"] = cache  # as `--use_cache` records it
-                        check_documents(results, tasks, manager)
+                        results, failed = scored_leaving_out_failures(score, settings, [t.name for t in tasks])
+                        if results is not None:
+                            results["config"]["use_cache"] = cache  # as `--use_cache` records it
+                        check_documents(results or {}, tasks, manager)
                     except MissingAnswer as e:
                         log(f"[raysweep] lm-eval results of model {model.name} not written: {e}")
                         continue
-                    metrics.update(_write(model.name, results, tracker, write_text, write_table))
+                    for task_name, why in failed.items():  # the summary row carries it; the run exits 1
+                        log(f"[raysweep] {why} (model {model.name}): not scored; its rows stay committed, and the "
+                            "same command scores them once the task is fixed")
+                        metrics[(model.name, task_name)] = {"error": why}
+                    if results is not None:
+                        metrics.update(_write(model.name, results, trackers[-1], write_text, write_table))
                 continue
             log(f"[raysweep] lm-eval results of model {model.name} not written: task {task.name} is not complete")
     return metrics
@@ -273,7 +286,9 @@ def merge_summary(summary: pa.Table, metrics: dict[tuple[str, str], dict]) -> pa
             rows.append({"model": model, "task": task, **{k: sum(p[k] or 0 for p in parts) for k in COUNTS}})
     for row in rows:
         values = metrics.get((row["model"], row["task"]))
-        if values is not None:
+        if values is not None and "error" in values:  # its scoring failed: no score, the error
+            row.update(score=None, stderr=None, metrics=[], n_scored=None, error=values["error"])
+        elif values is not None:
             row["score"], row["stderr"], row["metrics"] = summary_metrics(values)
             row["n_scored"] = values.get("documents")
             for m in row["metrics"]:

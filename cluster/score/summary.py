@@ -37,6 +37,7 @@ SUMMARY_SCHEMA = pa.schema([
     ("score", pa.float64()), ("stderr", pa.float64()), ("n_ok", pa.int64()), ("n_truncated", pa.int64()),
     ("n_skipped", pa.int64()), ("n_error", pa.int64()), ("structured_valid_rate", pa.float64()),
     ("output_tokens", pa.int64()), ("metrics", pa.list_(METRIC)),
+    ("error", pa.string()),  # why the task has no score where its scoring failed (an lm-eval task's own code raised)
 ])
 # the results columns the summary reads (cluster/contracts/results_schema.py); those an older output lacks read as null
 COLUMNS = ("model", "task", "sample_id", "status", "score", "structured_valid", "output_tokens", "score_norm",

@@ -1,0 +1,93 @@
+"""`raysweep lm-eval ARGS`, the command's edge: lm-eval's command line (`lm_eval ARGS`) run with raysweep registered
+as its model (jobs/lm_eval_model.py), each Jinja template of its tasks compiled once, and lm-eval's own tasks not
+indexed where --include_path holds every task named (cluster/lm_eval/adapter.py).
+
+lm-eval's own checks of its command line are one line (LmEvalError). Ctrl-C, SIGTERM or SIGHUP at any moment
+(its imports, Ray's start, lm-eval building its requests, a sweep, the engines' close) is one line, exit 1, as
+`raysweep run` says its stop (jobs/interrupts.py): the line at the signal, then the model's engines, Ray and
+temporary output closed before the command ends (a second signal ends it at once). A local Ray whose head is lost
+during a sweep ends the command the same way (jobs/head_watch.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from jobs.lm_eval_model import LmEvalError
+
+
+def run(argv: list[str]) -> int:
+    from cluster.lm_eval.adapter import own_tasks_indexed, templates_compiled_once
+    from cluster.lm_eval.run import import_lm_eval
+    from jobs import lm_eval_model
+    from jobs.interrupts import Interrupted, interrupted_in, interruptible
+
+    try:
+        import_lm_eval()
+    except ValueError as e:  # not installed: one line naming the extra
+        print(f"raysweep: error: {e}", file=sys.stderr)
+        return 2
+    lm_eval_model.register()
+    from lm_eval.__main__ import cli_evaluate
+
+    sys.argv = ["lm_eval", *argv]
+    with interruptible(say=lm_eval_model.say_stopped):
+        try:
+            try:
+                with templates_compiled_once(), own_tasks_indexed(task_names(argv)), _command_line_checked():
+                    cli_evaluate()
+            finally:  # inside the handlers: a signal during the close is one line, not a traceback from atexit
+                lm_eval_model.close()
+        except (Interrupted, SystemError) as e:
+            # a SystemError raised from the Interrupted: the signal came inside ray.wait's C code (jobs/sweep.py)
+            stop = e if isinstance(e, Interrupted) else interrupted_in(e)
+            if stop is None:
+                raise
+            lm_eval_model.say_stopped(stop)  # said at the signal already, unless Ray's own handler had it
+            return 1
+    return 0
+
+
+def task_names(argv: list[str]) -> list[str]:
+    """The task names of lm-eval's `--tasks a,b` (or `--tasks a b`, `--tasks=a,b`) on `argv`."""
+    names, taking = [], False
+    for arg in argv:
+        if arg.startswith("--tasks="):
+            names += arg.split("=", 1)[1].split(",")
+            taking = False
+        elif arg in ("--tasks", "-t"):
+            taking = True
+        elif taking and not arg.startswith("-"):
+            names += arg.split(",")
+        else:
+            taking = False
+    return [name.strip() for name in names if name.strip()]
+
+
+@contextlib.contextmanager
+def _command_line_checked():
+    """lm-eval's checks of its own command line (its EvaluatorConfig: `Tasks not found: X`, a --config file that
+    is not there, --samples with --limit ...) raise ValueError or FileNotFoundError: LmEvalError here, one line."""
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    def checked(method):
+        def call(*args, **kwargs):
+            try:
+                return method(*args, **kwargs)
+            except (ValueError, FileNotFoundError) as e:
+                raise LmEvalError(f"lm-eval: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+        return call
+
+    originals = {name: EvaluatorConfig.__dict__[name] for name in ("from_cli", "process_tasks")
+                 if name in EvaluatorConfig.__dict__}
+    for name, original in originals.items():
+        if isinstance(original, classmethod):
+            setattr(EvaluatorConfig, name, classmethod(checked(original.__func__)))
+        else:
+            setattr(EvaluatorConfig, name, checked(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(EvaluatorConfig, name, original)

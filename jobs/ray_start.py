@@ -1,0 +1,52 @@
+"""Ray started or joined for a command: an explicit address probed first (`check_ray_address`), then ray.init
+(`start_ray`); either failing is one line naming the address (RayStartError). A local Ray gets its reaper first
+(jobs/local_ray.py)."""
+
+from __future__ import annotations
+
+import socket
+
+from cluster.contracts.errors import RaysweepError
+from jobs import local_ray
+from jobs.ray_output import init_options, keep_quiet
+
+RAY_PROBE_S = 2.0  # an explicit Ray address must accept a connection this fast (ray.init waits minutes)
+
+
+class RayStartError(RaysweepError, ConnectionError):
+    """Ray could not be started or reached; the message names the address and where it came from."""
+
+
+def start_ray(address: str, named: str, dashboard: bool, verbose: bool = False) -> None:
+    """ray.init; a Ray that does not start or answer is one line naming the address (RayStartError). Ray's
+    and the actors' own log lines only with `verbose` (jobs/ray_output.py)."""
+    import ray
+
+    print("[raysweep] starting a local Ray" if address == "local" else f"[raysweep] connecting to Ray at {address}",
+          flush=True)
+    if address == "local":
+        local_ray.reaped()  # what this Ray starts ends with the command, even a command killed
+    # a dashboard can only be chosen for a Ray this process starts
+    options = {"include_dashboard": dashboard} if address == "local" else {}
+    try:
+        ray.init(address=address, **init_options(verbose), **options)
+    except Exception as e:  # ConnectionError, TimeoutError, Ray's own complaints; a raylet that did not register
+        # within Ray's 30 s is a bare Exception (seen with the machine's load at 8 on 2 cores)
+        local_ray.release_reaper()  # what was half started the caller stops at once (local_ray.shutdown)
+        where = "a local Ray did not start" if address == "local" else f"{named} {address}: Ray did not connect"
+        raise RayStartError(f"{where}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    keep_quiet(verbose)
+
+
+def check_ray_address(address: str, named: str) -> None:
+    """An explicit `host:port` must accept a TCP connection within RAY_PROBE_S: where nothing listens,
+    ray.init retries for minutes and ends in a 30-line traceback. `local` and `auto` are ray.init's own."""
+    if address in ("local", "auto"):
+        return
+    host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # not host:port: ray.init says what it makes of it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_S).close()
+    except OSError as e:
+        raise RayStartError(f"{named} {address}: no Ray there to connect to ({e.strerror or e})") from None

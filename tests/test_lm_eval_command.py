@@ -1,0 +1,76 @@
+"""jobs/lm_eval_command.py: `raysweep lm-eval` stopped by Ctrl-C at any moment says one line, exits 1, and leaves
+nothing behind (no process it started, no temporary folder), as `raysweep run` does (tests/test_signals.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_lm_eval_tasks import MAX_MODEL_LEN, _env, write_tasks
+from tests.test_signals import _descendants, _left_running
+
+pytest.importorskip("lm_eval")
+
+MOMENTS = {  # the line after which the signals are sent (None: the start), and the pause before each
+    "0.1 s after the start": (None, [0.1]),
+    "while its actors import": ("actor(s) importing", [0.0]),
+    "twice, 0.15 s apart": ("Ray is up", [0.0, 0.15]),
+}
+
+
+@pytest.fixture(scope="module")
+def include_path(tmp_path_factory) -> Path:
+    return write_tasks(tmp_path_factory.mktemp("lm-eval-tasks"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_ctrl_c_at_any_moment_of_lm_eval_is_one_line(include_path, moment):
+    """Ctrl-C while the actor imported printed 82 lines of traceback; two 0.15 s apart, a traceback from
+    ray.shutdown in an atexit callback; one 0.1 s after the start, Python's KeyboardInterrupt in an import."""
+    marker, pauses = MOMENTS[moment]
+    tmp = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))  # short: Ray's socket paths go under TMPDIR too
+    try:
+        _stopped(include_path, tmp, marker, pauses)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _stopped(include_path: Path, tmp: Path, marker: str | None, pauses: list[float]) -> None:
+    command = [sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
+               f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=1", "--tasks", "rs_mc",
+               "--include_path", str(include_path), "--limit", "4"]
+    # TMPDIR: the command's temporary folders, counted after it
+    env = _env() | {"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp), "RAY_ADDRESS": ""}
+    lm_eval = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, env=env)
+    lines, noted = [], {}
+    if marker is not None:
+        for line in lm_eval.stdout:
+            lines.append(line)
+            if marker in line:
+                break
+        assert marker in lines[-1], "".join(lines)[-3000:]
+    for pause in pauses:
+        time.sleep(pause)
+        noted = noted | _descendants(lm_eval.pid)
+        os.killpg(lm_eval.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole process group
+    rest, _ = lm_eval.communicate(timeout=120)
+    text = "".join(lines) + rest
+    stopped = [line for line in text.splitlines() if line.startswith("[raysweep] stopped by SIGINT: ")]
+    assert len(stopped) == 1, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    # twice: 130 where the second came during the close ("SIGINT again: stopped at once")
+    assert lm_eval.returncode in ((1,) if len(pauses) == 1 else (1, 130)), text[-3000:]
+    assert not _left_running(noted, within_s=15), "a process the command started outlived it"
+    if len(pauses) == 1:  # closed before it ended (a second Ctrl-C ends it at once: the folders may stay)
+        assert not [p.name for p in tmp.iterdir() if p.name.startswith("raysweep-")]
