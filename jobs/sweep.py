@@ -5,22 +5,20 @@ load, an unusable output, a Ray that does not start) is printed as one line and 
 failed shards exits 1. What can be checked cheaply is checked before Ray starts and before the output is
 opened, so a bad input leaves both untouched. A spec with `lm_eval:` entries is the exception: lm-eval
 builds its tasks (seconds: its import, the documents, the few-shot contexts) while Ray starts, as
-`raysweep lm-eval` does; a bad input there stops that Ray again, and no engine has started.
+`raysweep lm-eval` does; a bad input there stops that Ray again, and no engine has started. The run's steps,
+each once, and its teardown in one place: jobs/lifecycle.py (SweepRun).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
-import time
 
 from cluster.contracts.errors import RaysweepError
 from cluster.contracts.shard import ShardState
 from jobs.ray_output import add_verbose_argument
-from jobs.ray_start import check_ray_address, start_ray
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,126 +55,36 @@ def run(args: argparse.Namespace) -> int:
     from jobs import started_at
 
     clock = RunClock(started_at())  # from Python's start: its imports count, a shell's sleep before it does not
-    from cluster.inputs.spec_file import load_spec
-
-    # 1. Before Ray and before the output is touched, the cheap checks: the spec, every data file (one
-    #    pass), structured specs, where each model is, the Ray address. A problem is one line, exit 2.
-    #    lm-eval's tasks take seconds to build: Ray starts meanwhile (and stops again on a bad input).
-    #    The engines' imports start at once too, in a local run's engine host (engine_host).
-    raw = _quick_look(args.spec)
-    host = engine_host(raw, _ray_address(args)[0]) if raw else None
-    early = _ray_starting(args) if raw and _names_lm_eval_tasks(raw) else None
-    try:
-        spec = load_spec(args.spec)
-    except BaseException:
-        _stop(early)
-        if host is not None:
-            host.stop()
-        raise
-    return run_spec(spec, args, clock, ray_starting=early, host=host)
+    return run_spec(None, args, clock)
 
 
-def _quick_look(path: str) -> dict | None:
-    """The spec file as YAML, or None where it is not readable YAML of a mapping (load_spec then says what is
-    wrong, before anything starts)."""
-    import yaml
-
-    try:
-        with open(path, "rb") as f:
-            raw = yaml.safe_load(f)
-    except Exception:  # noqa: BLE001
-        return None
-    return raw if isinstance(raw, dict) else None
-
-
-def _backends(raw: dict) -> list[str]:
-    """The engine backends the spec's models name (`engine: NAME` or `engine: {backend: NAME}`), `auto` for
-    the rest and for what load_spec will refuse."""
-    from cluster.contracts.spec import BACKENDS
-
-    found = []
-    for model in raw.get("models") if isinstance(raw.get("models"), list) else []:
-        engine = model.get("engine") if isinstance(model, dict) else None
-        backend = engine if isinstance(engine, str) else engine.get("backend") if isinstance(engine, dict) else None
-        found.append(backend if backend in BACKENDS else "auto")
-    return found or ["auto"]
-
-
-def _names_lm_eval_tasks(raw: dict) -> bool:
-    """Whether the spec has a `lm_eval:` entry among its tasks (a quick look: load_spec checks it all)."""
-    tasks = raw.get("tasks")
-    return isinstance(tasks, list) and any(isinstance(t, dict) and "lm_eval" in t for t in tasks)
-
-
-def engine_host(spec, address: str):
-    """A new local Ray's engine host (cluster/launch.py), started now: the engines' imports run while the
-    spec and inputs are checked and Ray starts. `spec`: a SweepSpec, or the spec file's YAML (a quick look,
-    before load_spec checks it). None for a Ray cluster (its actors are on other machines) and for a
-    reproducible run (its actors set vLLM's batch-invariant mode for their own process); RAYSWEEP_ENGINE_HOST=0
-    turns it off."""
-    if isinstance(spec, dict):
-        reproducible, backends = spec.get("reproducible") is True, _backends(spec)
-    else:
-        reproducible, backends = spec.reproducible, [m.backend for m in spec.models]
-    if address != "local" or reproducible:
-        return None
-    from cluster.launch import start_engine_host
-
-    return start_engine_host(backends)
-
-
-def _ray_address(args: argparse.Namespace) -> tuple[str, str]:
-    """Where Ray is, and what named it. Without --address or RAY_ADDRESS a new local Ray, rather than
-    ray.init()'s default of joining whatever /tmp/ray records as this machine's cluster, which may be long dead."""
-    address = args.address or os.environ.get("RAY_ADDRESS") or "local"
-    return address, "--address" if args.address else "RAY_ADDRESS"
-
-
-def _ray_starting(args: argparse.Namespace):
-    """Ray's start (or connection) on a thread of its own (jobs/background.py), from now on."""
-    from jobs.background import Background
-
-    address, named = _ray_address(args)
-
-    def start() -> None:
-        check_ray_address(address, named)
-        start_ray(address, named, args.dashboard, args.verbose)
-
-    return Background(start, "raysweep-ray-start")
-
-
-def _stop(starting) -> None:
-    """A Ray started early, stopped again: an input was bad (or the run was stopped) before the sweep began."""
-    if starting is None:
-        return
-    from jobs import local_ray
-
-    try:
-        starting.result()
-    except BaseException:  # noqa: BLE001  (the input's error is the one said)
-        pass
-    local_ray.shutdown()
-
-
-def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = True, ray_starting=None, host=None) -> int:
-    """`run` for a spec already loaded (`raysweep verify` builds one): the checks, Ray, the sweep, the summary
-    (`output_kept=False`: the output is removed after, so its path is not printed). Ctrl-C or SIGTERM at any
-    moment: one line saying what was committed and how to resume (exit 1)."""
+def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = True) -> int:
+    """A sweep from its spec to its exit code, through one SweepRun (jobs/lifecycle.py): `spec` loaded already
+    (`raysweep verify` builds one), or None to read `args.spec`. `output_kept=False`: the output is removed
+    after, so its path is not printed. Ctrl-C or SIGTERM at any moment: one line saying what was committed and
+    how to resume (exit 1)."""
+    from cluster.contracts.timing import RunClock
+    from jobs import started_at
     from jobs.interrupts import Interrupted, interrupted_in, interruptible, stopped_line
+    from jobs.lifecycle import SweepRun
 
     said = threading.Lock()  # the line is said once: by the signal's handler, a GCS or head watch, or here
+    life = SweepRun(args, clock or RunClock(started_at()))
 
     def say_stopped(stop: Interrupted | str) -> None:
         if not said.acquire(blocking=False):
             return
-        sink = held.get("sink")  # what is committed at the signal is final: the cleanup commits nothing more
+        sink = life.sink  # what is committed at the signal is final: the cleanup commits nothing more
         os.write(2, (stopped_line(stop, sink, sink.output if sink else None) + "\n").encode())
-
-    held: dict = {"say": say_stopped}  # the line's teller, and what the run has opened so far: the output's sink
 
     with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)
         try:
-            report, node = _run_spec(spec, args, clock, held, ray_starting, host)
+            with life:
+                life.adopt(spec) if spec is not None else life.read(args.spec)
+                life.check()  # before Ray and before the output is touched: a problem is one line, exit 2
+                life.open(lasting_output(args.output or life.spec.output_path()))
+                life.start_ray()
+                report, node = life.execute(say_stopped)
         except (Interrupted, SystemError) as e:
             # a SystemError raised from the Interrupted: the signal came inside ray.wait's C code (seen under load)
             stop = e if isinstance(e, Interrupted) else interrupted_in(e)
@@ -185,76 +93,6 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
             say_stopped(stop)  # ray.init's own SIGTERM handler, turned into Interrupted: not said yet
             return 1
     return _print_report(report, node, output_kept, args.verbose)
-
-
-def _run_spec(spec, args: argparse.Namespace, clock, held: dict, ray_starting=None, host=None):
-    from cluster.contracts.timing import RunClock
-    from jobs import started_at
-
-    clock = clock or RunClock(started_at())
-    address, named = _ray_address(args)
-    if host is not None and spec.reproducible:  # the quick look missed it: the actors run their engines
-        host.stop()
-        host = None
-    elif host is None:
-        host = engine_host(spec, address)
-    try:
-        return _run_spec_with(spec, args, clock, held, ray_starting, host)
-    finally:
-        if host is not None:
-            host.stop()
-
-
-def _run_spec_with(spec, args: argparse.Namespace, clock, held: dict, ray_starting, host):
-    import ray
-
-    from cluster.inputs.checks import check_inputs
-    from cluster.schedule.run import execute, prepare
-    from jobs import local_ray
-    from jobs.head_watch import head_watched
-    from jobs.interrupts import Interrupted, reclaim
-
-    address, named = _ray_address(args)
-    try:
-        data = check_inputs(spec)
-        print(f"[raysweep] inputs checked: {len(data)} task(s), {sum(d.n_rows for d in data)} rows, "
-              f"{len(spec.models)} model(s) ({time.time() - clock.started_at:.1f}s after the command started)",
-              flush=True)
-        if ray_starting is None:
-            check_ray_address(address, named)
-        # 2. The output opened; Ray started; then the expensive part (models, tokenizers, tokens, shards) on the
-        #    planner's thread from the checked data while the actors start (PlanSource.start, in execute); engines
-        #    start only for models that passed (cluster/inputs/checks.py)
-        prepared = prepare(spec, lasting_output(args.output or spec.output_path()), args.new_run, background=True,
-                           data=data)
-    except BaseException:
-        _stop(ray_starting)
-        raise
-    held["sink"] = prepared.sink
-    try:
-        if ray_starting is not None:
-            ray_starting.result()
-        else:
-            start_ray(address, named, args.dashboard, args.verbose)
-        reclaim()  # Ray's core worker took SIGTERM over: ours again, so it ends the run in one line
-    except BaseException as e:
-        prepared.sink.close()
-        local_ray.shutdown()  # a local Ray half started (a signal during its start) leaves no process behind
-        if isinstance(e, SystemExit) and e.code == signal.SIGTERM:  # ray.init's own handler: sys.exit(15), no word
-            raise Interrupted(signal.SIGTERM) from None
-        raise
-    clock.mark("ray_start")
-    print(f"[raysweep] Ray is up ({clock.record()['ray_start_s']:.1f}s after the command started); actors starting",
-          flush=True)
-    try:
-        with head_watched(held["say"]):  # its GCS or raylet lost: the line, exit 1, in about a second
-            report = execute(prepared, max_attempts=args.max_attempts, clock=clock,
-                             engine_host=host.address if host is not None else None)
-            # a local output on a cluster of several nodes is on the driver's node only: say which
-            node = ray.util.get_node_ip_address() if "://" not in report.output and len(ray.nodes()) > 1 else None
-    finally:
-        local_ray.shutdown()
-    return report, node
 
 
 def _print_report(report, node, output_kept: bool = True, verbose: bool = False) -> int:

@@ -386,17 +386,19 @@ def test_an_interrupt_that_ray_wait_returns_as_a_system_error_is_the_interrupt(m
         except Interrupted as stop:  # as Cython leaves it: the SystemError raised while the Interrupted is set
             raise SystemError("<cyfunction CoreWorker.wait at 0x7f> returned a result with an exception set") from stop
 
-    monkeypatch.setattr(sweep, "_run_spec", wait_interrupted)
-    assert sweep.run_spec(None, argparse.Namespace()) == 1
+    args = argparse.Namespace(spec="s.yaml", output=None, address=None, max_attempts=3, dashboard=False,
+                              new_run=False, verbose=False)
+    monkeypatch.setattr("jobs.lifecycle.SweepRun.read", wait_interrupted)  # the run's first step
+    assert sweep.run_spec(None, args) == 1
     err = capfd.readouterr().err  # said with os.write, on the file descriptor
     assert err.startswith("[raysweep] stopped by SIGINT: ") and "Traceback" not in err and err.count("\n") == 1
 
     def other_system_error(*args, **kwargs):
         raise SystemError("not ours")
 
-    monkeypatch.setattr(sweep, "_run_spec", other_system_error)
+    monkeypatch.setattr("jobs.lifecycle.SweepRun.read", other_system_error)
     with pytest.raises(SystemError, match="not ours"):
-        sweep.run_spec(None, argparse.Namespace())
+        sweep.run_spec(None, args)
 
 
 FINALIZED = """

@@ -1,0 +1,102 @@
+"""One sweep's lifecycle (jobs/lifecycle.py SweepRun): each step once, and what was started is stopped in one
+place whatever ends the run."""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jobs.lifecycle import SweepRun
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "sweeps"
+
+
+class _Host:
+    address = None
+
+    def __init__(self, backends):
+        self.backends, self.stopped = backends, 0
+
+    def stop(self):
+        self.stopped += 1
+
+
+def _args(**kw):
+    base = dict(spec=None, output=None, address=None, max_attempts=3, dashboard=False, new_run=True, verbose=False)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def _clock():
+    from cluster.contracts.timing import RunClock
+
+    return RunClock(0.0)
+
+
+@pytest.fixture
+def hosts(monkeypatch):
+    started = []
+    monkeypatch.setattr("cluster.launch.start_engine_host", lambda backends: started.append(_Host(backends)) or started[-1])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return started
+
+
+def test_a_spec_that_does_not_load_stops_the_engine_host_it_started(tmp_path, hosts):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps({"name": "x", "models": [{"name": "m", "path": "builtin:tiny"}], "tasks": "nope"}))
+    with pytest.raises(ValueError):
+        with SweepRun(_args(spec=str(bad)), _clock()) as life:
+            life.read(str(bad))
+    assert len(hosts) == 1 and hosts[0].stopped == 1
+
+
+def test_a_reproducible_spec_runs_no_engine_host_and_a_cluster_none(tmp_path, hosts):
+    from cluster.inputs.spec_file import load_spec
+
+    spec = load_spec(QUICKSTART / "quickstart.yaml")
+    with SweepRun(_args(address="ray://head:10001"), _clock()) as life:
+        life.adopt(spec)
+    with SweepRun(_args(), _clock()) as life:
+        life.adopt(spec.__class__(**{**spec.__dict__, "reproducible": True}))
+    assert hosts == []
+    with SweepRun(_args(), _clock()) as life:
+        life.adopt(spec)
+        life.adopt(spec)  # decided once
+    assert len(hosts) == 1 and hosts[0].stopped == 1
+
+
+@pytest.mark.slow
+def test_a_run_reads_its_spec_checks_its_inputs_and_starts_ray_once(tmp_path):
+    """The quickstart through `raysweep run`'s path, in a process of its own (its own local Ray): load_spec,
+    check_inputs and Ray's start each called once."""
+    shutil.copytree(QUICKSTART, tmp_path / "sweeps")
+    probe = textwrap.dedent(f"""
+        import argparse, json, sys
+        import cluster.inputs.checks as checks, cluster.inputs.spec_file as spec_file, jobs.ray_start as ray_start
+        from cluster.contracts.timing import RunClock
+        from jobs.sweep import run_spec
+
+        calls = {{"load_spec": 0, "check_inputs": 0, "start_ray": 0}}
+        for module, name in ((spec_file, "load_spec"), (checks, "check_inputs"), (ray_start, "start_ray")):
+            def wrapper(*a, _original=getattr(module, name), _name=name, **k):
+                calls[_name] += 1
+                return _original(*a, **k)
+            setattr(module, name, wrapper)
+        args = argparse.Namespace(spec={str(tmp_path / "sweeps" / "quickstart.yaml")!r}, output={str(tmp_path / "out")!r},
+                                  address=None, max_attempts=3, dashboard=False, new_run=True, verbose=False)
+        code = run_spec(None, args, RunClock(0.0))
+        print("CALLS", json.dumps(calls), code)
+    """)
+    env = {**os.environ, "RAYSWEEP_ENGINE_HOST": "0", "PYTHONPATH": str(QUICKSTART.parent)}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=600)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("CALLS ")), None)
+    assert line is not None, done.stderr[-2000:]
+    calls, code = line[6:].rsplit(" ", 1)
+    assert json.loads(calls) == {"load_spec": 1, "check_inputs": 1, "start_ray": 1} and code == "0"
+    assert (tmp_path / "out" / "summary.parquet").exists()
