@@ -22,6 +22,8 @@ import weakref
 from contextlib import contextmanager
 from typing import Callable
 
+from cluster.lm_eval.quiet import terminal_stderr  # a stop's line reaches the terminal while lm-eval is quiet
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
 _OURS: list = []  # the handler interruptible() installed, while it is in force
 _SIGNALLED = threading.Event()  # set the moment one of SIGNALS reaches a process under interruptible()
@@ -56,7 +58,7 @@ def interruptible(say: Callable[[Interrupted], None] | None = None):
     taken: list[int] = []  # the signal that stopped the run, once one did
 
     def second(signum, frame):
-        os.write(2, f"\n[raysweep] {signal.Signals(signum).name} again: stopped at once\n".encode())
+        os.write(terminal_stderr(), f"\n[raysweep] {signal.Signals(signum).name} again: stopped at once\n".encode())
         os._exit(128 + signum)
 
     def first(signum, frame):

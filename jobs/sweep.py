@@ -18,6 +18,7 @@ import threading
 
 from cluster.contracts.errors import RaysweepError
 from cluster.contracts.shard import ShardState
+from cluster.lm_eval.quiet import terminal_stderr  # a stop's line reaches the terminal while lm-eval is quiet
 from jobs.ray_output import add_verbose_argument
 
 
@@ -75,7 +76,7 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
         if not said.acquire(blocking=False):
             return
         sink = life.sink  # what is committed at the signal is final: the cleanup commits nothing more
-        os.write(2, (stopped_line(stop, sink, sink.output if sink else None) + "\n").encode())
+        os.write(terminal_stderr(), (stopped_line(stop, sink, sink.output if sink else None) + "\n").encode())
 
     with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)
         try:

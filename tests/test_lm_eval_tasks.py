@@ -736,6 +736,56 @@ def test_a_resume_after_a_tasks_documents_changed_is_refused_naming_them(tmp_pat
         _check_data("out", manifest, after)
 
 
+@pytest.mark.slow
+def test_a_run_resumed_after_a_label_changed_is_refused_in_one_line(tmp_path):
+    """End to end through `raysweep run`: the manifest records each lm-eval task's documents, so a second run
+    after a label was edited is refused in one line (it re-scored the old answers against the new label, exit 0,
+    before); with --new-run it runs again."""
+    tasks = write_tasks(tmp_path / "lm")
+    spec = write_spec(tmp_path, {"tasks": ["rs_mc0"], "include_path": str(tasks), "limit": 6})
+    first = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["data"]["rs_mc0"]["documents"]
+    data = tasks.parent / "data" / "mc_test.jsonl"
+    docs = [json.loads(line) for line in data.read_text().splitlines()]
+    data.write_text("".join(json.dumps(dict(d, label=(d["label"] + 1) % 4)) + "\n" for d in docs))
+    again = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=600)
+    said = again.stdout + again.stderr
+    assert again.returncode == 2 and "the documents of lm-eval task rs_mc0" in said and "Traceback" not in said, said
+    assert len(list((tmp_path / "out" / "lm_eval" / "tiny").glob("results_*.json"))) == 1
+
+
+def test_scorings_own_lines_reach_the_terminal_though_lm_eval_is_kept_quiet(tmp_path, monkeypatch, capsys):
+    """What scoring says about a model (`not written: ...`) is printed after lm-eval's quiet(), which sends the
+    scoring thread's prints to lm-eval's logger: the line was lost there. A stop signal's line is written to
+    `terminal_stderr()`, the process's own stderr also while quiet() points fd 2 at /dev/null."""
+    import os
+
+    import cluster.lm_eval.scores as scores
+    from cluster.lm_eval.quiet import quiet, terminal_stderr
+
+    tasks = write_tasks(tmp_path / "own")
+    spec = _load(write_spec(tmp_path, {"tasks": ["rs_mc0"], "include_path": str(tasks), "limit": 4}))
+
+    def changed(*args, **kwargs):
+        raise scores.ChangedDocuments("task rs_mc0: its documents changed since the sweep planned them")
+
+    monkeypatch.setattr(scores, "scored_leaving_out_failures", changed)
+    import pyarrow as pa
+
+    rows = pa.table({c: pa.array([], pa.string()) for c in scores.ANSWER_COLUMNS})
+    metrics = scores.score_lm_eval(spec, lambda model, task: rows, lambda *a: None, lambda *a: None, print)
+    assert metrics == {}
+    assert "[raysweep] lm-eval results of model tiny not written: task rs_mc0: its documents changed" in capsys.readouterr().out
+    assert terminal_stderr() == 2
+    with quiet():
+        assert terminal_stderr() != 2 and os.fstat(terminal_stderr()).st_ino != os.fstat(2).st_ino
+    assert terminal_stderr() == 2
+
+
 def test_generation_arguments_are_read_as_lm_evals_models_read_them():
     """lm-eval's aliases of max_gen_toks (max_new_tokens, max_tokens, max_completion_tokens, in lm-eval's order of
     priority) and num_beams: 1 are taken; beam search, which vLLM's sampling does not run, is refused naming the task."""

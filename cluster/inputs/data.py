@@ -77,12 +77,18 @@ def row_extra(task: TaskSpec, row: dict) -> dict | None:
 def data_hashes(spec: SweepSpec) -> dict[str, dict]:
     """Per task, its data file and that file's content hash (the manifest keeps them); for an lm-eval task, also
     the hash of its documents (its rows file holds the requests, not the documents' labels)."""
-    hashes = {task.name: {"path": spec.data_path(task), "hash": content_hash(spec.data_path(task))}
-              for task in spec.tasks}
-    for task in spec.tasks:
-        if task.lm_eval is not None and task.lm_eval.documents is not None:
-            hashes[task.name]["documents"] = task.lm_eval.documents
-    return hashes
+    return {task.name: _hashes(task, spec.data_path(task), content_hash(spec.data_path(task))) for task in spec.tasks}
+
+
+def checked_hashes(data: list["TaskData"]) -> dict[str, dict]:
+    """`data_hashes` of data `check_inputs` already read (its hashes taken in that read): what a run's manifest
+    records and checks a resume against (cluster/store/manifest.py)."""
+    return {d.task.name: _hashes(d.task, d.path, d.digest) for d in data}
+
+
+def _hashes(task: TaskSpec, path: str, digest: str) -> dict:
+    documents = task.lm_eval.documents if task.lm_eval is not None else None
+    return {"path": path, "hash": digest, **({"documents": documents} if documents is not None else {})}
 
 
 def load_task(spec: SweepSpec, task: TaskSpec) -> TaskData:

@@ -11,6 +11,15 @@ import sys
 import threading
 
 
+_TERMINAL: list[int] = []  # the process's own stderr, kept while `quiet()` points fd 2 elsewhere (outermost first)
+
+
+def terminal_stderr() -> int:
+    """The file descriptor of the terminal's stderr, also while lm-eval is kept quiet: a stop signal's one line is
+    written there (jobs/sweep.py), not into /dev/null with lm-eval's."""
+    return _TERMINAL[0] if _TERMINAL else 2
+
+
 @contextlib.contextmanager
 def quiet():
     """lm-eval's progress bars, INFO and WARNING lines, what it prints (`bootstrapping for stddev: perplexity`,
@@ -23,6 +32,7 @@ def quiet():
     os.environ["TQDM_DISABLE"] = "1"
     sys.stderr.flush()
     saved = os.dup(2)
+    _TERMINAL.append(saved)
     with open(os.devnull, "w") as null:
         os.dup2(null.fileno(), 2)
     stdout, sys.stdout = sys.stdout, _PrintsLogged(sys.stdout, logger)
@@ -32,6 +42,7 @@ def quiet():
         sys.stdout = stdout
         sys.stderr.flush()
         os.dup2(saved, 2)
+        _TERMINAL.remove(saved)
         os.close(saved)
         logger.setLevel(level)
         if before is None:

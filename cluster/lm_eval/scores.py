@@ -171,6 +171,7 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
                     break
                 answers[task.name] = {(r["sample_id"], r["completion"]): r for r in table.select(ANSWER_COLUMNS).to_pylist()}
             else:
+                said: list[str] = []  # said after quiet(): inside it, what is printed goes to lm-eval's logger
                 with quiet():
                     manager = manager or task_manager(settings)
                     trackers = []
@@ -189,14 +190,16 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
                             results["config"]["use_cache"] = cache  # as `--use_cache` records it
                         check_documents(results or {}, tasks, manager)
                     except MissingAnswer as e:
-                        log(f"[raysweep] lm-eval results of model {model.name} not written: {e}")
-                        continue
+                        said.append(f"[raysweep] lm-eval results of model {model.name} not written: {e}")
+                        results, failed = None, {}
                     for task_name, why in failed.items():  # the summary row carries it; the run exits 1
-                        log(f"[raysweep] {why} (model {model.name}): not scored; its rows stay committed, and the "
-                            "same command scores them once the task is fixed")
+                        said.append(f"[raysweep] {why} (model {model.name}): not scored; its rows stay committed, "
+                                    "and the same command scores them once the task is fixed")
                         metrics[(model.name, task_name)] = {"error": why}
                     if results is not None:
                         metrics.update(_write(model.name, results, trackers[-1], write_text, write_table))
+                for line in said:
+                    log(line)
                 continue
             log(f"[raysweep] lm-eval results of model {model.name} not written: task {task.name} is not complete")
     return metrics

@@ -82,11 +82,11 @@ def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, b
     output is opened now, and planning runs on a thread from `execute` on, while the actors start. `data`: the task
     data `check_inputs` already checked (not read again). `output` defaults to the spec's, from its folder."""
     from cluster.inputs.checks import check_inputs
+    from cluster.inputs.data import checked_hashes
 
     data = check_inputs(spec) if data is None else data  # one read checks each file; its hash goes in the manifest
     out = output or spec.output_path()
-    sink = ResultSink(out, spec, new_run=new_run, data_hashes={d.task.name: {"path": d.path, "hash": d.digest}
-                                                                for d in data})
+    sink = ResultSink(out, spec, new_run=new_run, data_hashes=checked_hashes(data))  # an lm-eval task's documents too
     try:
         spec = as_made(spec, sink.manifest)  # an output made before a setting existed goes on as it was made
         plans = PlanSource(spec, background=background, data=data)
