@@ -91,13 +91,21 @@ def test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behin
 @pytest.mark.parametrize("moment", ["0.1 s after the start", "twice, 0.15 s apart"])
 def test_ctrl_c_at_the_start_or_twice_is_one_line(tmp_path, ray_dir, moment):
     """Ctrl-C 0.1 s after the start (Python still importing: its KeyboardInterrupt traceback), or twice 0.15 s apart
-    mid-shards (the second during the cleanup): one `stopped by SIGINT` line, no traceback, no process left."""
-    sweep = _run(tmp_path / "out", ray_dir)
+    mid-shards (the second during the cleanup): one `stopped by SIGINT` line, no traceback, no process left. A
+    signal that lands in the interpreter's own start, before raysweep's first line runs (seen on a loaded machine:
+    `init_import_site`), is Python's: that attempt is made again, up to three times."""
     lines, noted = [], {}
     if moment == "0.1 s after the start":
-        time.sleep(0.1)
-        os.killpg(sweep.pid, signal.SIGINT)
+        for _ in range(3):  # a signal inside the interpreter's own start (site's .pth files) is Python's, not ours
+            sweep = _run(tmp_path / "out", ray_dir)
+            time.sleep(0.1)
+            os.killpg(sweep.pid, signal.SIGINT)
+            rest, _ = sweep.communicate(timeout=120)
+            if "init_import_site" not in rest:
+                break
+        lines, rest = [rest], ""
     else:
+        sweep = _run(tmp_path / "out", ray_dir)
         for line in sweep.stdout:
             lines.append(line)
             if MOMENTS["mid-shards"](line):
@@ -106,7 +114,7 @@ def test_ctrl_c_at_the_start_or_twice_is_one_line(tmp_path, ray_dir, moment):
         os.killpg(sweep.pid, signal.SIGINT)
         time.sleep(0.15)
         os.killpg(sweep.pid, signal.SIGINT)
-    rest, _ = sweep.communicate(timeout=120)
+        rest, _ = sweep.communicate(timeout=120)
     text = "".join(lines) + rest
     stopped = [line for line in text.splitlines() if line.startswith("[raysweep] stopped by SIGINT: ")]
     assert len(stopped) == 1, text[-3000:]
