@@ -442,6 +442,19 @@ def test_a_named_pipe_as_the_data_file_is_one_line_not_a_hang(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_named_pipe_as_the_spec_file_is_one_line_not_a_hang(tmp_path):
+    """`mkfifo fifo.yaml; raysweep run fifo.yaml` waited for a writer forever, with no message."""
+    from tests.conftest import ROOT
+
+    os.mkfifo(spec := tmp_path / "fifo.yaml")
+    for command in (["run", str(spec), "--output", str(tmp_path / "out")], ["plan", str(spec)]):
+        proc = subprocess.run([sys.executable, "-m", "jobs.cli", *command], cwd=ROOT,
+                              env=os.environ | {"RAY_ADDRESS": "local"}, capture_output=True, text=True, timeout=60)
+        assert (proc.returncode, proc.stderr) == (2, f"raysweep: error: {spec}: is a named pipe (FIFO), not a spec "
+                                                     "file\n"), command
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_output_that_keeps_nothing_is_refused_before_ray(tmp_path):
     """`--output mock://x` ran to exit 0, "results: mock://x", everything written to memory and gone."""
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
