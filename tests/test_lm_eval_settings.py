@@ -78,7 +78,8 @@ def test_samples_from_a_json_file_and_use_cache_from_the_specs_folder(include_pa
 @pytest.mark.parametrize("setup, use_cache, said", [
     (lambda t: (t / "base.yaml").write_text("x"), "base.yaml/x",
      "use_cache: {folder}/base.yaml/x: {folder}/base.yaml is not a folder, so lm-eval cannot make its cache there"),
-    (lambda t: (t / "c_rank0.db").mkdir(), "c", "use_cache: {folder}/c_rank0.db is not a regular file, so not lm-eval's sqlite cache"),
+    (lambda t: (t / "c_rank0.db").mkdir(), "c",
+     "use_cache: {folder}/c_rank0.db is not a regular file, so not lm-eval's sqlite cache"),
     (lambda t: (t / "c_rank0.db").write_bytes(bytes(range(256)) * 8), "c",
      "use_cache: {folder}/c_rank0.db is not an sqlite cache lm-eval can use (file is not a database)"),
 ])
