@@ -117,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     report_parser = sub.add_parser("report", help="write one self-contained HTML report of sweep outputs, side by side")
     report_parser.add_argument("output", nargs="+", help="the sweep's output directory; several are compared")
     report_parser.add_argument("-o", "--out", help="where to write the HTML (default: the first OUTPUT/report.html)")
-    report_parser.add_argument("--samples", type=at_least(0), default=200, metavar="N",
-                               help="rows per task in the sample browser, disagreements first (default 200)")
+    report_parser.add_argument("--samples", type=at_least(0, most=1_000_000), default=200, metavar="N",
+                               help="rows per task in the sample browser, disagreements first "
+                                    "(default 200; at most 1000000)")
     sub.add_parser("models", help="list the builtin models (path: builtin:NAME) with their sizes")
     sub.add_parser("spec-reference", help="print the sweep spec reference (Markdown; sweeps/REFERENCE.md)")
     add_pool_arguments(sub.add_parser("pool", help="engines kept warm between sweeps (Ray Serve): up, status, down"))

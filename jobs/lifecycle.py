@@ -165,6 +165,8 @@ def quick_look(path: str) -> dict | None:
     wrong, before anything starts)."""
     import yaml
 
+    if not os.path.isfile(path):  # a named pipe would block open(); load_spec names what it is instead
+        return None
     try:
         with open(path, "rb") as f:
             raw = yaml.safe_load(f)

@@ -68,7 +68,8 @@ def task_names(argv: list[str]) -> list[str]:
 @contextlib.contextmanager
 def _command_line_checked():
     """lm-eval's checks of its own command line (its EvaluatorConfig: `Tasks not found: X`, a --config file that
-    is not there, --samples with --limit ...) raise ValueError or FileNotFoundError: LmEvalError here, one line."""
+    is not there, --samples with --limit ...) raise ValueError or FileNotFoundError, and its Task.doc_iterator
+    asserts that each --samples index is below the task's document count: LmEvalError here, one line."""
     from lm_eval.config.evaluate_config import EvaluatorConfig
 
     def checked(method):
@@ -79,15 +80,31 @@ def _command_line_checked():
                 raise LmEvalError(f"lm-eval: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
         return call
 
-    originals = {name: EvaluatorConfig.__dict__[name] for name in ("from_cli", "process_tasks")
+    def samples_checked(method):
+        def call(task, *args, **kwargs):
+            try:
+                return method(task, *args, **kwargs)
+            except AssertionError as e:  # its --samples check: an index past the task's documents
+                if not kwargs.get("samples"):
+                    raise
+                first = (str(e).strip().splitlines() or ["an index past the task's documents"])[0]
+                raise LmEvalError(f"lm-eval: --samples: task {task.config.task}: {first}") from None
+        return call
+
+    originals = {(EvaluatorConfig, name): EvaluatorConfig.__dict__[name] for name in ("from_cli", "process_tasks")
                  if name in EvaluatorConfig.__dict__}
-    for name, original in originals.items():
+    for (owner, name), original in originals.items():
         if isinstance(original, classmethod):
-            setattr(EvaluatorConfig, name, classmethod(checked(original.__func__)))
+            setattr(owner, name, classmethod(checked(original.__func__)))
         else:
-            setattr(EvaluatorConfig, name, checked(original))
+            setattr(owner, name, checked(original))
+    from lm_eval.api.task import Task
+
+    if "doc_iterator" in Task.__dict__:  # asserts that each --samples index is one of the task's documents
+        originals[(Task, "doc_iterator")] = Task.__dict__["doc_iterator"]
+        Task.doc_iterator = samples_checked(originals[(Task, "doc_iterator")])
     try:
         yield
     finally:
-        for name, original in originals.items():
-            setattr(EvaluatorConfig, name, original)
+        for (owner, name), original in originals.items():
+            setattr(owner, name, original)

@@ -36,9 +36,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_verbose_argument(parser)
 
 
-def at_least(minimum: int):
-    """An argparse type: an integer of at least `minimum`, anything else refused by argparse in one line (exit 2)
-    before anything starts (--max-attempts: not after Ray started)."""
+def at_least(minimum: int, most: int | None = None):
+    """An argparse type: an integer of at least `minimum` (and at most `most` when given), anything else refused by
+    argparse in one line (exit 2) before anything starts (--max-attempts: not after Ray started; --samples: not as
+    an OverflowError from deep in the report)."""
     def integer(text: str) -> int:
         try:
             value = int(text)
@@ -46,6 +47,8 @@ def at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value}: must be at least {minimum}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"{value}: must be at most {most}")
         return value
 
     return integer

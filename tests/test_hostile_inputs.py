@@ -387,6 +387,19 @@ def test_ray_that_fails_to_start_is_one_line_and_releases_the_output(sweep_dir, 
     ResultSink(str(tmp), load_spec(folder / "sweep.yaml")).close()  # not held by the failed run
 
 
+def test_an_output_whose_manifest_is_a_directory_is_one_line_before_ray(sweep_dir, capsys):
+    """`OUT/manifest.json` a directory was pyarrow's OSError traceback ("Cannot open for reading")."""
+    from jobs.sweep import main
+
+    folder, out = sweep_dir
+    (out / "manifest.json").unlink()
+    (out / "manifest.json").mkdir()
+    assert main([str(folder / "sweep.yaml"), "--output", str(out)]) == 2
+    assert capsys.readouterr().err == (f"raysweep: error: output {out}: manifest.json: {out}/manifest.json is not a "
+                                       "file, so not a raysweep manifest; restore it, or choose another output\n")
+    assert (out / "manifest.json").is_dir()
+
+
 def test_the_command_itself_exits_2_at_once_for_a_hub_id_offline(tmp_path):
     """The same as a process, as a user runs it: it once retried ten times over 50 s."""
     import subprocess
@@ -426,6 +439,19 @@ def test_a_named_pipe_as_the_data_file_is_one_line_not_a_hang(tmp_path):
                               capture_output=True, text=True, timeout=60)
         assert (proc.returncode, proc.stderr) == (2, f"raysweep: error: {tmp_path / 'qa.jsonl'}: is a named pipe "
                                                      "(FIFO); `data:` names one JSONL or Parquet file\n"), command
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_named_pipe_as_the_spec_file_is_one_line_not_a_hang(tmp_path):
+    """`mkfifo fifo.yaml; raysweep run fifo.yaml` waited for a writer forever, with no message."""
+    from tests.conftest import ROOT
+
+    os.mkfifo(spec := tmp_path / "fifo.yaml")
+    for command in (["run", str(spec), "--output", str(tmp_path / "out")], ["plan", str(spec)]):
+        proc = subprocess.run([sys.executable, "-m", "jobs.cli", *command], cwd=ROOT,
+                              env=os.environ | {"RAY_ADDRESS": "local"}, capture_output=True, text=True, timeout=60)
+        assert (proc.returncode, proc.stderr) == (2, f"raysweep: error: {spec}: is a named pipe (FIFO), not a spec "
+                                                     "file\n"), command
     assert not (tmp_path / "out").exists()
 
 

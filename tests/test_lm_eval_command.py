@@ -1,5 +1,6 @@
 """jobs/lm_eval_command.py: `raysweep lm-eval` stopped by Ctrl-C at any moment says one line, exits 1, and leaves
-nothing behind (no process it started, no temporary folder), as `raysweep run` does (tests/test_signals.py)."""
+nothing behind (no process it started, no temporary folder), as `raysweep run` does (tests/test_signals.py); lm-eval's
+own check of --samples is one line."""
 
 from __future__ import annotations
 
@@ -74,3 +75,16 @@ def _stopped(include_path: Path, tmp: Path, marker: str | None, pauses: list[flo
     assert not _left_running(noted, within_s=15), "a process the command started outlived it"
     if len(pauses) == 1:  # closed before it ended (a second Ctrl-C ends it at once: the folders may stay)
         assert not [p.name for p in tmp.iterdir() if p.name.startswith("raysweep-")]
+
+
+def test_a_samples_index_past_the_tasks_documents_is_one_line(include_path):
+    """`--samples '{"rs_mc":[50]}'` over 24 documents was lm-eval's AssertionError traceback."""
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
+                           f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=1", "--include_path",
+                           str(include_path), "--tasks", "rs_mc", "--samples", '{"rs_mc": [50]}'],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("raysweep: error:")]
+    assert proc.returncode == 2 and said == [
+        "raysweep: error: lm-eval: --samples: task rs_mc: Elements of --samples should be in the interval [0,k-1] "
+        "where k is the number of total examples. In this case, k=24."], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

@@ -75,6 +75,34 @@ def test_samples_from_a_json_file_and_use_cache_from_the_specs_folder(include_pa
     assert sorted(json.loads(line)["id"] for line in Path(spec.tasks[0].data).read_text().splitlines()) == ["0", "1"]
 
 
+@pytest.mark.parametrize("setup, use_cache, said", [
+    (lambda t: (t / "base.yaml").write_text("x"), "base.yaml/x",
+     "use_cache: {folder}/base.yaml/x: {folder}/base.yaml is not a folder, so lm-eval cannot make its cache there"),
+    (lambda t: (t / "c_rank0.db").mkdir(), "c",
+     "use_cache: {folder}/c_rank0.db is not a regular file, so not lm-eval's sqlite cache"),
+    (lambda t: (t / "c_rank0.db").write_bytes(bytes(range(256)) * 8), "c",
+     "use_cache: {folder}/c_rank0.db is not an sqlite cache lm-eval can use (file is not a database)"),
+])
+def test_a_use_cache_lm_eval_cannot_open_is_one_line_at_load(include_path, tmp_path, setup, use_cache, said):
+    """A cache path under a file, or a cache file that is a folder or random bytes, was a traceback from
+    lm-eval after every sample had run."""
+    setup(tmp_path)
+    spec = write_spec(tmp_path, {"tasks": ["rs_mc"], "include_path": str(include_path), "use_cache": use_cache})
+    with pytest.raises(SpecError) as refused:
+        _load(spec)
+    assert str(refused.value) == f"{spec}: tasks[0].lm_eval.{said.format(folder=tmp_path)}"
+
+
+def test_a_use_cache_lm_eval_made_or_that_is_not_there_yet_loads(include_path, tmp_path):
+    import sqlite3
+
+    sqlite3.connect(tmp_path / "made_rank0.db").execute("CREATE TABLE unnamed (key TEXT PRIMARY KEY, value BLOB)")
+    for use_cache in ("made", "new/folder/c"):
+        spec = write_spec(tmp_path, {"tasks": ["rs_mc"], "include_path": str(include_path), "use_cache": use_cache})
+        assert _load(spec).tasks[0].lm_eval.settings.cache_of("tiny") == str(tmp_path / use_cache)
+    assert not (tmp_path / "new").exists()
+
+
 def test_use_cache_over_several_models_needs_each_models_own_file(include_path, tmp_path):
     path = write_spec(tmp_path, {"tasks": ["rs_mc"], "include_path": str(include_path), "use_cache": "answers"})
     raw = json.loads(path.read_text())

@@ -299,6 +299,11 @@ def test_a_nan_or_infinite_score_keeps_the_browsers_data_valid_json(tmp_path, ca
         main(["report", str(root), "--samples", "-5"])
     assert refused.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == "raysweep report: error: argument --samples: -5: must be at least 0"
+    with pytest.raises(SystemExit) as refused:  # was an OverflowError traceback from inside the report
+        main(["report", str(root), "--samples", "99999999999999999999"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "raysweep report: error: argument --samples: 99999999999999999999: must be at most 1000000"
     assert main(["report", str(root), "--samples", "0"]) == 0
 
 

@@ -21,19 +21,26 @@ class DataError(RaysweepError, ValueError):
 BATCH_ROWS = 8192  # rows per batch when a data file is streamed
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # only a line with one can decode to a lone surrogate
 SURROGATE = re.compile("[\ud800-\udfff]")  # after json.loads, a pair is one code point: any left is alone
+def not_regular(path: str | os.PathLike) -> str | None:
+    """What `path` is where it is not a regular file ("a directory", "a named pipe (FIFO)", ...), None for a
+    regular file; os.stat's OSError (no such file, no permission) is the caller's to word."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISREG(mode):
+        return None
+    return "a directory" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else \
+        "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else \
+        "not a regular file"
+
+
 def check_regular(path: str) -> None:
     """A data path must be a regular file: a named pipe or a device would block `open` or never end."""
     try:
-        mode = os.stat(path).st_mode
+        kind = not_regular(path)
     except FileNotFoundError:
         raise DataError(f"{path}: no such data file") from None
     except OSError as e:
         raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
-    if stat.S_ISDIR(mode):
-        raise DataError(f"{path}: is a directory; `data:` names one JSONL or Parquet file")
-    if not stat.S_ISREG(mode):
-        kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or \
-            stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+    if kind is not None:
         raise DataError(f"{path}: is {kind}; `data:` names one JSONL or Parquet file")
 
 

@@ -27,6 +27,7 @@ from cluster.lm_eval.adapter import with_chat_template
 from cluster.lm_eval.quiet import quiet
 from cluster.lm_eval.run import (documents_hash, import_lm_eval, request_rows, requests_hash, run_lm_eval,
                                  task_manager)
+from cluster.lm_eval.scores import check_cache
 
 GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k"}
 # what lm-eval's models read as max_gen_toks too (lm_eval.models.utils.normalize_gen_kwargs, in its order of priority)
@@ -158,6 +159,9 @@ def lm_eval_entry(raw: dict, base_dir: str, entry: int, get_chat_tokenizer=lambd
     if settings.use_cache is not None and len(models) > 1 and "{model}" not in settings.use_cache:
         raise ValueError(f"use_cache: lm-eval's cache holds one model's answers, and the sweep has {len(models)} "
                          "models: put {model} in the path (each model's own file)")
+    if settings.use_cache is not None:
+        for name in models or (None,):
+            check_cache(settings.use_cache if name is None else settings.cache_of(name))
     import_lm_eval()
     manager = task_manager(settings)
     check_names(settings, manager)

@@ -18,10 +18,14 @@ while scored (its process_results) is left out of its entry's scoring, its summa
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import tempfile
 from collections import defaultdict
+from contextlib import closing
 from pathlib import Path
 from typing import Callable
+from urllib.request import pathname2url
 
 import pyarrow as pa
 
@@ -126,6 +130,27 @@ def cache_file(path: str) -> str:
     """The sqlite file of lm-eval's answers cache at `--use_cache PATH`, as lm-eval's simple_evaluate names it for
     its one process (rank 0)."""
     return f"{path}_rank0.db"
+
+
+def check_cache(path: str) -> None:
+    """What lm-eval's CachingLM would fail on after every sample ran, said when the spec is loaded (ValueError,
+    one line): `path`'s folder must be one or creatable (lm-eval makes it), and an existing cache file a regular
+    file sqlite opens."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):  # lm-eval creates what is missing; the nearest that exists must be a folder
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise ValueError(f"use_cache: {path}: {folder} is not a folder, so lm-eval cannot make its cache there")
+    db = cache_file(path)
+    if not os.path.exists(db):
+        return
+    if not os.path.isfile(db):
+        raise ValueError(f"use_cache: {db} is not a regular file, so not lm-eval's sqlite cache")
+    try:
+        with closing(sqlite3.connect(f"file:{pathname2url(db)}?mode=ro", uri=True)) as con:
+            con.execute("PRAGMA schema_version")
+    except sqlite3.Error as e:
+        raise ValueError(f"use_cache: {db} is not an sqlite cache lm-eval can use ({e})") from None
 
 
 def _changed(task: str, what: str, manager) -> str:

@@ -195,6 +195,9 @@ def read_manifest(output: str) -> dict:
     a journal line that is not a shard's entry)."""
     fs, root = filesystem(output)
     base = f"{root.rstrip('/')}"
+    if fs.get_file_info(f"{base}/manifest.json").type not in (pafs.FileType.File, pafs.FileType.NotFound):
+        raise SinkError(f"output {output}: manifest.json: {base}/manifest.json is not a file, so not a raysweep "
+                        "manifest; restore it, or choose another output")
     with fs.open_input_stream(f"{base}/manifest.json") as f:
         try:
             manifest = json.loads(f.read())
