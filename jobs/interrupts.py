@@ -96,6 +96,8 @@ def _in_finalizer(frame) -> bool:
         code = frame.f_code
         if code.co_name == "__del__" or (code.co_name == "__call__" and code.co_filename == weakref.__file__):
             return True
+        if code.co_name == "cb" and code.co_filename == "<frozen importlib._bootstrap>":  # a module lock's weakref
+            return True  # callback (seen once in about 30 Ctrl-Cs during the imports: the run went on, exit 0)
         frame = frame.f_back
     return False
 

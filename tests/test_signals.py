@@ -443,3 +443,20 @@ def test_a_signal_that_lands_in_a_finalizer_still_stops_the_run():
     done = subprocess.run([sys.executable, "-c", FINALIZED], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stdout.splitlines() == ["finalizer done", "interrupted by SIGINT ['SIGINT']"], done.stdout + done.stderr
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_module_locks_weakref_callback_counts_as_a_finalizer():
+    """A signal that lands in importlib's module-lock callback (`_get_module_lock.<locals>.cb`, run when a lock is
+    freed) raised there is printed as "Exception ignored" and lost: the run went on to exit 0. The handler sees
+    that frame as a finalizer and takes the signal again once out of it, as it does for __del__ and weakref's."""
+    from types import SimpleNamespace
+
+    from jobs.interrupts import _in_finalizer
+
+    def frame(name, filename, back=None):
+        return SimpleNamespace(f_code=SimpleNamespace(co_name=name, co_filename=filename), f_back=back)
+
+    run = frame("run", "/x/jobs/sweep.py")
+    assert _in_finalizer(frame("cb", "<frozen importlib._bootstrap>", run))
+    assert _in_finalizer(frame("inner", "/x/a.py", frame("__del__", "/x/b.py", run)))
+    assert not _in_finalizer(frame("cb", "/x/mine.py", run)) and not _in_finalizer(run)
