@@ -188,6 +188,11 @@ def test_a_resume_never_adds_to_reproducible_results_of_another_setting(tmp_path
     manifest.write_text(json.dumps(older))
     with pytest.raises(SinkError, match="holds reproducible results made with another setting \\(one from before"):
         prepare(load_spec(spec_file(tmp_path, "older")))
+    from cluster.store.manifest import EARLIER_REPRODUCIBLE_SETTING
+
+    manifest.write_text(json.dumps(dict(older, reproducible_setting=EARLIER_REPRODUCIBLE_SETTING)))
+    with pytest.raises(SinkError, match="made with another setting \\(vLLM batch-invariant mode .* on\\); this raysweep"):
+        prepare(load_spec(spec_file(tmp_path, "older")))  # its CPU log-likelihoods differ by float32 steps
 
 
 @pytest.mark.parametrize("engine, message", [

@@ -33,7 +33,11 @@ from cluster.store.output_files import SinkError, filesystem, join, write_bytes
 # time), kept in the manifest: a resume adds to reproducible results only under the same setting. It changes
 # with REPRODUCIBLE_ARGS.
 REPRODUCIBLE_SETTING = ("vLLM batch-invariant mode with TRITON_ATTN, no prefix caching, no chunked prefill, CUDA "
-                        "graphs and torch.compile on")
+                        "graphs and torch.compile on; the CPU engine's log-likelihoods as lm-eval's hf model at batch "
+                        "size 1 (a continuation's last token not fed)")
+# the setting before the CPU engine matched lm-eval's hf inputs: its log-likelihoods differ by float32 steps
+EARLIER_REPRODUCIBLE_SETTING = ("vLLM batch-invariant mode with TRITON_ATTN, no prefix caching, no chunked prefill, "
+                                "CUDA graphs and torch.compile on")
 
 JOURNAL = "manifest.journal"
 
