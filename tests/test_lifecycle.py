@@ -4,7 +4,6 @@ place whatever ends the run."""
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -74,7 +73,9 @@ def test_a_reproducible_spec_runs_no_engine_host_and_a_cluster_none(tmp_path, ho
 def test_a_run_reads_its_spec_checks_its_inputs_and_starts_ray_once(tmp_path):
     """The quickstart through `raysweep run`'s path, in a process of its own (its own local Ray): load_spec,
     check_inputs and Ray's start each called once."""
-    shutil.copytree(QUICKSTART, tmp_path / "sweeps")
+    from conftest import lean_quickstart
+
+    spec = lean_quickstart(tmp_path)
     probe = textwrap.dedent(f"""
         import argparse, json, sys
         import cluster.inputs.checks as checks, cluster.inputs.spec_file as spec_file, jobs.ray_start as ray_start
@@ -87,7 +88,7 @@ def test_a_run_reads_its_spec_checks_its_inputs_and_starts_ray_once(tmp_path):
                 calls[_name] += 1
                 return _original(*a, **k)
             setattr(module, name, wrapper)
-        args = argparse.Namespace(spec={str(tmp_path / "sweeps" / "quickstart.yaml")!r}, output={str(tmp_path / "out")!r},
+        args = argparse.Namespace(spec={str(spec)!r}, output={str(tmp_path / "out")!r},
                                   address=None, max_attempts=3, dashboard=False, new_run=True, verbose=False)
         code = run_spec(None, args, RunClock(0.0))
         print("CALLS", json.dumps(calls), code)

@@ -507,7 +507,7 @@ def test_a_fast_models_cpu_actor_takes_shards_of_a_slow_one_in_a_real_sweep(ray_
             "models": [{"name": "fast", "path": "builtin:tiny", "engine": {"max_num_seqs": 8}},
                        {"name": "slow", "path": str(tmp_path / "slowish"), "engine": {"max_num_seqs": 8}}],
             "tasks": [{"name": "t", "data": str(tmp_path / "a.jsonl"), "id_column": "id",
-                       "prompt": "Question: {question}\nAnswer:", "sampling": {"max_tokens": 32}}],
+                       "prompt": "Question: {question}\nAnswer:", "sampling": {"max_tokens": 24}}],
             "shards": {"max_samples": 6}, "actors": {"count": 1, "num_cpus": 1}}
     (tmp_path / "s.yaml").write_text(json.dumps(spec))
     report = run_sweep(load_spec(tmp_path / "s.yaml"), log=print)
