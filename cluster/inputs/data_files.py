@@ -32,16 +32,23 @@ def not_regular(path: str | os.PathLike) -> str | None:
         "not a regular file"
 
 
-def check_regular(path: str) -> None:
-    """A data path must be a regular file: a named pipe or a device would block `open` or never end."""
+def file_problem(path, noun: str, kind_note: str) -> str | None:
+    """Why `path` cannot be read as a regular file (missing, unreadable, a named pipe or device, which would block
+    `open` or never end), as one line: `noun` names what it should be, `kind_note` follows a wrong kind; else None."""
     try:
         kind = not_regular(path)
     except FileNotFoundError:
-        raise DataError(f"{path}: no such data file") from None
+        return f"{path}: no such {noun}"
     except OSError as e:
-        raise DataError(f"{path}: cannot be read: {e.strerror or e}") from None
-    if kind is not None:
-        raise DataError(f"{path}: is {kind}; `data:` names one JSONL or Parquet file")
+        return f"{path}: cannot be read: {e.strerror or e}"
+    return None if kind is None else f"{path}: is {kind}{kind_note}"
+
+
+def check_regular(path: str) -> None:
+    """A data path must be a regular file."""
+    problem = file_problem(path, "data file", "; `data:` names one JSONL or Parquet file")
+    if problem is not None:
+        raise DataError(problem)
 
 
 def content_hash(path: str) -> str:

@@ -14,7 +14,7 @@ import yaml
 
 from cluster.contracts.spec import ActorSpec, ModelSpec, ShardLimits, SpecError, SweepSpec
 from cluster.contracts.task_spec import STRUCTURED_KINDS, ReplaySpec, SamplingSpec, ScorerSpec, StructuredSpec, TaskSpec, _suggest
-from cluster.inputs.data_files import not_regular
+from cluster.inputs.data_files import file_problem
 
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a code point of a UTF-16 pair: alone, not text
 MAX_DEPTH = 100  # nesting levels in a spec, at most
@@ -208,14 +208,9 @@ class _StrictLoader(yaml.SafeLoader):
 
 def load_spec(path: str | os.PathLike) -> SweepSpec:
     path = Path(path)
-    try:
-        kind = not_regular(path)  # before open: a named pipe would block it until a writer came, forever
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such spec file") from None
-    except OSError as e:
-        raise SpecError(f"{path}: cannot be read: {e.strerror or e}") from None
-    if kind is not None:
-        raise SpecError(f"{path}: is {kind}, not a spec file")
+    problem = file_problem(path, "spec file", ", not a spec file")  # before open: a named pipe would block it
+    if problem is not None:
+        raise SpecError(problem)
     try:
         raw = yaml.load(path.read_bytes().decode("utf-8"), Loader=_StrictLoader)
     except FileNotFoundError:
