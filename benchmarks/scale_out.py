@@ -8,14 +8,16 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
 - `split`: the plain script as N processes started together, one GPU and 1/N of the prompts each (a hand split);
 - `raysweep_1`: `python -m jobs.sweep` over a spec with no `actors:` section, on one GPU (CUDA_VISIBLE_DEVICES=0);
 - `raysweep`: the same spec on all N GPUs;
+- `raysweep_late`: `raysweep` with RAYSWEEP_PRESTART=0: no engine built before Ray is up (cluster/plan/prestart.py);
 - `raysweep_two`: the same on N GPUs with `actors: {num_gpus: 0.5}` (two engines per GPU, whatever the rule says);
+- `raysweep_four`: the same with `actors: {num_gpus: 0.25}` (four engines per GPU);
 - `ray_data`: Ray Data LLM (benchmarks/ray_data_llm.py) with `concurrency=N`;
 - `lm_eval`: `lm_eval --model vllm --model_args pretrained=PATH,data_parallel_size=N` over a local generate_until
   task of the same prompts (`max_gen_toks`, greedy; lm-eval adds the end-of-text string as its stop).
 Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts: the plain script on one GPU (vLLM's
 compile cache for the one-GPU engine arguments, which raysweep's engines and Ray Data share), raysweep on N GPUs
 with four engines per GPU, and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
-with one output per prompt. Figures go to OUT/n.json after each variant (a call cut short keeps those done) and
+with one output per prompt; one that fails is said, the others run, and the call fails at the end. Figures go to OUT/n.json after each variant (a call cut short keeps those done) and
 to OUT/bench.parquet; each process's command and prints are kept beside them (`n_*.cmd`, `.stdout`, `.stderr`).
 """
 
@@ -34,7 +36,8 @@ from benchmarks.common import (REPO, Bench, count_lines, prompts_of, result_coun
                                sweep_spec, vllm_args, write_prompts)
 from benchmarks.whole_process import raysweep_figures
 
-VARIANTS = ("plain", "split", "raysweep", "raysweep_1", "raysweep_two", "lm_eval", "ray_data")
+VARIANTS = ("plain", "split", "raysweep", "raysweep_1", "raysweep_late", "raysweep_two", "raysweep_four", "lm_eval",
+            "ray_data")
 WARM_PROMPTS = 256
 
 
@@ -123,10 +126,16 @@ class ScaleOut:
         runs = {"plain": lambda: self.plain("n_plain", self.data), "split": lambda: self.split("n_split"),
                 "raysweep": lambda: self.raysweep("n_raysweep", self.data, {}, {}),
                 "raysweep_1": lambda: self.raysweep("n_raysweep_1", self.data, {}, {"CUDA_VISIBLE_DEVICES": "0"}),
+                "raysweep_late": lambda: self.raysweep("n_raysweep_late", self.data, {}, {"RAYSWEEP_PRESTART": "0"}),
                 "raysweep_two": lambda: self.raysweep("n_raysweep_two", self.data, {"num_gpus": 0.5}, {}),
+                "raysweep_four": lambda: self.raysweep("n_raysweep_four", self.data, four, {}),
                 "lm_eval": lambda: self.lm_eval("n_lm_eval", None), "ray_data": lambda: self.ray_data("n_ray_data")}
         for variant in variants:
-            self.figures["walls"][variant] = self._note(variant, runs[variant]())
+            try:
+                self.figures["walls"][variant] = self._note(variant, runs[variant]())
+            except Exception as e:  # noqa: BLE001  (said, and the next variant runs: one call, many figures)
+                self.figures.setdefault("failed", {})[variant] = f"{type(e).__name__}: {e}"[:2000]
+                print(f"[bench] {variant} FAILED: {type(e).__name__}: {str(e)[:500]}", flush=True)
         walls = self.figures["walls"]
         for variant, wall in walls.items():
             if "plain" in walls:
@@ -138,6 +147,8 @@ class ScaleOut:
             self.bench.record("n", "RATIO span raysweep_1/raysweep", self.figures["span_ratio"],
                               f"x (first shard start to last shard end; {self.gpus} GPUs against one)")
         self._save()
+        if self.figures.get("failed"):  # after every other variant ran
+            raise RuntimeError("; ".join(f"{v}: {why}" for v, why in self.figures["failed"].items()))
 
     def _note(self, label: str, wall: float) -> float:
         self.bench.record("n", f"{label} wall_s", wall, "s (whole process, start to exit)")

@@ -46,7 +46,13 @@ def test_the_largest_model_decides_and_every_gpu_of_the_cluster_is_used():
 def test_a_value_the_spec_gives_is_kept():
     spec = _spec({"m": "builtin:small"}, {"num_gpus": 1})
     choice = choose(spec, H100, model_weights(spec))
-    assert (choice.count, choice.num_gpus, choice.reason) == (1, 1, "actors.num_gpus 1 set in the spec")
+    assert (choice.count, choice.num_gpus, choice.reason) == (1, 1, "actors.num_gpus 1 set in the spec; 1 actor(s) "
+                                                                     "per model for 1 GPU(s)")
+    spec = _spec({"m": "builtin:small"}, {"num_gpus": 0.25})  # the count is chosen around the given share
+    choice = choose(spec, H100 | {"GPU": 4.0}, model_weights(spec))
+    assert (choice.count, choice.num_gpus, choice.engines_per_gpu) == (16, 0.25, 4)
+    spec = _spec({"m": "builtin:small"}, {"num_gpus": 0.25, "count": 2})
+    assert choose(spec, H100 | {"GPU": 4.0}, model_weights(spec)).count == 2
     spec = _spec({"m": "builtin:small"}, {"count": 3})  # the share is chosen around the given count
     choice = choose(spec, H100, model_weights(spec))
     assert (choice.count, choice.num_gpus) == (3, 0.5) and choice.reason.endswith("; 3 actor(s) per model")

@@ -176,6 +176,21 @@ def test_shards_in_flight_fill_four_engine_batches(max_samples, engine, actors, 
     assert shards_in_flight(spec, spec.models[0]) == depth
 
 
+@pytest.mark.parametrize("rows, actors, depth", [
+    (10496, 16, 2),  # 43 shards of 256 for 16 engines: two each, the rest wait (four each would hold them all)
+    (10496, 8, 3),
+    (10496, 4, 4),   # one GPU's four engines: the batch rule's four
+    (100, 2, 2),     # never fewer than two
+])
+def test_many_actors_for_few_rows_leave_half_the_shards_waiting(rows, actors, depth):
+    from cluster.plan.depth import shards_in_flight
+    from cluster.inputs.spec_file import parse_spec
+
+    spec = parse_spec({"name": "d", "models": [{"name": "m", "path": "builtin:tiny"}],
+                       "tasks": [{"name": "t", "data": "x.jsonl", "prompt": "{q}"}], "shards": {"max_samples": 256}})
+    assert shards_in_flight(spec, spec.models[0], rows=rows, actors=actors) == depth
+
+
 @pytest.mark.parametrize("engine, resources, accelerator, cpu", [
     ({}, {"CPU": 2}, None, True),                         # auto, no GPU: the CPU engine
     ({}, {"CPU": 2, "GPU": 1}, None, False),               # auto with a GPU: vLLM

@@ -57,7 +57,11 @@ def choose(spec: SweepSpec, cluster_resources: dict, model_bytes=None, new_token
         return _kept(actors, 1, "no GPU in the cluster: one CPU engine per actor")
     if actors.num_gpus is not None:
         per_gpu = max(1, int(1 / actors.num_gpus)) if 0 < actors.num_gpus < 1 else 1
-        return _kept(actors, per_gpu, f"actors.num_gpus {actors.num_gpus:g} set in the spec")
+        why = f"actors.num_gpus {actors.num_gpus:g} set in the spec"
+        if actors.count is not None or not gpus:
+            return _kept(actors, per_gpu, why)
+        count = max(int(gpus / actors.num_gpus + 1e-9), 1)  # as many as the cluster's GPUs hold now
+        return EngineChoice(count, actors.num_gpus, per_gpu, f"{why}; {count} actor(s) per model for {gpus} GPU(s)")
     per_gpu, why = _engines_per_gpu(spec, cluster_resources, model_weights(spec) if model_bytes is None else model_bytes,
                                     new_tokens)
     span = max((m.gpus_per_engine for m in spec.models), default=1)  # an engine of N GPUs: one actor per N

@@ -74,6 +74,7 @@ class Prepared:
     sink: ResultSink
     output: str
     new_tokens: int | None = None  # the most new tokens the sweep asks of each model (engines_per_gpu.generation_budget)
+    rows: int | None = None  # the rows each model runs (its tasks' rows; replayed tasks run none)
 
 
 def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, background: bool = False,
@@ -93,7 +94,7 @@ def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, b
     except BaseException:
         sink.close()
         raise
-    return Prepared(spec, plans, sink, out, generation_budget(data))
+    return Prepared(spec, plans, sink, out, generation_budget(data), sum(d.n_rows for d in data if d.task.replay is None))
 
 
 def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts: int = 3,
@@ -157,7 +158,7 @@ class _Run:
         self.spec, self.plans, self.sink, self.log, self.clock = prepared.spec, prepared.plans, sink, log, clock
         self.kept = kept
         self.engine_host = engine_host
-        self.new_tokens = prepared.new_tokens
+        self.new_tokens, self.rows = prepared.new_tokens, prepared.rows
         self.done = sink.committed()
         self.report = SweepReport(output=prepared.output, summary=pa.table({}))
         self.progress = make_progress(0, log, progress_bar)  # the total grows as tasks are planned
@@ -184,7 +185,8 @@ class _Run:
         for shape in dict.fromkeys(shapes.values()):
             holds[shape] = capacity(shape, [name for name, s in shapes.items() if s == shape])
         cpu = {m.name: runs_on_cpu(m, resources, spec.actors.accelerator_type) for m in spec.models}
-        depth = max((shards_in_flight(spec, m, cpu[m.name]) for m in spec.models), default=MIN_SHARDS_IN_FLIGHT)
+        depth = max((shards_in_flight(spec, m, cpu[m.name], self.rows, spec.actors.count) for m in spec.models),
+                    default=MIN_SHARDS_IN_FLIGHT)
         remote = ray.remote(EvalActor)
         backends = tuple(sorted({m.backend for m in spec.models}))
 
@@ -218,7 +220,7 @@ class _Run:
         # every model from the spec now, so its actors start (process, imports) while the checks run;
         # each gets its engine start only once it passed them (ModelReady, in feed)
         for model in spec.models:
-            depth_of = shards_in_flight(spec, model, cpu[model.name])
+            depth_of = shards_in_flight(spec, model, cpu[model.name], self.rows, spec.actors.count)
             self.scheduler.add_model(ModelWork(model.name, spec.actors.count, depth_of,
                                                shape=shapes[model.name]))
         pooled = self._use_kept(spec) or self._use_pool()  # engines already up: their models' shards go to them
