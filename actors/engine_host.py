@@ -7,9 +7,6 @@ SOCKET_FD BACKENDS DRIVER_PID`, started by the driver before Ray.
    process that started CUDA cannot fork a working one.
 3. For each actor that connects, it forks an engine process (actors/engine_process.py), which takes the
    actor's environment, folder and output, and runs the actor's engines until the actor goes.
-4. Where the driver sent engines to start ahead (PRESTART, before Ray started), it forks a process for each at
-   once, which builds its engine while Ray and the actors start; an actor that comes with those GPUs is handed
-   that process instead of a new one.
 
 It lives until the driver stops it, or dies with the driver (Linux's parent-death signal). It runs in a session
 of its own, so Ctrl-C in the terminal is the driver's to handle. It writes nothing unless something fails.
@@ -21,10 +18,6 @@ import os
 import signal
 import socket
 import sys
-from multiprocessing.connection import Connection
-from multiprocessing.reduction import send_handle
-
-from cluster.contracts.engine_host import PRESTART, claim_key
 
 
 def main(argv: list[str]) -> int:
@@ -40,83 +33,26 @@ def main(argv: list[str]) -> int:
     import actors.engine_process  # noqa: F401  (and the shard code it runs)
 
     signal.signal(signal.SIGCHLD, _reap)
-    ahead: dict[str, list] = {}  # claim key -> [(pid, link)]: engines started ahead, not claimed yet
     while True:
         client, _ = server.accept()
-        conn = Connection(client.detach())
         try:
-            hello = conn.recv() if conn.poll(HELLO_S) else None
-            if isinstance(hello, dict) and PRESTART in hello:
-                for one in hello[PRESTART]:
-                    ahead.setdefault(claim_key({"CUDA_VISIBLE_DEVICES": one.gpus}), []).append(
-                        _fork_ahead(one, server, ahead))
-            elif isinstance(hello, dict) and not _hand_over(conn, hello, ahead.get(claim_key(hello["env"]), [])):
-                _fork(conn, hello, server, ahead)
-        except (OSError, EOFError) as e:  # no fork now (memory, process limits), or a client gone: that
-            # actor runs its engines itself
+            if os.fork() == 0:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                server.close()
+                _serve(client)
+        except OSError as e:  # no fork now (memory, process limits): that actor runs its engines itself
             print(f"[raysweep] engine host: no engine process forked ({e})", file=sys.stderr, flush=True)
         finally:
-            conn.close()
+            client.close()
 
 
-HELLO_S = 30.0  # an actor sends its hello as it connects: a connection silent this long is dropped
-
-
-def _fork(conn, hello: dict, server: socket.socket, ahead: dict) -> None:
-    """An engine process for the actor that sent `hello`."""
-    if os.fork() == 0:
-        _in_child(server, ahead)
-        _serve(conn, hello)
-
-
-def _fork_ahead(one, server: socket.socket, ahead: dict) -> tuple[int, socket.socket]:
-    """A process that starts `one`'s engine now and waits to be handed its actor (actors/engine_process.py)."""
-    from actors import engine_process
-
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid = os.fork()
-    if pid == 0:
-        _in_child(server, ahead)
-        ours.close()
-        try:
-            engine_process.prestarted(theirs, one)
-        finally:
-            engine_process.end()
-    theirs.close()
-    return pid, ours
-
-
-def _hand_over(conn, hello: dict, waiting: list) -> bool:
-    """The actor's connection and hello handed to an engine started ahead on its GPUs; False where none is left
-    (or none took it: gone)."""
-    while waiting:
-        pid, link = waiting.pop(0)
-        try:
-            with Connection(link.detach()) as handover:
-                send_handle(handover, conn.fileno(), pid)
-                handover.send(hello)
-            return True
-        except OSError:
-            continue
-    return False
-
-
-def _in_child(server: socket.socket, ahead: dict) -> None:
-    """In a process forked from the host: the host's own ends let go."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    server.close()
-    for waiting in ahead.values():
-        for _, link in waiting:
-            link.close()
-
-
-def _serve(conn, hello: dict) -> None:
+def _serve(client: socket.socket) -> None:
     """In the forked engine process: serve the actor; however that ends, the engine process's group goes
     (its engines' processes with it), without the host's exit handlers."""
     from actors import engine_process
 
     try:
-        engine_process.serve(conn, hello)
+        engine_process.serve(client)
     finally:
         engine_process.end()
 

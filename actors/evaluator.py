@@ -26,7 +26,7 @@ from actors.engine_factory import BATCH_INVARIANT, engine_cpu_threads, reproduci
 from actors.hosted_engine import connect
 from actors.local_engine import InProcess
 from actors.telemetry import GpuSampler, gpu_name
-from cluster.contracts.engine_host import EngineHostAddress, engine_start
+from cluster.contracts.engine_host import EngineHostAddress
 from cluster.contracts.shard import Shard
 from cluster.contracts.results_schema import actor_table
 from cluster.contracts.spec import ModelSpec, TaskSpec
@@ -155,8 +155,10 @@ class EvalActor:
             return self.engine
 
     def _start_engine(self, profile: EngineProfile, engine_requested_at: float, reason: str) -> dict:
-        self.engine = self.engines.start_engine(profile=profile, **engine_start(
-            self.model, self.model_path, self.num_cpus, self.num_gpus, self.sleep_mode, self.reproducible))
+        gpu_fraction = self.num_gpus if self.num_gpus else 1.0
+        self.engine = self.engines.start_engine(model=self.model, model_path=self.model_path, profile=profile,
+                            num_threads=max(1, int(self.num_cpus)), gpu_fraction=gpu_fraction,
+                            sleep_mode=self.sleep_mode, reproducible=self.reproducible)
         ready_at = time.time()
         first, self._first = self._first, {}  # the process and its imports belong to the first start only
         requested_at = engine_requested_at

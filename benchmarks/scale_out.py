@@ -8,7 +8,6 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
 - `split`: the plain script as N processes started together, one GPU and 1/N of the prompts each (a hand split);
 - `raysweep_1`: `python -m jobs.sweep` over a spec with no `actors:` section, on one GPU (CUDA_VISIBLE_DEVICES=0);
 - `raysweep`: the same spec on all N GPUs;
-- `raysweep_late`: `raysweep` with RAYSWEEP_PRESTART=0: no engine built before Ray is up (cluster/plan/prestart.py);
 - `raysweep_two`: the same on N GPUs with `actors: {num_gpus: 0.5}` (two engines per GPU, whatever the rule says);
 - `raysweep_four`: the same with `actors: {num_gpus: 0.25}` (four engines per GPU);
 - `ray_data`: Ray Data LLM (benchmarks/ray_data_llm.py) with `concurrency=N`;
@@ -36,8 +35,7 @@ from benchmarks.common import (REPO, Bench, count_lines, prompts_of, result_coun
                                sweep_spec, vllm_args, write_prompts)
 from benchmarks.whole_process import raysweep_figures
 
-VARIANTS = ("plain", "split", "raysweep", "raysweep_1", "raysweep_late", "raysweep_two", "raysweep_four", "lm_eval",
-            "ray_data")
+VARIANTS = ("plain", "split", "raysweep", "raysweep_1", "raysweep_two", "raysweep_four", "lm_eval", "ray_data")
 WARM_PROMPTS = 256
 
 
@@ -126,7 +124,6 @@ class ScaleOut:
         runs = {"plain": lambda: self.plain("n_plain", self.data), "split": lambda: self.split("n_split"),
                 "raysweep": lambda: self.raysweep("n_raysweep", self.data, {}, {}),
                 "raysweep_1": lambda: self.raysweep("n_raysweep_1", self.data, {}, {"CUDA_VISIBLE_DEVICES": "0"}),
-                "raysweep_late": lambda: self.raysweep("n_raysweep_late", self.data, {}, {"RAYSWEEP_PRESTART": "0"}),
                 "raysweep_two": lambda: self.raysweep("n_raysweep_two", self.data, {"num_gpus": 0.5}, {}),
                 "raysweep_four": lambda: self.raysweep("n_raysweep_four", self.data, four, {}),
                 "lm_eval": lambda: self.lm_eval("n_lm_eval", None), "ray_data": lambda: self.ray_data("n_ray_data")}

@@ -102,25 +102,6 @@ class EngineHost:
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         self.address = EngineHostAddress(path, self.process.pid)
-        self.prestarted = False  # engines were asked of it before Ray (`prestart`)
-
-    def prestart(self, engines: list) -> None:
-        """Have the host start these engines now (cluster/plan/prestart.py), each for the actor that will come
-        with its GPUs. The message waits in the host's socket while the host still imports; a host that cannot
-        take it (gone) costs nothing but the head start. Once per host: a later sweep of the same command
-        (`raysweep lm-eval`'s next request type) finds its engines running in the actors it keeps."""
-        from multiprocessing.connection import Client
-
-        from cluster.contracts.engine_host import PRESTART
-
-        if not engines or self.prestarted:
-            return
-        self.prestarted = True
-        try:
-            with Client(self.address.path, "AF_UNIX") as conn:
-                conn.send({PRESTART: list(engines)})
-        except OSError:
-            pass
 
     def stop(self) -> None:
         import os

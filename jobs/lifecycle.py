@@ -6,8 +6,7 @@ Each step happens once, in this order, and `close` undoes what was done, in one 
    (a new local Ray's, started at once so the engines' imports run while the rest is checked; none on a Ray
    cluster or for a reproducible run); Ray's start begun at once where lm-eval builds tasks (seconds) first;
 2. `check`: every input checked once (cluster/inputs/checks.py), before the output is touched;
-3. `open`: the output opened, the plan ready to stream (cluster/schedule/run.py `prepare`), and the engines
-   that can be known now started by the engine host while Ray starts (cluster/plan/prestart.py);
+3. `open`: the output opened, the plan ready to stream (cluster/schedule/run.py `prepare`);
 4. `start_ray`: Ray started or joined, once;
 5. `execute`: the sweep, watched for a lost head;
 6. `close` (also on any error or signal): the output's sink, this process's Ray, the engine host.
@@ -82,10 +81,6 @@ class SweepRun:
         from cluster.schedule.run import prepare
 
         self.prepared = prepare(self.spec, output, self.args.new_run, background=True, data=self.data)
-        if self.host is not None and self.address == "local":  # engines built while Ray starts
-            from cluster.plan.prestart import prestarts
-
-            self.host.prestart(prestarts(self.prepared.spec, self.prepared.new_tokens))
 
     @property
     def sink(self):

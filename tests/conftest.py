@@ -122,6 +122,17 @@ def hf_engine(tiny_path):
     return HFEngine(ModelSpec("tiny", "builtin:tiny"), tiny_path, EngineProfile(), num_threads=1)
 
 
+def gpu_count() -> int:
+    """The CUDA GPUs this process sees where vLLM is installed (GPU tests), else 0."""
+    from actors.engine_factory import cuda_and_vllm_available
+
+    if not cuda_and_vllm_available():
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def start_local_ray():
     import ray
 

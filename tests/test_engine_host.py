@@ -146,7 +146,7 @@ import os, socket, sys, time
 from actors.engine_process import guard_group
 fd = int(sys.argv[1])
 os.setsid()
-guard_group([fd])
+guard_group(fd)
 child = os.fork()
 if child == 0:
     time.sleep(600)

@@ -90,8 +90,9 @@ def test_specs_made_before_the_choice_keep_their_hash_with_placement():
 @pytest.mark.parametrize("model, gpus, tokens, per_gpu", [
     ("builtin:small", 1, 5248 * 256, 4),  # 1.34M new tokens: four engines ran it 1.11x faster than two (H200)
     ("builtin:small", 1, 1312 * 256, 2),  # 0.34M: two engines were faster than four
-    ("builtin:small", 2, 5248 * 256, 2),  # 0.67M per GPU
-    ("builtin:small", 4, 10496 * 256, 2),  # 0.67M per GPU: four per GPU ran it, two per GPU not timed beside it
+    ("builtin:small", 2, 5248 * 256, 4),  # 0.67M per GPU
+    ("builtin:small", 4, 10496 * 256, 4),  # 0.67M per GPU: four per GPU ran it 1.18x faster than two (4 x H200)
+    ("builtin:small", 4, 1312 * 256 * 4, 2),  # 0.34M per GPU
     ("builtin:small", 1, None, 2),  # the budget not known (the pool's choice): two
     ("builtin:medium", 1, 5248 * 256, 2),  # 1B-shape weights: over 0.5 GiB, four not measured
 ])

@@ -59,17 +59,10 @@ def resolve_model_path(path: str) -> str:
     if name not in CONFIGS:
         raise ValueError(f"{path}: unknown builtin model; known: {', '.join(BUILTIN_PREFIX + n for n in CONFIGS)}")
     target = cache_root() / f"builtin-{name}-{VERSION}"
-    if built_path(path) is None:
+    if not (target / "model.safetensors").exists():
         say_building(path, target)
         build(name, target)
     return str(target)
-
-
-def built_path(path: str) -> str | None:
-    """`resolve_model_path`'s answer for a builtin model built already; None where it would build one first."""
-    name = path[len(BUILTIN_PREFIX):]
-    target = cache_root() / f"builtin-{name}-{VERSION}"
-    return str(target) if name in CONFIGS and (target / "model.safetensors").exists() else None
 
 
 def say_building(path: str, target: Path) -> None:

@@ -12,7 +12,8 @@ tasks, 1.27x at 5,248 prompts), because a small model's one engine leaves the GP
   max_tokens x n, per model): on an H200 with a 136M model, 5,248 prompts of 256 new tokens (1.34M) ran in
   43.5 s on four engines against 48.3 s on two (the plain script: 62.6 s), while 1,312 prompts (0.34M) took
   35.2 s on four and 33.7 s on two: four engines start as fast, but a small sweep's tail idles more of them
-  (bench/records/h200-engines-per-gpu-and-pool-planning.md);
+  (bench/records/h200-engines-per-gpu-and-pool-planning.md); on four H200s with the same model, 10,496 prompts
+  (0.67M per GPU) ran in 48.9 s on four engines per GPU against 57.5 s on two (bench/records/4xh200-scale-out.md);
 - one engine per GPU otherwise: a large model (`builtin:large`, 8B) is compute-bound, and sharing halves its
   KV cache for nothing measured; a GPU of unknown memory is not shared;
 - actors per model: engines per GPU x the GPUs the cluster has now, over the GPUs one engine spans (at least
@@ -32,7 +33,7 @@ SMALL_WEIGHTS_BYTES = 2 * GIB  # about 1B parameters in bf16: the largest model 
 SHARED_GPU_MIN_BYTES = 40 * GIB  # a GPU two engines share: an A100-40G or larger
 TINY_WEIGHTS_BYTES = GIB // 2  # about 250M parameters in bf16: four engines measured on a 136M model
 FOUR_ENGINES_MIN_BYTES = 64 * GIB  # an H100 80GB or larger: each of four engines keeps over 15 GiB
-MANY_TOKENS_PER_GPU = 1_000_000  # between 0.34M (four engines lost) and 1.34M (they won) measured
+MANY_TOKENS_PER_GPU = 500_000  # between 0.34M (four engines lost) and 0.67M (they won) measured
 
 
 @dataclass(frozen=True)
