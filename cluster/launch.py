@@ -43,18 +43,19 @@ def start_engine_host(backends) -> "EngineHost | None":
 FOLDER_PREFIX = "raysweep-engine-host-"
 
 
-def remove_stale_folders(parent: str) -> None:
-    """The folders (a socket, a log) of engine hosts whose driver was killed (kill -9 leaves them): those of
-    drivers no longer running. Another user's, or one that cannot be read, is left alone."""
+def remove_stale_folders(parent: str, prefix: str = FOLDER_PREFIX) -> None:
+    """The folders named `PREFIX` + their driver's pid whose driver was killed (kill -9 leaves them): an engine
+    host's (a socket, a log); a command's temporary output (jobs/lifecycle.py). Those of drivers no longer running
+    are removed; another user's, or one that cannot be read, is left alone."""
     import os
     import shutil
 
     try:
-        names = [n for n in os.listdir(parent) if n.startswith(FOLDER_PREFIX)]
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
     except OSError:
         return
     for name in names:
-        pid = name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        pid = name[len(prefix):].split("-", 1)[0]
         if not pid.isdigit():
             continue
         try:

@@ -1,5 +1,5 @@
 """Work on a thread of its own while the caller goes on: Ray's start, while lm-eval builds its tasks or
-requests (jobs/sweep.py, jobs/lm_eval_model.py)."""
+requests (jobs/lifecycle.py, for `raysweep run` and `raysweep lm-eval`)."""
 
 from __future__ import annotations
 

@@ -8,11 +8,14 @@ raysweep` cannot find it; `raysweep lm-eval` (jobs/lm_eval_command.py) registers
 rest of the line, and closes the model's engines, Ray and temporary output (`close`) at its end. From Python,
 `import jobs.lm_eval_model` registers it for `lm_eval.simple_evaluate(model="raysweep", ...)` (closed at exit).
 
-Each request type lm-eval asks for (loglikelihood, loglikelihood_rolling, generate_until) is one raysweep
-sweep: the requests made into rows by the rule a spec's `lm_eval:` entry uses (cluster/lm_eval/run.py),
-sharded over the model's actors, and answered from the committed rows (cluster/lm_eval/scores.py). The
-first sweep's actors stay up with their engines for the next request types (cluster/schedule/kept.py): the
-engines start once per command.
+The models made in a process share its one SweepRun (jobs/lifecycle.py), made with the first: the engine host
+decided and Ray's start begun when lm-eval makes the model (Ray comes up while lm-eval builds its requests), and
+the teardown (the kept actors, Ray, the engine host, the temporary output) in its `close`. Each request type
+lm-eval asks for (loglikelihood, loglikelihood_rolling, generate_until) is one raysweep sweep through the steps
+`raysweep run`'s takes (adopt, check, open, start_ray, execute): the requests made into rows by the rule a spec's
+`lm_eval:` entry uses (cluster/lm_eval/run.py), sharded over the model's actors, and answered from the committed
+rows (cluster/lm_eval/scores.py). The first sweep's actors stay up with their engines for the next request types
+(cluster/schedule/kept.py): the engines start once per command.
 model_args: pretrained (a model folder, hub id or builtin:NAME; also `model`), max_model_len, backend
 (auto | hf | vllm), actors (per model) and num_gpus (per actor) (default `auto` for each: chosen as for a spec
 without `actors:`, cluster/plan/engines_per_gpu.py, e.g. two engines on a large GPU for a small model), address
@@ -29,15 +32,12 @@ import atexit
 import hashlib
 import os
 import re
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
 
 from cluster.contracts.errors import RaysweepError
-from jobs.background import Background
 
 NAME = "raysweep"
 
@@ -79,29 +79,26 @@ def make_model_class():
             except ValueError as e:
                 raise LmEvalError("--model_args: " + re.sub(r"^(engine\.|count:)", lambda m: "actors:" if
                                                              m.group(1) == "count:" else "", str(e))) from None
-            self.kept = output is not None  # the user's folder stays; the default, a temporary one, goes at close
-            self.output = output or tempfile.mkdtemp(prefix="raysweep-lm-eval-")
-            self.address = address or os.environ.get("RAY_ADDRESS") or "local"
-            self._kept = None  # the engines of the first request type's sweep, kept for the next ones
-            self._host = None  # a local run's engine host (cluster/launch.py): the engines' imports start now
-            _made(self)  # closed by close(): at the command's end, or at exit
-            if self.address == "local":
-                from cluster.launch import start_engine_host
-
-                self._host = start_engine_host([backend])
-            # Ray starts while lm-eval loads its tasks and builds their requests (they need only this thread's
-            # Python; ray.init mostly waits on the processes it starts); the first request type waits for it
-            self._ray = Background(self._start_ray, "raysweep-ray-start")
+            self.life = _process_run(address)  # this process's SweepRun, closed by close(): at the command's end
+            # the engine host decided (the engines' imports start now) and Ray started, once: while lm-eval loads
+            # its tasks and builds their requests (they need only this thread's Python; ray.init mostly waits on
+            # the processes it starts); the first request type's sweep waits for it
+            self.life.begin([backend], ray_early=True)
+            self.output_kept = output is not None  # the user's folder stays; the default, a temporary one, goes
+            self.output = output or self.life.temporary_folder("lm-eval-output")
+            if self.output_kept:
+                _OUTPUTS.append(output)
             _chat_templated(self, str(path))
             _said("model made (Ray starting meanwhile); lm-eval builds its requests")
 
         def _answers(self, kind: str, requests) -> dict:
-            """One sweep over the requests; the committed rows by task and (sample id, completion)."""
+            """One sweep over the requests, through the process's SweepRun; the committed rows by task and
+            (sample id, completion)."""
             from cluster.contracts.lm_eval_task import LmEvalSettings
             from cluster.contracts.spec import SweepSpec
             from cluster.lm_eval.run import request_rows
             from cluster.lm_eval.requests import task_spec
-            from cluster.schedule.run import execute, prepare
+            from cluster.store.output_files import SinkError
 
             by_task = defaultdict(list)
             for r in requests:
@@ -113,53 +110,24 @@ def make_model_class():
             digest = hashlib.sha256(repr(tasks).encode()).hexdigest()[:8]
             spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),
                              models=(self.model,), tasks=tasks, actors=self.actors)
-            self._ray.result()
-            from cluster.store.output_files import SinkError
-
+            life = self.life
+            life.adopt(spec)
+            life.check()
             try:
-                prepared = prepare(spec, spec.output)
+                life.open(spec.output)
             except SinkError as e:  # the output refused (another spec's results ...): advice this command can follow
                 raise type(e)(lm_eval_advice(str(e), spec.output)) from None
-            from jobs.head_watch import head_watched
-
-            with head_watched(say_stopped):  # a local Ray's head lost: one line, exit 1
-                report = execute(prepared, log=lambda line: print(line, file=sys.stderr, flush=True),
-                                 kept=self._kept, engine_host=self._host.address if self._host is not None else None)
+            life.start_ray()
+            report, _ = life.execute(say_stopped)  # a local Ray's head lost: one line, exit 1
             if report.failed:
                 first = next(iter(report.failed.values()))["errors"][-1]
                 kept = (f"the run's output {spec.output} keeps what was committed: the same command resumes it"
-                        if self.kept else "pass output=DIR in --model_args to keep what is committed and resume it")
+                        if self.output_kept else "pass output=DIR in --model_args to keep what is committed and "
+                        "resume it")
                 raise RuntimeError(f"raysweep: {len(report.failed)} shard(s) failed (first: {first}); {kept}")
             answers = _read_answers(spec.output, self.model.name, [t.name for t in tasks])
             _said(f"{kind}: answers read; back to lm-eval")
             return answers
-
-        def _start_ray(self) -> None:
-            from jobs.ray_start import check_ray_address, start_ray
-
-            from cluster.schedule.kept import KeptActors
-
-            check_ray_address(self.address, "address")
-            start_ray(self.address, "address", dashboard=False)
-            _said("Ray is up")
-            self._kept = KeptActors()
-
-        def close(self, quiet: bool) -> None:
-            """1. the temporary output removed; 2. the kept engines closed; 3. Ray stopped, where this model started
-            or joined it (not while its start still runs: a stopped command's exit ends that Ray, jobs/ray_reaper.py);
-            4. the engine host stopped."""
-            if not self.kept:
-                shutil.rmtree(self.output, ignore_errors=True)
-            if getattr(self, "_ray", None) is not None and self._ray.done():
-                if not quiet:
-                    _said("lm-eval is done: the engines and Ray close")
-                if self._kept is not None:
-                    self._kept.close()
-                from jobs import local_ray
-
-                local_ray.shutdown()
-            if self._host is not None:
-                self._host.stop()
 
         def _replay(self, kind: str, requests):
             from cluster.lm_eval.scores import replay_lm
@@ -178,22 +146,43 @@ def make_model_class():
     return RaysweepLM
 
 
-_MODELS: list = []  # the models made in this process, until close() closes them
+_RUN: list = []  # this process's SweepRun (jobs/lifecycle.py), made with its first model, until close()
+_OUTPUTS: list[str] = []  # the output= folders of the models made here (kept: the stop's line names them)
 _STOPPED = threading.Lock()  # held once the stop's line is said: it is said once
 
 
-def _made(model) -> None:
-    if not _MODELS:
-        atexit.register(close)  # Python's own use of the model (simple_evaluate): closed at exit
-    _MODELS.append(model)
+def _process_run(address: str | None):
+    """The SweepRun of this process's models: made with the first, the same for the next ones (which must name
+    its Ray), until close()."""
+    import argparse
+
+    if _RUN:
+        life = _RUN[0]
+        if (address or os.environ.get("RAY_ADDRESS") or "local") != life.address:
+            raise LmEvalError(f"--model_args: address {address or 'local'}: this process runs its sweeps on "
+                              f"{life.address} already (one Ray per process)")
+        return life
+    from cluster.contracts.timing import RunClock
+    from jobs import started_at
+    from jobs.lifecycle import SweepRun
+
+    _OUTPUTS.clear()  # a closed run's
+    args = argparse.Namespace(address=address, dashboard=False, verbose=False, new_run=False, max_attempts=3)
+    _RUN.append(SweepRun(args, RunClock(started_at()), log=lambda line: print(line, file=sys.stderr, flush=True),
+                         keep_engines=True, address_option="address"))
+    return _RUN[0]
 
 
 def close(quiet: bool = False) -> None:
-    """Each model made here closed (`RaysweepLM.close`), once: the command calls it at its end, inside its signal
-    handlers; atexit calls it too. `quiet` (or after a stop's line): without the line saying what closes."""
-    quiet = quiet or _STOPPED.locked()
-    while _MODELS:
-        _MODELS.pop().close(quiet)
+    """This process's SweepRun closed (its engines, Ray, engine host and temporary output), once: the command calls
+    it at its end, inside its signal handlers; atexit calls it too. `quiet` (or after a stop's line): without the
+    line saying what closes."""
+    if not _RUN:
+        return
+    life = _RUN.pop()
+    if not (quiet or _STOPPED.locked()) and life.ray_begun:
+        _said("lm-eval is done: the engines and Ray close")
+    life.close()
 
 
 def say_stopped(stop) -> None:
@@ -202,8 +191,7 @@ def say_stopped(stop) -> None:
     if not _STOPPED.acquire(blocking=False):
         return
     head = f"[raysweep] stopped by {stop}:" if isinstance(stop, BaseException) else f"[raysweep] stopped: {stop};"
-    kept = [m.output for m in _MODELS if m.kept]
-    where = (f"what its sweeps committed is kept in {kept[0]}: the same command resumes it" if kept else
+    where = (f"what its sweeps committed is kept in {_OUTPUTS[0]}: the same command resumes it" if _OUTPUTS else
              "pass output=DIR in --model_args to keep what its sweeps commit and resume it")
     os.write(2, f"{head} lm-eval wrote no results; {where}\n".encode())
 
@@ -308,6 +296,9 @@ def register() -> None:
 
     if NAME not in model_registry.keys():
         model_registry.register(NAME)(make_model_class())
+
+
+atexit.register(close)  # Python's own use of the model (simple_evaluate): its run closed at exit
 
 
 try:  # `import jobs.lm_eval_model` registers the model where lm-eval is installed

@@ -1,11 +1,14 @@
-"""One sweep's lifecycle (jobs/lifecycle.py SweepRun): each step once, and what was started is stopped in one
-place whatever ends the run."""
+"""A command's lifecycle (jobs/lifecycle.py SweepRun): each step once (each sweep's, and the process's: the engine
+host and Ray, across `raysweep lm-eval`'s sweeps too), and what was started is stopped in one place whatever ends
+the run."""
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -69,6 +72,24 @@ def test_a_reproducible_spec_runs_no_engine_host_and_a_cluster_none(tmp_path, ho
     assert len(hosts) == 1 and hosts[0].stopped == 1
 
 
+def test_a_temporary_folder_goes_at_close_and_one_a_killed_command_left_goes_with_the_next(tmp_path, monkeypatch):
+    """`raysweep lm-eval`'s default output: removed at close; kill -9 skips the close, so the next command that makes
+    one removes those of commands no longer running (a running one's stays)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left, running = tmp_path / f"raysweep-lm-eval-output-{gone.pid}-abc", tmp_path / "raysweep-lm-eval-output-1-def"
+    left.mkdir()
+    running.mkdir()  # pid 1: init, always running
+    with SweepRun(_args(), _clock()) as life:
+        folder = life.temporary_folder("lm-eval-output")
+        assert os.path.isdir(folder) and os.path.basename(folder).startswith(f"raysweep-lm-eval-output-{os.getpid()}-")
+        assert not left.exists() and running.exists()
+    assert not os.path.exists(folder) and running.exists()
+
+
 @pytest.mark.slow
 def test_a_run_reads_its_spec_checks_its_inputs_and_starts_ray_once(tmp_path):
     """The quickstart through `raysweep run`'s path, in a process of its own (its own local Ray): load_spec,
@@ -101,3 +122,49 @@ def test_a_run_reads_its_spec_checks_its_inputs_and_starts_ray_once(tmp_path):
     calls, code = line[6:].rsplit(" ", 1)
     assert json.loads(calls) == {"load_spec": 1, "check_inputs": 1, "start_ray": 1} and code == "0"
     assert (tmp_path / "out" / "summary.parquet").exists()
+
+
+@pytest.mark.slow
+def test_lm_eval_runs_its_request_types_through_one_sweep_run(tmp_path):
+    """`raysweep lm-eval` over three request types (loglikelihood, generate_until, loglikelihood_rolling), in a
+    process of its own: one SweepRun; the engine host decided and Ray started once; each request type's sweep
+    checked, opened and executed through it; one close, which leaves no temporary folder."""
+    pytest.importorskip("lm_eval")
+    from tests.test_lm_eval_tasks import MAX_MODEL_LEN, _env, write_tasks
+
+    tasks = write_tasks(tmp_path / "lm-eval-tasks")
+    probe = textwrap.dedent(f"""
+        import json
+        import cluster.inputs.checks as checks, cluster.launch as launch, jobs.ray_start as ray_start
+        from jobs.lifecycle import SweepRun
+        from jobs.lm_eval_command import run
+
+        calls = {{}}
+        wrapped = [(launch, "start_engine_host"), (ray_start, "start_ray"), (checks, "check_inputs")] + [
+            (SweepRun, name) for name in ("__init__", "adopt", "check", "open", "execute", "close")]
+        for owner, name in wrapped:
+            def wrapper(*a, _original=getattr(owner, name), _name=name, **k):
+                calls[_name] = calls.get(_name, 0) + 1
+                return _original(*a, **k)
+            setattr(owner, name, wrapper)
+        code = run(["--model", "raysweep", "--model_args",
+                    "pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=1",
+                    "--tasks", "rs_mc,rs_gen,rs_ppl", "--include_path", {str(tasks)!r}, "--limit", "2"])
+        print("CALLS", json.dumps(calls, sort_keys=True), code)
+    """)
+    scratch = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))  # short: Ray's socket paths go under TMPDIR too
+    env = {**_env(), "RAYSWEEP_ENGINE_HOST": "0", "TMPDIR": str(scratch), "PYTHONPATH": str(QUICKSTART.parent)}
+    env.pop("RAY_ADDRESS", None)
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=600,
+                              cwd=QUICKSTART.parent)
+        left = [p.name for p in scratch.iterdir() if p.name.startswith("raysweep-")]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("CALLS ")), None)
+    assert line is not None, done.stderr[-3000:]
+    calls, code = line[6:].rsplit(" ", 1)
+    assert json.loads(calls) == {"__init__": 1, "start_engine_host": 1, "start_ray": 1, "adopt": 3, "check": 3,
+                                 "check_inputs": 3, "open": 3, "execute": 3, "close": 1} and code == "0", calls
+    assert done.stderr.count("engines kept from this process's last sweep") == 2  # the engines started once
+    assert left == []

@@ -494,15 +494,23 @@ def test_templates_compiled_once_render_as_lm_eval_and_compile_each_template_onc
     assert utils.apply_template is original
 
 
-def test_lm_eval_model_args_leave_the_engines_per_gpu_to_raysweep_unless_given(monkeypatch):
+@pytest.fixture
+def models_without_ray(monkeypatch):
+    """RaysweepLM's class, its models made without Ray or an engine host; their run closed after the test."""
+    from jobs import lm_eval_model
+
+    monkeypatch.setattr("jobs.background.Background", lambda work, name: None)  # no Ray for these models
+    monkeypatch.setenv("RAYSWEEP_ENGINE_HOST", "0")  # and no engine host
+    yield lm_eval_model.make_model_class()
+    lm_eval_model.close(quiet=True)
+
+
+def test_lm_eval_model_args_leave_the_engines_per_gpu_to_raysweep_unless_given(models_without_ray):
     """`--model raysweep` without actors/num_gpus chooses them as a spec without `actors:` does (on a large GPU:
     two engines for a small model); given values are kept."""
     from cluster.contracts.spec import ActorSpec
-    from jobs.lm_eval_model import make_model_class
 
-    RaysweepLM = make_model_class()
-    monkeypatch.setattr("jobs.lm_eval_model.Background", lambda work, name: None)  # no Ray for these models
-    monkeypatch.setenv("RAYSWEEP_ENGINE_HOST", "0")  # and no engine host
+    RaysweepLM = models_without_ray
     assert RaysweepLM(pretrained="builtin:tiny").actors == ActorSpec()
     assert RaysweepLM(pretrained="builtin:tiny", actors="auto", num_gpus="AUTO").actors == ActorSpec()
     given = RaysweepLM(pretrained="builtin:tiny", actors="2", num_gpus="0.5").actors
@@ -511,15 +519,12 @@ def test_lm_eval_model_args_leave_the_engines_per_gpu_to_raysweep_unless_given(m
         RaysweepLM(pretrained="builtin:tiny", num_gpus="half")
 
 
-def test_lm_eval_model_args_that_cannot_be_used_are_one_line_at_the_edge(monkeypatch):
+def test_lm_eval_model_args_that_cannot_be_used_are_one_line_at_the_edge(models_without_ray):
     """`actors=0` ended in ValueError's traceback (`count: must be an integer >= 1`); `dtype=float32` and
     `max_length=50` were ignored while lm-eval's header printed them."""
     from cluster.contracts.errors import RaysweepError
-    from jobs.lm_eval_model import make_model_class
 
-    RaysweepLM = make_model_class()
-    monkeypatch.setattr("jobs.lm_eval_model.Background", lambda work, name: None)
-    monkeypatch.setenv("RAYSWEEP_ENGINE_HOST", "0")
+    RaysweepLM = models_without_ray
     for args, says in [({"actors": "0"}, "--model_args: actors: must be an integer >= 1, got 0"),
                        ({"max_model_len": "0"}, "--model_args: max_model_len: must be an integer >= 1, got 0"),
                        ({"max_model_len": "long"}, "--model_args: max_model_len must be auto or a number, got 'long'"),
