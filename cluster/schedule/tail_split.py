@@ -107,6 +107,16 @@ def splittable(job) -> bool:
     return job.shard.n_samples >= (2 if job.shard.profile == LONG else 2 * MIN_PART_ROWS)
 
 
+def tail_line(record: dict, unit: str) -> str | None:
+    """The driver's line on the run's tail (`record`: TailClock.record and the splits), None where no shard
+    came back; `unit`: GPU-seconds, or actor-seconds on CPUs."""
+    if record["tail_idle_share"] is None:
+        return None
+    return (f"[raysweep] tail: actors idle {record['tail_idle_share']:.1%} of their {unit} "
+            f"({record['tail_idle_gpu_s']:.1f}) while others finished; {record['tail_splits']} shard(s) cut at "
+            "their model's tail")
+
+
 class TailClock:
     """When each actor ran its first and its last shard; the run's tail idle from those."""
 
