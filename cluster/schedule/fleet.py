@@ -26,8 +26,8 @@ from ray.exceptions import RayActorError
 from cluster.contracts.shard import ActorCall, ActorState
 from cluster.schedule.kept import close_actors
 from cluster.schedule.tail_split import TailClock
-from cluster.schedule.work import (ENGINE_HELD, FREE, POOLED, SERVING, UP, InFlight, ModelWork, Slot,
-                                   first_line, lost_line, lost_node)
+from cluster.schedule.work import (ENGINE_HELD, POOLED, UP, InFlight, ModelWork, Slot, first_line, lost_line,
+                                   lost_node)
 
 
 class Fleet:
@@ -137,16 +137,6 @@ class Fleet:
                       and m.max_actors > 0 and m.name != slot.model and m.name not in slot.refused
                       and m.shape == slot.shape and m.waiting() > held(m)]
         return max(candidates, key=ModelWork.waiting, default=None)
-
-    def holding(self, model: ModelWork) -> tuple[int, int]:
-        """(shards, engines): what `model`'s slots hold at once, and on how many engines (a pool slot: its
-        replicas). The actors still importing or starting their engine for it count, so that the first engine
-        up does not take the work of the others (cluster/schedule/tail_split.py, step 1)."""
-        serving = [s for s in self.slots if s.model == model.name and s.state in SERVING]
-        coming = max(min(model.max_actors - model.assigned,  # actors still importing, or idle, that it will get
-                         sum(s.model is None and s.shape == model.shape and s.state in FREE for s in self.slots)), 0)
-        return (sum(s.depth or model.depth for s in serving) + coming * model.depth,
-                sum(s.replicas or 1 for s in serving) + coming)
 
     # -- step 3 and 4: what goes wrong ---------------------------------------------------------------------
     def give_up(self, slot: Slot) -> None:

@@ -30,7 +30,7 @@ from cluster.contracts.shard import ActorCall, ActorState
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
 from cluster.schedule.engine_starts import ActorStartError, start_timeout_s, take_overdue, timed_out_line
 from cluster.schedule.fleet import Fleet
-from cluster.schedule.tail_split import TailClock, TailSplit, cut_waiting
+from cluster.schedule.tail_split import TailClock, TailSplit, split_tail
 from cluster.schedule.work import (POOLED, InFlight, Job, ModelWork, SchedulerEvents, Slot,
                                    first_line as _first_line, node_of)
 
@@ -123,11 +123,8 @@ class SweepScheduler:
     def _split_tail(self, model: ModelWork) -> None:
         """Cut the model's largest waiting shards in halves while fewer wait than its slots hold at once, or
         while one is larger than the model's fair share of a slot (cluster/schedule/tail_split.py, step 1)."""
-        holds, engines = self.fleet.holding(model)
-        if holds < 2 or engines < 2:
-            return  # one actor (or one pool replica) takes every shard anyway
         in_flight = sum(job.shard.n_samples for job in self.inflight.shards(model.name))
-        self.tail_splits += cut_waiting(model.queues, holds, in_flight)
+        self.tail_splits += split_tail(model, self.fleet.slots, in_flight)
 
     # -- what comes back --------------------------------------------------------------------------------
     def _collect(self, ref, kind: ActorCall, job: Job | None, slot: Slot) -> None:
