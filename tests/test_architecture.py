@@ -8,7 +8,12 @@ or inside a function; `if TYPE_CHECKING:` imports left out, they never run):
 - no module of jobs/ is imported by cluster/ or actors/ (only jobs/ itself and benchmarks/ import jobs/);
 - benchmarks/ (not installed) may import the product; the product (cluster/, actors/, jobs/) never imports it;
 - no import cycles, between modules or between cluster/'s stage packages;
-- every Python file of the product, and of benchmarks/, is under 400 lines.
+- every Python file of the product, and of benchmarks/, is under 400 lines;
+- the schedule stage (cluster/schedule/): its core (the scheduler's loop, the fleet of actors, what they move,
+  bisection, tail splits, engine starts, kept actors, progress) reaches only the contracts; the one module that
+  routes models to the engine pool reaches cluster/pool/, the one that sizes and spawns the fleet the actor
+  class (cluster/launch.py); those parts and the plan feed are composed in one place, run.py; each file is
+  under 300 lines.
 """
 
 from pathlib import Path
@@ -23,6 +28,11 @@ CONTRACTS = "cluster.contracts"
 PRODUCT = ("cluster", "actors", "jobs")  # the installed packages (pyproject.toml's packages.find)
 BENCHMARKS = "benchmarks"  # run from the repository's root, never installed
 MAX_LINES = 400
+SCHEDULE = "cluster.schedule"
+SCHEDULE_CORE = {f"{SCHEDULE}.{name}" for name in (
+    "scheduler", "fleet", "work", "bisection", "tail_split", "engine_starts", "kept", "progress")}
+SCHEDULE_PARTS = {f"{SCHEDULE}.{name}" for name in ("fleet_size", "routing", "plan_feed")}  # composed by run.py
+MAX_SCHEDULE_LINES = 300
 
 
 @pytest.fixture(scope="module")
@@ -141,4 +151,32 @@ def test_every_product_and_benchmark_file_is_under_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in sorted(Path(ROOT).glob("*/**/*.py"))
             if p.parts[len(ROOT.parts)] in (*PRODUCT, BENCHMARKS)
             and (n := len(p.read_text().splitlines())) >= MAX_LINES}
+    assert long == {}
+
+
+def test_the_schedulers_core_reaches_only_the_contracts(graph):
+    """It is handed models and shards and reports events: sizing, routing, planning, scoring and the store are
+    composed around it (cluster/schedule/run.py), never reached from it."""
+    assert SCHEDULE_CORE <= set(graph.modules)  # the rule names modules that are there: it is not vacuous
+    wrong = [(m, i) for m, i in _imports(graph)
+             if m in SCHEDULE_CORE and _in(i, "cluster") and not (_in(i, CONTRACTS) or i in SCHEDULE_CORE)]
+    assert wrong == []
+
+
+def test_the_schedule_stage_reaches_the_pool_and_the_actor_class_each_from_one_module(graph):
+    owners = {"cluster.pool": f"{SCHEDULE}.routing", LAUNCH: f"{SCHEDULE}.fleet_size"}
+    wrong = [(m, i) for m, i in _imports(graph) if _in(m, SCHEDULE)
+             for reached, owner in owners.items() if _in(i, reached) and m != owner]
+    assert wrong == []
+
+
+def test_the_sweeps_parts_are_composed_in_one_place(graph):
+    assert SCHEDULE_PARTS <= set(graph.modules)
+    wrong = [(m, i) for m, i in _imports(graph) if i in SCHEDULE_PARTS and m != f"{SCHEDULE}.run"]
+    assert wrong == []
+
+
+def test_every_schedule_file_is_under_300_lines():
+    long = {p.name: n for p in sorted((Path(ROOT) / "cluster" / "schedule").glob("*.py"))
+            if (n := len(p.read_text().splitlines())) >= MAX_SCHEDULE_LINES}
     assert long == {}

@@ -245,7 +245,7 @@ def test_a_second_sweep_of_the_same_name_on_one_cluster_is_refused_in_one_line(r
     it: what the check reads is the actors' names.)"""
     import ray
 
-    from cluster.schedule.run import SweepNameTaken
+    from cluster.schedule.fleet_size import SweepNameTaken
 
     @ray.remote(num_cpus=0)
     class Running:

@@ -298,7 +298,7 @@ def test_a_tail_part_that_raises_sends_its_whole_shard_back(ray_local):
     assert attempts[:3] == [("m/t/00002", True, 1), ("m/t/00002", False, 1), ("m/t/00002", False, 2)]
     # the retry and bisection's parts ran on the two actors that were there: none was released while the
     # model's shard ran elsewhere, so none had to start again (on vLLM: minutes each)
-    assert scheduler.actors_started == 2
+    assert scheduler.fleet.actors_started == 2
 
 
 def _recorder():
@@ -481,7 +481,7 @@ def test_an_actor_whose_model_is_done_runs_the_tail_of_another_model(ray_local):
     jobs = [Job(Shard(f"{m}/t/{k:05d}", k, m, "t", "short", None, True, 0, pa.table({"sample_id": [f"{m}{k}"]})), None)
             for m, n in (("a", 1), ("b", 6)) for k in range(n)]
     scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
-    assert sum(ran.values()) == 7 and scheduler.model_changes == 1, ran
+    assert sum(ran.values()) == 7 and scheduler.fleet.model_changes == 1, ran
     b_actors = {actor for (model, actor) in ran if model == "b"}
     assert len(b_actors) == 2 and min(ran[("b", a)] for a in b_actors) >= 2, ran
 
@@ -538,7 +538,7 @@ def test_a_pools_shards_are_cut_for_its_replicas_but_not_for_one(replicas, cut):
     scheduler = SweepScheduler(lambda n, at, shape: None, events)
     model = ModelWork("m", max_actors=1, depth=2, start=lambda handle, at: None)
     scheduler.add_model(model)
-    scheduler.add_pool("m", object(), depth=4, replicas=replicas)
+    scheduler.fleet.add_pool("m", object(), depth=4, replicas=replicas)
     start = 0
     for k, size in enumerate((128, 128, 72)):
         rows = pa.table({"sample_id": [f"s{i}" for i in range(start, start + size)]})

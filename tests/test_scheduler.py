@@ -144,7 +144,7 @@ def test_an_actor_that_dies_while_starting_is_replaced(ray_local, one_by_one):
     scheduler, jobs = _scheduler(ray_local, broken_engine=False, results=results, one_by_one=one_by_one)
     scheduler.run(_feed_all(scheduler, jobs))
     assert sorted(results) == [("good", f"good{i}") for i in range(6)]  # every shard once, none failed
-    assert scheduler.actors_started == 3 and scheduler.actor_deaths == 1
+    assert scheduler.fleet.actors_started == 3 and scheduler.fleet.actor_deaths == 1
 
 
 @pytest.mark.parametrize("one_by_one", [False, True])
@@ -450,11 +450,48 @@ def test_the_line_for_a_lost_node_or_actor():
 
 def test_actor_states_are_one_enum_and_the_progress_line_counts_them_by_name():
     from cluster.contracts.shard import ActorState
+    from cluster.schedule.progress import state_counts
     from cluster.schedule.scheduler import SweepScheduler
     from cluster.schedule.work import SchedulerEvents, Slot
 
     scheduler = SweepScheduler(lambda n, at, shape: None, SchedulerEvents(on_result=None, on_failed=None), capacity=3)
-    scheduler.slots = [Slot(None, 0), Slot(None, 1, state=ActorState.RUNNING), Slot(None, 2, state=ActorState.RUNNING)]
-    assert scheduler.slots[0].state is ActorState.IMPORTING
-    assert scheduler.state_counts() == {"importing": 1, "running": 2}
-    assert all(type(k) is str for k in scheduler.state_counts())
+    scheduler.fleet.slots = [Slot(None, 0), Slot(None, 1, state=ActorState.RUNNING), Slot(None, 2, state=ActorState.RUNNING)]
+    assert scheduler.fleet.slots[0].state is ActorState.IMPORTING
+    assert state_counts(scheduler.fleet.slots) == {"importing": 1, "running": 2}
+    assert all(type(k) is str for k in state_counts(scheduler.fleet.slots))
+
+
+def test_no_state_is_spelled_as_a_bare_string_in_the_schedule_stage():
+    """An actor slot's state and what a call to it is for (cluster/contracts/shard.py ActorState, ActorCall), a
+    row's status (RowStatus) and a sweep's state for the pool (cluster/contracts/pool_protocol.py SweepState)
+    are their enums' members in cluster/schedule/, never string literals (docstrings aside), where they are
+    compared, passed or stored as a status or state."""
+    import ast
+    from pathlib import Path
+
+    from cluster.contracts.pool_protocol import SweepState
+    from cluster.contracts.shard import ActorCall, ActorState, RowStatus
+
+    everywhere = {s.value for enum in (ActorState, ActorCall) for s in enum}  # no other meaning in the stage
+    as_state = everywhere | {s.value for enum in (RowStatus, SweepState) for s in enum}
+    found = []
+    for path in sorted((Path(__file__).parents[1] / "cluster" / "schedule").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        stated = set()  # constants compared, passed as an argument, or stored under a "state" or "status" key
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                stated |= {id(c) for side in [node.left, *node.comparators] for c in ast.walk(side)}
+            elif isinstance(node, ast.Call):
+                stated |= {id(a) for a in node.args}
+            elif isinstance(node, ast.Dict):
+                stated |= {id(v) for k, v in zip(node.keys, node.values)
+                           if isinstance(k, ast.Constant) and k.value in ("state", "status")}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                if node.value in everywhere or (node.value in as_state and id(node) in stated):
+                    found.append(f"{path.name}:{node.lineno} {node.value!r}")
+    assert found == []

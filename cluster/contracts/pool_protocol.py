@@ -3,6 +3,8 @@ a replica raises or a client turns a failure into (cluster/pool/, actors/pool_re
 
 from __future__ import annotations
 
+from enum import Enum
+
 APP = "raysweep-pool"  # the Serve application
 ROUTE = "/raysweep"  # its HTTP route prefix
 INGRESS = "ingress"
@@ -10,6 +12,16 @@ SHARED_DEPLOYMENT = "models-shared"  # the deployment whose replicas switch betw
 QUEUED_PER_SLOT = 8  # shards a replica accepts per engine slot: the rest of a sweep's queue waits in its client
 PROTOCOL = 2  # what PoolClient and PoolReplica.run_shard agree on; a pool of another raysweep is not used
 CLIENT_NAMESPACE = "raysweep-pool-clients"  # where each sweep's PoolClient actor is named
+
+
+class SweepState(str, Enum):
+    """A sweep run's state in the pool's HTTP API: sent by its driver (cluster/schedule/routing.py PoolStatus) as
+    it runs and when it ends; `gone`: said by the ingress (cluster/pool/ingress.py) of one running but not heard
+    from. Sent as its value, a plain string."""
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    GONE = "gone"
 
 
 class PoolGone(RuntimeError):

@@ -4,6 +4,7 @@
   its rows are staged on local disk (cluster/inputs/staging.py); shipped to an actor it carries them.
 - `ShardState`: a shard's state in the manifest (cluster/store/): pending -> committed, or failed.
 - `RowStatus` / `STATUSES`: a results row's status (ok, truncated, skipped, error), the one spelling of them.
+- `ActorState` / `ActorCall`: where an actor slot of the scheduler stands, and what a call to it in flight is for.
 - Seeds: each sample's seed derives from the task's seed and the sample id, each completion's from that.
 """
 
@@ -52,6 +53,14 @@ class ActorState(str, Enum):
     STARTING = "starting"
     RUNNING = "running"
     POOLED = "pooled"
+
+
+class ActorCall(str, Enum):
+    """What a call of the scheduler's to an actor slot is for (cluster/schedule/work.py InFlight): the actor's
+    process up, its imports done (ready); an engine started for a model (start); a shard run (shard)."""
+    READY = "ready"
+    START = "start"
+    SHARD = "shard"
 
 
 @dataclass(frozen=True, eq=False)

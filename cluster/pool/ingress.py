@@ -20,7 +20,7 @@ import html
 import time
 from pathlib import Path
 
-from cluster.contracts.pool_protocol import ROUTE
+from cluster.contracts.pool_protocol import ROUTE, SweepState
 from cluster.report.html_parts import document
 
 REFRESH_S = 5
@@ -44,8 +44,8 @@ class PoolIngress:
 
     def shown(self, sweep: dict) -> dict:
         """A run as the API shows it: `running` past its heartbeat is `gone`."""
-        if sweep.get("state") == "running" and time.time() - sweep["updated_at"] > self.GONE_AFTER_S:
-            return dict(sweep, state="gone")
+        if sweep.get("state") == SweepState.RUNNING and time.time() - sweep["updated_at"] > self.GONE_AFTER_S:
+            return dict(sweep, state=SweepState.GONE.value)
         return sweep
 
     def find(self, key: str) -> dict | None:
@@ -89,7 +89,7 @@ class PoolIngress:
             f"<td>{s.get('samples_done') or 0} of {s.get('samples_total') or '?'}</td>"
             f"<td>{s.get('shards_failed') or 0}</td><td>{html.escape(str(s.get('output')))}</td>"
             f"<td>{time.strftime('%H:%M:%S', time.gmtime(s['updated_at']))} UTC</td></tr>\n" for s in runs)
-        running = any(s.get("state") == "running" for s in runs)
+        running = any(s.get("state") == SweepState.RUNNING for s in runs)
         served = ", ".join(m.get("name", "?") for m in self.description.get("models", ())) or "—"
         body = (f"<h1>raysweep pool</h1><p>serves: {html.escape(served)}</p>"
                 + ("<table id=\"pool-sweeps\"><thead><tr><th>sweep</th><th>run</th><th>state</th><th>samples</th>"
@@ -102,7 +102,7 @@ class PoolIngress:
         from cluster.report.page import render
         from cluster.report.reading import ReportError
 
-        output, refresh = sweep.get("output"), REFRESH_S if sweep.get("state") == "running" else None
+        output, refresh = sweep.get("output"), REFRESH_S if sweep.get("state") == SweepState.RUNNING else None
         if not output or "://" in str(output) or not Path(output).is_dir():
             return 404, document(f"raysweep: {sweep['name']}", (
                 f"<h1>{html.escape(sweep['name'])}</h1><p class=\"note\">Its output {html.escape(str(output))} is "

@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cluster.contracts.shard import EMPTY_PROMPT, Shard
+from cluster.contracts.shard import EMPTY_PROMPT, RowStatus, Shard
 
 EVIDENCE_DEPTH = 2  # parts deeper than the quarters wait until some part of the shard has run
 DIED = "actor died: "  # how the scheduler records an attempt whose actor died
@@ -89,7 +89,7 @@ class Bisection:
             return []
         self.tables[piece.start] = table
         statuses = table["status"].to_pylist()
-        self.ran = self.ran or "ok" in statuses or "truncated" in statuses
+        self.ran = self.ran or RowStatus.OK in statuses or RowStatus.TRUNCATED in statuses
         waiting, self.parked = (self.parked, []) if self.ran else ([], self.parked)
         return self._end_check([p for parked in waiting for p in self._halves(parked)])
 
@@ -124,8 +124,8 @@ class Bisection:
                 sample_id, error = self.errors[start]
                 # an error row per completion (sampling.n), as the rows that ran have: none of them ran, and
                 # fail_on_error counts completions, as the actor does (actors/shard_work.py)
-                rows = [dict.fromkeys(schema.names) | {"sample_id": sample_id, "completion": c, "status": "error",
-                                                       "error": error} for c in range(completions)]
+                error_row = {"sample_id": sample_id, "status": RowStatus.ERROR.value, "error": error}
+                rows = [dict.fromkeys(schema.names) | error_row | {"completion": c} for c in range(completions)]
                 parts.append(pa.Table.from_pylist(rows, schema=schema))
         return pa.concat_tables(parts)
 
@@ -153,7 +153,7 @@ def row_error_excess(task, table: pa.Table) -> str | None:
     as actors/evaluator.py `_generate` counts them: rows that raised, out of the rows sent to the engine."""
     statuses, errors = table["status"].to_pylist(), table["error"].to_pylist()
     sample_ids = table["sample_id"].to_pylist()
-    sent = [(sid, e) for sid, s, e in zip(sample_ids, statuses, errors) if s != "skipped" and e != EMPTY_PROMPT]
+    sent = [(sid, e) for sid, s, e in zip(sample_ids, statuses, errors) if s != RowStatus.SKIPPED and e != EMPTY_PROMPT]
     failed = [(sid, e) for sid, e in sent if e is not None]
     policy = task.fail_on_error
     allowed = 0 if policy is True else len(sent) if policy is False else policy * len(sent)

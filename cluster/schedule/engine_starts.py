@@ -14,6 +14,7 @@ import os
 import time
 
 from cluster.contracts.errors import RaysweepError
+from cluster.contracts.shard import ActorCall
 
 ENV = "RAYSWEEP_ENGINE_START_TIMEOUT_S"
 DEFAULT_S = 900.0
@@ -44,7 +45,7 @@ def take_overdue(inflight: dict, timeout_s: float, now: float | None = None) -> 
     ago (a slot's `start_at`, time.monotonic()), their calls taken out of `inflight`."""
     now = time.monotonic() if now is None else now
     late = [ref for ref, (kind, _, slot) in inflight.items()
-            if kind == "start" and slot.start_at is not None and now - slot.start_at > timeout_s]
+            if kind == ActorCall.START and slot.start_at is not None and now - slot.start_at > timeout_s]
     return [inflight.pop(ref)[2] for ref in late]
 
 

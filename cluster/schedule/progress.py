@@ -1,7 +1,9 @@
-"""Driver progress: samples done, samples/s and ETA.
+"""Driver progress: samples done, samples/s and ETA; and, between results, what the sweep is doing.
 
 On a terminal, a progress bar (tqdm); otherwise, as under `ray job logs` or in CI, a log line every
 `every_s` seconds and one at the end. Other messages go through `log`, so they never tear the bar.
+While no result comes, `Ticks` tells the progress what the actors are doing (their states, counted by name)
+and how many shards are in flight, at most once every TICK_EVERY_S.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import sys
 import time
 from typing import Callable, TextIO
+
+TICK_EVERY_S = 1.0  # progress is told what the sweep is doing at most this often
 
 
 class LogProgress:
@@ -61,6 +65,10 @@ class BarProgress:
     def log(self, line: str) -> None:
         self.bar.write(line, file=self.stream)
 
+    @property
+    def total(self) -> int:
+        return self.bar.total
+
     def grow(self, n: int) -> None:
         self.bar.total += n
         self.bar.refresh()
@@ -94,3 +102,31 @@ def make_progress(total: int, log: Callable[[str], None], bar: bool | None = Non
     if bar is None:
         bar = stream.isatty()
     return BarProgress(total, stream) if bar else LogProgress(total, log)
+
+
+def state_counts(slots: list) -> dict[str, int]:
+    """Actors by state (importing, idle, starting, running, pooled: cluster/contracts/shard.py ActorState), by name."""
+    counts: dict[str, int] = {}
+    for slot in slots:
+        counts[slot.state.value] = counts.get(slot.state.value, 0) + 1
+    return counts
+
+
+class Ticks:
+    """What the sweep is doing, for the progress line: once a second at most (the scheduler's loop turns every
+    50 ms while planning, and once per result)."""
+
+    def __init__(self, progress, every_s: float = TICK_EVERY_S):
+        self.progress, self.every_s = progress, every_s
+        self._ticked = 0.0  # when it last told the progress
+
+    def tick(self, slots: list, shards_in_flight: int, planning: bool) -> bool:
+        """Tell the progress, unless it was told less than `every_s` ago; True where it was told now."""
+        now = time.perf_counter()
+        if now - self._ticked < self.every_s:
+            return False
+        self._ticked = now
+        counts = state_counts(slots)
+        doing = ", ".join(f"{n} actor(s) {state}" for state, n in sorted(counts.items()) if n) or "no actors yet"
+        self.progress.tick(f"{doing}; {shards_in_flight} shard(s) in flight" + ("; planning" if planning else ""))
+        return True

@@ -1,10 +1,10 @@
 """Balanced tails: as a model's work runs out, its last shards are cut smaller, so that no actor
 idles while another finishes a long shard; and how long actors did idle at the tail, per run.
 
-1. When: planning is over, the model runs on two actors or more, or on the pool, counting actors whose
-   engine for it is still starting (the first engine up must not take every shard while the second starts:
-   on an H100, two engines idled 33% at the tail of 1,312 prompts in 3 shards, bench/records/h100-engines-per-gpu-compiled.md),
-   and either fewer shards wait in its queues than its actors hold at once (their shards in flight), or the
+1. When (`split_tail`): planning is over, the model runs on two actors or more, or on the pool, counting
+   actors whose engine for it is still starting (the first engine up must not take every shard while the
+   second starts: on an H100, two engines idled 33% at the tail of 1,312 prompts in 3 shards,
+   bench/records/h100-engines-per-gpu-compiled.md), and either fewer shards wait in its queues than its actors hold at once (their shards in flight), or the
    largest waiting shard holds more than its share of the model's rows left (waiting and in flight) per
    shard the actors hold (`too_large`). The largest waiting whole shard on its first attempt (MIN_PART_ROWS
    rows or more per half; one, for a shard of long prompts) is cut in halves, again until neither holds or
@@ -29,9 +29,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from cluster.schedule.bisection import Piece
-from cluster.schedule.work import Job
 from cluster.contracts.shard import LONG
+from cluster.schedule.bisection import Piece
+from cluster.schedule.work import FREE, SERVING, Job
 
 MIN_PART_ROWS = 16  # no part of a split shard is smaller
 
@@ -71,6 +71,20 @@ class TailSplit:
         return {}
 
 
+def split_tail(model, slots: list, in_flight: int) -> int:
+    """Step 1 for `model` (cluster/schedule/work.py ModelWork), on the sweep's `slots`, with `in_flight` rows of
+    its shards running: how many of its waiting shards were cut. Its slots hold their shards in flight each; the
+    actors still importing, or idle, that it will get count as its own (the first engine up must not take the
+    work of the others); a pool slot's replicas count as its engines."""
+    serving = [s for s in slots if s.model == model.name and s.state in SERVING]
+    coming = max(min(model.max_actors - model.assigned,
+                     sum(s.model is None and s.shape == model.shape and s.state in FREE for s in slots)), 0)
+    holds = sum(s.depth or model.depth for s in serving) + coming * model.depth
+    if holds < 2 or sum(s.replicas or 1 for s in serving) + coming < 2:
+        return 0  # one actor (or one pool replica) takes every shard anyway
+    return cut_waiting(model.queues, holds, in_flight)
+
+
 def too_large(rows: int, waiting: int, holds: int, rows_left: int) -> bool:
     """Whether a waiting shard of `rows` rows is to be cut: fewer shards wait (`waiting`) than the model's actors
     hold at once (`holds`), or it holds more rows than `rows_left` (the model's rows waiting and in flight) over
@@ -105,6 +119,16 @@ def splittable(job) -> bool:
     if job.piece is not None or job.attempt != 1:
         return False
     return job.shard.n_samples >= (2 if job.shard.profile == LONG else 2 * MIN_PART_ROWS)
+
+
+def tail_line(record: dict, unit: str) -> str | None:
+    """The driver's line on the run's tail (`record`: TailClock.record and the splits), None where no shard
+    came back; `unit`: GPU-seconds, or actor-seconds on CPUs."""
+    if record["tail_idle_share"] is None:
+        return None
+    return (f"[raysweep] tail: actors idle {record['tail_idle_share']:.1%} of their {unit} "
+            f"({record['tail_idle_gpu_s']:.1f}) while others finished; {record['tail_splits']} shard(s) cut at "
+            "their model's tail")
 
 
 class TailClock:

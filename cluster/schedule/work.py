@@ -1,6 +1,7 @@
 """A shard's life in the scheduler (cluster/schedule/scheduler.py): the job that carries a shard through its
 attempts, bisection (cluster/schedule/bisection.py) and tail splits (cluster/schedule/tail_split.py); a model's
-queues, one per engine profile; an actor slot; and the events the scheduler reports.
+queues, one per engine profile; an actor slot (cluster/schedule/fleet.py); the calls in flight; and the events
+the scheduler reports.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cluster.contracts.shard import ActorState, Shard
+from cluster.contracts.shard import ActorCall, ActorState, Shard
 from cluster.schedule.bisection import Piece
 from cluster.contracts.spec import TaskSpec
 
@@ -94,6 +95,23 @@ class Slot:
     shape: Any = None  # the resources it holds (ModelWork.shape): it runs only models of that shape
     start_at: float | None = None  # time.monotonic() when its engine start was asked for
     node: tuple[str, str] | None = None  # (Ray node id, its IP) of the node it runs on, once it is ready
+
+
+class InFlight(dict):
+    """The scheduler's calls in flight, {ref: (what the call is for, its job or None, its slot)}: the refs are
+    what `ray.wait` waits on."""
+
+    def add(self, ref, call: ActorCall, slot: Slot, job: Job | None = None) -> None:
+        self[ref] = (call, job, slot)
+
+    def shards(self, model: str | None = None) -> list[Job]:
+        """The jobs of the shards in flight (of `model`)."""
+        return [job for call, job, _ in self.values()
+                if call == ActorCall.SHARD and (model is None or job.shard.model == model)]
+
+    def held_by(self, slots: list[Slot]) -> list[Job]:
+        """The jobs of the shards in flight on `slots`."""
+        return [job for call, job, slot in self.values() if call == ActorCall.SHARD and slot in slots]
 
 
 @dataclass

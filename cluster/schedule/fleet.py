@@ -1,0 +1,195 @@
+"""The sweep's actors while it runs (docs/design.md, Actors and engines): the slots the scheduler
+(cluster/schedule/scheduler.py) hands shards to, started, given models, replaced and released here.
+
+1. Actors are GPU shares, started before their model is chosen, so their imports overlap the driver's checks
+   and planning; as many as the models with work left allow (each model's `actors.count` is a per-model
+   maximum), bounded by what the cluster holds of their shape (`grow`).
+2. An actor whose imports are done gets the model with the most samples left per actor below its maximum.
+   When its model's work is done, it gets another (a counted model change): one below its maximum, else,
+   once planning is over, one whose waiting shards outnumber what its actors hold (a tail); else it is
+   released (`assign`). Engines sharing a GPU start one at a time where `start_one_by_one`.
+3. The engine pool, or engines kept from an earlier sweep, is one slot per model (`add_pool`): no actor starts
+   for that model unless the pool goes away (`unpool`); then the model gets its own actors again.
+4. An engine that cannot start gives its model up on that actor (`give_up`); an actor that dies is taken
+   out, with every actor of the sweep on its node where the node was lost, said in one line (`lose`): `grow`
+   replaces them. At the end the engines `keep` takes stay up; the others close, then their actors are killed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import RayActorError
+
+from cluster.contracts.shard import ActorCall, ActorState
+from cluster.schedule.kept import close_actors
+from cluster.schedule.tail_split import TailClock
+from cluster.schedule.work import (ENGINE_HELD, POOLED, UP, InFlight, ModelWork, Slot, first_line, lost_line,
+                                   lost_node)
+
+
+class Fleet:
+    def __init__(self, spawn: Callable[[int, float, Any], Any], models: dict[str, ModelWork], inflight: InFlight,
+                 tail: TailClock, capacity: int | None | dict, max_attempts: int, start_one_by_one: bool = False,
+                 keep: Callable[[list[Slot]], list[Slot]] | None = None, on_lost: Callable[[str], None] = print):
+        """`spawn(number, requested_at, shape)` starts an actor; `models` and `inflight` are the scheduler's;
+        `capacity`: how many actors the cluster holds at once (None: no bound), or {shape: that}. `keep(slots)`
+        takes the actors a later sweep may run on (cluster/schedule/kept.py) and returns the rest. `on_lost`
+        says an actor's (or a node's actors') death in one line."""
+        self.spawn, self.models, self.inflight, self.tail = spawn, models, inflight, tail
+        self.capacity, self.max_attempts, self.keep, self.on_lost = capacity, max_attempts, keep, on_lost
+        self.start_one_by_one = start_one_by_one  # engines sharing a GPU must not size their memory at once
+        self.slots: list[Slot] = []
+        self.actors_started = self.actor_deaths = self.model_changes = 0
+        self.pool_lost: list[str] = []  # models whose pool went away during the sweep
+        self.nodes_lost: set[str] = set()  # nodes whose actors died with them (or became unreachable)
+        self._most_slots = 1
+
+    def add_pool(self, model: str, handle: Any, depth: int, replicas: int = 1) -> None:
+        """Send `model`'s shards to the engine pool through `handle` (its `run_shard.remote`, as an actor's),
+        `depth` at a time, over at most `replicas` replicas; no actor starts for it unless the pool goes away
+        (a shard raises PoolGone)."""
+        work = self.models[model]
+        own = work.max_actors or next((s.actors for s in self.slots if s.state == POOLED and s.model == model), 0)
+        self.slots.append(Slot(handle=handle, number=-1, state=POOLED, model=model, depth=depth,
+                               actors=own, replicas=replicas))
+        work.max_actors = 0
+
+    # -- step 1: started ---------------------------------------------------------------------------------
+    def _wanted(self, planning: bool) -> dict:
+        """{shape: actors} the work left can use: per model up to its maximum (while it plans, its maximum),
+        bounded per shape by what the cluster holds."""
+        wanted: dict = {}
+        for m in self.models.values():
+            if m.failed:
+                continue
+            shards = m.waiting() + len(self.inflight.shards(m.name))
+            wanted[m.shape] = wanted.get(m.shape, 0) + (m.max_actors if planning else min(m.max_actors, shards))
+        for shape, count in wanted.items():
+            bound = self.capacity.get(shape) if isinstance(self.capacity, dict) else self.capacity
+            wanted[shape] = count if bound is None else min(count, bound)
+        return wanted
+
+    def grow(self, planning: bool) -> None:
+        wanted = self._wanted(planning)
+        self._most_slots = max(self._most_slots, sum(wanted.values()))
+        for shape, count in wanted.items():
+            while sum(s.state != POOLED and s.shape == shape for s in self.slots) < count:
+                number = self.actors_started
+                self.actors_started += 1
+                slot = Slot(handle=self.spawn(number, time.time(), shape), number=number, shape=shape)
+                self.slots.append(slot)
+                self.inflight.add(slot.handle.ready.remote(), ActorCall.READY, slot)
+
+    # -- step 2: given a model, another, or released ------------------------------------------------------
+    def assign(self, planning: bool) -> None:
+        done = []  # actors no model needs any more
+        for slot in list(self.slots):
+            if slot.state not in UP or slot.inflight:
+                continue
+            current = self.models.get(slot.model)
+            if current is not None and current and not current.failed:
+                continue  # its model still has work
+            model = self._next_model(slot) or (None if planning else self._model_to_help(slot))
+            sizing = self.start_one_by_one and any(s.state == ActorState.STARTING for s in self.slots)
+            if model is None:
+                # no model needs it any more; on a shared GPU not while another engine sizes its memory:
+                # vLLM's profiling fails when a neighbour frees memory meanwhile (seen on an H100); and not
+                # while its model's last shards run elsewhere: one that fails comes back (a retry, a split's
+                # whole shard, bisection's parts) to this warm engine rather than to a new one's start
+                if not planning and not sizing and not (slot.model is not None and self.inflight.shards(slot.model)):
+                    done.append(slot)
+                continue
+            if sizing:
+                continue  # another engine on a shared GPU is sizing its memory
+            if current is not None:
+                current.assigned -= 1
+                self.model_changes += 1
+            model.assigned += 1
+            slot.state, slot.model, slot.profile = ActorState.STARTING, model.name, None
+            slot.start_at = time.monotonic()
+            self.inflight.add(model.start(slot.handle, time.time()), ActorCall.START, slot)
+        for slot in done:  # their engines close at once, not one after another (about 1 s each on a GPU)
+            self.slots.remove(slot)
+            if slot.model is not None:
+                self.models[slot.model].assigned -= 1
+        if done:  # not on the loop's every pass
+            self._release(done)
+
+    def _next_model(self, slot: Slot) -> ModelWork | None:
+        """The model with the most samples left per actor, among those with work below their maximum."""
+        candidates = [m for m in self.models.values() if m and not m.failed and m.start is not None
+                      and m.assigned < m.max_actors and m.name != slot.model and m.name not in slot.refused
+                      and m.shape == slot.shape]
+        return max(candidates, key=lambda m: m.samples_left() / (m.assigned + 1), default=None)
+
+    def _model_to_help(self, slot: Slot) -> ModelWork | None:
+        """For an actor no model needs below its maximum (its own model done): the model of its shape with the
+        most shards waiting, where more wait than its actors hold at once, so a whole round of them would
+        still be waiting for those actors. Above `actors.count` for that model, but no new actor: one that
+        would idle (or be released) runs the tail of another model instead."""
+        def held(m: ModelWork) -> int:
+            return sum(s.depth or m.depth for s in self.slots if s.model == m.name and s.state != ActorState.IMPORTING)
+
+        candidates = [m for m in self.models.values() if m and not m.failed and m.start is not None
+                      and m.max_actors > 0 and m.name != slot.model and m.name not in slot.refused
+                      and m.shape == slot.shape and m.waiting() > held(m)]
+        return max(candidates, key=ModelWork.waiting, default=None)
+
+    # -- step 3 and 4: what goes wrong ---------------------------------------------------------------------
+    def give_up(self, slot: Slot) -> None:
+        """An engine that raised while starting (or did not answer in time): its actor gives the model up, for
+        good, and is idle for another."""
+        self.models[slot.model].assigned -= 1
+        slot.refused.add(slot.model)
+        slot.state, slot.model = ActorState.IDLE, None
+
+    def running(self, model: str) -> bool:
+        """Whether some actor's engine for `model` is up."""
+        return any(s.model == model and s.state == ActorState.RUNNING for s in self.slots)
+
+    def stop(self, slot: Slot) -> None:
+        """An actor whose engine start hung: it goes (cluster/schedule/engine_starts.py)."""
+        self.slots.remove(slot)
+        ray.kill(slot.handle)
+
+    def unpool(self, slot: Slot) -> None:
+        """The pool went away (`raysweep pool down --force`), or its client died: the model gets its own actors."""
+        if slot in self.slots:
+            self.slots.remove(slot)
+            self.models[slot.model].max_actors = slot.actors
+            self.pool_lost.append(slot.model)
+
+    def lose(self, slot: Slot, error: RayActorError, job=None) -> None:
+        """An actor died (`job`: the call that saw it): it is taken out, with the sweep's other actors on its node
+        where the node was lost; their shards come back one by one as failed calls, and are retried."""
+        if slot not in self.slots:
+            return  # its death was already seen through another of its calls (or its node's loss)
+        if slot.state == POOLED:  # the sweep's pool client died: the model runs on actors of its own
+            return self.unpool(slot)
+        node = lost_node(error, slot.node)  # a node lost takes every actor of the sweep there: said in one line
+        gone = [s for s in self.slots if s is slot or node and s.state != POOLED and s.node and s.node[0] == node[0]]
+        held = self.inflight.held_by(gone) + [job] * (job is not None)
+        if node is None or node[0] not in self.nodes_lost:  # a replacement that had started there: said already
+            self.on_lost(lost_line([s.number for s in gone], node, first_line(error), held, self.max_attempts))
+        self.nodes_lost |= {node[0]} if node else set()
+        for gone_slot in gone:
+            self.slots.remove(gone_slot)
+            if gone_slot.model is not None and gone_slot.state in ENGINE_HELD:
+                self.models[gone_slot.model].assigned -= 1
+            self.tail.died(gone_slot.number)
+            self.actor_deaths += 1
+            ray.kill(gone_slot.handle)
+        if self.actor_deaths > self._most_slots * self.max_attempts:
+            raise RuntimeError(f"{self.actor_deaths} actors died; the last: {first_line(error)}") from error
+
+    def shut_down(self) -> None:
+        slots, self.slots = [s for s in self.slots if s.state != POOLED], []
+        self._release(slots)
+
+    def _release(self, slots: list[Slot]) -> None:
+        """Those `keep` does not take: engines closed first, then the actors killed (cluster/schedule/kept.py)."""
+        slots = self.keep(slots) if self.keep is not None else slots
+        close_actors([s.handle for s in slots if s.state in UP], [s.handle for s in slots])
