@@ -31,6 +31,7 @@ def run(argv: list[str]) -> int:
     lm_eval_model.register()
     from lm_eval.__main__ import cli_evaluate
 
+    check_options(argv)
     sys.argv = ["lm_eval", *argv]
     with interruptible(say=lm_eval_model.say_stopped):
         try:
@@ -47,6 +48,30 @@ def run(argv: list[str]) -> int:
             lm_eval_model.say_stopped(stop)  # said at the signal already, unless Ray's own handler had it
             return 1
     return 0
+
+
+def check_options(argv: list[str]) -> None:
+    """What lm-eval would fail on only after every request ran, said first (LmEvalError, one line): a --use_cache
+    path where lm-eval cannot keep its sqlite cache (cluster/lm_eval/scores.py check_cache, as a spec's
+    `use_cache:` is checked)."""
+    from cluster.lm_eval.scores import check_cache
+
+    for path in option_values(argv, "--use_cache"):
+        try:
+            check_cache(path)
+        except ValueError as e:
+            raise LmEvalError(f"--{e}") from None
+
+
+def option_values(argv: list[str], option: str) -> list[str]:
+    """The values given to `option` on `argv` (`--option VALUE` or `--option=VALUE`)."""
+    found = []
+    for i, arg in enumerate(argv):
+        if arg.startswith(option + "="):
+            found.append(arg.split("=", 1)[1])
+        elif arg == option and i + 1 < len(argv):
+            found.append(argv[i + 1])
+    return found
 
 
 def task_names(argv: list[str]) -> list[str]:

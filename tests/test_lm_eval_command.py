@@ -88,3 +88,19 @@ def test_a_samples_index_past_the_tasks_documents_is_one_line(include_path):
         "raysweep: error: lm-eval: --samples: task rs_mc: Elements of --samples should be in the interval [0,k-1] "
         "where k is the number of total examples. In this case, k=24."], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_use_cache_lm_eval_cannot_keep_is_one_line_before_anything_runs(tmp_path):
+    """`--use_cache PATH` whose sqlite file is a folder failed inside lm-eval after every request had run; now one
+    line at the start, as a spec's `use_cache:` is refused."""
+    from jobs.lm_eval_command import check_options
+    from jobs.lm_eval_model import LmEvalError
+
+    (tmp_path / "c_rank0.db").mkdir()
+    for argv in (["--use_cache", str(tmp_path / "c")], [f"--use_cache={tmp_path / 'c'}"]):
+        with pytest.raises(LmEvalError, match=r"^--use_cache: .*c_rank0\.db is not a regular file"):
+            check_options(["--model", "raysweep", *argv])
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(LmEvalError, match="is not a folder"):
+        check_options(["--use_cache", str(tmp_path / "file" / "c")])
+    check_options(["--use_cache", str(tmp_path / "fresh" / "c")])  # a folder lm-eval makes: fine
