@@ -79,7 +79,8 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
         if not said.acquire(blocking=False):
             return
         sink = life.sink  # what is committed at the signal is final: the cleanup commits nothing more
-        os.write(terminal_stderr(), (stopped_line(stop, sink, sink.output if sink else None) + "\n").encode())
+        line = stopped_line(stop, sink, sink.output if sink else None, output_kept)
+        os.write(terminal_stderr(), (line + "\n").encode())
 
     with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)
         try:

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -168,3 +169,18 @@ def test_lm_eval_runs_its_request_types_through_one_sweep_run(tmp_path):
                                  "check_inputs": 3, "open": 3, "execute": 3, "close": 1} and code == "0", calls
     assert done.stderr.count("engines kept from this process's last sweep") == 2  # the engines started once
     assert left == []
+
+
+def test_a_stopped_runs_line_says_how_to_resume_or_that_its_temporary_output_is_gone():
+    """`raysweep verify`'s sweep writes to a folder removed as the command ends: stopped, it says so, not that the
+    same command resumes it."""
+    from types import SimpleNamespace
+
+    from jobs.interrupts import Interrupted, stopped_line
+
+    sink = SimpleNamespace(manifest={"shards": {"a": {}, "b": {}}}, committed=lambda: {"a"})
+    stop = Interrupted(signal.SIGINT)
+    assert stopped_line(stop, sink, "out").endswith("1 of 2 shard(s) committed in out; the same command resumes the rest")
+    said = stopped_line(stop, sink, "/tmp/raysweep-verify-x/output", kept=False)
+    assert said.endswith("its temporary output is removed; nothing else was written (run the command again)")
+    assert "resumes" not in said and "/tmp/raysweep-verify-x" not in said
