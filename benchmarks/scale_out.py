@@ -17,7 +17,8 @@ Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts: the p
 compile cache for the one-GPU engine arguments, which raysweep's engines and Ray Data share), raysweep on N GPUs
 with four engines per GPU, and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
 with one output per prompt; one that fails is said, the others run, and the call fails at the end. Figures go to
-OUT/n.json after each variant (a call cut short keeps those done) and to OUT/bench.parquet; each process's command and prints are kept beside them (`n_*.cmd`, `.stdout`, `.stderr`).
+OUT/n.json after each variant (a call cut short keeps those done) and to OUT/bench.parquet; each process's
+command and prints are kept beside them (`n_*.cmd`, `.stdout`, `.stderr`).
 """
 
 from __future__ import annotations
