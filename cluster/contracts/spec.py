@@ -75,11 +75,11 @@ class ShardLimits:
 
 @dataclass(frozen=True)
 class ActorSpec:
-    # actors per model; None (left out): chosen with num_gpus once Ray is up (cluster/plan/engines_per_gpu.py):
-    # engines per GPU x the cluster's GPUs, or 1 without GPUs
+    # actors per model; None (left out): chosen once Ray is up (cluster/plan/engines_per_gpu.py): as many as the
+    # cluster's GPUs hold at `num_gpus` each, or 1 without GPUs
     count: int | None = None
-    # GPUs per actor (fractions share a GPU); ignored where the cluster has none; None (left out): 0.5 (two
-    # engines per GPU) for models of at most 2 GiB of weights on a GPU of 40 GiB or more, else 1
+    # GPUs per actor (fractions share a GPU); ignored where the cluster has none; None (left out): chosen once Ray
+    # is up: 0.25 or 0.5 (four or two engines per GPU) for small models on large GPUs, else 1
     num_gpus: float | None = None
     num_cpus: float = 1.0  # CPUs per actor; the CPU engine uses this many threads
     # e.g. "L4": actors go to nodes with this accelerator (Ray's accelerator_type:<name> resource), and
