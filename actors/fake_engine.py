@@ -5,7 +5,9 @@ commits — with no model in the way (`engine: fake` in a spec; `python -m bench
 Its output is the constant "fake" and one token per sample; nothing it returns is a measurement of a model.
 Like vLLM it holds one profile and is restarted for another, so profile routing can be tested on CPU.
 `engine: {backend: fake, delay_s: S}` makes each batch take S seconds, so a test can hold shards in flight
-(which actor runs what then does not hang on how fast a second actor's process starts).
+(which actor runs what then does not hang on how fast a second actor's process starts). `hold_file: PATH` makes
+each batch wait while PATH exists, so a test holds the work at a moment of its choosing instead of making every
+shard slow enough for the slowest machine (two sweeps' shards queued at one pool replica before it runs any).
 `start_s: S` makes its start take S seconds (a start that hangs), `fail_start: MESSAGE` makes it raise
 RuntimeError(MESSAGE) as it starts: the scheduler's handling of engines that cannot start, tested on CPU.
 """
@@ -13,6 +15,9 @@ RuntimeError(MESSAGE) as it starts: the scheduler's handling of engines that can
 from __future__ import annotations
 
 from typing import Sequence
+
+from transformers import AutoTokenizer  # here, not at a start: an actor's preload (actors/engine_factory.py) pays the
+# second of CPU its first use costs (most of transformers, torch) before any engine is asked for, as for the others'
 
 from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, LoglikResult, check_loglik_requests,
                            check_requests)
@@ -25,14 +30,13 @@ class FakeEngine:
     def __init__(self, model: ModelSpec, model_path: str, profile: EngineProfile):
         import time
 
-        from transformers import AutoTokenizer
-
         started = time.perf_counter()
         time.sleep(float(model.engine.get("start_s", 0)))
         if model.engine.get("fail_start"):
             raise RuntimeError(str(model.engine["fail_start"]))
         self.profile = profile
         self.delay_s = float(model.engine.get("delay_s", 0))
+        self.hold_file = model.engine.get("hold_file")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)  # the actor tokenizes shards with it
         self._init_s = time.perf_counter() - started
 
@@ -56,9 +60,12 @@ class FakeEngine:
                              None) for r in requests]
 
     def _wait(self) -> None:
-        if self.delay_s:
-            import time
+        import os
+        import time
 
+        while self.hold_file and os.path.exists(self.hold_file):
+            time.sleep(0.05)
+        if self.delay_s:
             time.sleep(self.delay_s)
 
     def sleep(self) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_lm_eval_tasks import MAX_MODEL_LEN, _env, write_tasks
+from tests.test_lm_eval_tasks import MAX_MODEL_LEN, MC_DOCS, _env, write_tasks
 from tests.test_signals import _descendants, _left_running
 
 pytest.importorskip("lm_eval")
@@ -78,7 +78,7 @@ def _stopped(include_path: Path, tmp: Path, marker: str | None, pauses: list[flo
 
 
 def test_a_samples_index_past_the_tasks_documents_is_one_line(include_path):
-    """`--samples '{"rs_mc":[50]}'` over 24 documents was lm-eval's AssertionError traceback."""
+    """`--samples '{"rs_mc":[50]}'` past the task's documents was lm-eval's AssertionError traceback."""
     proc = subprocess.run([sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
                            f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=1", "--include_path",
                            str(include_path), "--tasks", "rs_mc", "--samples", '{"rs_mc": [50]}'],
@@ -86,7 +86,7 @@ def test_a_samples_index_past_the_tasks_documents_is_one_line(include_path):
     said = [line for line in proc.stderr.splitlines() if line.startswith("raysweep: error:")]
     assert proc.returncode == 2 and said == [
         "raysweep: error: lm-eval: --samples: task rs_mc: Elements of --samples should be in the interval [0,k-1] "
-        "where k is the number of total examples. In this case, k=24."], proc.stderr[-2000:]
+        f"where k is the number of total examples. In this case, k={MC_DOCS}."], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 

@@ -30,6 +30,9 @@ from tests.conftest import ROOT
 pytest.importorskip("lm_eval")
 
 MAX_MODEL_LEN = 400  # raysweep's windows are max_model_len - 2 tokens, as lm-eval's vLLM model's
+# documents of the multiple-choice and generate_until tasks: each is compared record by record with lm-eval's, and
+# each costs forward passes of the CPU model in every lm-eval and raysweep run of the tests that use them
+MC_DOCS, GEN_DOCS = 12, 8
 # with non-ASCII words: acc_norm (characters) and acc_bytes (UTF-8 bytes) can tell them apart
 WORDS = "alpha beta gamma delta river stone cloud paper silver green seven music table café 서울 東京".split()
 
@@ -43,11 +46,11 @@ def write_tasks(folder: Path) -> Path:
     rng = random.Random(0)
     data = folder / "data"
     data.mkdir(parents=True)
-    for name, n in (("mc_test", 24), ("mc_train", 8)):
+    for name, n in (("mc_test", MC_DOCS), ("mc_train", 8)):
         (data / f"{name}.jsonl").write_text("".join(json.dumps({
             "question": _phrase(rng) + "?", "choices": [_phrase(rng) for _ in range(4)], "label": rng.randrange(4)})
             + "\n" for _ in range(n)))
-    sums = [(rng.randrange(20), rng.randrange(20)) for _ in range(16)]
+    sums = [(rng.randrange(20), rng.randrange(20)) for _ in range(GEN_DOCS)]
     (data / "gen_test.jsonl").write_text("".join(json.dumps({
         "question": f"What is {a} plus {b}?", "answer": f"{a} plus {b} is #### {a + b}"}) + "\n" for a, b in sums))
     texts = [" ".join(_phrase(rng) for _ in range(rng.randint(1, 30))) for _ in range(10)]
@@ -175,7 +178,8 @@ def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_pa
     assert "Traceback" not in run.stderr and "fatal:" not in run.stderr  # lm-eval's own noise kept out
     reference = lm_eval_reference(include_path, tmp_path / "reference", tiny_path)
     ours = tmp_path / "out" / "lm_eval" / "tiny"
-    assert compare(reference, ours) == {"rs_mc": 24, "rs_gen": 32, "rs_ppl": 10}  # rs_gen: 16 documents x 2 filters
+    counts = {"rs_mc": MC_DOCS, "rs_gen": 2 * GEN_DOCS, "rs_ppl": 10}  # rs_gen: a record per document and filter
+    assert compare(reference, ours) == counts
 
     import pyarrow.parquet as pq
 
@@ -187,7 +191,7 @@ def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_pa
     assert metrics["exact_match,flexible-extract"]["value"] == pytest.approx(
         results["rs_gen"]["exact_match,flexible-extract"])
     samples = pq.read_table(ours / "samples_rs_mc.parquet").to_pylist()
-    assert sorted(r["doc_id"] for r in samples) == list(range(24)) and {"acc", "acc_norm"} <= set(samples[0])
+    assert sorted(r["doc_id"] for r in samples) == list(range(MC_DOCS)) and {"acc", "acc_norm"} <= set(samples[0])
     rows = pq.read_table(tmp_path / "out" / "results").to_pylist()
     mc = next(r for r in rows if r["task"] == "rs_mc" and r["sample_id"] == "0")
     assert mc["prompt"].count("Question:") == 3 and mc["prompt"].endswith("Answer:")  # 2 shots, then the question
@@ -201,7 +205,7 @@ def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_pa
     # the native task is lm-eval's 0-shot rs_mc0: each choice's log-likelihood, acc, acc_norm and acc_bytes
     reference_mc0 = {r["doc_id"]: r for r in map(json.loads, open(glob.glob(f"{reference}/samples_rs_mc0_*.jsonl")[0]))}
     mine = {int(r["sample_id"]): r for r in rows if r["task"] == "mc_native"}
-    assert sorted(mine) == sorted(reference_mc0) == list(range(24))
+    assert sorted(mine) == sorted(reference_mc0) == list(range(MC_DOCS))
     for doc, r in mine.items():
         ref = reference_mc0[doc]
         assert r["choice_logprobs"] == pytest.approx([float(x[0][0]) for x in ref["resps"]], abs=2e-4)
@@ -223,8 +227,8 @@ def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_pa
          "--output_path", str(tmp_path / "via-cli"), "--log_samples"],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert cli.returncode == 0, cli.stdout[-1500:] + cli.stderr[-1500:]
-    assert compare(reference, tmp_path / "via-cli" / "builtin__tiny") == {"rs_mc": 24, "rs_gen": 32, "rs_ppl": 10}
-    assert "planned tiny/rs_mc: 24 samples" in cli.stderr
+    assert compare(reference, tmp_path / "via-cli" / "builtin__tiny") == counts
+    assert f"planned tiny/rs_mc: {MC_DOCS} samples" in cli.stderr
     # three request types, three sweeps, engines started by the first only: its actors run the next two
     first, kept, later = cli.stderr.partition("engines kept from this process's last sweep run model(s) tiny")
     assert "engine up: model tiny" in first and kept and "engine up:" not in later, cli.stderr[-3000:]
@@ -418,7 +422,8 @@ def test_chat_templated_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tm
          "--output_path", str(tmp_path / "reference"), "--log_samples"],
         check=True, env=_env(), capture_output=True, text=True, timeout=600)
     reference = Path(glob.glob(f"{tmp_path / 'reference'}/*/results_*.json")[0]).parent
-    assert compare(reference, tmp_path / "out" / "lm_eval" / "tiny", tasks=("rs_mc", "rs_gen")) == {"rs_mc": 24, "rs_gen": 32}
+    assert compare(reference, tmp_path / "out" / "lm_eval" / "tiny", tasks=("rs_mc", "rs_gen")) == \
+        {"rs_mc": MC_DOCS, "rs_gen": 2 * GEN_DOCS}
     import pyarrow.parquet as pq
 
     prompt = pq.read_table(tmp_path / "out" / "results" / "tiny" / "rs_gen").column("prompt")[0].as_py()

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 
 import pyarrow.parquet as pq
 import pytest
@@ -49,15 +50,41 @@ def start_sweep(spec: str, out, address: str) -> subprocess.Popen:
                             env=os.environ | TOKEN_AUTH | {"RAY_ADDRESS": address})
 
 
+@pytest.fixture(scope="module")
+def module_head():
+    """One `ray start --head` of 4 CPUs (a replica and a sweep's own actors) for this file's pool tests, and the HTTP port
+    of the Serve they start on it (Serve keeps the port of its first start): a head of its own, and Serve on it, took
+    10-30 s of each test on a loaded 2-core machine."""
+    with ray_head("--num-cpus=4") as (address, _):
+        yield address, free_port()
+
+
+@pytest.fixture
+def head(module_head):
+    """The module's head, as `with head as (address, http_port):`; a pool the test left up (a failure mid-test, or
+    one it had no need to take down) is taken down after it, so each test starts on a cluster without one."""
+    @contextmanager
+    def pool_taken_down_after():
+        address, http = module_head
+        try:
+            yield address, http
+        finally:
+            try:  # the pool's HTTP API answers only while a pool is up
+                urllib.request.urlopen(f"http://127.0.0.1:{http}/raysweep/sweeps", timeout=10)
+            except OSError:
+                return
+            cli("pool", "down", "--force", address=address)
+    return pool_taken_down_after()
+
+
 @pytest.mark.slow
-def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_the_rest(tmp_path):
+def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_the_rest(tmp_path, head):
     tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"max_num_seqs": 32}}
     pool_spec = spec_file(tmp_path / "pool.yaml", [tiny], {"count": 1, "num_cpus": 1})
     # the same model at the same path with another batch size: not the pool's engine
     other = {"name": "tiny8", "path": "builtin:tiny", "engine": {"max_num_seqs": 8}}
     sweep_spec = spec_file(tmp_path / "sweep.yaml", [tiny, other], {"count": 1, "num_cpus": 1})
-    with ray_head("--num-cpus=4") as (address, _):
-        http = free_port()
+    with head as (address, http):
         up = cli("pool", "up", pool_spec, "--http-port", str(http), address=address)
         assert up.returncode == 0, up.stderr[-3000:]
         assert "pool: model tiny" in up.stdout
@@ -127,24 +154,27 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
 
 
 @pytest.mark.slow
-def test_pool_down_force_while_a_sweep_uses_it_the_sweep_finishes_on_its_own_actors(tmp_path):
-    # the fake engine takes 1 s a shard, one shard at a time: 30 shards take 30 s on the pool, so the pool goes
-    # down mid-sweep however fast the driver plans (tiny's CPU engine ran 3 shards of 50 on the pool before a
-    # `pool down` of a few seconds landed, once planning stopped importing torch)
-    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"backend": "fake", "delay_s": 1.0}}
+def test_pool_down_force_while_a_sweep_uses_it_the_sweep_finishes_on_its_own_actors(tmp_path, head):
+    # once the pool has run some of the sweep's shards (0.4 s each: 12 s for all 30, so the test sees the first done
+    # with most still to run), its replica holds the rest (the fake engine's hold_file) until the pool is down: the
+    # pool goes down mid-sweep however long `pool down` takes; the sweep's own actors then run the rest
+    hold = tmp_path / "hold"
+    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"backend": "fake", "delay_s": 0.4, "hold_file": str(hold)}}
     spec = spec_file(tmp_path / "pool.yaml", [tiny], {"count": 1, "num_cpus": 1, "shards_in_flight": 1},
                      max_samples=5)
-    with ray_head("--num-cpus=4") as (address, _):
-        assert cli("pool", "up", spec, address=address).returncode == 0
+    with head as (address, http):
+        assert cli("pool", "up", spec, "--http-port", str(http), address=address).returncode == 0
         out = tmp_path / "results"
         sweep = start_sweep(spec, out, address)
         lines = []
-        for line in sweep.stdout:  # the pool down comes once the pool has run some of the sweep's shards
+        for line in sweep.stdout:  # the pool holds the rest once it has run some of the sweep's shards
             lines.append(line)
             if re.search(r"\] [1-9]\d*/150 samples", line):
                 break
+        hold.touch()
         down = cli("pool", "down", "--force", address=address)
         assert down.returncode == 0, down.stderr[-2000:]
+        hold.unlink()
         rest, _ = sweep.communicate(timeout=300)
         text = "".join(lines) + rest
         assert sweep.returncode == 0, text[-3000:]
@@ -154,32 +184,45 @@ def test_pool_down_force_while_a_sweep_uses_it_the_sweep_finishes_on_its_own_act
 
 
 @pytest.mark.slow
-def test_two_sweeps_at_once_take_turns_on_the_pool_and_the_http_api_follows_them(tmp_path):
-    # the fake engine takes 1 s a shard: each sweep's 30 shards take 30 s on the one replica, so the two sweeps
-    # have shards queued there together even when one driver comes up 20 s after the other on a loaded machine
-    # (with tiny's real CPU engine, a shard took a fraction of a second, and once neither overlapped)
-    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"backend": "fake", "delay_s": 1.0}}
+def test_two_sweeps_at_once_take_turns_on_the_pool_and_the_http_api_follows_them(tmp_path, head):
+    # the replica's engine holds each batch while `hold` exists (the fake engine's hold_file): both sweeps come up
+    # and queue their shards there before it runs any, however far apart their drivers start on a loaded machine.
+    # Once running, a shard takes 0.5 s: each sweep keeps two shards at the pool, and the one sent back in place of
+    # a finished one has 1.5 s to get there before that sweep's turn finds nothing of it waiting
+    hold = tmp_path / "hold"
+    hold.touch()
+    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"backend": "fake", "delay_s": 0.5, "hold_file": str(hold)}}
     actors = {"count": 1, "num_cpus": 1, "shards_in_flight": 1}  # one replica, one shard at a time: turns show
     pool = spec_file(tmp_path / "pool.yaml", [tiny], actors)
-    with ray_head("--num-cpus=4") as (address, _):
-        http = free_port()
+    with head as (address, http):
         assert cli("pool", "up", pool, "--http-port", str(http), address=address).returncode == 0
-        sweeps = {name: start_sweep(spec_file(tmp_path / f"{name}.yaml", [tiny], actors, max_samples=5,
-                                              max_tokens=16, name=name), tmp_path / name, address)
+        sweeps = {name: start_sweep(spec_file(tmp_path / f"{name}.yaml", [tiny], actors, max_samples=10, name=name),
+                                    tmp_path / name, address)
                   for name in ("first", "second")}
-        seen_running = set()  # the HTTP API while the sweeps run: their progress, part done
         api = f"http://127.0.0.1:{http}/raysweep/sweeps"
+
+        def runs() -> dict:  # the HTTP API's sweeps by name ({} where it did not answer)
+            try:
+                return {s["name"]: s for s in json.loads(urllib.request.urlopen(api, timeout=5).read())}
+            except OSError:
+                return {}
+
+        deadline = time.monotonic() + 300  # both sweeps planned, each with shards held at the replica
+        while not all(runs().get(name, {}).get("samples_total") == 150 for name in sweeps):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in sweeps.values()), runs()
+            time.sleep(0.2)
+        hold.unlink()
+        seen_running = set()  # the HTTP API while the sweeps run: their progress, part done
         live = {}  # the live report of a sweep part done: it reloads itself
         while any(p.poll() is None for p in sweeps.values()):
-            try:
-                for s in json.loads(urllib.request.urlopen(api, timeout=5).read()):
-                    if s["state"] == "running" and 0 < s["samples_done"] < s["samples_total"] == 150:
-                        seen_running.add(s["name"])
-                        if not live:
-                            live = {"name": s["name"], "page": urllib.request.urlopen(
-                                f"{api}/{s['run_id']}/report", timeout=30).read().decode()}
-            except OSError:
-                pass
+            for s in runs().values():
+                if s["state"] == "running" and 0 < s["samples_done"] < s["samples_total"] == 150:
+                    seen_running.add(s["name"])
+                    if not live:  # read while the replica holds: the sweep still runs
+                        hold.touch()
+                        live = {"name": s["name"], "page": urllib.request.urlopen(
+                            f"{api}/{s['run_id']}/report", timeout=30).read().decode()}
+                        hold.unlink()
             time.sleep(0.2)
         order = []
         for name, sweep in sweeps.items():
@@ -200,24 +243,24 @@ def test_two_sweeps_at_once_take_turns_on_the_pool_and_the_http_api_follows_them
         assert f'href="/raysweep/sweeps/{final["first"]["run_id"]}/report"' in page and "second" in page
         report = urllib.request.urlopen(f"{api}/second/report", timeout=30).read().decode()
         assert '<table id="comparison">' in report and 'http-equiv="refresh"' not in report  # done: no reload
-        # turns: while both sweeps had shards at the replica, it ran one of each in turn (first come
-        # first served runs each sweep's queued shards back to back). How long both had shards there depends
-        # on how far apart the two drivers came up: 18 of 30 shards on a loaded 2-core machine, so 10 it is
+        # turns: while both sweeps had shards at the replica, it ran one of each in turn (first come first served
+        # runs each sweep's queued shards back to back). Both had shards there from the first: of their 15
+        # shards each, at least 10 ran in turns
         names = [name for _, name in sorted(order)]
         overlap = names[max(names.index("first"), names.index("second")):
                         min(len(names) - names[::-1].index(n) for n in ("first", "second"))]
         assert len(overlap) >= 10 and all(a != b for a, b in zip(overlap, overlap[1:])), names
         status = cli("pool", "status", address=address)
-        assert "60 shard(s) served" in status.stdout  # 30 shards of each sweep, on the one replica
+        assert "30 shard(s) served" in status.stdout  # 15 shards of each sweep, on the one replica
 
 
 @pytest.mark.slow
-def test_a_replica_killed_mid_sweep_is_replaced_and_its_shards_run_again_exactly_once(tmp_path):
+def test_a_replica_killed_mid_sweep_is_replaced_and_its_shards_run_again_exactly_once(tmp_path, head):
     tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"max_num_seqs": 32}}
     actors = {"count": 2, "num_cpus": 1, "shards_in_flight": 1}
     spec = spec_file(tmp_path / "pool.yaml", [tiny], actors, max_samples=5, max_tokens=24)
-    with ray_head("--num-cpus=4") as (address, _):
-        assert cli("pool", "up", spec, "--min-replicas", "2", address=address).returncode == 0
+    with head as (address, http):
+        assert cli("pool", "up", spec, "--min-replicas", "2", "--http-port", str(http), address=address).returncode == 0
         out = tmp_path / "results"
         sweep = start_sweep(spec, out, address)
         lines = []
@@ -267,16 +310,16 @@ def test_a_replica_killed_mid_sweep_is_replaced_and_its_shards_run_again_exactly
 
 
 @pytest.mark.slow
-def test_two_models_on_one_replica_switch_by_sleep_and_wake_and_run_grouped(tmp_path):
+def test_two_models_on_one_replica_switch_by_sleep_and_wake_and_run_grouped(tmp_path, head):
     from cluster.inputs.builtin_model import resolve_model_path
 
     copy = tmp_path / "tiny-copy"  # a second model: the built tiny one at another path
     shutil.copytree(resolve_model_path("builtin:tiny"), copy)
     models = [{"name": "tiny", "path": "builtin:tiny"}, {"name": "copy", "path": str(copy)}]
-    actors = {"count": 1, "num_cpus": 2, "shards_in_flight": 1}
+    actors = {"count": 1, "num_cpus": 3, "shards_in_flight": 1}  # 3 of the head's 4 CPUs: room for one replica
     spec = spec_file(tmp_path / "pool.yaml", models, actors, max_samples=25)
-    with ray_head("--num-cpus=2") as (address, _):  # room for one replica: the two models share it
-        up = cli("pool", "up", spec, address=address)
+    with head as (address, http):  # the two models share the one replica
+        up = cli("pool", "up", spec, "--http-port", str(http), address=address)
         assert up.returncode == 0, up.stderr[-3000:]
         assert "models tiny, copy share each replica's GPU share" in up.stdout
         out = tmp_path / "results"

@@ -95,15 +95,17 @@ def spec_file(tmp_path, name: str, reproducible: bool = True, max_samples: int =
     return str(path)
 
 
-def sweep(*args: str, **kwargs) -> subprocess.CompletedProcess:
+def sweep(*args: str, address: str = "local") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=os.environ | {"RAY_ADDRESS": "local"}, **kwargs)
+                          timeout=600, env=os.environ | {"RAY_ADDRESS": address})
 
 
 @pytest.mark.slow
-def test_reproducible_outputs_repeat_across_shards_actors_and_a_resume_and_verify_checks_them(tmp_path):
-    # each task's first 64 rows (128 in all; the suite's slowest test with all 250)
-    done = sweep("run", spec_file(tmp_path, "big", max_samples=64, count=1, rows=64))
+def test_reproducible_outputs_repeat_across_shards_actors_and_a_resume_and_verify_checks_them(ray_local, tmp_path):
+    # each task's first 64 rows (128 in all; the suite's slowest test with all 250). Every run below joins the
+    # session's local Ray (its 2 CPUs: the resumed run's two actors) rather than starting one of its own: 4 s each
+    address = ray_local.get_runtime_context().gcs_address
+    done = sweep("run", spec_file(tmp_path, "big", max_samples=64, count=1, rows=64), address=address)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     big = outputs(tmp_path / "big")
     assert len(big) == 128
@@ -112,7 +114,7 @@ def test_reproducible_outputs_repeat_across_shards_actors_and_a_resume_and_verif
     # same outputs as one actor's shards of 64
     spec, out = spec_file(tmp_path, "resumed", max_samples=4, count=2, rows=64), tmp_path / "resumed"
     driver = subprocess.Popen([sys.executable, "-m", "jobs.sweep", spec], cwd=ROOT, start_new_session=True,
-                              env=os.environ | {"RAY_ADDRESS": "local"}, stdout=subprocess.DEVNULL,
+                              env=os.environ | {"RAY_ADDRESS": address}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
         assert wait_for(lambda: committed(out) >= 10), "the sweep never committed a shard"
@@ -120,7 +122,7 @@ def test_reproducible_outputs_repeat_across_shards_actors_and_a_resume_and_verif
     finally:
         driver.wait(timeout=60)
     assert 10 <= committed(out) < 32
-    again = sweep("run", spec)
+    again = sweep("run", spec, address=address)
     assert again.returncode == 0 and "resuming:" in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]
     assert outputs(out) == big
     assert json.loads((out / "manifest.json").read_text())["reproducible"] is True
@@ -134,7 +136,7 @@ def test_reproducible_outputs_repeat_across_shards_actors_and_a_resume_and_verif
     pq.write_table(table.set_column(column, "output_text", __import__("pyarrow").array(
         [text + " (altered)" for text in table["output_text"].to_pylist()])), part)
     kept = tmp_path / "verify-kept"
-    check = sweep("verify", str(tmp_path / "big"), "--samples", "40", "--keep", str(kept), "--verbose")
+    check = sweep("verify", str(tmp_path / "big"), "--samples", "40", "--keep", str(kept), "--verbose", address=address)
     assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]
     assert f"[raysweep] results: {kept / 'output'}\n" in check.stdout  # --keep: the rows generated again stay
     sampled = {(r["task"], r["sample_id"]) for r in
