@@ -212,14 +212,18 @@ def reclaim() -> None:
         signal.signal(s, _OURS[-1])
 
 
-def stopped_line(stop: Interrupted | str, sink, output: str | None, kept: bool = True) -> str:
+def stopped_line(stop: Interrupted | str, sink, output: str | None, verifying: bool = False,
+                 kept: bool = True) -> str:
     """What the edge prints: the signal (or why else the run stopped), what the output holds now, how to resume.
-    `kept=False`: a temporary output (`raysweep verify`'s sweep), removed as the command ends: nothing resumes."""
+    `verifying`: `raysweep verify`'s own sweep, which starts afresh every time, into a temporary folder removed as
+    the command ends, or into its --keep folder (`kept`)."""
     head = f"[raysweep] stopped by {stop}:" if isinstance(stop, Interrupted) else f"[raysweep] stopped: {stop};"
+    if verifying:
+        where = f"; its sweep's rows so far stay in {output} (run it again with another --keep folder)" \
+            if kept and sink is not None else "; run the command again"
+        return f"{head} the output it verifies is unchanged{where}"
     if sink is None:
         return f"{head} before the output was opened; nothing was written"
-    if not kept:
-        return f"{head} its temporary output is removed; nothing else was written (run the command again)"
     shards = sink.manifest.get("shards", {})
     done = len(sink.committed())
     return f"{head} {done} of {len(shards)} shard(s) committed in {output}; the same command resumes the rest"

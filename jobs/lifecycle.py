@@ -161,6 +161,7 @@ class SweepRun:
 
         check_ray_address(self.address, self.named)
         start_ray(self.address, self.named, self.args.dashboard, self.args.verbose)
+        self.clock.mark("ray_start")  # when it came up, also where it started early (on a thread of its own)
 
     def start_ray(self) -> None:
         """Ray started or joined (or its early start waited for), by the first sweep; a later sweep finds it up."""
@@ -179,7 +180,7 @@ class SweepRun:
             if e.code == signal.SIGTERM:
                 raise Interrupted(signal.SIGTERM) from None
             raise
-        self.clock.mark("ray_start")
+        self.clock.mark("ray_start", once=True)
         self.log(f"[raysweep] Ray is up ({self.clock.record()['ray_start_s']:.1f}s after the command started); "
                  "actors starting")
 

@@ -62,11 +62,11 @@ def run(args: argparse.Namespace) -> int:
     return run_spec(None, args, clock)
 
 
-def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = True) -> int:
+def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = True, verifying: bool = False) -> int:
     """A sweep from its spec to its exit code, through one SweepRun (jobs/lifecycle.py): `spec` loaded already
     (`raysweep verify` builds one), or None to read `args.spec`. `output_kept=False`: the output is removed
     after, so its path is not printed. Ctrl-C or SIGTERM at any moment: one line saying what was committed and
-    how to resume (exit 1)."""
+    how to resume (exit 1); `verifying`: verify's own sweep, which nothing resumes."""
     from cluster.contracts.timing import RunClock
     from jobs import started_at
     from jobs.interrupts import Interrupted, interrupted_in, interruptible, stopped_line
@@ -79,7 +79,7 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
         if not said.acquire(blocking=False):
             return
         sink = life.sink  # what is committed at the signal is final: the cleanup commits nothing more
-        line = stopped_line(stop, sink, sink.output if sink else None, output_kept)
+        line = stopped_line(stop, sink, sink.output if sink else None, verifying, output_kept)
         os.write(terminal_stderr(), (line + "\n").encode())
 
     with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)

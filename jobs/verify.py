@@ -103,7 +103,7 @@ def verify(args: argparse.Namespace) -> int:
 
         code = run_spec(again, argparse.Namespace(output=None, address=args.address, max_attempts=3,
                                                   dashboard=False, new_run=True, verbose=args.verbose),
-                        output_kept=args.keep is not None)
+                        output_kept=args.keep is not None, verifying=True)
         if code != 0:
             raise VerifyError("the verify sweep failed (its lines above say why)")
         fresh = {_key(r): r["output"] for r in _outputs(os.path.join(tmp, "output", "results"))}

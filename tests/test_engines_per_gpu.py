@@ -53,6 +53,10 @@ def test_a_value_the_spec_gives_is_kept():
     assert (choice.count, choice.num_gpus, choice.engines_per_gpu) == (16, 0.25, 4)
     spec = _spec({"m": "builtin:small"}, {"num_gpus": 0.25, "count": 2})
     assert choose(spec, H100 | {"GPU": 4.0}, model_weights(spec)).count == 2
+    spec = _spec({"m": "builtin:small"}, {"num_gpus": 0.3})  # three shares fit a GPU, not 3.33
+    assert choose(spec, H100 | {"GPU": 4.0}, model_weights(spec)).count == 12
+    spec = _spec({"m": "builtin:small"}, {"num_gpus": 1}, {"tensor_parallel_size": 2})  # an engine of two GPUs
+    assert choose(spec, H100 | {"GPU": 4.0}, model_weights(spec)).count == 2
     spec = _spec({"m": "builtin:small"}, {"count": 3})  # the share is chosen around the given count
     choice = choose(spec, H100, model_weights(spec))
     assert (choice.count, choice.num_gpus) == (3, 0.5) and choice.reason.endswith("; 3 actor(s) per model")

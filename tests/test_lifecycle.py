@@ -171,9 +171,9 @@ def test_lm_eval_runs_its_request_types_through_one_sweep_run(tmp_path):
     assert left == []
 
 
-def test_a_stopped_runs_line_says_how_to_resume_or_that_its_temporary_output_is_gone():
-    """`raysweep verify`'s sweep writes to a folder removed as the command ends: stopped, it says so, not that the
-    same command resumes it."""
+def test_a_stopped_runs_line_says_how_to_resume_and_a_stopped_verify_that_nothing_resumes():
+    """`raysweep verify`'s sweep starts afresh every time, in a folder removed as the command ends or in its --keep
+    folder: stopped, it says so, not that the same command resumes it."""
     from types import SimpleNamespace
 
     from jobs.interrupts import Interrupted, stopped_line
@@ -181,6 +181,9 @@ def test_a_stopped_runs_line_says_how_to_resume_or_that_its_temporary_output_is_
     sink = SimpleNamespace(manifest={"shards": {"a": {}, "b": {}}}, committed=lambda: {"a"})
     stop = Interrupted(signal.SIGINT)
     assert stopped_line(stop, sink, "out").endswith("1 of 2 shard(s) committed in out; the same command resumes the rest")
-    said = stopped_line(stop, sink, "/tmp/raysweep-verify-x/output", kept=False)
-    assert said.endswith("its temporary output is removed; nothing else was written (run the command again)")
-    assert "resumes" not in said and "/tmp/raysweep-verify-x" not in said
+    said = stopped_line(stop, sink, "/tmp/raysweep-verify-x/output", verifying=True, kept=False)
+    assert said.endswith("the output it verifies is unchanged; run the command again")
+    assert "/tmp/raysweep-verify-x" not in said
+    kept = stopped_line(stop, sink, "mine", verifying=True, kept=True)
+    assert kept.endswith("its sweep's rows so far stay in mine (run it again with another --keep folder)")
+    assert "resumes" not in said + kept

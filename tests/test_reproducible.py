@@ -122,6 +122,10 @@ def test_reproducible_outputs_repeat_across_shards_actors_and_a_resume_and_verif
     finally:
         driver.wait(timeout=60)
     assert 10 <= committed(out) < 32
+    # the killed driver's actors go with it, as Ray notices its death: the resume takes their names once they are gone
+    assert wait_for(lambda: not any(a.get("namespace") == "raysweep-resumed"
+                                    for a in ray_local.util.list_named_actors(all_namespaces=True))), \
+        "the killed driver's actors stayed"
     again = sweep("run", spec, address=address)
     assert again.returncode == 0 and "resuming:" in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]
     assert outputs(out) == big

@@ -85,7 +85,8 @@ class ActorSpec:
     # e.g. "L4": actors go to nodes with this accelerator (Ray's accelerator_type:<name> resource), and
     # their GPUs are asked of the autoscaler even while the cluster has none (GPU groups at min 0)
     accelerator_type: str | None = None
-    # shards each actor holds at once; None: enough that 4x the engine's batch is queued (cluster/plan/depth.py)
+    # shards each actor holds at once; None: enough that 4x the engine's batch is queued, but about half the
+    # shards left waiting where many actors share few rows (cluster/plan/depth.py)
     shards_in_flight: int | None = None
 
     def __post_init__(self) -> None:

@@ -26,9 +26,9 @@ def shards_in_flight(spec: SweepSpec, model: ModelSpec, cpu_engine: bool = False
     Measured on an H100 with an 8B-shape model, 256-sample shards (bench/records/h100-shards-in-flight-large.md): 2 in
     flight ran at 93% of one 2,048-request batch, 3 at 96%, 4 at 99%; whole sweeps with 8 were no faster
     than with 4 (bench/records/h100-engine-ratios-large.md). `actors.shards_in_flight` overrides it.
-    Many actors for few rows (`rows`: the sweep's rows, `actors`: the model's actors): no more than keeps half of
-    the model's shards waiting once every actor holds its share, so that engines up a few seconds apart share
-    the work and the tail can be cut (cluster/schedule/tail_split.py). Sixteen engines holding four shards each
+    Many actors for few rows (`rows`: the sweep's rows, `actors`: the model's actors): no more than keeps about
+    half of the model's shards waiting once every actor holds its share (rounded up, at least two), so that
+    engines up a few seconds apart share the work and the tail can be cut (cluster/schedule/tail_split.py). Sixteen engines holding four shards each
     took all 43 shards of a 10,496-prompt sweep as they came up, and idled 29% of their GPU-seconds at its tail
     (bench/records/4xh200-scale-out.md)."""
     if spec.actors.shards_in_flight is not None:

@@ -61,7 +61,9 @@ def choose(spec: SweepSpec, cluster_resources: dict, model_bytes=None, new_token
         why = f"actors.num_gpus {actors.num_gpus:g} set in the spec"
         if actors.count is not None or not gpus:
             return _kept(actors, per_gpu, why)
-        count = max(int(gpus / actors.num_gpus + 1e-9), 1)  # as many as the cluster's GPUs hold now
+        # as many as the cluster's GPUs hold now: shares packed per GPU, whole GPUs (or an engine's span) per actor
+        span = max((m.gpus_per_engine for m in spec.models), default=1)
+        count = max(per_gpu * (gpus // span) if actors.num_gpus < 1 else gpus // max(int(actors.num_gpus), span), 1)
         return EngineChoice(count, actors.num_gpus, per_gpu, f"{why}; {count} actor(s) per model for {gpus} GPU(s)")
     per_gpu, why = _engines_per_gpu(spec, cluster_resources, model_weights(spec) if model_bytes is None else model_bytes,
                                     new_tokens)

@@ -4,9 +4,9 @@ idles while another finishes a long shard; and how long actors did idle at the t
 1. When (`split_tail`): planning is over, the model runs on two actors or more, or on the pool, counting
    actors whose engine for it is still starting (the first engine up must not take every shard while the
    second starts: on an H100, two engines idled 33% at the tail of 1,312 prompts in 3 shards,
-   bench/records/h100-engines-per-gpu-compiled.md), and either fewer shards wait in its queues than its actors hold at once (their shards in flight), or the
-   largest waiting shard holds more than its share of the model's rows left (waiting and in flight) per
-   shard the actors hold (`too_large`). The largest waiting whole shard on its first attempt (MIN_PART_ROWS
+   bench/records/h100-engines-per-gpu-compiled.md), and either fewer shards wait in its queues than its actors
+   hold at once (their shards in flight), or the largest waiting shard holds more than its share of the model's
+   rows left (waiting and in flight) per shard the actors hold (`too_large`). The largest waiting whole shard on its first attempt (MIN_PART_ROWS
    rows or more per half; one, for a shard of long prompts) is cut in halves, again until neither holds or
    nothing is left to cut. The pool's replicas balance what reaches them, but not within a shard: its slot
    counts by the shards the pool holds at once.
