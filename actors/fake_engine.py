@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from transformers import AutoTokenizer  # here, not at a start: an actor's preload (actors/engine_factory.py) pays the
-# second of CPU its first use costs (most of transformers, torch) before any engine is asked for, as for the others'
+# with the module, which an actor imports ahead (actors/engine_factory.py preload): the second of CPU this costs (torch,
+# most of transformers) is spent before any start is asked for, not inside the start the scheduler times
+from transformers import AutoTokenizer
 
 from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, LoglikResult, check_loglik_requests,
                            check_requests)

@@ -52,9 +52,9 @@ def start_sweep(spec: str, out, address: str) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def module_head():
-    """One `ray start --head` of 4 CPUs (a replica and a sweep's own actors) for this file's pool tests, and the HTTP port
-    of the Serve they start on it (Serve keeps the port of its first start): a head of its own, and Serve on it, took
-    10-30 s of each test on a loaded 2-core machine."""
+    """One `ray start --head` of 4 CPUs (a replica and a sweep's own actors) for this file's pool tests, and the HTTP
+    port of the Serve they start on it (Serve keeps the port of its first start): a head of its own, and Serve on it,
+    took 10-30 s of each test on a loaded 2-core machine."""
     with ray_head("--num-cpus=4") as (address, _):
         yield address, free_port()
 
@@ -159,7 +159,8 @@ def test_pool_down_force_while_a_sweep_uses_it_the_sweep_finishes_on_its_own_act
     # with most still to run), its replica holds the rest (the fake engine's hold_file) until the pool is down: the
     # pool goes down mid-sweep however long `pool down` takes; the sweep's own actors then run the rest
     hold = tmp_path / "hold"
-    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"backend": "fake", "delay_s": 0.4, "hold_file": str(hold)}}
+    tiny = {"name": "tiny", "path": "builtin:tiny",
+            "engine": {"backend": "fake", "delay_s": 0.4, "hold_file": str(hold)}}
     spec = spec_file(tmp_path / "pool.yaml", [tiny], {"count": 1, "num_cpus": 1, "shards_in_flight": 1},
                      max_samples=5)
     with head as (address, http):
@@ -191,7 +192,8 @@ def test_two_sweeps_at_once_take_turns_on_the_pool_and_the_http_api_follows_them
     # a finished one has 1.5 s to get there before that sweep's turn finds nothing of it waiting
     hold = tmp_path / "hold"
     hold.touch()
-    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"backend": "fake", "delay_s": 0.5, "hold_file": str(hold)}}
+    tiny = {"name": "tiny", "path": "builtin:tiny",
+            "engine": {"backend": "fake", "delay_s": 0.5, "hold_file": str(hold)}}
     actors = {"count": 1, "num_cpus": 1, "shards_in_flight": 1}  # one replica, one shard at a time: turns show
     pool = spec_file(tmp_path / "pool.yaml", [tiny], actors)
     with head as (address, http):
@@ -256,17 +258,22 @@ def test_two_sweeps_at_once_take_turns_on_the_pool_and_the_http_api_follows_them
 
 @pytest.mark.slow
 def test_a_replica_killed_mid_sweep_is_replaced_and_its_shards_run_again_exactly_once(tmp_path, head):
-    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"max_num_seqs": 32}}
+    # the replicas hold the shards they are sent (the fake engine's hold_file) until one of them is killed: the kill
+    # lands mid-sweep, on a replica with shards in it where Serve's router sent it some (with tiny's CPU engine the
+    # sweep's 30 shards could all be done before the kill's own process had started)
+    hold = tmp_path / "hold"
+    hold.touch()
+    tiny = {"name": "tiny", "path": "builtin:tiny", "engine": {"backend": "fake", "hold_file": str(hold)}}
     actors = {"count": 2, "num_cpus": 1, "shards_in_flight": 1}
-    spec = spec_file(tmp_path / "pool.yaml", [tiny], actors, max_samples=5, max_tokens=24)
+    spec = spec_file(tmp_path / "pool.yaml", [tiny], actors, max_samples=5)
     with head as (address, http):
         assert cli("pool", "up", spec, "--min-replicas", "2", "--http-port", str(http), address=address).returncode == 0
         out = tmp_path / "results"
         sweep = start_sweep(spec, out, address)
         lines = []
-        for line in sweep.stdout:  # the kill comes once shards run on the replicas
+        for line in sweep.stdout:  # the kill comes once the sweep's shards are at the pool
             lines.append(line)
-            if "samples" in line and "/150" in line and not line.strip().endswith("0/150"):
+            if re.search(r"\] 0/150 samples .* [1-9]\d* shard\(s\) in flight", line):
                 break
         kill = subprocess.run(
             [sys.executable, "-c", "import ray\n"
@@ -276,6 +283,7 @@ def test_a_replica_killed_mid_sweep_is_replaced_and_its_shards_run_again_exactly
              "ray.kill(ray.get_actor(names[0], namespace='serve'), no_restart=True)\nprint(names[0])\n"],
             cwd=ROOT, env=os.environ | TOKEN_AUTH, capture_output=True, text=True, timeout=60)
         assert kill.returncode == 0, kill.stderr[-2000:]
+        hold.unlink()
         rest, _ = sweep.communicate(timeout=300)
         text = "".join(lines) + rest
         assert sweep.returncode == 0, text[-3000:]
