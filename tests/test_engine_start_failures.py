@@ -56,3 +56,12 @@ def test_only_starts_past_the_bound_are_taken():
     inflight = {"a": ("start", None, early), "b": ("start", None, late), "c": ("shard", object(), shard)}
     assert take_overdue(inflight, 60.0, now=120.0) == [late]
     assert list(inflight) == ["a", "c"]
+
+
+def test_a_start_whose_answer_is_in_but_not_collected_is_not_overdue():
+    """The loop collects one answer a turn: a start answered in time, still waiting to be collected when the bound
+    passes, is collected as it came, not stopped as hung."""
+    answered_late, hung = Slot(None, 1, start_at=10.0), Slot(None, 2, start_at=10.0)
+    inflight = {"a": ("start", None, answered_late), "b": ("start", None, hung)}
+    assert take_overdue(inflight, 60.0, now=120.0, answered=lambda ref: ref == "a") == [hung]
+    assert list(inflight) == ["a"]

@@ -40,12 +40,14 @@ def start_timeout_s() -> float:
     return value
 
 
-def take_overdue(inflight: dict, timeout_s: float, now: float | None = None) -> list:
+def take_overdue(inflight: dict, timeout_s: float, now: float | None = None, answered=None) -> list:
     """The slots of the engine starts in `inflight` ({ref: (kind, job, slot)}) asked for more than `timeout_s`
-    ago (a slot's `start_at`, time.monotonic()), their calls taken out of `inflight`."""
+    ago (a slot's `start_at`, time.monotonic()), their calls taken out of `inflight`. `answered(ref)`: whether a
+    call's answer is in already (not collected yet, the loop takes one a turn): such a start is not overdue."""
     now = time.monotonic() if now is None else now
     late = [ref for ref, (kind, _, slot) in inflight.items()
-            if kind == ActorCall.START and slot.start_at is not None and now - slot.start_at > timeout_s]
+            if kind == ActorCall.START and slot.start_at is not None and now - slot.start_at > timeout_s
+            and not (answered is not None and answered(ref))]
     return [inflight.pop(ref)[2] for ref in late]
 
 

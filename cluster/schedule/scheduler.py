@@ -92,7 +92,8 @@ class SweepScheduler:
                 for ref in ready:
                     kind, job, slot = self.inflight.pop(ref)
                     self._collect(ref, kind, job, slot)
-                for slot in take_overdue(self.inflight, self.start_timeout_s):  # a hung start: its actor goes
+                for slot in take_overdue(self.inflight, self.start_timeout_s,  # a hung start: its actor goes
+                                         answered=lambda ref: bool(ray.wait([ref], timeout=0)[0])):
                     self._engine_failed(slot, timed_out_line(self.start_timeout_s))
                     self.fleet.stop(slot)
         finally:
