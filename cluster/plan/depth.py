@@ -28,9 +28,9 @@ def shards_in_flight(spec: SweepSpec, model: ModelSpec, cpu_engine: bool = False
     than with 4 (bench/records/h100-engine-ratios-large.md). `actors.shards_in_flight` overrides it.
     Many actors for few rows (`rows`: the sweep's rows, `actors`: the model's actors): no more than keeps about
     half of the model's shards waiting once every actor holds its share (rounded up, at least two), so that
-    engines up a few seconds apart share the work and the tail can be cut (cluster/schedule/tail_split.py). Sixteen engines holding four shards each
-    took all 43 shards of a 10,496-prompt sweep as they came up, and idled 29% of their GPU-seconds at its tail
-    (bench/records/4xh200-scale-out.md)."""
+    engines up a few seconds apart share the work and the tail can be cut (cluster/schedule/tail_split.py).
+    Sixteen engines holding four shards each took all 43 shards of a 10,496-prompt sweep as they came up, and
+    idled 29% of their GPU-seconds at its tail; holding two, 15% in a later call (bench/records/4xh200-scale-out.md)."""
     if spec.actors.shards_in_flight is not None:
         return spec.actors.shards_in_flight
     if cpu_engine:

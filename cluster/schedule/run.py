@@ -84,7 +84,8 @@ def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, b
     except BaseException:
         sink.close()
         raise
-    return Prepared(spec, plans, sink, out, generation_budget(data), sum(d.n_rows for d in data if d.task.replay is None))
+    rows = sum(d.n_rows for d in data if d.task.replay is None)
+    return Prepared(spec, plans, sink, out, generation_budget(data), rows)
 
 
 def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts: int = 3,

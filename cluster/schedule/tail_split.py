@@ -6,9 +6,9 @@ idles while another finishes a long shard; and how long actors did idle at the t
    second starts: on an H100, two engines idled 33% at the tail of 1,312 prompts in 3 shards,
    bench/records/h100-engines-per-gpu-compiled.md), and either fewer shards wait in its queues than its actors
    hold at once (their shards in flight), or the largest waiting shard holds more than its share of the model's
-   rows left (waiting and in flight) per shard the actors hold (`too_large`). The largest waiting whole shard on its first attempt (MIN_PART_ROWS
-   rows or more per half; one, for a shard of long prompts) is cut in halves, again until neither holds or
-   nothing is left to cut. The pool's replicas balance what reaches them, but not within a shard: its slot
+   rows left (waiting and in flight) per shard the actors hold (`too_large`). The largest waiting whole shard on
+   its first attempt (MIN_PART_ROWS rows or more per half; one, for a shard of long prompts) is cut in halves,
+   again until neither holds or nothing is left to cut. The pool's replicas balance what reaches them, but not within a shard: its slot
    counts by the shards the pool holds at once.
 2. Parts run as jobs of their own (same shard id, `Shard.piece`, as bisection's parts do) and are
    committed together as the shard, once, under its id: a driver killed meanwhile commits nothing of it,
