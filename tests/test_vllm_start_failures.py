@@ -90,8 +90,10 @@ def test_on_a_shared_gpu_the_kv_cache_is_sized_from_the_share_so_engines_can_sta
     assert shared_kv_bytes(model, str(tmp_path), 1.0, 80 * GIB) is None  # a whole GPU: vLLM measures
     assert shared_kv_bytes(model, str(tmp_path), 0.5, None) is None  # no NVML: vLLM measures
     assert shared_kv_bytes(model, str(tmp_path), 0.1, 40 * GIB) is None  # under 1 GiB left: vLLM measures
-    spec_sized = ModelSpec("m", str(tmp_path), engine={"gpu_memory_utilization": 0.3})
-    assert shared_kv_bytes(spec_sized, str(tmp_path), 0.5, 80 * GIB) is None  # the spec sizes memory itself
+    spec_share = ModelSpec("m", str(tmp_path), engine={"gpu_memory_utilization": 0.3})
+    assert shared_kv_bytes(spec_share, str(tmp_path), 0.5, 80 * GIB) == int(0.3 * 80 * GIB - 1.2 * 2 * GIB - 3 * GIB)
+    spec_sized = ModelSpec("m", str(tmp_path), engine={"kv_cache_memory_bytes": 4 * GIB})
+    assert shared_kv_bytes(spec_sized, str(tmp_path), 0.5, 80 * GIB) is None  # the spec sizes the cache itself
     monkeypatch.setenv("RAYSWEEP_SHARED_GPU_START", "serial")
     assert shared_kv_bytes(model, str(tmp_path), 0.5, 80 * GIB) is None
 
