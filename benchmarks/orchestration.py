@@ -51,6 +51,7 @@ def part_o(bench: Bench) -> None:
     """Orchestration alone: the fake engine behind the real actors, scheduler and sink."""
     import ray
 
+    from cluster.inputs.checks import check_inputs
     from cluster.schedule.run import execute, prepare
     from cluster.inputs.spec_file import load_spec
 
@@ -69,7 +70,8 @@ def part_o(bench: Bench) -> None:
                            "scorer": "exact_match", "sampling": {"max_tokens": 1}}],
                 "actors": {"count": 2, "num_cpus": 1}}))
             started = time.perf_counter()
-            prepared = prepare(load_spec(spec_path), new_run=True)
+            spec = load_spec(spec_path)
+            prepared = prepare(spec, check_inputs(spec), new_run=True)
             planned = time.perf_counter()
             before = _status_mib("VmRSS")
             _reset_peak_rss()

@@ -9,7 +9,7 @@ What is the process's happens once, however many sweeps it runs:
   a reproducible run), else by the first spec; Ray's start begun at once where lm-eval builds tasks or requests
   (seconds) first;
 - Ray started or joined once (the first sweep's step 4; a later sweep's finds it up);
-- with `keep_engines`, the actors of one sweep kept for the next (cluster/schedule/kept.py);
+- with `keep_engines`, the actors of one sweep kept for the next (cluster/schedule/fleet.py KeptActors);
 - `temporary_folder`: a folder removed at the end (named by this process: one a killed command left is removed by
   the next command that makes one);
 - `close` (also on any error or signal): the teardown, in one place: the open sweep's output sink where the sweep
@@ -143,8 +143,7 @@ class SweepRun:
         on the planner's thread from the checked data while the actors start (cluster/schedule/run.py)."""
         from cluster.schedule.run import prepare
 
-        self.sweep.prepared = prepare(self.sweep.spec, output, self.args.new_run, background=True,
-                                      data=self.sweep.data)
+        self.sweep.prepared = prepare(self.sweep.spec, self.sweep.data, output, self.args.new_run, background=True)
 
     @property
     def sink(self):
@@ -193,7 +192,7 @@ class SweepRun:
         from jobs.head_watch import head_watched
 
         if self._keep_engines and self.kept is None:
-            from cluster.schedule.kept import KeptActors
+            from cluster.schedule.fleet import KeptActors
 
             self.kept = KeptActors()
         self.sweep.executed = True

@@ -15,7 +15,7 @@ lm-eval asks for (loglikelihood, loglikelihood_rolling, generate_until) is one r
 `raysweep run`'s takes (adopt, check, open, start_ray, execute): the requests made into rows by the rule a spec's
 `lm_eval:` entry uses (cluster/lm_eval/run.py), sharded over the model's actors, and answered from the committed
 rows (cluster/lm_eval/scores.py). The first sweep's actors stay up with their engines for the next request types
-(cluster/schedule/kept.py): the engines start once per command.
+(cluster/schedule/fleet.py KeptActors): the engines start once per command.
 model_args: pretrained (a model folder, hub id or builtin:NAME; also `model`), max_model_len, backend
 (auto | hf | vllm), actors (per model) and num_gpus (per actor) (default `auto` for each: chosen as for a spec
 without `actors:`, cluster/plan/engines_per_gpu.py, e.g. two engines on a large GPU for a small model), address

@@ -47,6 +47,16 @@ SANDBOX_FILES = {"test_sandbox.py", "test_code_exec_reference.py", "test_scoring
                  "test_hostile_inputs.py", "test_report.py"}
 
 
+def prepare_file(path, **options):
+    """`prepare` for a spec file, its inputs checked first, as a command's sweep does (jobs/lifecycle.py)."""
+    from cluster.inputs.checks import check_inputs
+    from cluster.inputs.spec_file import load_spec
+    from cluster.schedule.run import prepare
+
+    spec = load_spec(path)
+    return prepare(spec, check_inputs(spec), **options)
+
+
 def pytest_collection_modifyitems(config, items):
     """The xdist group of each test (`--dist loadgroup`, pyproject.toml): its file's, or the sandbox's."""
     for item in items:

@@ -30,7 +30,7 @@ BENCHMARKS = "benchmarks"  # run from the repository's root, never installed
 MAX_LINES = 400
 SCHEDULE = "cluster.schedule"
 SCHEDULE_CORE = {f"{SCHEDULE}.{name}" for name in (
-    "scheduler", "fleet", "work", "bisection", "tail_split", "engine_starts", "kept", "progress")}
+    "scheduler", "fleet", "work", "bisection", "tail_split", "engine_starts", "progress")}
 SCHEDULE_PARTS = {f"{SCHEDULE}.{name}" for name in ("fleet_size", "routing", "plan_feed")}  # composed by run.py
 MAX_SCHEDULE_LINES = 300
 

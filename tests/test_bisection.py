@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pytest
 
-from cluster.schedule.bisection import Bisection, row_error_excess, should_bisect
+from cluster.schedule.bisection import Bisection, should_bisect
+from cluster.schedule.commit import row_error_excess
 from cluster.contracts.shard import Shard
 
 RESULTS = pa.schema([("sample_id", pa.string()), ("output_text", pa.string()), ("status", pa.string()),

@@ -483,7 +483,9 @@ def test_planning_prompts_measured_before_loads_no_tokenizer_and_a_changed_token
                                 "tasks": [{"name": "t", "data": str(data), "id_column": "id", "prompt": "Q: {q}\nA:",
                                            "sampling": {"max_tokens": 4}}]}))
     probe = ("import json, sys\nfrom cluster.inputs.spec_file import load_spec\nfrom cluster.plan.plan_source import plan_events\n"
-             f"plans = [e for e in plan_events(load_spec({str(spec)!r})) if hasattr(e, 'shards')]\n"
+             "from cluster.inputs.checks import check_inputs\n"
+             f"spec = load_spec({str(spec)!r})\n"
+             "plans = [e for e in plan_events(spec, check_inputs(spec)) if hasattr(e, 'shards')]\n"
              "print(json.dumps(['transformers' in sys.modules, [p.lengths.tolist() for p in plans]]))")
 
     def plan() -> tuple[bool, list]:

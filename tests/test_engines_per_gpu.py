@@ -110,7 +110,7 @@ def test_four_engines_per_gpu_for_a_tiny_model_and_a_large_generation_budget(mod
 def test_the_generation_budget_counts_rows_max_tokens_and_completions_of_generation_tasks(tmp_path):
     from cluster.inputs.checks import check_inputs
     from cluster.inputs.spec_file import load_spec
-    from cluster.plan.engines_per_gpu import generation_budget
+    from cluster.inputs.data import generation_budget
 
     data = check_inputs(load_spec(QUICKSTART))  # 150 rows x 8 + 100 x 4 + 100 x 96 new tokens at most
     assert generation_budget(data) == 150 * 8 + 100 * 4 + 100 * 96

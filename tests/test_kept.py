@@ -1,10 +1,11 @@
-"""The actors a sweep keeps for the next sweep of its process (cluster/schedule/kept.py): only those whose engine
-runs a model that did not fail, with no shard in flight; later sweeps find them by the model's whole spec."""
+"""The actors a sweep keeps for the next sweep of its process (cluster/schedule/fleet.py KeptActors): only
+those whose engine runs a model that did not fail, with no shard in flight; later sweeps find them by the
+model's whole spec."""
 
 from types import SimpleNamespace
 
 from cluster.contracts.spec import ModelSpec
-from cluster.schedule.kept import KeptActors
+from cluster.schedule.fleet import KeptActors
 
 
 def test_only_running_engines_of_models_that_did_not_fail_are_kept_and_found_by_the_whole_model_spec():

@@ -11,7 +11,7 @@ import pytest
 
 import ray
 
-from cluster.schedule.metrics import NAMES
+from cluster.schedule.progress import NAMES
 from cluster.schedule.run import run_sweep
 from cluster.inputs.spec_file import load_spec
 from tests.conftest import LEAN_EXTRACT_ROWS, lean_quickstart

@@ -4,8 +4,6 @@ and shards cut at a model's tail committed exactly once."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq

@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from cluster.contracts.errors import PreflightError
-from cluster.schedule.run import prepare, run_sweep
+from cluster.schedule.run import run_sweep
 from cluster.store.manifest import read_manifest
 from cluster.store.output_files import SinkError
 from cluster.store.sink import ResultSink
 from cluster.inputs.spec_file import load_spec
-from tests.conftest import QUICKSTART, ROOT, lean_quickstart
+from tests.conftest import QUICKSTART, ROOT, lean_quickstart, prepare_file
 from tests.test_metrics import metrics_url, scrape
 
 N_SHARDS = 15 + 10 + 3  # the lean quickstart's 150 + 100 + 30 samples in shards of 10: time to interrupt it
@@ -241,7 +241,7 @@ def test_bad_inputs_fail_before_ray_with_one_line(tmp_path, change, message):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises((PreflightError, SinkError, ValueError)) as err:
-        prepare(load_spec(path)).sink.close()
+        prepare_file(path).sink.close()
     assert message in str(err.value) and "\n" not in str(err.value).strip()
 
 
@@ -266,7 +266,7 @@ def test_a_resume_over_changed_data_is_refused_with_one_line_and_nothing_changes
     import pyarrow as pa
 
     spec_path = _own_data_spec(tmp_path)
-    prepared = prepare(load_spec(spec_path))
+    prepared = prepare_file(spec_path)
     prepared.sink.plan(["tiny/arithmetic/00000", "tiny/arithmetic/00001"])
     one_row = pa.table({"sample_id": ["a0"], "model": ["tiny"], "task": ["arithmetic"], "status": ["ok"],
                         "score": [1.0], "structured_valid": pa.array([None], pa.bool_()), "output_tokens": [3]})
@@ -290,14 +290,14 @@ def test_a_resume_over_changed_data_is_refused_with_one_line_and_nothing_changes
     assert "Started a local Ray" not in done.stderr + done.stdout
     assert (tmp_path / "out" / "manifest.json").read_bytes() == manifest  # nothing in the output changed
     assert (tmp_path / "out" / "manifest.journal").read_bytes() == journal
-    prepare(load_spec(spec_path), new_run=True).sink.close()  # --new-run starts again from the new data
+    prepare_file(spec_path, new_run=True).sink.close()  # --new-run starts again from the new data
 
 
 def test_changed_data_is_accepted_where_nothing_was_committed_from_it(tmp_path):
     """A run whose shards all failed (or never ran) leaves nothing made from the old data: the fixed file
     is simply used, and recorded."""
     spec_path = _own_data_spec(tmp_path)
-    prepared = prepare(load_spec(spec_path))
+    prepared = prepare_file(spec_path)
     prepared.sink.plan(["tiny/arithmetic/00000"])
     prepared.sink.fail("tiny/arithmetic/00000", ["the prompt is empty"])
     prepared.sink.close()
@@ -305,7 +305,7 @@ def test_changed_data_is_accepted_where_nothing_was_committed_from_it(tmp_path):
     data.write_text(data.read_text().replace('"question": "', '"question": "Q. ', 1))
     from cluster.inputs.data_files import content_hash
 
-    again = prepare(load_spec(spec_path))
+    again = prepare_file(spec_path)
     assert again.sink.manifest["data"]["arithmetic"]["hash"] == content_hash(str(data))
     again.sink.close()
 
@@ -313,10 +313,10 @@ def test_changed_data_is_accepted_where_nothing_was_committed_from_it(tmp_path):
 def test_a_resume_on_another_placement_is_accepted(tmp_path):
     """`actors:` (count, GPU share, accelerator) says where a sweep runs, not what it computes: a sweep
     resumes with more actors."""
-    prepared = prepare(load_spec(_own_data_spec(tmp_path, actors={"count": 1, "num_gpus": 1})))
+    prepared = prepare_file(_own_data_spec(tmp_path, actors={"count": 1, "num_gpus": 1}))
     prepared.sink.plan(["tiny/arithmetic/00000"])
     prepared.sink.close()
-    prepare(load_spec(_own_data_spec(tmp_path, actors={"count": 3, "num_gpus": 0.5}))).sink.close()
+    prepare_file(_own_data_spec(tmp_path, actors={"count": 3, "num_gpus": 0.5})).sink.close()
 
 
 def test_a_data_path_that_is_a_directory_is_one_line(tmp_path):
@@ -324,7 +324,7 @@ def test_a_data_path_that_is_a_directory_is_one_line(tmp_path):
     (tmp_path / "arithmetic.jsonl").unlink()
     (tmp_path / "arithmetic.jsonl").mkdir()
     with pytest.raises(ValueError) as err:
-        prepare(load_spec(spec_path)).sink.close()
+        prepare_file(spec_path).sink.close()
     assert str(err.value) == (f"{tmp_path / 'arithmetic.jsonl'}: is a directory; `data:` names one JSONL or "
                               "Parquet file")
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import QUICKSTART, ROOT, first_rows
+from tests.conftest import QUICKSTART, ROOT, first_rows, prepare_file
 from tests.test_ray_output import RAY_LINE
 from tests.test_reliability import committed, outputs, wait_for
 
@@ -156,10 +156,9 @@ def _commit_one_row(spec_path: str) -> None:
     """A reproducible spec's output with one committed shard of one row, its sink closed."""
     import pyarrow as pa
 
-    from cluster.schedule.run import prepare
     from cluster.inputs.spec_file import load_spec
 
-    prepared = prepare(load_spec(spec_path))
+    prepared = prepare_file(spec_path)
     prepared.sink.plan(["tiny/arithmetic/00000"])
     one_row = pa.table({"sample_id": ["a0"], "model": ["tiny"], "task": ["arithmetic"], "status": ["ok"],
                         "score": [1.0], "structured_valid": pa.array([None], pa.bool_()), "output_tokens": [3]})
@@ -168,13 +167,12 @@ def _commit_one_row(spec_path: str) -> None:
 
 
 def test_a_resume_never_mixes_reproducible_and_other_results(tmp_path):
-    from cluster.schedule.run import prepare
     from cluster.store.output_files import SinkError
     from cluster.inputs.spec_file import load_spec
 
     _commit_one_row(spec_file(tmp_path, "mixed"))
     with pytest.raises(SinkError, match="made with reproducible: true; this spec says reproducible: false"):
-        prepare(load_spec(spec_file(tmp_path, "mixed", reproducible=False)))
+        prepare_file(spec_file(tmp_path, "mixed", reproducible=False))
 
 
 def test_a_resume_never_adds_to_reproducible_results_of_another_setting(tmp_path):
@@ -182,23 +180,22 @@ def test_a_resume_never_adds_to_reproducible_results_of_another_setting(tmp_path
     caching) is refused, as the mode's flag alone would not tell."""
     import json
 
-    from cluster.schedule.run import prepare
     from cluster.store.output_files import SinkError
     from cluster.inputs.spec_file import load_spec
 
     _commit_one_row(spec_file(tmp_path, "older"))
-    prepare(load_spec(spec_file(tmp_path, "older"))).sink.close()  # the same setting resumes
+    prepare_file(spec_file(tmp_path, "older")).sink.close()  # the same setting resumes
     manifest = tmp_path / "older" / "manifest.json"
     older = json.loads(manifest.read_text())
     del older["reproducible_setting"]  # as a raysweep before this one wrote it
     manifest.write_text(json.dumps(older))
     with pytest.raises(SinkError, match="holds reproducible results made with another setting \\(one from before"):
-        prepare(load_spec(spec_file(tmp_path, "older")))
+        prepare_file(spec_file(tmp_path, "older"))
     from cluster.store.manifest import EARLIER_REPRODUCIBLE_SETTING
 
     manifest.write_text(json.dumps(dict(older, reproducible_setting=EARLIER_REPRODUCIBLE_SETTING)))
     with pytest.raises(SinkError, match="made with another setting \\(vLLM batch-invariant mode .* on\\); this raysweep"):
-        prepare(load_spec(spec_file(tmp_path, "older")))  # its CPU log-likelihoods differ by float32 steps
+        prepare_file(spec_file(tmp_path, "older"))  # its CPU log-likelihoods differ by float32 steps
 
 
 @pytest.mark.parametrize("engine, message", [

@@ -86,6 +86,13 @@ def checked_hashes(data: list["TaskData"]) -> dict[str, dict]:
     return {d.task.name: _hashes(d.task, d.path, d.digest) for d in data}
 
 
+def generation_budget(data) -> int:
+    """The most new tokens a sweep asks of each model: rows x max_tokens x completions per prompt over its
+    generation tasks (`data`: TaskData of each task). Log-likelihood and replayed tasks generate none."""
+    return sum(d.n_rows * d.task.sampling.max_tokens * d.task.sampling.n for d in data
+               if not d.task.loglikelihood and d.task.replay is None)
+
+
 def _hashes(task: TaskSpec, path: str, digest: str) -> dict:
     documents = task.lm_eval.documents if task.lm_eval is not None else None
     return {"path": path, "hash": digest, **({"documents": documents} if documents is not None else {})}

@@ -51,7 +51,8 @@ class EngineChoice:
 def choose(spec: SweepSpec, cluster_resources: dict, model_bytes=None, new_tokens: int | None = None) -> EngineChoice:
     """The actors' count and GPU share for `spec`. `cluster_resources`: ray.cluster_resources(); `model_bytes`:
     each model's weights in bytes, None where unknown (default: `model_weights(spec)`, read only when needed);
-    `new_tokens`: the most new tokens the sweep asks of each model (`generation_budget`), None where unknown."""
+    `new_tokens`: the most new tokens the sweep asks of each model (cluster/inputs/data.py
+    `generation_budget`), None where unknown."""
     actors = spec.actors
     gpus = int(cluster_resources.get("GPU", 0))
     if not gpus and actors.accelerator_type is None:
@@ -92,13 +93,6 @@ def model_weights(spec: SweepSpec) -> dict[str, int | None]:
             counted = None
         found[model.name] = counted.bytes if counted else None
     return found
-
-
-def generation_budget(data) -> int:
-    """The most new tokens a sweep asks of each model: rows x max_tokens x completions per prompt over its
-    generation tasks (`data`: cluster/inputs/data.py TaskData). Log-likelihood and replayed tasks generate none."""
-    return sum(d.n_rows * d.task.sampling.max_tokens * d.task.sampling.n for d in data
-               if not d.task.loglikelihood and d.task.replay is None)
 
 
 def _engines_per_gpu(spec: SweepSpec, cluster_resources: dict, model_bytes: dict[str, int | None],

@@ -41,13 +41,9 @@ class ModelPlan:
     tasks: list[TaskPlan]
 
 
-def plan_events(spec: SweepSpec, strict: bool = True,
-                data: list[TaskData] | None = None) -> Iterator[ModelReady | TaskPlan]:
-    """Checks first (all of them), then ModelReady for every model, then each TaskPlan as it is made.
-    `strict=False` (for `raysweep plan`) counts prompts over the length limit instead of refusing them.
-    `data`: what `check_inputs` returned, where the caller ran it already."""
-    if data is None:
-        data = check_inputs(spec)
+def plan_events(spec: SweepSpec, data: list[TaskData], strict: bool = True) -> Iterator[ModelReady | TaskPlan]:
+    """For the task data `check_inputs` returned: ModelReady for every model, then each TaskPlan as it is
+    made. `strict=False` (for `raysweep plan`) counts prompts over the length limit instead of refusing them."""
     staging = StagingFolder()  # rendered prompts on local disk until their shards are dispatched
     for d in data:  # completions read from the data: no model, no tokenizer
         if d.task.replay is not None:
@@ -71,7 +67,7 @@ def plan_events(spec: SweepSpec, strict: bool = True,
 def preflight(spec: SweepSpec, strict: bool = True) -> list[ModelPlan]:
     """Every check and every plan, at once (a replay task's plan under its replay.model, with no path)."""
     plans: dict[str, ModelPlan] = {}
-    for event in plan_events(spec, strict):
+    for event in plan_events(spec, check_inputs(spec), strict):
         if isinstance(event, ModelReady):
             plans[event.model.name] = ModelPlan(event.model, event.path, [])
         else:
@@ -86,7 +82,7 @@ class PlanSource:
 
     _DONE = object()
 
-    def __init__(self, spec: SweepSpec, background: bool = False, data: list[TaskData] | None = None):
+    def __init__(self, spec: SweepSpec, data: list[TaskData], background: bool = False):
         self._queue: queue.Queue = queue.Queue()
         self.done = False
         self.finished_at: float | None = None  # when planning ended (time.time())
@@ -107,9 +103,9 @@ class PlanSource:
         if self._thread is not None and self._thread.ident is None:  # not started yet
             self._thread.start()
 
-    def _produce(self, spec: SweepSpec, data: list[TaskData] | None = None) -> None:
+    def _produce(self, spec: SweepSpec, data: list[TaskData]) -> None:
         try:
-            for event in plan_events(spec, data=data):
+            for event in plan_events(spec, data):
                 self._queue.put(event)
         except BaseException as e:  # handed to the driver's thread, which handles it at its edge
             self._queue.put(e)

@@ -16,11 +16,8 @@ cause the failure become error rows with their error.
 4. Commit: once every part is settled, the parts' results and the error rows are put together in the
    shard's order and committed as the shard, once, under its own id (the manifest/commit model is per
    shard; a driver that dies meanwhile commits nothing, and the resume starts the shard again).
-5. Policy: the task's `fail_on_error` judges the committed shard as it judges row errors in an actor's
-   batch (actors/evaluator.py `_generate`): `true` allows none, a fraction allows that share of the
-   shard's rows, `false` any. A shard over it is still committed (its rows ran; every sample once) but
-   recorded as failing the sweep (`row_error_excess`), and stays so on a resume: the spec and the data
-   that decide it cannot change without --new-run.
+5. Policy: the task's `fail_on_error` judges the committed shard (cluster/schedule/commit.py
+   `row_error_excess`).
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cluster.contracts.shard import EMPTY_PROMPT, RowStatus, Shard
+from cluster.contracts.shard import RowStatus, Shard
 
 EVIDENCE_DEPTH = 2  # parts deeper than the quarters wait until some part of the shard has run
 DIED = "actor died: "  # how the scheduler records an attempt whose actor died
@@ -146,19 +143,3 @@ class Bisection:
             self.gave_up = (f"bisected into {self.parts_run} parts, none of which ran: the failure is the "
                             f"shard's, not a row's; last: {self.last_error or self.job.errors[-1]}")
         return next_parts
-
-
-def row_error_excess(task, table: pa.Table) -> str | None:
-    """Why a committed shard's row errors fail the sweep under the task's `fail_on_error`, or None. Counted
-    as actors/evaluator.py `_generate` counts them: rows that raised, out of the rows sent to the engine."""
-    statuses, errors = table["status"].to_pylist(), table["error"].to_pylist()
-    sample_ids = table["sample_id"].to_pylist()
-    sent = [(sid, e) for sid, s, e in zip(sample_ids, statuses, errors) if s != RowStatus.SKIPPED and e != EMPTY_PROMPT]
-    failed = [(sid, e) for sid, e in sent if e is not None]
-    policy = task.fail_on_error
-    allowed = 0 if policy is True else len(sent) if policy is False else policy * len(sent)
-    if len(failed) <= allowed:
-        return None
-    return (f"{len(failed)} of {len(sent)} rows failed, more than fail_on_error={policy} allows; first: sample "
-            f"{failed[0][0]}: {failed[0][1]}. They are committed as error rows with the others' results: a "
-            "re-run keeps them; fix the rows or the task's fail_on_error, then --new-run")

@@ -7,6 +7,11 @@ cluster/schedule/work.py) into the sink.
    is done: a code_exec shard's programs run in the sandbox pool meanwhile and the scheduler goes on. A shard
    put together from its parts (bisected, with its error rows; or cut at the tail) goes the same way, once.
    Error rows past the task's fail_on_error are its manifest entry's error; a scorer that raises fails it.
+   `fail_on_error` judges a committed shard as it judges row errors in an actor's batch
+   (actors/evaluator.py `_generate`): `true` allows none, a fraction allows that share of the shard's rows,
+   `false` any. A shard over it is still committed (its rows ran; every sample once) but recorded as failing
+   the sweep (`row_error_excess`), and stays so on a resume: the spec and the data that decide it cannot
+   change without --new-run. A bisected shard (cluster/schedule/bisection.py) is judged once, put together.
 3. Failed attempts and failed shards are counted, logged and kept in the manifest and telemetry.
 """
 
@@ -17,12 +22,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from cluster.schedule.bisection import row_error_excess
-from cluster.schedule.metrics import SweepMetrics
+from cluster.schedule.progress import SweepMetrics
 from cluster.score.shard_scoring import ShardScorer
 from cluster.schedule.work import Job
 from cluster.store.sink import ResultSink
 from cluster.store.telemetry_store import FIRST_TOKENS
+from cluster.contracts.shard import EMPTY_PROMPT, RowStatus
 from cluster.contracts.spec import SweepSpec
 from cluster.contracts.timing import RunClock
 
@@ -180,3 +185,19 @@ class Commits:
         self.sink.fail(job.shard.shard_id, job.errors)
         self.progress.log(f"[raysweep] shard {job.shard.shard_id} FAILED after {job.attempt} attempt(s): "
                           f"{job.errors[-1]}")
+
+
+def row_error_excess(task, table: pa.Table) -> str | None:
+    """Why a committed shard's row errors fail the sweep under the task's `fail_on_error`, or None. Counted
+    as actors/evaluator.py `_generate` counts them: rows that raised, out of the rows sent to the engine."""
+    statuses, errors = table["status"].to_pylist(), table["error"].to_pylist()
+    sample_ids = table["sample_id"].to_pylist()
+    sent = [(sid, e) for sid, s, e in zip(sample_ids, statuses, errors) if s != RowStatus.SKIPPED and e != EMPTY_PROMPT]
+    failed = [(sid, e) for sid, e in sent if e is not None]
+    policy = task.fail_on_error
+    allowed = 0 if policy is True else len(sent) if policy is False else policy * len(sent)
+    if len(failed) <= allowed:
+        return None
+    return (f"{len(failed)} of {len(sent)} rows failed, more than fail_on_error={policy} allows; first: sample "
+            f"{failed[0][0]}: {failed[0][1]}. They are committed as error rows with the others' results: a "
+            "re-run keeps them; fix the rows or the task's fail_on_error, then --new-run")

@@ -13,6 +13,13 @@
 4. An engine that cannot start gives its model up on that actor (`give_up`); an actor that dies is taken
    out, with every actor of the sweep on its node where the node was lost, said in one line (`lose`): `grow`
    replaces them. At the end the engines `keep` takes stay up; the others close, then their actors are killed.
+5. Kept actors (`KeptActors`): engines that outlive one sweep, for a process that runs several sweeps of the
+   same model in a row: `raysweep lm-eval --model raysweep` runs one sweep per request type lm-eval asks for
+   (loglikelihood, then generate_until, ...), and each would otherwise start its engines again (tens of
+   seconds each on a GPU). The first sweep's `keep` takes the actors it no longer needs whose engine runs; a
+   later sweep of a model with the same path and engine arguments sends its shards to them as to the engine
+   pool (a pooled slot, cluster/schedule/routing.py); should one have died, the model gets actors of its own
+   again. `close` ends them, as a sweep ends the actors it does not keep (`close_actors`).
 """
 
 from __future__ import annotations
@@ -24,10 +31,45 @@ import ray
 from ray.exceptions import RayActorError
 
 from cluster.contracts.shard import ActorCall, ActorState
-from cluster.schedule.kept import close_actors
+from cluster.contracts.spec import ModelSpec
 from cluster.schedule.tail_split import TailClock
 from cluster.schedule.work import (ENGINE_HELD, POOLED, UP, InFlight, ModelWork, Slot, first_line, lost_line,
                                    lost_node)
+
+
+def close_actors(running: list, handles: list, timeout_s: float = 120) -> None:
+    """Close the engines of `running` first (a killed actor would orphan vLLM's engine-core process and its GPU
+    memory), then kill every actor of `handles`; an actor already dead or stuck is just killed."""
+    if running:
+        ray.wait([handle.close.remote() for handle in running], num_returns=len(running), timeout=timeout_s)
+    for handle in handles:
+        ray.kill(handle)
+
+
+class KeptActors:
+    def __init__(self) -> None:
+        self._actors: list[tuple[ModelSpec, object]] = []  # (the model its engine runs, the actor's handle)
+
+    def keeper(self, models: dict[str, ModelSpec], failed):
+        """SweepScheduler's `keep` for a sweep of `models` (by name): it takes each actor whose engine runs a
+        model that did not fail (`failed(name)`) and has no shard in flight, and returns the others."""
+        def keep(slots: list) -> list:
+            closing = []
+            for slot in slots:
+                if slot.state == ActorState.RUNNING and slot.model and not failed(slot.model) and not slot.inflight:
+                    self._actors.append((models[slot.model], slot.handle))
+                else:
+                    closing.append(slot)
+            return closing
+        return keep
+
+    def running(self, model: ModelSpec) -> list:
+        """The handles of the kept actors whose engine runs `model` (same name, path and engine arguments)."""
+        return [handle for kept, handle in self._actors if kept == model]
+
+    def close(self) -> None:
+        actors, self._actors = [handle for _, handle in self._actors], []
+        close_actors(actors, actors)
 
 
 class Fleet:
@@ -36,7 +78,7 @@ class Fleet:
                  keep: Callable[[list[Slot]], list[Slot]] | None = None, on_lost: Callable[[str], None] = print):
         """`spawn(number, requested_at, shape)` starts an actor; `models` and `inflight` are the scheduler's;
         `capacity`: how many actors the cluster holds at once (None: no bound), or {shape: that}. `keep(slots)`
-        takes the actors a later sweep may run on (cluster/schedule/kept.py) and returns the rest. `on_lost`
+        takes the actors a later sweep may run on (`KeptActors`) and returns the rest. `on_lost`
         says an actor's (or a node's actors') death in one line."""
         self.spawn, self.models, self.inflight, self.tail = spawn, models, inflight, tail
         self.capacity, self.max_attempts, self.keep, self.on_lost = capacity, max_attempts, keep, on_lost
@@ -190,6 +232,6 @@ class Fleet:
         self._release(slots)
 
     def _release(self, slots: list[Slot]) -> None:
-        """Those `keep` does not take: engines closed first, then the actors killed (cluster/schedule/kept.py)."""
+        """Those `keep` does not take: engines closed first, then the actors killed (`KeptActors`)."""
         slots = self.keep(slots) if self.keep is not None else slots
         close_actors([s.handle for s in slots if s.state in UP], [s.handle for s in slots])

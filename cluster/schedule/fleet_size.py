@@ -98,7 +98,7 @@ class FleetSize:
 def size_fleet(spec: SweepSpec, resources: dict, new_tokens: int | None, log: Callable[[str], None],
                rows: int | None = None) -> FleetSize:
     """Steps 1 to 3 for `spec` on a cluster of `resources` (ray.cluster_resources()); `new_tokens`: the most new
-    tokens the sweep asks of each model (cluster/plan/engines_per_gpu.py generation_budget); `rows`: the rows each
+    tokens the sweep asks of each model (cluster/inputs/data.py generation_budget); `rows`: the rows each
     model runs (its actors then hold no more shards than leave half of them waiting, cluster/plan/depth.py)."""
     engines = choose(spec, resources, new_tokens=new_tokens)
     chosen = spec.actors.count is None or spec.actors.num_gpus is None

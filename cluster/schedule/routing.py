@@ -2,8 +2,8 @@
 (a slot of the fleet's, cluster/schedule/fleet.py add_pool), and no actor of the sweep's own starts for them
 unless those engines go away.
 
-1. Kept engines: an earlier sweep of this process kept its actors with their engines up
-   (cluster/schedule/kept.py); a model with the same path and engine arguments runs on them.
+1. Kept engines: an earlier sweep of this process kept its actors with their engines up (`KeptActors`,
+   cluster/schedule/fleet.py); a model with the same path and engine arguments runs on them.
 2. Otherwise the cluster's engine pool (cluster/pool/serve_app.py), for the models it serves with the same path
    and engine arguments, through a client actor of this sweep's.
 3. Where the sweep uses the pool, its state goes to the pool's HTTP API as it runs and when it ends
@@ -20,7 +20,7 @@ import ray
 from cluster.contracts.pool_protocol import SweepState
 from cluster.contracts.spec import SweepSpec
 from cluster.plan.depth import shards_in_flight
-from cluster.schedule.kept import KeptActors
+from cluster.schedule.fleet import KeptActors
 
 
 def route(spec: SweepSpec, kept: KeptActors | None, fleet, log: Callable[[str], None]) -> tuple[dict, object]:

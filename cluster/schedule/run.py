@@ -24,15 +24,13 @@ from cluster.contracts.engine_host import EngineHostAddress
 from cluster.contracts.pool_protocol import SweepState
 from cluster.contracts.spec import SweepSpec
 from cluster.contracts.timing import RunClock
-from cluster.plan.engines_per_gpu import generation_budget
 from cluster.plan.placement import requested_capacity
 from cluster.plan.plan_source import PlanSource
 from cluster.schedule.commit import Commits
+from cluster.schedule.fleet import KeptActors
 from cluster.schedule.fleet_size import FleetSize, size_fleet
-from cluster.schedule.kept import KeptActors
-from cluster.schedule.metrics import SweepMetrics
 from cluster.schedule.plan_feed import PlanFeed
-from cluster.schedule.progress import Ticks, make_progress
+from cluster.schedule.progress import SweepMetrics, Ticks, make_progress
 from cluster.schedule.routing import PoolStatus, pool_lost_line, route
 from cluster.schedule.scheduler import SweepScheduler
 from cluster.schedule.tail_split import tail_line
@@ -63,24 +61,23 @@ class Prepared:
     plans: PlanSource
     sink: ResultSink
     output: str
-    new_tokens: int | None = None  # the most new tokens the sweep asks of each model (engines_per_gpu.generation_budget)
+    new_tokens: int | None = None  # the most new tokens asked of each model (cluster/inputs/data.py generation_budget)
     rows: int | None = None  # the rows each model runs (its tasks' rows; replayed tasks run none)
 
 
-def prepare(spec: SweepSpec, output: str | None = None, new_run: bool = False, background: bool = False,
-            data: list | None = None) -> Prepared:
-    """`background=False`: every check and plan made now, so any bad input raises here. `True`: the
-    output is opened now, and planning runs on a thread from `execute` on, while the actors start. `data`: the task
-    data `check_inputs` already checked (not read again). `output` defaults to the spec's, from its folder."""
-    from cluster.inputs.checks import check_inputs
-    from cluster.inputs.data import checked_hashes
+def prepare(spec: SweepSpec, data: list, output: str | None = None, new_run: bool = False,
+            background: bool = False) -> Prepared:
+    """`data`: the task data `check_inputs` returned (each file read once; not read again here).
+    `background=False`: every plan made now, so any bad input raises here. `True`: the output is opened now,
+    and planning runs on a thread from `execute` on, while the actors start. `output` defaults to the spec's,
+    from its folder."""
+    from cluster.inputs.data import checked_hashes, generation_budget
 
-    data = check_inputs(spec) if data is None else data  # one read checks each file; its hash goes in the manifest
     out = output or spec.output_path()
     sink = ResultSink(out, spec, new_run=new_run, data_hashes=checked_hashes(data))  # an lm-eval task's documents too
     try:
         spec = as_made(spec, sink.manifest)  # an output made before a setting existed goes on as it was made
-        plans = PlanSource(spec, background=background, data=data)
+        plans = PlanSource(spec, data, background=background)
     except BaseException:
         sink.close()
         raise
@@ -94,7 +91,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
     """Run what is not committed yet on the connected Ray cluster; releases the output's lock.
     `progress_bar`: a bar (True), log lines (False), or a bar only when stdout is a terminal (None).
     `kept`: actors whose engines run on after the sweep, and that a later sweep of the same model runs on
-    (cluster/schedule/kept.py); the caller closes them. `engine_host`: a local run's engine host
+    (`KeptActors`, cluster/schedule/fleet.py); the caller closes them. `engine_host`: a local run's engine host
     (cluster/launch.py EngineHost), whose engine processes the actors on its machine use."""
     started = time.perf_counter()
     clock = clock or RunClock(time.time())
@@ -138,7 +135,9 @@ def _scored(spec: SweepSpec, sink, log: Callable[[str], None]):
 
 def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], None] = print,
               max_attempts: int = 3, new_run: bool = False) -> SweepReport:
-    return execute(prepare(spec, output, new_run), log=log, max_attempts=max_attempts)
+    from cluster.inputs.checks import check_inputs
+
+    return execute(prepare(spec, check_inputs(spec), output, new_run), log=log, max_attempts=max_attempts)
 
 
 class _Run:
@@ -197,7 +196,8 @@ class _Run:
                                on_actor_lost=self.progress.log, on_tick=self.on_tick)
 
     def _keep(self, spec: SweepSpec):
-        """The scheduler's `keep`: actors whose engines run on after the sweep (cluster/schedule/kept.py)."""
+        """The scheduler's `keep`: actors whose engines run on after the sweep (cluster/schedule/fleet.py
+        `KeptActors`)."""
         if self.kept is None:
             return None
         models = {m.name: m for m in spec.models}

@@ -44,7 +44,8 @@ class SweepScheduler:
                  keep: Callable[[list[Slot]], list[Slot]] | None = None):
         """`spawn(number, requested_at, shape)` starts an actor of a model shape; `capacity`: how many actors
         the cluster holds at once (None: no bound), or {shape: that} where models differ in shape. `keep(slots)`
-        takes the actors a later sweep may run on, engines up, and returns the rest (cluster/schedule/kept.py)."""
+        takes the actors a later sweep may run on, engines up, and returns the rest (cluster/schedule/fleet.py
+        KeptActors)."""
         bounds = capacity.values() if isinstance(capacity, dict) else [capacity]
         if max_attempts < 1 or any(c is not None and c < 1 for c in bounds):
             raise ValueError("max_attempts and capacity must be >= 1")

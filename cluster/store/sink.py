@@ -3,13 +3,17 @@ driver writes it through. It holds the output locked and keeps the summary; the 
 
 - cluster/store/output_files.py: opening the location, its lock, writes by rename, the results layout;
 - cluster/store/manifest.py: the manifest and its journal, shard states, the resume checks;
-- cluster/store/widening.py: older results widened with the columns they lack;
 - cluster/store/telemetry_store.py: telemetry parts, their flush and the tables `finish` folds them into.
 
 A shard is committed by writing its Parquet file under a temporary name, renaming it into place, then
 recording it in the manifest. The summary is accumulated as shards are committed (a few numbers per model x
 task), and shards that an earlier run committed are read back one at a time, only the columns it needs: the
 driver's memory does not grow with the number of results.
+
+Older results are widened on opening: result files an earlier raysweep committed with fewer columns (an output
+resumed across a change of the results' schema, cluster/contracts/results_schema.py) get the missing columns as
+nulls, in RESULT_SCHEMA's order. polars and DuckDB read a folder with the first file's schema and fail on (or
+miss) columns only later files have.
 """
 
 from __future__ import annotations
@@ -17,19 +21,20 @@ from __future__ import annotations
 import functools
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from cluster.contracts.results_schema import RESULT_SCHEMA
 from cluster.contracts.shard import ShardState
 from cluster.contracts.spec import SweepSpec
 from cluster.score.summary import COLUMNS as SUMMARY_COLUMNS
 from cluster.score.summary import SummaryAccumulator
 from cluster.store.integrity import check_committed, checksum, table_bytes
-from cluster.store.manifest import (ManifestWriter, discard_earlier_run, load_manifest, now,
+from cluster.store.manifest import (ManifestWriter, discard_earlier_run, is_committed, load_manifest, now,
                                     refuse_foreign)
-from cluster.store.output_files import (OutputWriteError, join, lock, open_output, plain_strings,
+from cluster.store.output_files import (OutputWriteError, SinkError, join, lock, open_output, plain_strings,
                                         remove_leftover_tmp, result_file, unlock, write_bytes_renamed, write_table)
 from cluster.store.telemetry_store import DURABLE_TELEMETRY, TelemetryStore
-from cluster.store.widening import widen_older_results
 
 
 def _writes(method):
@@ -199,3 +204,35 @@ class ResultSink:
 
     def _save_manifest(self) -> None:
         self._writer.save(self.manifest)
+
+
+def widen_older_results(fs: pafs.FileSystem, root: str, output: str, manifest: dict) -> tuple[int, bool]:
+    """Looked at only when the manifest records another column list than RESULT_SCHEMA's; records the
+    schema's. Returns the files rewritten, and whether the manifest needs saving (it has committed shards)."""
+    columns = list(RESULT_SCHEMA.names)
+    if manifest.get("results_columns") == columns:
+        return 0, False
+    widened, committed = 0, [e for e in manifest["shards"].values() if is_committed(e)]
+    for entry in committed:
+        if not entry.get("file"):
+            continue
+        try:
+            with fs.open_input_file(join(root, entry["file"])) as f:
+                missing = [name for name in columns if name not in pq.read_schema(f).names]
+                table = pq.read_table(f) if missing else None
+        except (OSError, pa.ArrowInvalid) as e:
+            raise SinkError(f"output {output}: {entry['file']}, a committed shard's results, cannot be "
+                            f"read: {str(e).splitlines()[0] if str(e) else type(e).__name__}; restore it, or "
+                            "--new-run to discard the output's results") from None
+        if not missing:
+            continue
+        for name in missing:
+            table = table.append_column(RESULT_SCHEMA.field(name), pa.nulls(table.num_rows, RESULT_SCHEMA.field(name).type))
+        extra = [name for name in table.column_names if name not in columns]  # kept, after the schema's
+        data = table_bytes(table.select([n for n in columns if n in table.column_names] + extra))
+        write_bytes_renamed(fs, join(root, entry["file"]), data)
+        if "checksum" in entry:  # the file is the committed rows, widened: its new bytes are what is checked
+            entry["checksum"] = checksum(data)
+        widened += 1
+    manifest["results_columns"] = columns
+    return widened, bool(committed)
