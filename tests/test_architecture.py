@@ -12,7 +12,7 @@ or inside a function; `if TYPE_CHECKING:` imports left out, they never run):
 - the schedule stage (cluster/schedule/): its core (the scheduler's loop, the fleet of actors, what they move,
   bisection, tail splits, engine starts, kept actors, progress) reaches only the contracts; the one module that
   routes models to the engine pool reaches cluster/pool/, the one that sizes and spawns the fleet the actor
-  class (cluster/launch.py); those parts and the plan feed are composed in one place, run.py; each file is
+  class (cluster/launch.py); those parts are composed in one place, run.py (which feeds the plans in); each file is
   under 300 lines.
 """
 
@@ -31,7 +31,7 @@ MAX_LINES = 400
 SCHEDULE = "cluster.schedule"
 SCHEDULE_CORE = {f"{SCHEDULE}.{name}" for name in (
     "scheduler", "fleet", "work", "bisection", "tail_split", "engine_starts", "progress")}
-SCHEDULE_PARTS = {f"{SCHEDULE}.{name}" for name in ("fleet_size", "routing", "plan_feed")}  # composed by run.py
+SCHEDULE_PARTS = {f"{SCHEDULE}.{name}" for name in ("fleet_size", "routing")}  # composed by run.py
 MAX_SCHEDULE_LINES = 300
 
 

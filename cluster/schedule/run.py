@@ -5,7 +5,7 @@
 3. the fleet is sized (cluster/schedule/fleet_size.py) and one scheduler over every model
    (cluster/schedule/scheduler.py) starts its actors (cluster/schedule/fleet.py), gives them models once they
    are checked, or sends a model's shards to engines already up (cluster/schedule/routing.py), and fans each
-   task's shards out as soon as it is planned (cluster/schedule/plan_feed.py); each result is scored and
+   task's shards out as soon as it is planned (`PlanFeed`, below); each result is scored and
    committed as it arrives (cluster/schedule/commit.py), and progress told meanwhile (cluster/schedule/progress.py);
 4. telemetry, the run's timeline (manifest `runs`) and the summary are written; failures reported.
 """
@@ -25,16 +25,17 @@ from cluster.contracts.pool_protocol import SweepState
 from cluster.contracts.spec import SweepSpec
 from cluster.contracts.timing import RunClock
 from cluster.plan.placement import requested_capacity
-from cluster.plan.plan_source import PlanSource
+from cluster.plan.plan_source import ModelReady, PlanSource
+from cluster.plan.planner import TaskPlan
 from cluster.schedule.commit import Commits
 from cluster.schedule.fleet import KeptActors
 from cluster.schedule.fleet_size import FleetSize, size_fleet
-from cluster.schedule.plan_feed import PlanFeed
 from cluster.schedule.progress import SweepMetrics, Ticks, make_progress
 from cluster.schedule.routing import PoolStatus, pool_lost_line, route
 from cluster.schedule.scheduler import SweepScheduler
 from cluster.schedule.tail_split import tail_line
-from cluster.schedule.work import SchedulerEvents
+from cluster.schedule.work import Job, SchedulerEvents
+from cluster.score.shard_scoring import replay_table
 from cluster.store.manifest import as_made
 from cluster.store.output_files import OutputWriteError
 from cluster.store.sink import ResultSink
@@ -74,15 +75,16 @@ def prepare(spec: SweepSpec, data: list, output: str | None = None, new_run: boo
     from cluster.inputs.data import checked_hashes, generation_budget
 
     out = output or spec.output_path()
-    sink = ResultSink(out, spec, new_run=new_run, data_hashes=checked_hashes(data))  # an lm-eval task's documents too
+    hashes, new_tokens = checked_hashes(data), generation_budget(data)
+    rows = sum(d.n_rows for d in data if d.task.replay is None)
+    sink = ResultSink(out, spec, new_run=new_run, data_hashes=hashes)  # an lm-eval task's documents too
     try:
         spec = as_made(spec, sink.manifest)  # an output made before a setting existed goes on as it was made
         plans = PlanSource(spec, data, background=background)
     except BaseException:
         sink.close()
         raise
-    rows = sum(d.n_rows for d in data if d.task.replay is None)
-    return Prepared(spec, plans, sink, out, generation_budget(data), rows)
+    return Prepared(spec, plans, sink, out, new_tokens, rows)
 
 
 def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts: int = 3,
@@ -143,7 +145,7 @@ def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], N
 class _Run:
     """One execution, composed of its parts: the fleet sized (cluster/schedule/fleet_size.py), the scheduler
     (scheduler.py) and the engines already up that it routes models to (routing.py), the plans fed to it
-    (plan_feed.py), its events into the sink (commit.py) and progress (progress.py)."""
+    (`PlanFeed`), its events into the sink (commit.py) and progress (progress.py)."""
 
     def __init__(self, prepared: Prepared, sink: ResultSink, log, progress_bar, clock: RunClock,
                  kept: KeptActors | None = None, engine_host: EngineHostAddress | None = None):
@@ -217,3 +219,70 @@ class _Run:
             return {"tail_idle_gpu_s": None, "tail_idle_share": None, "tail_splits": 0}
         self.report.tail = {**self.scheduler.tail.record(), "tail_splits": self.scheduler.tail_splits}
         return self.report.tail
+
+
+class PlanFeed:
+    """What planning produces (cluster/plan/plan_source.py), into the scheduler as it comes: the scheduler's
+    `feed`.
+
+    1. A model that passed its checks (ModelReady) gets its engine start: from here its actors start engines.
+    2. A task's plan: its shards are recorded as planned in the output; those an earlier run committed are
+       skipped (a resume), the others go to the scheduler at once and count to the progress's total.
+    3. A replay task's shards are scored and committed from the data here: no actor, no engine.
+    4. Once planning is over: when it ended (the run's clock), and what a resume skipped, said.
+    """
+
+    def __init__(self, plans: PlanSource, scheduler: SweepScheduler, sink: ResultSink, commits: Commits, progress,
+                 report, clock: RunClock, log: Callable[[str], None]):
+        """`report` (SweepReport) counts the shards run and skipped."""
+        self.plans, self.scheduler, self.sink, self.commits = plans, scheduler, sink, commits
+        self.progress, self.report, self.clock, self.log = progress, report, clock, log
+        self.done = sink.committed()  # by an earlier run of the same spec
+
+    def __call__(self, timeout_s: float) -> bool:
+        """Hand what planning produced (waiting up to `timeout_s` for it) to the scheduler; True once planning
+        is over."""
+        for event in self.plans.take(timeout_s):
+            if isinstance(event, ModelReady):
+                model, path = event.model, event.path
+                self.scheduler.models[model.name].start = (
+                    lambda handle, at, model=model, path=path: handle.start_engine.remote(model, path, at))
+            elif event.task.replay is not None:
+                self._replay(event)
+            else:
+                self._add(event)
+        if self.plans.done:
+            self.clock.marks.setdefault("planning", self.plans.finished_at)
+            if self.report.shards_skipped:
+                widened = self.sink.widened
+                self.log(f"[raysweep] resuming: {self.report.shards_skipped} of "
+                         f"{self.report.shards_skipped + self.report.shards_run} shards already committed"
+                         + (f"; {widened} of their files, written by an earlier raysweep, now hold this one's "
+                            "columns (null where they had none)" if widened else ""))
+        return self.plans.done
+
+    def _add(self, plan: TaskPlan) -> None:
+        self.progress.log(f"[raysweep] planned {plan.model.name}/{plan.task.name}: {len(plan.lengths)} samples in "
+                          f"{len(plan.shards)} shard(s)")
+        jobs = [Job(s, plan.task) for s in self._left(plan)]
+        self.scheduler.add_jobs(jobs)
+
+    def _replay(self, plan: TaskPlan) -> None:
+        """A replay task's shards are scored and committed from the data here: no actor, no engine."""
+        self.progress.log(f"[raysweep] replaying {plan.task.name} as model {plan.model.name}: "
+                          f"{len(plan.lengths)} samples in {len(plan.shards)} shard(s), no engine")
+        for shard in self._left(plan):
+            telemetry = {"actor_id": "driver", "n_samples": shard.n_samples, "output_tokens": 0,
+                         "output_tok_per_s": None}  # for the Ray metrics: nothing ran
+            self.commits.submit(Job(shard, plan.task), telemetry, replay_table(shard))
+        self.commits.commit_scored()
+
+    def _left(self, plan: TaskPlan) -> list:
+        """The plan's shards recorded as planned; those not committed yet, counted (run, skipped, samples)."""
+        ids = [s.shard_id for s in plan.shards]
+        self.sink.plan(ids)
+        left = [s for s in plan.shards if s.shard_id not in self.done]
+        self.report.shards_skipped += len(ids) - len(left)
+        self.report.shards_run += len(left)
+        self.progress.grow(sum(s.n_samples for s in left))
+        return left
