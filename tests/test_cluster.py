@@ -250,6 +250,29 @@ def _alive_nodes_with(gcs: str, resource: str, wanted: int, timeout_s: float = 1
     return int(done.stdout.split()[-1])
 
 
+def test_the_autoscalers_node_types_are_read_from_this_clusters_monitor_not_another_heads(tmp_path):
+    """Two Ray heads on one machine (two users, or two test suites): each autoscaler's monitor process names
+    its config; the node types are those of the monitor whose --gcs-address is this cluster's (by its port).
+    Before, the first monitor found was read: a sweep beside another head saw no 4-GPU node type."""
+    from cluster.plan.placement import _read_node_types
+
+    monitors = []
+    try:
+        for port, gpus in (("40111", 1), ("40222", 4)):
+            config = tmp_path / f"{port}.yaml"
+            config.write_text(yaml.safe_dump({"available_node_types": {
+                "head": {"resources": {"CPU": 1}, "max_workers": 0},
+                "gpu": {"resources": {"CPU": 1, "GPU": gpus}, "max_workers": 1}}}))
+            monitors.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "monitor.py",
+                                              f"--gcs-address=10.0.0.1:{port}", f"--autoscaling-config={config}"]))
+        assert _read_node_types("40222") == [{"CPU": 1, "GPU": 4}]
+        assert _read_node_types("40111") == [{"CPU": 1, "GPU": 1}]
+    finally:
+        for monitor in monitors:
+            monitor.kill()
+            monitor.wait()
+
+
 @pytest.mark.slow
 def test_autoscaling_starts_a_four_gpu_node_for_a_tensor_parallel_4_model(tmp_path):
     """A model of tensor_parallel_size 4 on an autoscaled cluster at zero workers, with node types of 1 L4

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.test_lm_eval_tasks import MAX_MODEL_LEN, MC_DOCS, _env, write_tasks
-from tests.test_signals import _descendants, _left_running
+from tests.test_signals import _descendants, _left_running, ctrl_c_early
 
 pytest.importorskip("lm_eval")
 
@@ -52,20 +52,25 @@ def _stopped(include_path: Path, tmp: Path, marker: str | None, pauses: list[flo
                "--include_path", str(include_path), "--limit", "4"]
     # TMPDIR: the command's temporary folders, counted after it
     env = _env() | {"PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp), "RAY_ADDRESS": ""}
-    lm_eval = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, env=env)
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, env=env)
+
     lines, noted = [], {}
-    if marker is not None:
+    if marker is None:  # 0.1 s after the start, or later where Python's own start took longer
+        lm_eval, rest = ctrl_c_early(start)
+    else:
+        lm_eval = start()
         for line in lm_eval.stdout:
             lines.append(line)
             if marker in line:
                 break
         assert marker in lines[-1], "".join(lines)[-3000:]
-    for pause in pauses:
-        time.sleep(pause)
-        noted = noted | _descendants(lm_eval.pid)
-        os.killpg(lm_eval.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole process group
-    rest, _ = lm_eval.communicate(timeout=120)
+        for pause in pauses:
+            time.sleep(pause)
+            noted = noted | _descendants(lm_eval.pid)
+            os.killpg(lm_eval.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole process group
+        rest, _ = lm_eval.communicate(timeout=120)
     text = "".join(lines) + rest
     stopped = [line for line in text.splitlines() if line.startswith("[raysweep] stopped by SIGINT: ")]
     assert len(stopped) == 1, text[-3000:]

@@ -50,6 +50,24 @@ def _read_until(sweep: subprocess.Popen, moment: str) -> list[str]:
     return lines
 
 
+# Ctrl-C "0.1 s after the start": while Python imports raysweep. On a loaded machine the interpreter's own start
+# (site's .pth files) can take longer; a signal there is Python's ("Fatal Python error: init_import_site"), before
+# any line of raysweep runs: a new process is signalled, later each time.
+EARLY_PAUSES_S = (0.1, 0.4, 1.0, 2.5)
+
+
+def ctrl_c_early(start) -> tuple[subprocess.Popen, str]:
+    """SIGINT to the process group of `start()`, EARLY_PAUSES_S[0] after it began (see above); what it printed."""
+    for pause in EARLY_PAUSES_S:
+        process = start()
+        time.sleep(pause)
+        os.killpg(process.pid, signal.SIGINT)
+        printed, _ = process.communicate(timeout=120)
+        if "init_import_site" not in printed:
+            break
+    return process, printed
+
+
 def _run(out, ray_dir: str, env=None) -> subprocess.Popen:
     """The quickstart, its extract task cut to LEAN_EXTRACT_ROWS rows (tests/conftest.py lean_quickstart)."""
     spec = out.parent / "quickstart.yaml"
@@ -102,18 +120,11 @@ def test_a_signal_at_any_moment_ends_the_run_in_one_line_and_leaves_no_ray_behin
 def test_ctrl_c_at_the_start_or_twice_is_one_line(tmp_path, ray_dir, moment):
     """Ctrl-C 0.1 s after the start (Python still importing: its KeyboardInterrupt traceback), or twice 0.15 s apart
     mid-shards (the second during the cleanup): one `stopped by SIGINT` line, no traceback, no process left. A
-    signal that lands in the interpreter's own start, before raysweep's first line runs (seen on a loaded machine:
-    `init_import_site`), is Python's: that attempt is made again, up to three times."""
+    signal that lands in the interpreter's own start, before raysweep's first line runs, is Python's: that attempt
+    is made again, later (`ctrl_c_early`)."""
     lines, noted = [], {}
     if moment == "0.1 s after the start":
-        for _ in range(3):  # a signal inside the interpreter's own start (site's .pth files) is Python's, not ours
-            sweep = _run(tmp_path / "out", ray_dir)
-            time.sleep(0.1)
-            os.killpg(sweep.pid, signal.SIGINT)
-            rest, _ = sweep.communicate(timeout=120)
-            if "init_import_site" not in rest:
-                break
-        lines, rest = [rest], ""
+        sweep, rest = ctrl_c_early(lambda: _run(tmp_path / "out", ray_dir))
     else:
         sweep = _run(tmp_path / "out", ray_dir)
         for line in sweep.stdout:

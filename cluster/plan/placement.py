@@ -75,7 +75,8 @@ def node_shapes(bundle: dict) -> tuple[list[dict], bool]:
     if any(fits(bundle, node) for node in alive):
         return alive, False
     head = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
-    types = ray.get(ray.remote(_read_node_types).options(**head).remote())
+    gcs_port = ray.get_runtime_context().gcs_address.rsplit(":", 1)[-1]
+    types = ray.get(ray.remote(_read_node_types).options(**head).remote(gcs_port))
     return alive + types, bool(types)
 
 
@@ -104,9 +105,10 @@ def _show(resources: dict) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
 
 
-def _read_node_types() -> list[dict]:
+def _read_node_types(gcs_port: str) -> list[dict]:
     """Runs on the head node: the `available_node_types` of the config its autoscaler was started with
-    (Ray 2.60 has no API that returns them): the `--autoscaling-config` of the monitor process, or the
+    (Ray 2.60 has no API that returns them): the `--autoscaling-config` of the monitor process of this
+    cluster (its `--gcs-address` on `gcs_port`: another Ray's head on the same machine has its own), or the
     cluster launcher's ~/ray_bootstrap_config.yaml. [] where there is no autoscaler."""
     import glob
 
@@ -119,7 +121,8 @@ def _read_node_types() -> list[dict]:
                 args = f.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if any(a.endswith("monitor.py") for a in args):
+        if any(a.endswith("monitor.py") for a in args) and \
+                any(a.startswith("--gcs-address=") and a.endswith(f":{gcs_port}") for a in args):
             paths += [a.split("=", 1)[1] for a in args if a.startswith("--autoscaling-config=")]
     paths.append(os.path.expanduser("~/ray_bootstrap_config.yaml"))
     for path in paths:
