@@ -9,6 +9,24 @@ import sys as _sys
 import time as _time
 
 _ENTERED_AT, _CPU_AT_ENTRY = _time.time(), _time.process_time()
+
+
+def _stopped_at_once(signum, frame) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP while the command imports its libraries, or once its run is over and it exits
+    (outside its own handlers, jobs/interrupts.py): no run is open then, so the command ends at once in one line,
+    not Python's traceback of whichever import or exit function it was in."""
+    _os.write(2, f"[raysweep] stopped by {_signal.Signals(signum).name}: the command was starting or ending, no run "
+                 "was cut short\n".encode())
+    _os._exit(1)
+
+
+# A command is `python -m jobs.X` (while Python imports the module's package, sys.argv[0] is "-m") or the installed
+# `raysweep` script; a program that imports jobs (a test, a notebook) keeps its own handlers. Installed before any
+# other import: a signal in the next line's import was Python's traceback
+if _sys.argv[:1] == ["-m"] or _os.path.basename(_sys.argv[0] if _sys.argv else "") == "raysweep":
+    for _s in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(_s, _stopped_at_once)
+
 try:  # had this process waited for child processes before Python started? (cluster/contracts/timing.py)
     import resource as _resource
 
@@ -23,19 +41,3 @@ def started_at() -> float:
     from cluster.contracts.timing import command_started_at
 
     return command_started_at(_ENTERED_AT, _CPU_AT_ENTRY, _CHILDREN_BEFORE_ENTRY)
-
-
-def _stopped_at_once(signum, frame) -> None:
-    """Ctrl-C, SIGTERM or SIGHUP while the command imports its libraries, or once its run is over and it exits
-    (outside its own handlers, jobs/interrupts.py): no run is open then, so the command ends at once in one line,
-    not Python's traceback of whichever import or exit function it was in."""
-    _os.write(2, f"[raysweep] stopped by {_signal.Signals(signum).name}: the command was starting or ending, no run "
-                 "was cut short\n".encode())
-    _os._exit(1)
-
-
-# A command is `python -m jobs.X` (while Python imports the module's package, sys.argv[0] is "-m") or the installed
-# `raysweep` script; a program that imports jobs (a test, a notebook) keeps its own handlers
-if _sys.argv[:1] == ["-m"] or _os.path.basename(_sys.argv[0] if _sys.argv else "") == "raysweep":
-    for _s in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
-        _signal.signal(_s, _stopped_at_once)

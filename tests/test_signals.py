@@ -51,8 +51,9 @@ def _read_until(sweep: subprocess.Popen, moment: str) -> list[str]:
 
 
 # Ctrl-C "0.1 s after the start": while Python imports raysweep. On a loaded machine the interpreter's own start
-# (site's .pth files) can take longer; a signal there is Python's ("Fatal Python error: init_import_site"), before
-# any line of raysweep runs: a new process is signalled, later each time.
+# can take longer; a signal there is Python's, before any line of raysweep runs: in site's .pth files ("Fatal
+# Python error: init_import_site") or in runpy's frames (a KeyboardInterrupt naming no file of the repository).
+# A new process is signalled then, later each time.
 EARLY_PAUSES_S = (0.1, 0.4, 1.0, 2.5)
 
 
@@ -63,7 +64,8 @@ def ctrl_c_early(start) -> tuple[subprocess.Popen, str]:
         time.sleep(pause)
         os.killpg(process.pid, signal.SIGINT)
         printed, _ = process.communicate(timeout=120)
-        if "init_import_site" not in printed:
+        pythons = "init_import_site" in printed or ("KeyboardInterrupt" in printed and str(ROOT) not in printed)
+        if not pythons:
             break
     return process, printed
 
