@@ -468,8 +468,10 @@ def test_an_actor_whose_model_is_done_runs_the_tail_of_another_model(ray_local, 
 
             if shard.model == "b" and self.models[0] == "a":
                 open(helped, "w").close()
-            deadline = time.monotonic() + 60  # a scheduler that never hands b's shards over fails below, not hangs
-            while self.models[0] == "b" and not os.path.exists(helped) and time.monotonic() < deadline:
+            deadline = time.monotonic() + 30  # a scheduler that never hands b's shards over fails below, not hangs
+            while self.models[0] == "b" and not os.path.exists(helped):
+                if time.monotonic() > deadline:
+                    open(helped, "w").close()  # once: the other shards do not wait again
                 time.sleep(0.05)
             time.sleep(0.3)
             return shard.rows.append_column("status", pa.array(["ok"] * shard.rows.num_rows)), {"actor": self.number}
