@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -265,12 +266,22 @@ def test_the_autoscalers_node_types_are_read_from_this_clusters_monitor_not_anot
                 "gpu": {"resources": {"CPU": 1, "GPU": gpus}, "max_workers": 1}}}))
             monitors.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "monitor.py",
                                               f"--gcs-address=10.0.0.1:{port}", f"--autoscaling-config={config}"]))
+        for monitor in monitors:  # Popen returns once the exec began; /proc shows the new argv a moment later
+            _wait_for_cmdline(monitor.pid, "monitor.py")
         assert _read_node_types("40222") == [{"CPU": 1, "GPU": 4}]
         assert _read_node_types("40111") == [{"CPU": 1, "GPU": 1}]
     finally:
         for monitor in monitors:
             monitor.kill()
             monitor.wait()
+
+
+def _wait_for_cmdline(pid: int, word: str, limit_s: float = 60.0) -> None:
+    """Until /proc/PID/cmdline holds `word` (a bound only a hang reaches)."""
+    end = time.monotonic() + limit_s
+    while word.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        assert time.monotonic() < end, f"process {pid} never showed {word!r} in its cmdline"
+        time.sleep(0.01)
 
 
 @pytest.mark.slow
