@@ -307,9 +307,20 @@ def _check_node_loss(sweep: Sweep, rc: int, out: Path, total: int, lost: str) ->
 
 def test_losing_a_node_mid_sweep_loses_and_duplicates_nothing(cluster, tmp_path):
     """The second node's raylet and workers killed once it has committed a shard: the shards it held go to the
-    head's actor, the sweep ends (exit 0) with every sample once, and one line says what happened."""
-    spec, total = small_spec(tmp_path, "node-lost", rows=150, shard=5)
+    head's actor, the sweep ends (exit 0) with every sample once, and one line says what happened. The fake
+    engine (0.2 s a shard) holds every shard until both engines are up: however late the second node's actor
+    starts, most of the work is still to do when it commits its first shard (with builtin:tiny's engine the
+    head's actor had done it all by then, beside a second suite)."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    spec, total = small_spec(tmp_path, "node-lost", rows=150, shard=5,
+                             engine={"backend": "fake", "delay_s": 0.2, "hold_file": str(hold)})
     sweep = Sweep(spec, tmp_path / "out", cluster.gcs)
+    deadline = time.time() + sweep.hang_s
+    while sweep.text.count("[raysweep] engine up: ") < 2:
+        assert sweep.process.poll() is None and time.time() < deadline, sweep.text[-4000:]
+        time.sleep(0.1)
+    hold.unlink()
     lost = _lose_the_second_node(cluster, sweep)
     rc = sweep.wait()
     _check_node_loss(sweep, rc, tmp_path / "out", total, lost)

@@ -211,9 +211,20 @@ def test_a_cpu_engine_holds_two_shards_whatever_its_batch(engine, resources, acc
 
 
 @pytest.mark.slow
-def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_local):
+def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_local, tmp_path):
     """Actor 1's engine raises (as a GPU share short of memory would) while actor 0 runs the same model:
-    actor 1 gives the model up, and actor 0 runs every shard."""
+    actor 1 gives the model up, and actor 0 runs every shard. Gated, not timed: actor 1 raises once actor 0 has
+    run a shard (the scheduler knows the model runs), and actor 0 runs its others once actor 1 has raised."""
+    ran, failing = str(tmp_path / "actor-0-ran-a-shard"), str(tmp_path / "actor-1-fails")
+
+    def wait_for(path: str) -> None:
+        import os
+        import time
+
+        end = time.monotonic() + 60  # a bound only a hang reaches
+        while not os.path.exists(path) and time.monotonic() < end:
+            time.sleep(0.02)
+
     class _SecondFails:
         def __init__(self, number: int):
             self.number = number
@@ -223,15 +234,18 @@ def test_an_engine_that_fails_on_one_actor_of_a_running_model_fails_nothing(ray_
 
         def start_engine(self, model: str, requested_at: float) -> dict:
             if self.number == 1:
-                import time
-
-                time.sleep(1.0)  # actor 0 is running by then
+                wait_for(ran)
+                open(failing, "w").close()
                 raise RuntimeError("CUDA out of memory")
             return {"actor": self.number}
 
         def run_shard(self, shard, task, attempt):
+            import os
             import time
 
+            if self.number == 0 and os.path.exists(ran):
+                wait_for(failing)
+            open(ran, "a").close()
             time.sleep(0.2)
             return shard.name, {"actor": self.number}
 
