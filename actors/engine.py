@@ -47,6 +47,9 @@ class LoglikResult:
     logprobs: list[float]  # per choice: the sum of its tokens' log-probabilities given what precedes them
     greedy: list[bool]  # per choice: every one of its tokens was the most likely one
     latency_s: float | None  # request submitted -> every choice scored
+    # prompt tokens the engine computed for the row, those read from its prefix cache not counted; None where
+    # the engine computes every token it is asked (context + choice, once per choice)
+    computed_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,8 @@ class EvalActor:
             "chunked_prefill": info.get("chunked_prefill", False),
             "max_num_batched_tokens": info.get("max_num_batched_tokens"),
             "n_samples": len(rows), "prompt_tokens": int(sum(r["prompt_tokens"] for r in runnable)),
+            "prompt_tokens_requested": done.prompt_tokens_requested,
+            "prompt_tokens_computed": done.prompt_tokens_computed,
             "output_tokens": output_tokens, "wall_s": wall,
             "output_tok_per_s": output_tokens / wall if wall > 0 and not task.loglikelihood else None,
             # mean requests in the engine per step while this shard ran (all shards in flight counted)

@@ -32,6 +32,10 @@ class ShardOutcome:
     rows: list[dict]  # the actor's results columns, one dict per results row
     output_tokens: int = 0
     ttfts: list[float] = field(default_factory=list)
+    # log-likelihood shards: prompt tokens the engine was asked to score (context + choice, per choice) and those
+    # it computed (not read from its prefix cache); None for generation
+    prompt_tokens_requested: int | None = None
+    prompt_tokens_computed: int | None = None
 
 
 def run_rows(engine, rows: list[dict], task: TaskSpec, tokenizer, add_special_tokens: bool) -> ShardOutcome:
@@ -83,6 +87,8 @@ def _choices(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_toke
         requests.extend(LoglikRequest(key, ctx[len(ctx) - max(1, cap - len(c)):], [c])
                         for key, c in zip(cut[r["sample_id"]], conts))
     scored, errors = _tolerant(engine.loglikelihood, requests, task)
+    out = ShardOutcome([])
+    _count_tokens(out, requests, scored)
     for sample_id, keys in cut.items():  # the cut row's choices, one result again
         if all(k in scored for k in keys):
             parts = [scored.pop(k) for k in keys]
@@ -90,7 +96,6 @@ def _choices(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_toke
                                              max((p.latency_s or 0.0) for p in parts))
         elif any(k in errors for k in keys):
             errors[sample_id] = next(errors[k] for k in keys if k in errors)
-    out = ShardOutcome([])
     for r in rows:
         s = scored.get(r["sample_id"])
         error = errors.get(r["sample_id"]) or (EMPTY_PROMPT if r["status"] == "error" else None)
@@ -114,6 +119,7 @@ def _rolling(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_toke
         requests.extend(LoglikRequest(key, ctx, [cont]) for key, (ctx, cont) in zip(windows[r["sample_id"]], pairs))
     scored, errors = _tolerant(engine.loglikelihood, requests, task)
     out = ShardOutcome([])
+    _count_tokens(out, requests, scored)
     for r in rows:
         keys = windows.get(r["sample_id"], [])
         error = next((errors[k] for k in keys if k in errors), None) or (EMPTY_PROMPT if r["status"] == "error" else None)
@@ -124,6 +130,16 @@ def _rolling(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_toke
                          "choice_logprobs": [sum(scored[k].logprobs[0] for k in keys)] if done else None,
                          "choice_greedy": [all(scored[k].greedy[0] for k in keys)] if done else None})
     return out
+
+
+def _count_tokens(out: ShardOutcome, requests: list[LoglikRequest], scored: dict) -> None:
+    """The prompt tokens of the requests that were scored, and those the engine computed for them (all of
+    them where the engine does not say: it reads no cache)."""
+    done = [(r, scored[r.sample_id]) for r in requests if r.sample_id in scored]
+    asked = [sum(len(r.context_ids) + len(c) for c in r.continuations) for r, _ in done]
+    out.prompt_tokens_requested = sum(asked)
+    out.prompt_tokens_computed = sum(n if s.computed_tokens is None else s.computed_tokens
+                                     for n, (_, s) in zip(asked, done))
 
 
 def _key(sample_id: str, completion: int, n: int) -> str:

@@ -33,6 +33,7 @@ from actors import vllm_core_process
 from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, LoglikResult, check_loglik_requests,
                            check_requests)
 from actors.telemetry import gpu_total_bytes
+from actors.vllm_prompt_logprobs import PromptTail, prompt_tail
 from actors.vllm_args import engine_args, sampling_kwargs, shared_kv_bytes
 from actors.vllm_start_errors import GRAPH_FAILURE, MEMORY_RACE, error_lines, failure_line, with_root_cause
 from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
@@ -157,30 +158,48 @@ class VllmEngine:
     def loglikelihood(self, requests: Sequence[LoglikRequest]) -> list[LoglikResult]:
         """One request per (row, choice): context + choice ids with `prompt_logprobs=0` (each position's own
         token, its raw log-probability and rank; rank 1 = the strict argmax) and one token generated, as
-        lm-eval's vLLM backend asks (it asks for the top 1 too, which the rank makes unneeded). vLLM 0.26 reads
-        no prefix cache for a request with prompt_logprobs (sampling_params.py: skip_reading_prefix_cache),
-        so a row's context is computed once per choice, as in a plain script. The log-probabilities come back
-        in vLLM's flat container (`flat_logprobs`: a few lists per request, not a dict and a Logprob object per
-        prompt token): the same values, 7.5-10.2 s down to 2.6-3.5 s for 4,800 requests of about 300 tokens on an
-        H100 (bench/records/h200-lm-eval-flat-logprobs/h100-2026-11-26-s21-micro.txt); the frontend's per-token objects were most of that time."""
-        from vllm import SamplingParams
+        lm-eval's vLLM backend asks (it asks for the top 1 too, which the rank makes unneeded).
 
+        What is computed once: vLLM 0.26 reads no prefix cache for a request that asks for prompt
+        log-probabilities unless the request says otherwise (sampling_params.py: `skip_reading_prefix_cache`
+        defaults to `prompt_logprobs is not None`). These requests say `False`: a row's context is computed for
+        its first choice and read from the prefix cache by the others, and a few-shot prefix that many rows
+        share is read by every row after the first on this engine. vLLM then computes, and returns
+        log-probabilities for, only the tokens after the cache hit (docs/gpu.md, Log-likelihood): each
+        request keeps its choice's tokens' values where they were computed, and a request whose cache hit
+        reached into its choice (the context ends on a block boundary that a sibling filled) runs again
+        without reading the cache. With prefix caching off (`reproducible: true`) every token is computed,
+        as before. The log-probabilities come back in vLLM's flat container (`flat_logprobs`: a few lists
+        per request, not a dict and a Logprob object per prompt token)."""
         check_loglik_requests(requests)
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, flat_logprobs=True)
-        flat = [GenRequest(f"{r.sample_id}#{j}", r.context_ids + cont, 0)
-                for r in requests for j, cont in enumerate(r.continuations)]
+        flat = [(r.context_ids + cont, len(cont)) for r in requests for cont in r.continuations]
         submitted = time.perf_counter()
-        batch = _Batch(flat, [params] * len(flat), convert=_prompt_logprobs)
-        self._inbox.put(batch)
-        batch.done.wait()
+        tails = self._prompt_tails([ids for ids, _ in flat], read_cache=self.args.get("enable_prefix_caching") is not False)
+        short = [k for k, (_, n) in enumerate(flat) if len(tails[k].scores) < n]
+        if short:  # the cache covered part of the choice: its tokens' values were never computed
+            for k, tail in zip(short, self._prompt_tails([flat[k][0] for k in short], read_cache=False)):
+                tails[k] = PromptTail(tail.scores, tails[k].computed + tail.computed)
         latency = time.perf_counter() - submitted
         results, k = [], 0
         for r in requests:
-            scored = [batch.results[k + j][len(r.context_ids) - 1:] for j in range(len(r.continuations))]
+            mine = tails[k:k + len(r.continuations)]
+            scored = [t.scores[len(t.scores) - len(cont):] for t, cont in zip(mine, r.continuations)]
             k += len(r.continuations)
             results.append(LoglikResult(r.sample_id, [sum(lp for lp, _ in s) for s in scored],
-                                        [all(rank == 1 for _, rank in s) for s in scored], latency))
+                                        [all(rank == 1 for _, rank in s) for s in scored], latency,
+                                        computed_tokens=sum(t.computed for t in mine)))
         return results
+
+    def _prompt_tails(self, prompts: list[list[int]], read_cache: bool) -> list[PromptTail]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, flat_logprobs=True,
+                                skip_reading_prefix_cache=not read_cache)
+        batch = _Batch([GenRequest(f"p{k}", ids, 0) for k, ids in enumerate(prompts)], [params] * len(prompts),
+                       convert=prompt_tail)
+        self._inbox.put(batch)
+        batch.done.wait()
+        return batch.results
 
     def sleep(self) -> None:
         """vLLM's sleep mode, level 1: the weights go to CPU memory, the KV cache is dropped, the GPU memory
@@ -310,18 +329,6 @@ def _result(req: GenRequest, out) -> GenResult:
     latency = ttft + max(0.0, m.last_token_ts - m.first_token_ts) if ttft is not None else None
     return GenResult(sample_id=req.sample_id, output_text=completion.text, output_tokens=len(completion.token_ids),
                      finish_reason=completion.finish_reason or "length", latency_s=latency, ttft_s=ttft)
-
-
-def _prompt_logprobs(req: GenRequest, out) -> list[tuple[float, int]]:
-    """(log-probability, rank) of each prompt token after the first, read from `out.prompt_logprobs`. With
-    `prompt_logprobs=0` and `flat_logprobs`, vLLM's FlatLogprobs holds one entry per token after the first, in
-    order (token ids, logprobs, ranks: parallel lists), read whole; any other container (a list of None, then
-    {token id: Logprob} per position, which always holds the prompt's own token) is read position by position."""
-    ids, plp = req.prompt_token_ids, out.prompt_logprobs
-    if getattr(plp, "start_indices", None) is not None and len(plp.token_ids) == len(ids) - 1 and \
-            list(plp.token_ids) == list(ids[1:]):
-        return list(zip(plp.logprobs, plp.ranks))
-    return [(plp[p][ids[p]].logprob, plp[p][ids[p]].rank) for p in range(1, len(ids))]
 
 
 def _last_float(pattern: re.Pattern, text: str) -> float | None:

@@ -368,6 +368,55 @@ def test_loglikelihood_vllm_agrees_with_the_cpu_engine(vllm_engine, hf_engine, t
 
 
 @pytest.mark.slow
+def test_loglikelihood_reads_each_context_once_with_the_numbers_of_computing_it_every_time(vllm_engine, tiny_path):
+    """48 rows of a shared 5-shot prefix (about 1,000 byte tokens), each its own question, four choices: scored
+    reading the prefix cache (the engine's default), then each request alone with the cache not read (what
+    vLLM does for prompt log-probabilities by default, and lm-eval's vLLM backend gets). Some contexts end
+    on a 16-token block boundary, where a sibling's cached block covers the context's last position: those
+    choices run again, not read short. The values agree within bf16 rounding (tolerance as the test above),
+    the choice is the same except where lm-eval's own two best choices are within 0.05 nats, and the engine
+    computes under half the tokens it was asked."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from actors.engine import LoglikRequest
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    rng = random.Random(5)
+
+    def words(n: int) -> str:
+        return " ".join("".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 7))) for _ in range(n))
+
+    prefix = "".join(f"Question: {words(25)}\nAnswer: {words(3)}\n\n" for _ in range(5))
+    requests = []
+    for i in range(48):
+        ctx = tokenizer.encode(prefix + f"Question: {words(rng.randint(5, 30))}\nAnswer:", add_special_tokens=False)
+        if i % 4 == 0:
+            ctx = ctx[:len(ctx) - len(ctx) % 16]  # the context ends on a block boundary
+        requests.append(LoglikRequest(str(i), ctx, [tokenizer.encode(" " + words(rng.randint(1, 4)),
+                                                                     add_special_tokens=False) for _ in range(4)]))
+    reused = vllm_engine.loglikelihood(requests)
+    alone = [vllm_engine._prompt_tails([r.context_ids + c], read_cache=False) for r in requests for c in r.continuations]
+    asked = sum(len(r.context_ids) + len(c) for r in requests for c in r.continuations)
+    computed = sum(r.computed_tokens for r in reused)
+    per_token, differ, k = [], [], 0
+    for r, got in zip(requests, reused):
+        ref = [sum(lp for lp, _ in alone[k + j][0].scores[-len(c):]) for j, c in enumerate(r.continuations)]
+        k += len(r.continuations)
+        per_token += [abs(a - b) / len(c) for a, b, c in zip(got.logprobs, ref, r.continuations)]
+        best = sorted(range(4), key=lambda j: -ref[j])
+        if max(range(4), key=got.logprobs.__getitem__) != best[0]:
+            differ.append(ref[best[0]] - ref[best[1]])
+    print(f"loglikelihood with the prefix cache read vs every request alone: {len(requests)} rows x 4 choices, "
+          f"max {max(per_token):.4f} mean {sum(per_token) / len(per_token):.4f} nats per token; choice differs in "
+          f"{len(differ)} (margins {differ}); tokens computed {computed} of {asked} asked")
+    assert sum(per_token) / len(per_token) <= 0.05 and max(per_token) <= 0.25
+    assert all(margin < 0.05 for margin in differ)
+    assert computed < asked / 2
+
+
+@pytest.mark.slow
 def test_scoring_sweep_on_vllm(ray_local, tmp_path):
     """sweeps/scoring.yaml with vLLM: loglikelihood, four sampled completions per problem run in the
     sandbox, and the replayed task; every row once, every completion with its own seed."""

@@ -50,6 +50,11 @@ SHARDS: tuple[Column, ...] = (
     _c("max_num_batched_tokens", pa.int64(), "engine", A, "the engine's token budget per step; null off vLLM"),
     _c("n_samples", pa.int64(), "actor", A, "rows in the shard"),
     _c("prompt_tokens", pa.int64(), "actor", A, "prompt tokens of its runnable rows"),
+    _c("prompt_tokens_requested", pa.int64(), "actor", A,
+       "log-likelihood: prompt tokens the engine was asked to score (context + choice, per choice); null otherwise"),
+    _c("prompt_tokens_computed", pa.int64(), "actor", A,
+       "log-likelihood: of those, the tokens the engine computed rather than read from its prefix cache (vLLM; "
+       "the CPU engine computes them all); null otherwise"),
     _c("output_tokens", pa.int64(), "actor", A, "tokens generated"),
     _c("wall_s", pa.float64(), "actor", A, "seconds the shard ran on the engine"),
     _c("output_tok_per_s", pa.float64(), "actor", A, "output_tokens / wall_s; null for log-likelihood"),

@@ -1,0 +1,264 @@
+"""Bench part (s): lm-eval's standard suite at the size teams evaluate, raysweep against `lm_eval --model vllm`.
+
+    python -m benchmarks.suite_8b --out DIR --fraction 0.05 [--gpus 4] [--shape large]
+        [--variants lm_eval_1,raysweep_1,lm_eval_n,raysweep_n] [--checkpoints 4 --ckpt-fraction F]
+
+1. The model and data (benchmarks/suite_tasks.py): a random-weight Llama of `--shape` (`large`: Llama-3-8B's
+   shape) with a 32,000-token BPE vocabulary, and lm-eval 0.4.13's own task definitions for `mmlu`, `hellaswag`,
+   `arc_challenge`, `winogrande` and `gsm8k`, fed local synthetic documents of the real datasets' fields and
+   lengths, `--fraction` of each real split's count. Each task's few-shot count (SHOTS: the leaderboard's) is
+   written into its copied definition, so one command of either tool runs the whole suite.
+2. Whole processes, each timed from just before its start to just after its exit, in this order:
+   - `raysweep_1`: `python -m jobs.cli run SPEC` with one `lm_eval:` entry naming the suite's tasks and the
+     include path, no `actors:` section, on GPU 0;
+   - `lm_eval_1`: `lm_eval --model vllm --model_args pretrained=M,max_model_len=N --tasks ... --batch_size auto
+     --log_samples` on GPU 0;
+   - `raysweep_n`, `lm_eval_n`: the same on `--gpus` GPUs (lm-eval with `data_parallel_size=N`);
+   - with `--checkpoints K`: `K` models of the same shape (other seeds) over the suite at `--ckpt-fraction`:
+     `raysweep_ckpt` (one spec naming the K models, every GPU) against `lm_eval_ckpt` (lm-eval with
+     `data_parallel_size=N`, once per checkpoint, one after another, as its users run it).
+   vLLM's compile cache starts cold: the one-GPU pair each compile once, the N-GPU pair find their engine
+   arguments compiled.
+3. Agreement between `raysweep_1` and `lm_eval_1`, from the two runs' lm-eval sample files, per task: the
+   documents whose `acc` / `acc_norm` decision differs, with each one's margin (the gap between the two choices
+   in lm-eval's own values); each choice's log-likelihood difference; the aggregates and stderr side by side;
+   gsm8k's responses equal. And from raysweep's telemetry, the prompt tokens requested and computed.
+Prints `[bench] s ...` lines and writes OUT/s.json after each step (a call cut short keeps what was done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from benchmarks.common import run_process
+
+SHOTS = {"mmlu": 5, "hellaswag": 10, "arc_challenge": 25, "winogrande": 5, "gsm8k": 5}
+CHOICE_TASKS = ("mmlu", "hellaswag", "arc_challenge", "winogrande")
+MAX_MODEL_LEN = 4096
+VARIANTS = ("raysweep_1", "lm_eval_1", "raysweep_n", "lm_eval_n")
+NEAR_TIE = 0.05  # nats: two choices this close in lm-eval's own values are a tie that bf16 rounding can turn
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def set_shots(tasks: Path, shots: dict[str, int]) -> None:
+    """Each task definition's few-shot count: `num_fewshot` in the copied YAML that names the task (mmlu's in
+    the template every subject includes), replaced where the YAML has one and added where it has not."""
+    for path in tasks.rglob("*yaml"):
+        text = path.read_text()
+        name = re.search(r"^task:\s*(\S+)", text, re.M)
+        key = "mmlu" if path.name == "_default_template_yaml" else (name.group(1) if name else None)
+        if key not in shots or (key == "mmlu" and path.name != "_default_template_yaml"):
+            continue
+        line = f"num_fewshot: {shots[key]}"
+        text = re.sub(r"^num_fewshot:.*$", line, text, flags=re.M) if re.search(r"^num_fewshot:", text, re.M) \
+            else text.rstrip("\n") + f"\n{line}\n"
+        path.write_text(text)
+
+
+def prepare(out: Path, fraction: float, seeds: list[int], shape: str) -> tuple[Path, list[Path]]:
+    from benchmarks.suite_tasks import write_suite, write_tokenizer
+
+    tasks = write_suite(out / f"tasks-{fraction}", fraction)
+    set_shots(tasks, SHOTS)
+    tokenizer = out / "tokenizer"
+    if not (tokenizer / "tokenizer.json").exists():
+        write_tokenizer(tokenizer)
+    models = [out / f"model-{shape}-{seed}" for seed in seeds]
+    missing = [(path, seed) for path, seed in zip(models, seeds) if not (path / "model.safetensors").exists()]
+    with ProcessPoolExecutor(max_workers=max(1, len(missing))) as pool:  # numpy draws one core per model
+        list(pool.map(_build_model, [(path, seed, shape, tokenizer) for path, seed in missing]))
+    return tasks, models
+
+
+def _build_model(job: tuple) -> None:
+    from benchmarks.suite_tasks import write_model
+
+    path, seed, shape, tokenizer = job
+    write_model(path, seed, shape=shape, tokenizer_from=tokenizer)
+
+
+def lm_eval_argv(peer: str, model: Path, tasks: Path, dest: Path, gpus: int) -> list[str]:
+    args = f"pretrained={model},max_model_len={MAX_MODEL_LEN}" if peer == "vllm" else f"pretrained={model}"
+    if gpus > 1:
+        args += f",data_parallel_size={gpus}"
+    return [sys.executable, "-m", "lm_eval", "--model", peer, "--model_args", args, "--tasks", ",".join(SHOTS),
+            "--include_path", str(tasks), "--batch_size", "auto" if peer == "vllm" else "8", "--output_path",
+            str(dest), "--log_samples"]
+
+
+def spec_file(out: Path, name: str, models: list[Path], tasks: Path) -> Path:
+    path = out / f"{name}.yaml"
+    path.write_text(json.dumps({
+        "name": name, "output": str(out / f"{name}_out"),
+        "models": [{"name": m.name, "path": str(m), "engine": {"max_model_len": MAX_MODEL_LEN}} for m in models],
+        "tasks": [{"lm_eval": {"tasks": list(SHOTS), "include_path": str(tasks)}}]}))
+    return path
+
+
+def gpu_env(gpus: int) -> dict[str, str]:
+    return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))), **MULTICAST_OFF}
+
+
+# -- agreement -----------------------------------------------------------------------------------
+def samples(folder: Path, task: str) -> dict[tuple, dict]:
+    """lm-eval's per-document records of a task and, for a group (mmlu), of all its subtasks: (subtask, doc)."""
+    found = {}
+    for path in glob.glob(f"{folder}/**/samples_{task}*.jsonl", recursive=True):
+        sub = re.sub(r"_\d{4}-\d{2}-\d{2}T.*$", "", Path(path).name[len("samples_"):])
+        if task != "mmlu" and sub != task:
+            continue
+        for r in map(json.loads, open(path)):
+            if r.get("filter", "none") in ("none", "strict-match"):
+                found[(sub, r["doc_id"])] = r
+    return found
+
+
+def choice_values(record: dict) -> list[float]:
+    return [float(v[0]) for v in record["filtered_resps"]]
+
+
+def decision_gaps(values: list[float], lengths: list[int] | None) -> tuple[int, float]:
+    """The chosen index (lm-eval's argmax, of value / length for acc_norm) and its gap to the runner-up."""
+    scores = [v / n for v, n in zip(values, lengths)] if lengths else values
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    return order[0], (scores[order[0]] - scores[order[1]]) if len(order) > 1 else float("inf")
+
+
+def choice_agreement(ours: dict, theirs: dict) -> dict:
+    both = sorted(set(ours) & set(theirs))
+    diffs, differ = [], {"acc": [], "acc_norm": []}
+    for key in both:
+        a, b = choice_values(ours[key]), choice_values(theirs[key])
+        diffs += [abs(x - y) for x, y in zip(a, b)]
+        lengths = [max(1, len(str(arg[1]))) for arg in theirs[key].get("arguments", [])] or None
+        for metric, n in (("acc", None), ("acc_norm", lengths)):
+            if metric not in theirs[key]:
+                continue
+            (pick_a, _), (pick_b, gap) = decision_gaps(a, n), decision_gaps(b, n)
+            if pick_a != pick_b:
+                differ[metric].append({"doc": list(key), "margin_lm_eval": round(gap, 5)})
+    return {"documents": len(ours), "in_both": len(both),
+            "choice_logliks": len(diffs), "max_abs_diff": max(diffs, default=None),
+            "mean_abs_diff": statistics.fmean(diffs) if diffs else None,
+            "p99_abs_diff": sorted(diffs)[int(0.99 * (len(diffs) - 1))] if diffs else None,
+            **{f"{m}_differ": len(v) for m, v in differ.items()},
+            **{f"{m}_differ_near_ties": sum(d["margin_lm_eval"] < NEAR_TIE for d in v) for m, v in differ.items()},
+            "differing": differ}
+
+
+def agreement(ours: Path, theirs: Path) -> dict:
+    figures = {task: choice_agreement(samples(ours, task), samples(theirs, task)) for task in CHOICE_TASKS}
+    a, b = samples(ours, "gsm8k"), samples(theirs, "gsm8k")
+    figures["gsm8k"] = {"documents": len(a), "in_both": len(set(a) & set(b)),
+                        "same_response": sum(a[k]["resps"] == b[k]["resps"] for k in a if k in b)}
+    results = [json.loads(Path(sorted(glob.glob(f"{d}/**/results_*.json", recursive=True))[-1]).read_text())["results"]
+               for d in (ours, theirs)]
+    figures["metrics"] = {task: {k: [results[0].get(task, {}).get(k), v] for k, v in results[1][task].items()
+                                 if k != "alias"} for task in SHOTS if task in results[1]}
+    return figures
+
+
+def token_counts(output: Path) -> dict:
+    """raysweep's log-likelihood prompt tokens, requested and computed, summed over its shards' telemetry."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(output / "telemetry" / "shards.parquet")
+    table = table.filter(pc.is_null(table["error"]))
+    requested, computed = (pc.sum(table[c]).as_py() for c in ("prompt_tokens_requested", "prompt_tokens_computed"))
+    return {"requested": requested, "computed": computed,
+            "computed_share": computed / requested if requested else None}
+
+
+# -- the run -------------------------------------------------------------------------------------
+class Suite:
+    def __init__(self, out: Path, peer: str):
+        self.out, self.peer, self.figures = out, peer, {}
+
+    def save(self) -> None:
+        (self.out / "s.json").write_text(json.dumps(self.figures, indent=2, default=str))
+
+    def lm_eval(self, name: str, models: list[Path], tasks: Path, gpus: int) -> float:
+        total = 0.0
+        for k, model in enumerate(models):
+            dest = self.out / (f"{name}_{k}" if len(models) > 1 else name)
+            wall, _ = run_process(lm_eval_argv(self.peer, model, tasks, dest, gpus), gpu_env(gpus), self.out / dest.name)
+            total += wall
+        self._say(name, total, f"lm_eval --model {self.peer}, {len(models)} model(s), {gpus} GPU(s)")
+        return total
+
+    def raysweep(self, name: str, models: list[Path], tasks: Path, gpus: int) -> float:
+        spec = spec_file(self.out, name, models, tasks)
+        wall, stdout = run_process([sys.executable, "-m", "jobs.cli", "run", str(spec)], gpu_env(gpus), self.out / name)
+        line = next((x for x in stdout.splitlines() if "samples in" in x and "shards run" in x), None)
+        self.figures[f"{name}_line"] = line
+        self.figures[f"{name}_tokens"] = token_counts(self.out / f"{name}_out")
+        self._say(name, wall, f"raysweep run, {len(models)} model(s), {gpus} GPU(s); {line}; "
+                              f"log-likelihood tokens {json.dumps(self.figures[f'{name}_tokens'])}")
+        return wall
+
+    def ratio(self, name: str, theirs: str, ours: str) -> None:
+        if theirs in self.figures and ours in self.figures:
+            self.figures[name] = self.figures[theirs] / self.figures[ours]
+            print(f"[bench] s RATIO {name} = {self.figures[name]:.2f} x", flush=True)
+            self.save()
+
+    def _say(self, name: str, wall: float, what: str) -> None:
+        self.figures[name] = wall
+        print(f"[bench] s {name}: {wall:.1f} s ({what})", flush=True)
+        self.save()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.suite_8b", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--fraction", type=float, default=0.05, help="of each real split's document count")
+    parser.add_argument("--gpus", type=int, default=4)
+    parser.add_argument("--shape", default="large", help="builtin_model CONFIGS key: large = Llama-3-8B's shape")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--checkpoints", type=int, default=0, help="also K checkpoints x the suite (0: not run)")
+    parser.add_argument("--ckpt-fraction", type=float, default=None, help="the checkpoint sweep's fraction")
+    parser.add_argument("--peer", default="vllm", help="lm-eval's model: vllm (GPU), hf (a CPU dry run)")
+    parser.add_argument("--build-only", action="store_true")
+    args = parser.parse_args(argv)
+    os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **MULTICAST_OFF})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    suite = Suite(out, args.peer)
+    tasks, (model,) = prepare(out, args.fraction, [1], args.shape)
+    suite.figures.update({"fraction": args.fraction, "shape": args.shape, "gpus": args.gpus, "shots": SHOTS})
+    if args.build_only:
+        if args.checkpoints:
+            prepare(out, args.ckpt_fraction or args.fraction, list(range(1, args.checkpoints + 1)), args.shape)
+        return 0
+    variants = args.variants.split(",") if args.variants else []
+    for name in variants:
+        gpus = 1 if name.endswith("_1") else args.gpus
+        (suite.lm_eval if name.startswith("lm_eval") else suite.raysweep)(name, [model], tasks, gpus)
+        if name in ("raysweep_1", "lm_eval_1") and {"raysweep_1", "lm_eval_1"} <= set(suite.figures):
+            suite.figures["agreement"] = agreement(out / "raysweep_1_out" / "lm_eval", out / "lm_eval_1")
+            brief = {t: {k: v for k, v in f.items() if k != "differing"} for t, f in suite.figures["agreement"].items()
+                     if t != "metrics"}
+            print(f"[bench] s agreement raysweep_1 vs lm_eval_1: {json.dumps(brief)}", flush=True)
+            print(f"[bench] s metrics [raysweep, lm-eval]: {json.dumps(suite.figures['agreement']['metrics'])}", flush=True)
+    suite.ratio("lm_eval_1/raysweep_1", "lm_eval_1", "raysweep_1")
+    suite.ratio("lm_eval_n/raysweep_n", "lm_eval_n", "raysweep_n")
+    if args.checkpoints:
+        ckpt_tasks, models = prepare(out, args.ckpt_fraction or args.fraction, list(range(1, args.checkpoints + 1)),
+                                     args.shape)
+        suite.raysweep("raysweep_ckpt", models, ckpt_tasks, args.gpus)
+        suite.lm_eval("lm_eval_ckpt", models, ckpt_tasks, args.gpus)
+        suite.ratio("lm_eval_ckpt/raysweep_ckpt", "lm_eval_ckpt", "raysweep_ckpt")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
