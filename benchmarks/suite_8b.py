@@ -233,11 +233,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suite = Suite(out, args.peer)
+    if args.checkpoints:  # every checkpoint built at once, before any clock starts
+        ckpt_tasks, models = prepare(out, args.ckpt_fraction or args.fraction, list(range(1, args.checkpoints + 1)),
+                                     args.shape)
     tasks, (model,) = prepare(out, args.fraction, [1], args.shape)
     suite.figures.update({"fraction": args.fraction, "shape": args.shape, "gpus": args.gpus, "shots": SHOTS})
-    if args.build_only:
-        if args.checkpoints:
-            prepare(out, args.ckpt_fraction or args.fraction, list(range(1, args.checkpoints + 1)), args.shape)
+    if args.build_only:  # lm-eval loads every task's documents here: the datasets cache is warm for both tools
+        from benchmarks.suite_tasks import prompt_lengths
+
+        for folder in {tasks, *([ckpt_tasks] if args.checkpoints else [])}:
+            for task, (docs, mean, longest) in prompt_lengths(folder, out / "tokenizer").items():
+                print(f"[bench] s {folder.parent.name} {task}: {docs} documents, few-shot context of the first 20 "
+                      f"(each subject's for mmlu): mean {mean:.0f} tokens, max {longest}", flush=True)
         return 0
     variants = args.variants.split(",") if args.variants else []
     for name in variants:
@@ -252,8 +259,6 @@ def main(argv: list[str] | None = None) -> int:
     suite.ratio("lm_eval_1/raysweep_1", "lm_eval_1", "raysweep_1")
     suite.ratio("lm_eval_n/raysweep_n", "lm_eval_n", "raysweep_n")
     if args.checkpoints:
-        ckpt_tasks, models = prepare(out, args.ckpt_fraction or args.fraction, list(range(1, args.checkpoints + 1)),
-                                     args.shape)
         suite.raysweep("raysweep_ckpt", models, ckpt_tasks, args.gpus)
         suite.lm_eval("lm_eval_ckpt", models, ckpt_tasks, args.gpus)
         suite.ratio("lm_eval_ckpt/raysweep_ckpt", "lm_eval_ckpt", "raysweep_ckpt")
