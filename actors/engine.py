@@ -88,8 +88,12 @@ class Engine(Protocol):
 
 def runs_profile(engine: Engine, profile: EngineProfile) -> bool:
     """Whether `engine` can run a shard of `profile` without a restart. The CPU engine has no chunked
-    prefill, so any profile runs on it; vLLM (and the fake, which stands in for it) restart."""
-    return engine.kind == "hf" or engine.profile == profile
+    prefill, so any profile runs on it; vLLM (and the fake, which stands in for it) restart for the other
+    profile, not for another chunk size: a chunked engine runs a prompt of any length, whatever the chunk
+    size the shard's task asked for (each task's threshold is its own, and a restart costs an engine start)."""
+    if engine.kind == "hf":
+        return True
+    return engine.profile.name == profile.name and engine.profile.chunked_prefill == profile.chunked_prefill
 
 
 def check_requests(requests: Sequence[GenRequest]) -> None:

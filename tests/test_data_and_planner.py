@@ -185,6 +185,37 @@ def test_chunked_prefill_override_and_same_plan_twice(tmp_path, tiny_path):
     assert profiles["off"] == [("short", None)] * 4
 
 
+def test_a_loglikelihood_task_runs_short_unless_it_asks_for_chunked_prefill(tmp_path, tiny_path):
+    """Its shards decode nothing: long contexts (3,000 tokens, over any threshold) stay on the short profile,
+    so no engine restarts for them; `chunked_prefill: on` still gives every shard the long one."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    rows = [json.dumps({"q": "x" * (3000 if i % 4 == 0 else 30), "c": [" a", " b"], "a": 0}) for i in range(40)]
+    profiles = {}
+    for mode in ("auto", "on"):
+        spec, task = make(tmp_path, rows, prompt="{q}", type="loglikelihood", choices="c", chunked_prefill=mode)
+        plan = plan_task(spec.models[0], load_task(spec, task), tok, None, ShardLimits(max_samples=10))
+        profiles[mode] = {s.profile for s in plan.shards}
+    assert profiles == {"auto": {"short"}, "on": {"long"}}
+
+
+def test_a_long_engine_runs_every_long_shard_whatever_its_tasks_chunk_size():
+    """Each task's threshold is its own: a long engine started for one task's chunk runs another's long shard
+    without a restart (four mmlu subjects of long contexts cost an 8B engine four restarts of about 55 s on
+    an H200 before); the other profile still restarts it; the CPU engine runs every profile."""
+    from types import SimpleNamespace
+
+    from actors.engine import EngineProfile, runs_profile
+
+    long_a, long_b = (EngineProfile("long", True, n) for n in (2085, 1875))
+    vllm = SimpleNamespace(kind="vllm", profile=long_a)
+    assert runs_profile(vllm, long_b) and runs_profile(vllm, long_a)
+    assert not runs_profile(vllm, EngineProfile())
+    assert not runs_profile(SimpleNamespace(kind="vllm", profile=EngineProfile()), long_a)
+    assert runs_profile(SimpleNamespace(kind="hf", profile=EngineProfile()), long_a)
+
+
 def test_plan_cli_json(tmp_path):
     import subprocess
     import sys

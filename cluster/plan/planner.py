@@ -195,8 +195,11 @@ def _rolling_lengths(model: ModelSpec, task: TaskSpec, extras: list[dict], token
 
 
 def _threshold(task: TaskSpec, lengths: np.ndarray) -> int | None:
-    """The long-prompt threshold: from the data, or forced by the task's `chunked_prefill`."""
-    if task.chunked_prefill == "off":
+    """The long-prompt threshold: from the data, or forced by the task's `chunked_prefill`. A log-likelihood
+    task's shards are all `short` unless it says `on`: chunked prefill keeps decoding sequences moving while a
+    long prompt fills, and these requests decode nothing; without it every prompt up to max_model_len runs in
+    one step (vLLM's token budget is then at least max_model_len), and no engine restarts for a profile."""
+    if task.chunked_prefill == "off" or (task.loglikelihood and task.chunked_prefill != "on"):
         return None
     found = chunk_threshold(lengths)
     if task.chunked_prefill == "on":
