@@ -231,6 +231,32 @@ def test_plan_cli_json(tmp_path):
     assert all(r["long_shards"] == 0 and r["refused"] == 0 for r in rows.values())
 
 
+def test_names_of_any_allowed_length_plan_and_a_longer_one_is_one_line(tmp_path):
+    """A model and a task named with 250 characters each: `raysweep plan` plans them (its staging file was
+    MODEL+TASK, 501 characters: OSError File name too long); a 256-character name is refused in one line (names
+    are folder names under results/)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"q": f"{i}+{i}", "a": str(2 * i)}) + "\n" for i in range(5)))
+
+    def plan(model: str, task: str) -> subprocess.CompletedProcess:
+        (tmp_path / "s.yaml").write_text(json.dumps({
+            "name": "long-names", "output": str(tmp_path / "out"), "models": [{"name": model, "path": "builtin:tiny"}],
+            "tasks": [{"name": task, "data": "d.jsonl", "prompt": "{q}=", "target": "a"}]}))
+        return subprocess.run([sys.executable, "-m", "jobs.cli", "plan", str(tmp_path / "s.yaml"), "--json"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+
+    done = plan("m" * 250, "t" * 250)
+    assert done.returncode == 0, done.stderr
+    assert [(r["model"], r["task"], r["samples"]) for r in json.loads(done.stdout)] == [("m" * 250, "t" * 250, 5)]
+    refused = plan("m" * 256, "t")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "is 256 characters; at most 255" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+
+
 def test_a_shard_never_mixes_models_or_tasks(tmp_path):
     import yaml
 

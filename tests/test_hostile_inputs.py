@@ -278,6 +278,10 @@ CASES = [
     ("code-exec-program-without-the-completion", lambda t: spec_with(
         t, "scorer: exact_match", 'scorer: {name: code_exec, program: "{question}"}'),
      "{spec}: tasks[0].scorer.program: '{question}' never places the model's output: it needs {completion}"),
+    ("code-exec-program-with-text-on-the-completions-last-line", lambda t: spec_with(
+        t, "scorer: exact_match", 'scorer: {name: code_exec, program: "{completion}{tests}"}'),
+     "{spec}: tasks[0].scorer.program: '{completion}{tests}' puts text on the completion's last line: start what "
+     "follows {completion} with a newline (a model's `#` or `\\` would take that text into its own)"),
     ("replay-column-missing", lambda t: spec_with(t, "    target: answer\n", "    target: answer\n"
                                                   "    replay: {column: output}\n"),
      "{data}:1: missing column 'output' (the task 'qa' needs it as its `replay.column` (its completions))"),

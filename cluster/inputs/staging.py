@@ -8,6 +8,7 @@ when the last object that can read it is gone.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -48,7 +49,9 @@ def _remove_orphans(root: Path) -> None:
 class StagedRows:
     def __init__(self, folder: StagingFolder, name: str):
         self.folder = folder  # kept alive as long as these rows can be read
-        self.path = folder.path / f"{name}.jsonl"
+        self.name = name
+        # named by a hash: a name is any length a spec allows, a file name at most 255 bytes
+        self.path = folder.path / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.jsonl"
         self._out = open(self.path, "wb")
         self._ends = array("q")
         self._offsets: np.ndarray | None = None

@@ -6,9 +6,10 @@ cluster/contracts/results_schema.py), off the scheduler's path where scoring is 
 2. Per task kind:
    - loglikelihood: acc, acc_norm and acc_bytes from the rows' choice log-probabilities (cluster/contracts/loglikelihood.py);
    - code_exec: each completion's program (the template formatted over the row's columns and the
-     completion) runs in the sandbox pool (cluster/score/sandbox.py): the shard is handed back as a pending
-     future, and the scheduler keeps dispatching while the programs run; score 1 where it passed, 0 where
-     not, null where its sandbox never started (exec_status error, exec_error why);
+     completion, cluster/score/programs.py) runs in the sandbox pool (cluster/score/sandbox.py): the shard is
+     handed back as a pending future, and the scheduler keeps dispatching while the programs run; score 1
+     where it passed, 0 where not, null where its sandbox never started (exec_status error, exec_error why);
+     a program whose text up to the completion's end does not compile on its own is not run: 0, failed;
    - any other scorer: a function of the output and the target (cluster/score/scorers.py), here and now,
      and, for a scorer with metrics beside its score (numeric_match: both extractions), those in `metrics`;
    - a task made from a `lm_eval:` entry: nothing here; lm-eval scores it after the sweep
@@ -30,7 +31,8 @@ from cluster.contracts.results_schema import actor_table, assemble
 from cluster.score.scorers import metrics_for, scorer_for
 from cluster.contracts.spec import SweepSpec
 from cluster.contracts.structured import is_valid
-from cluster.contracts.task_spec import COMPLETION, TaskSpec
+from cluster.score.programs import program_of
+from cluster.contracts.task_spec import TaskSpec
 
 
 class ShardScorer:
@@ -97,8 +99,10 @@ class ShardScorer:
         if self._sandbox is None:
             self._sandbox = SandboxPool()
         limits = SandboxLimits(timeout_s=float(args.get("timeout_s", 10)), memory_mb=int(args.get("memory_mb", 1024)))
-        todo = [i for i, g in enumerate(generated) if g]
-        programs = [args["program"].format(**extras[i].get("columns", {}), **{COMPLETION: outputs[i]}) for i in todo]
+        built = {i: program_of(args["program"], extras[i].get("columns", {}), outputs[i])
+                 for i, g in enumerate(generated) if g}
+        refused = {i: why for i, (_, why) in built.items() if why}  # an open end: scored 0, not run
+        todo = [i for i in built if i not in refused]
         scored: Future = Future()
 
         def finish(ran: Future) -> None:
@@ -108,13 +112,20 @@ class ShardScorer:
                 for i, outcome in zip(todo, outcomes):
                     status[i], error[i] = outcome.status, outcome.error
                     score[i] = None if not outcome.started else 1.0 if outcome.status == "passed" else 0.0
+                for i, why in refused.items():
+                    status[i], error[i], score[i] = "failed", why, 0.0
                 unrun = [i for i, outcome in zip(todo, outcomes) if not outcome.started]
                 scored.set_result(assemble(_error_rows(table, unrun, error),
                                            dict(driver, score=score, exec_status=status, exec_error=error)))
             except BaseException as e:  # handed to the driver's thread, which commits or fails the shard
                 scored.set_exception(e)
 
-        self._sandbox.submit(programs, limits, unsafe, args.get("as_main", False)).add_done_callback(finish)
+        if todo:
+            ran = self._sandbox.submit([built[i][0] for i in todo], limits, unsafe, args.get("as_main", False))
+        else:  # nothing to run: the pool answers no empty submission
+            ran = Future()
+            ran.set_result([])
+        ran.add_done_callback(finish)
         return scored
 
     def close(self) -> None:
