@@ -214,9 +214,11 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
                         if results is not None:
                             results["config"]["use_cache"] = cache  # as `--use_cache` records it
                         check_documents(results or {}, tasks, manager)
-                    except MissingAnswer as e:
+                    except MissingAnswer as e:  # every task of the entry unscored: their summary rows say so, exit 1
                         said.append(f"[raysweep] lm-eval results of model {model.name} not written: {e}")
                         results, failed = None, {}
+                        metrics.update({(model.name, t.name): {"error": f"lm-eval results not written: {e}"}
+                                        for t in tasks})
                     for task_name, why in failed.items():  # the summary row carries it; the run exits 1
                         said.append(f"[raysweep] {why} (model {model.name}): not scored; its rows stay committed, "
                                     "and the same command scores them once the task is fixed")
