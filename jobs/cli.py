@@ -50,8 +50,9 @@ def plan(args: argparse.Namespace) -> int:
 def report(args: argparse.Namespace) -> int:
     from cluster.report.page import write_report  # matplotlib loads only for this command
 
-    print(write_report(args.output, args.out, samples=args.samples))
-    return 0
+    left_out: list[str] = []  # files not committed, or not what was committed: each said above, and exit 1
+    print(write_report(args.output, args.out, samples=args.samples, warned=left_out))
+    return 1 if left_out else 0
 
 
 def models(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 the resume and by `raysweep verify` (one line each, before any work), never resumed over (unchecked, a file
 copied over another would resume as "4 of 4 committed", exit 0, with 10 ids twice and 10 missing)."""
 
+import html
 import json
 import os
 import re
@@ -53,7 +54,11 @@ actors: {{count: 1, num_cpus: 1}}
     ("garbage", "cannot be read"),
     ("fewer rows", "has 5 rows, 10 were committed"),
 ])
-def test_a_damaged_results_file_is_named_by_resume_and_verify(ray_local, tmp_path, damage, says):
+def test_a_damaged_results_file_is_named_by_resume_verify_and_report(ray_local, tmp_path, damage, says):
+    """A results file copied over another (`cp shard-00000.parquet shard-00001.parquet`), deleted, garbled or
+    cut: the resume and verify refuse it; the report names it, leaves its rows out of every table it reads from
+    results/, says so at the top of the page, and exits 1 (it exited 0 and showed the copy's rows, with a
+    counts table of 40 rows beside a browser of 35); a missing one stays the report's error (exit 2)."""
     spec, out, files = _replay_output(tmp_path)
     first, second = (out / files[sid] for sid in sorted(files)[:2])
     if damage == "copy":
@@ -72,6 +77,19 @@ def test_a_damaged_results_file_is_named_by_resume_and_verify(ray_local, tmp_pat
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"[raysweep] verify: shard {victim}: its results file {files[victim]} {says}" in proc.stdout
     assert proc.stderr.startswith("raysweep: error: 1 of 4 committed results file(s) are not what was committed")
+    proc = _cli("report", str(out))
+    line = f"shard {victim}: its results file {files[victim]} {says}"
+    if damage == "delete":
+        assert proc.returncode == 2 and proc.stderr.endswith(" is missing\n"), proc.stderr
+        return
+    assert proc.returncode == 1 and proc.stderr.startswith(f"raysweep: warning: output {out}: {line}"), proc.stderr
+    assert proc.stderr.endswith(": left out of the report\n") and proc.stderr.count("\n") == 1, proc.stderr
+    page = (out / "report.html").read_text()
+    assert "not what was committed" in page and html.escape(line) in page
+    from cluster.report.reading import columns_of, committed, damaged, load_manifest
+
+    shown = columns_of(committed(out, damaged(out, load_manifest(out))[0]), ["shard_id"])["shard_id"].to_pylist()
+    assert len(shown) == 30 and victim not in shown and sorted(files)[0] in shown
 
 
 @pytest.mark.slow
@@ -150,7 +168,7 @@ def test_a_file_the_manifest_did_not_commit_is_named_by_run_verify_and_report(ra
     if stray == "rename":  # the committed file is missing too: no report
         assert proc.returncode == 2 and proc.stderr.startswith(warning) and proc.stderr.endswith(" is missing\n")
         return
-    assert proc.returncode == 0 and proc.stderr == warning
+    assert proc.returncode == 1 and proc.stderr == warning  # the page is written; the exit says a file was left out
     assert f"that the manifest did not commit: {rel}" in (out / "report.html").read_text()
 
 

@@ -19,17 +19,24 @@ from cluster.contracts.shard import ShardState
 from cluster.report.comparison import Output, comparison
 from cluster.report.html_parts import document, fmt
 from cluster.report.operator import operator_view
-from cluster.report.reading import ReportError, load_manifest, strays
+from cluster.report.reading import ReportError, damaged, load_manifest, strays
 from cluster.report.samples import LIMIT, browser
 
 MAX_ROWS = 200  # problem rows listed per output; the total is always stated
 
 
 def write_report(outputs: list[str] | str, out: str | None = None, max_rows: int = MAX_ROWS,
-                 samples: int = LIMIT) -> Path:
-    """Render the report of the sweep output(s) into `out` (default: the first output's report.html)."""
+                 samples: int = LIMIT, warned: list[str] | None = None) -> Path:
+    """Render the report of the sweep output(s) into `out` (default: the first output's report.html). What it
+    left out (a file not committed, or not what was committed) is printed as a warning and added to `warned`."""
     roots = [Path(outputs)] if isinstance(outputs, str) else [Path(o) for o in outputs]
-    page = render(roots, max_rows, samples, warn=lambda line: print(f"raysweep: warning: {line}", file=sys.stderr))
+
+    def warn(line: str) -> None:
+        if warned is not None:
+            warned.append(line)
+        print(f"raysweep: warning: {line}", file=sys.stderr)
+
+    page = render(roots, max_rows, samples, warn=warn)
     path = Path(out) if out else roots[0] / "report.html"
     try:
         path.write_text(page, encoding="utf-8")
@@ -42,15 +49,21 @@ def render(roots: list[Path], max_rows: int = MAX_ROWS, samples: int = LIMIT, re
            warn=None) -> str:
     """The page; `refresh_s` makes the browser reload it (the pool's live page, while a sweep runs). Files in an
     output's results/ that its manifest did not commit are left out, named in its header and to `warn`."""
-    outputs = labelled([(root, load_manifest(root)) for root in roots])
-    left_out = {o.root: strays(o.root, o.manifest) for o in outputs}
+    manifests = {root: load_manifest(root) for root in roots}
+    left_out = {root: strays(root, manifest) for root, manifest in manifests.items()}
+    checked = {root: damaged(root, manifest) for root, manifest in manifests.items()}
+    outputs = labelled([(root, checked[root][0]) for root in roots])
+    bad = {root: lines for root, (_, lines) in checked.items()}
     for root, files in left_out.items():
+        for line in bad[root]:
+            if warn is not None:
+                warn(f"output {root}: {line}: left out of the report")
         if files and warn is not None:
             warn(f"output {root}: {len(files)} file(s) in results/ that its manifest did not commit, left out of "
                  f"the report: {', '.join(files[:3])}{' ...' if len(files) > 3 else ''}")
     several = len(outputs) > 1
-    parts = ["\n".join(_header(o, several, left_out[o.root]) for o in outputs), _nav(outputs), comparison(outputs),
-             browser(outputs, samples)]
+    parts = ["\n".join(_header(o, several, left_out[o.root], bad[o.root]) for o in outputs), _nav(outputs),
+             comparison(outputs), browser(outputs, samples)]
     for o in outputs:
         view = operator_view(o.root, o.manifest, max_rows)
         parts.append(f'<h2 class="operator">Operator view: {html.escape(o.label)}</h2>\n{view}' if several else view)
@@ -69,7 +82,7 @@ def labelled(found: list[tuple[Path, dict]]) -> list[Output]:
     return [Output(chr(ord("A") + i) if i < 26 else f"#{i + 1}", root, m) for i, (root, m) in enumerate(found)]
 
 
-def _header(out: Output, several: bool, left_out: list[str] = ()) -> str:
+def _header(out: Output, several: bool, left_out: list[str] = (), damaged_lines: list[str] = ()) -> str:
     manifest = out.manifest
     states = Counter(s.get("state") for s in manifest["shards"].values())
     versions = manifest.get("versions") or {}
@@ -78,6 +91,10 @@ def _header(out: Output, several: bool, left_out: list[str] = ()) -> str:
              "shards": f"{states[ShardState.COMMITTED]} committed, {states[ShardState.FAILED]} failed, "
                        f"{states[ShardState.PENDING]} pending",
              "versions": ", ".join(f"{k} {fmt(v)}" for k, v in sorted(versions.items()))}
+    if damaged_lines:  # first: what the page's counts (from summary.parquet) still include
+        facts["not what was committed"] = (f"{len(damaged_lines)} results file(s), left out of this page (its counts "
+                                           f"table is the run's own and still counts them): "
+                                           f"{'; '.join(damaged_lines[:3])}{' ...' if len(damaged_lines) > 3 else ''}")
     if left_out:
         facts["left out"] = (f"{len(left_out)} file(s) in results/ that the manifest did not commit: "
                              f"{', '.join(left_out[:3])}{' ...' if len(left_out) > 3 else ''}")

@@ -15,6 +15,9 @@ from cluster.contracts.shard import ShardState
 from cluster.store.manifest import read_manifest
 
 
+LEFT_OUT = "left out"  # a committed shard whose file does not match its entry: the report reads none of it
+
+
 class ReportError(RaysweepError, ValueError):
     """The output cannot be reported on; the message names the file."""
 
@@ -41,6 +44,27 @@ def strays(root: Path, manifest: dict) -> list[str]:
     from cluster.store.integrity import stray_files
 
     return stray_files(pafs.LocalFileSystem(), str(root.absolute()), manifest)
+
+
+def damaged(root: Path, manifest: dict) -> tuple[dict, list[str]]:
+    """The manifest with every committed shard whose file is there but not what was committed (another row
+    count or checksum, unreadable, another shard's rows: cluster/store/integrity.py, as a resume and `raysweep
+    verify` check) marked LEFT_OUT, so no reader of the report reads its file; and one line for each. A
+    committed file that is missing stays an error (`committed`)."""
+    import copy
+
+    import pyarrow.fs as pafs
+
+    from cluster.store.integrity import mismatches
+
+    found = [(sid, line) for sid, there, line in mismatches(pafs.LocalFileSystem(), str(root.absolute()), manifest)
+             if there]
+    if not found:
+        return manifest, []
+    manifest = copy.deepcopy(manifest)
+    for sid, _ in found:
+        manifest["shards"][sid]["state"] = LEFT_OUT
+    return manifest, [line for _, line in found]
 
 
 def read(path: Path, columns: list[str]) -> pa.Table | None:

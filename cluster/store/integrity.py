@@ -47,13 +47,19 @@ def table_bytes(table: pa.Table) -> bytes:
 
 def problems(fs: pafs.FileSystem, root: str, manifest: dict) -> list[str]:
     """One line per committed shard whose file does not match its manifest entry (empty: all match)."""
+    return [line for _, _, line in mismatches(fs, root, manifest)]
+
+
+def mismatches(fs: pafs.FileSystem, root: str, manifest: dict) -> list[tuple[str, bool, str]]:
+    """(shard id, whether its file is there, the line) for each committed shard whose file does not match its
+    manifest entry: missing, unreadable, of another row count or checksum, or holding another shard's rows."""
     found = []
     for sid, entry in sorted(manifest.get("shards", {}).items()):
         if entry.get("state") != ShardState.COMMITTED or not entry.get("file"):
             continue
         path, rel = join(root, entry["file"]), entry["file"]
         if fs.get_file_info(path).type != pafs.FileType.File:
-            found.append(f"shard {sid}: its results file {rel} is missing")
+            found.append((sid, False, f"shard {sid}: its results file {rel} is missing"))
             continue
         try:
             with fs.open_input_file(path) as f:
@@ -62,16 +68,17 @@ def problems(fs: pafs.FileSystem, root: str, manifest: dict) -> list[str]:
                 ids = None if "checksum" in entry or "shard_id" not in parquet.schema_arrow.names else \
                     set(parquet.read(columns=["shard_id"]).column(0).to_pylist())
         except (OSError, pa.ArrowInvalid) as e:
-            found.append(f"shard {sid}: its results file {rel} cannot be read "
-                         f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})")
+            found.append((sid, True, f"shard {sid}: its results file {rel} cannot be read "
+                                     f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})"))
             continue
         if "rows" in entry and rows != entry["rows"]:
-            found.append(f"shard {sid}: its results file {rel} has {rows} rows, {entry['rows']} were committed")
+            found.append((sid, True, f"shard {sid}: its results file {rel} has {rows} rows, {entry['rows']} were "
+                                     "committed"))
         elif "checksum" in entry and file_checksum(fs, path) != entry["checksum"]:
-            found.append(f"shard {sid}: its results file {rel} changed after it was committed (checksum)")
+            found.append((sid, True, f"shard {sid}: its results file {rel} changed after it was committed (checksum)"))
         elif ids is not None and ids != {sid}:
-            found.append(f"shard {sid}: its results file {rel} holds the rows of shard(s) "
-                         f"{', '.join(sorted(str(i) for i in ids))}")
+            found.append((sid, True, f"shard {sid}: its results file {rel} holds the rows of shard(s) "
+                                     f"{', '.join(sorted(str(i) for i in ids))}"))
     return found
 
 
