@@ -226,10 +226,12 @@ def test_max_attempts_below_one_is_refused_before_anything_starts():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("rewrite", ["rows twice", "a column lost"])
 def test_a_data_file_rewritten_while_the_sweep_plans_is_refused_and_nothing_of_it_runs(ray_local, tmp_path,
-                                                                                        monkeypatch):
+                                                                                        monkeypatch, rewrite):
     """Planning read the file again without the checks: rewritten 0.3 s after "inputs checked", the sweep
-    exited 0 with 102 rows for 100 ids, and the manifest kept the old file's hash."""
+    exited 0 with 102 rows for 100 ids, and the manifest kept the old file's hash; a file whose row 50 lost the
+    column the prompt reads stopped the planner's thread with a bare KeyError."""
     import cluster.plan.plan_source as plan_source
     from cluster.inputs.data import DataError
 
@@ -248,7 +250,11 @@ actors: {{count: 1, num_cpus: 1}}
     real = plan_source.plan_task
 
     def rewritten_first(*args, **kwargs):  # the hook: the file changes between the checks and planning
-        data.write_text("".join(json.dumps(r) + "\n" for r in rows[:2] + rows))  # r0, r1 twice
+        if rewrite == "rows twice":
+            data.write_text("".join(json.dumps(r) + "\n" for r in rows[:2] + rows))  # r0, r1 twice
+        else:
+            data.write_text("".join(json.dumps({k: v for k, v in r.items() if not (i == 50 and k == "q")}) + "\n"
+                                    for i, r in enumerate(rows)))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(plan_source, "plan_task", rewritten_first)

@@ -16,6 +16,7 @@ count), so the driver never holds every token id of a sweep. Only truncated rows
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +25,7 @@ from cluster.contracts.errors import PreflightError
 from cluster.contracts.shard import LONG, SHORT, Shard
 from cluster.contracts.tokens import count_tokens, tokenize
 from cluster.inputs.checks import no_room
-from cluster.inputs.data import RowBatch, TaskData, render_prompts
+from cluster.inputs.data import RENDER_ERRORS, DataError, RowBatch, TaskData, render_prompts
 from cluster.contracts.loglikelihood import continuations, encode_pairs, pair_lengths, rolling_length, row_choices
 from cluster.contracts.spec import ModelSpec, ShardLimits, TaskSpec
 from cluster.inputs.staging import StagedRows, StagingFolder
@@ -66,40 +67,41 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
     staged = StagedRows(staging or StagingFolder(), f"{model.name}+{task.name}")
     lengths, status, over_list, empty_list = [], [], [], []
     add_special = True
-    for batch in data.batches():
-        prompts, add_special = render_prompts(task, batch, tokenizer, data.path)
-        extras = [data.extra_of(row) for row in batch.rows]
-        if task.rolling:  # lm-eval's windows: no sequence longer than the model's length less 1 (its vLLM model's)
-            counts = np.asarray(_rolling_lengths(model, task, extras, tokenizer, add_special, max_model_len), np.int64)
-        elif task.loglikelihood:  # the longest context + choice the engine runs (no cache: keyed by prompt alone)
-            encoded = encode_pairs(prompts, [continuations(task, e["choices"]) for e in extras], tokenizer, add_special)
-            _check_pairs(model, task, data.path, batch, prompts, encoded)
-            counts = np.asarray(pair_lengths(encoded), dtype=np.int64)
-        elif cache is not None:
-            counts = cache.lengths(prompts, add_special, lambda ps: count_tokens(ps, tokenizer, add_special))
-        else:
-            counts = np.asarray(count_tokens(prompts, tokenizer, add_special), dtype=np.int64)
-        codes = np.zeros(len(prompts), dtype=np.uint8)
-        truncated: dict[int, list[int]] = {}
-        over = np.flatnonzero(counts > limit) if limit is not None else np.empty(0, np.int64)
-        if len(over) and task.length_policy == "error":
-            over_list.extend((batch.ids[k], int(counts[k])) for k in over)
-        elif len(over) and task.length_policy == "truncate_left" and task.loglikelihood:
-            for k in over:  # an lm-eval task's context, cut per choice on the actor (actors/shard_work.py)
-                counts[k], codes[k], extras[k]["window"] = limit, 1, limit - 1
-        elif len(over) and task.length_policy == "truncate_left":
-            for k, ids in zip(over, tokenize([prompts[k] for k in over], tokenizer, add_special)):
-                truncated[int(k)] = ids[len(ids) - limit:] if limit > 0 else []
-                counts[k], codes[k] = len(truncated[int(k)]), 1
-        elif len(over) and task.length_policy == "skip":
-            codes[over] = 2
-        empty = np.flatnonzero((counts == 0) & (codes != 2))
-        if len(empty):  # no engine runs an empty prompt: an error row now, not a shard failing three times
-            codes[empty] = 3
-            empty_list.extend((batch.ids[k], batch.where[k]) for k in empty)
-        staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], truncated, extras)
-        lengths.append(counts.astype(np.int32))
-        status.append(codes)
+    with _read_again(data):
+        for batch in data.batches():
+            prompts, add_special = render_prompts(task, batch, tokenizer, data.path)
+            extras = [data.extra_of(row) for row in batch.rows]
+            if task.rolling:  # lm-eval's windows: no sequence longer than the model's length less 1 (its vLLM model's)
+                counts = np.asarray(_rolling_lengths(model, task, extras, tokenizer, add_special, max_model_len), np.int64)
+            elif task.loglikelihood:  # the longest context + choice the engine runs (no cache: keyed by prompt alone)
+                encoded = encode_pairs(prompts, [continuations(task, e["choices"]) for e in extras], tokenizer, add_special)
+                _check_pairs(model, task, data.path, batch, prompts, encoded)
+                counts = np.asarray(pair_lengths(encoded), dtype=np.int64)
+            elif cache is not None:
+                counts = cache.lengths(prompts, add_special, lambda ps: count_tokens(ps, tokenizer, add_special))
+            else:
+                counts = np.asarray(count_tokens(prompts, tokenizer, add_special), dtype=np.int64)
+            codes = np.zeros(len(prompts), dtype=np.uint8)
+            truncated: dict[int, list[int]] = {}
+            over = np.flatnonzero(counts > limit) if limit is not None else np.empty(0, np.int64)
+            if len(over) and task.length_policy == "error":
+                over_list.extend((batch.ids[k], int(counts[k])) for k in over)
+            elif len(over) and task.length_policy == "truncate_left" and task.loglikelihood:
+                for k in over:  # an lm-eval task's context, cut per choice on the actor (actors/shard_work.py)
+                    counts[k], codes[k], extras[k]["window"] = limit, 1, limit - 1
+            elif len(over) and task.length_policy == "truncate_left":
+                for k, ids in zip(over, tokenize([prompts[k] for k in over], tokenizer, add_special)):
+                    truncated[int(k)] = ids[len(ids) - limit:] if limit > 0 else []
+                    counts[k], codes[k] = len(truncated[int(k)]), 1
+            elif len(over) and task.length_policy == "skip":
+                codes[over] = 2
+            empty = np.flatnonzero((counts == 0) & (codes != 2))
+            if len(empty):  # no engine runs an empty prompt: an error row now, not a shard failing three times
+                codes[empty] = 3
+                empty_list.extend((batch.ids[k], batch.where[k]) for k in empty)
+            staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], truncated, extras)
+            lengths.append(counts.astype(np.int32))
+            status.append(codes)
     staged.close()
     if cache is not None:
         cache.flush()
@@ -126,10 +128,11 @@ def plan_replay(data: TaskData, limits: ShardLimits, staging: StagingFolder | No
     task = data.task
     model = ModelSpec(task.replay.model, "replay")
     staged = StagedRows(staging or StagingFolder(), f"{model.name}+{task.name}")
-    for batch in data.batches():
-        prompts = [task.prompt.format(**row) if task.prompt else "" for row in batch.rows]
-        staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], {},
-                      [data.extra_of(row) for row in batch.rows])
+    with _read_again(data):
+        for batch in data.batches():
+            prompts = [task.prompt.format(**row) if task.prompt else "" for row in batch.rows]
+            staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], {},
+                          [data.extra_of(row) for row in batch.rows])
     staged.close()
     n = data.n_rows
     zeros = np.zeros(n, np.int32)
@@ -192,6 +195,19 @@ def _rolling_lengths(model: ModelSpec, task: TaskSpec, extras: list[dict], token
         extra["window"] = window
     return [rolling_length(len(ids), window)
             for ids in tokenize([e["choices"][0] for e in extras], tokenizer, add_special)]
+
+
+@contextmanager
+def _read_again(data: TaskData):
+    """Planning reads the data file again. The checks rendered every row, so a row that no longer renders here
+    (a column gone, a line that no longer parses) means the file changed after them: that is what is said
+    (`check_unchanged`), not a KeyError from the planner's thread. Where the file is the same, the error is
+    raised as it came."""
+    try:
+        yield
+    except (DataError, *RENDER_ERRORS):
+        data.check_unchanged()
+        raise
 
 
 def _threshold(task: TaskSpec, lengths: np.ndarray) -> int | None:
