@@ -47,6 +47,7 @@ class HFEngine:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id} - {None}
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
         self._compiler = None
+        self._stop_lengths: dict[str, int] = {}  # a stop string's lookback in tokens, as lm-eval's hf model takes it
         self._grammars: dict[str, object] = {}
         self._lock = threading.Lock()  # the actor may call generate from two threads; torch runs one batch at a time
         started = time.perf_counter()
@@ -198,10 +199,25 @@ class HFEngine:
                 cut = min((i for i in (text.find(s) for s in sampling.stop) if i >= 0), default=-1)
                 if cut >= 0:
                     row.text, row.finish = text[:cut], "stop"
+                elif self._stop_in_lookback(row.tokens, sampling.stop):
+                    row.text, row.finish = text, "stop"
             if row.finish is None and row.n_generated >= sampling.max_tokens:
                 row.finish = "length"
         if row.finish is not None:
             row.finished_at = now
+
+    def _stop_in_lookback(self, tokens: list[int], stops: tuple[str, ...]) -> bool:
+        """lm-eval's `--model hf` stops where a stop string is in the last (its tokens + 2) generated tokens
+        decoded with their special tokens (lm_eval/models/utils_hf.py, MultiTokenEOSCriteria): a special token
+        whose text holds the string (`<|reserved_1|>` for `until: ["e"]`) ends the row, whose text, decoded
+        without special tokens, then holds no stop string to cut at."""
+        for stop in stops:
+            n = self._stop_lengths.get(stop)
+            if n is None:
+                n = self._stop_lengths[stop] = len(self.tokenizer.encode(stop, add_special_tokens=False)) + 2
+            if stop in self.tokenizer.decode(tokens[-n:]):
+                return True
+        return False
 
     def _result(self, req: GenRequest, row: "_Row", submitted: float) -> GenResult:
         text = row.text if row.text is not None else self.tokenizer.decode(row.tokens, skip_special_tokens=True)

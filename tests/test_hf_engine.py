@@ -51,6 +51,36 @@ def test_stop_string_ends_output_before_it(hf_engine):
     assert cut.output_tokens < 40
 
 
+def test_a_stop_string_in_a_special_tokens_text_stops_a_row_as_lm_evals_hf_model_does(hf_engine):
+    """A model that emits `<|reserved_1|>` under `until: ["e"]`: lm-eval's `--model hf` stops (its criteria decode
+    the last tokens with their special tokens, and "e" is in the token's text) and returns the text before it;
+    the CPU engine ran on to max_tokens (gsm8k's `until` holds "<|im_end|>" and "</s>", special tokens' texts).
+    Decided here token by token against lm-eval's own criteria on the same tokens."""
+    import torch
+    from lm_eval.models.utils_hf import MultiTokenEOSCriteria
+
+    from actors.hf_engine import _Row
+
+    tok = hf_engine.tokenizer
+    special = tok.convert_tokens_to_ids("<|reserved_1|>")
+    generated = tok.encode("abc", add_special_tokens=False) + [special] + tok.encode("xyz", add_special_tokens=False)
+    sampling = SamplingSpec(max_tokens=40, stop=("e",))
+    row = _Row()
+    for k, token in enumerate(generated):
+        hf_engine._advance(row, token, None, sampling, now=float(k))
+        criteria = MultiTokenEOSCriteria("e", tok, 0, 1)
+        criteria(torch.tensor([generated[:k + 1]]), None)
+        assert (row.finish == "stop") == criteria.done_tracker[0], k
+        if row.finish:
+            break
+    assert row.finish == "stop" and row.text == "abc" and len(row.tokens) == 4
+    # a stop string in the text itself still cuts the text before it
+    row = _Row()
+    for k, token in enumerate(tok.encode("abcxez", add_special_tokens=False)):
+        hf_engine._advance(row, token, None, sampling, now=float(k))
+    assert row.finish == "stop" and row.text == "abcx"
+
+
 @pytest.mark.parametrize("spec, check", [
     (StructuredSpec("json_schema", PERSON), lambda text: jsonschema.validate(json.loads(text), PERSON) is None),
     (StructuredSpec("choice", ("yes", "no", "maybe")), lambda text: text in ("yes", "no", "maybe")),
