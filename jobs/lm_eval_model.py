@@ -104,8 +104,11 @@ def make_model_class():
             for r in requests:
                 by_task[r.task_name].append(r)
             rows = request_rows(requests)
-            tasks = tuple(task_spec(name, reqs, rows.get(name, []), LmEvalSettings(tasks=(name,)), entry=-1)
-                          for name, reqs in by_task.items())
+            try:  # what raysweep cannot run (beam search, a generation argument it does not pass): one line
+                tasks = tuple(task_spec(name, reqs, rows.get(name, []), LmEvalSettings(tasks=(name,)), entry=-1)
+                              for name, reqs in by_task.items())
+            except ValueError as e:
+                raise LmEvalError(f"task {e}") from None
             _said(f"{kind}: {len(requests)} request(s) of {len(by_task)} task(s) made into rows")
             digest = hashlib.sha256(repr(tasks).encode()).hexdigest()[:8]
             spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),

@@ -95,6 +95,24 @@ def test_a_samples_index_past_the_tasks_documents_is_one_line(include_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("gen_kwargs, says", [
+    ("num_beams=2", "rs_gen: generation argument num_beams: 2: beam search"),
+    ("repetition_penalty=1.3", "rs_gen: generation argument 'repetition_penalty' is not one raysweep passes"),
+])
+def test_a_generation_setting_raysweep_refuses_is_one_line(include_path, gen_kwargs, says):
+    """Beam search or a generation argument raysweep does not pass, in the task's settings (here through
+    --gen_kwargs): the right message after a 50-line traceback; now one line, exit 2, as a spec's entry says it."""
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
+                           f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=1", "--include_path",
+                           str(include_path), "--tasks", "rs_gen", "--limit", "2", "--gen_kwargs", gen_kwargs],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("raysweep: error:")]
+    assert proc.returncode == 2 and len(said) == 1 and said[0].startswith(f"raysweep: error: task {says}"), \
+        proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+
+
 def test_a_use_cache_lm_eval_cannot_keep_is_one_line_before_anything_runs(tmp_path):
     """`--use_cache PATH` whose sqlite file is a folder failed inside lm-eval after every request had run; now one
     line at the start, as a spec's `use_cache:` is refused."""
