@@ -12,6 +12,7 @@ during a sweep ends the command the same way (jobs/head_watch.py).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 from jobs.lm_eval_model import LmEvalError
@@ -31,13 +32,25 @@ def run(argv: list[str]) -> int:
     lm_eval_model.register()
     from lm_eval.__main__ import cli_evaluate
 
+    from cluster.inputs.builtin_model import hub_unreachable
+    from cluster.lm_eval.requests import DATA_ERRORS, data_failure
+
+    if hub_unreachable():  # `datasets` would try the hub for minutes, silent, before its ConnectionError
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
     check_options(argv)
     sys.argv = ["lm_eval", *argv]
     with interruptible(say=lm_eval_model.say_stopped):
         try:
             try:
                 with templates_compiled_once(), own_tasks_indexed(task_names(argv)), _command_line_checked():
-                    cli_evaluate()
+                    try:
+                        cli_evaluate()
+                    except Exception as e:  # a dataset not reachable: one line, as a spec's lm_eval: entry says it
+                        if type(e).__name__ not in DATA_ERRORS:
+                            raise
+                        raise LmEvalError(data_failure(e)) from None
             finally:  # inside the handlers: a signal during the close is one line, not a traceback from atexit
                 lm_eval_model.close()
         except (Interrupted, SystemError) as e:

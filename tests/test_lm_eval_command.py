@@ -113,6 +113,21 @@ def test_a_generation_setting_raysweep_refuses_is_one_line(include_path, gen_kwa
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
+def test_a_task_whose_dataset_cannot_be_reached_is_one_line():
+    """lm-eval's own arc_easy without network (offline here, as the command makes it when the hub does not
+    answer): a 68-line traceback ending in ConnectionError after 287 s; now one line, exit 2, with what to do."""
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
+                           "pretrained=builtin:tiny,actors=1", "--tasks", "arc_easy", "--limit", "2"],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("raysweep: error:")]
+    assert proc.returncode == 2 and len(said) == 1, proc.stderr[-3000:]
+    assert said[0].startswith("raysweep: error: lm-eval could not load the dataset (") and "HF_DATASETS_OFFLINE" in said[0]
+    assert "Traceback" not in proc.stderr
+    print(f"refused in {time.monotonic() - started:.1f} s")
+
+
 def test_a_use_cache_lm_eval_cannot_keep_is_one_line_before_anything_runs(tmp_path):
     """`--use_cache PATH` whose sqlite file is a folder failed inside lm-eval after every request had run; now one
     line at the start, as a spec's `use_cache:` is refused."""

@@ -110,10 +110,16 @@ def _failure(settings: LmEvalSettings, manager, error: Exception) -> str:
                 break
     where = f"tasks: {name!r}: " if name else ""
     if type(error).__name__ in DATA_ERRORS:
-        return (f"{where}lm-eval could not load the dataset ({first[:300]}). raysweep reads data offline: give the "
-                "task local files (dataset_path: json, dataset_kwargs: {data_files: ...}), or put the dataset in the "
-                "Hugging Face cache and set HF_DATASETS_OFFLINE=1 (HF_DATASETS_CACHE names the cache)")
+        return f"{where}{data_failure(error)}"
     return f"{where}lm-eval could not build the requests: {first[:400]}"
+
+
+def data_failure(error: Exception) -> str:
+    """The line for a dataset lm-eval could not load (an error of DATA_ERRORS), with what to do offline."""
+    first = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else '(no message)'}"
+    return (f"lm-eval could not load the dataset ({first[:300]}). raysweep reads data offline: give the task local "
+            "files (dataset_path: json, dataset_kwargs: {data_files: ...}), or put the dataset in the Hugging Face "
+            "cache and set HF_DATASETS_OFFLINE=1 (HF_DATASETS_CACHE names the cache)")
 
 
 def sampling_of(task: str, requests: list) -> SamplingSpec:
