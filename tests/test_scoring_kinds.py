@@ -290,35 +290,40 @@ OPEN_ENDS = {  # completions whose last line would take the test's first line in
 }
 
 
+TEMPLATES = {"bare": "{completion}\n{test}\n", "human-eval": "{prompt}{completion}\n\n{test}\n\ncheck({entry})\n"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("template", ["{completion}\n{test}\n", "{prompt}{completion}\n\n{test}\n\ncheck({entry})\n"])
-def test_a_completion_cannot_take_the_test_into_itself(ray_local, tmp_path, template):
+def test_a_completion_cannot_take_the_test_into_itself(ray_local, tmp_path):
     """Each open end, replayed through code_exec in a real sweep, with a bare template and human-eval's own
-    (prompt + completion + test + check): the test's first line (a failing assert) would have been joined into
-    the completion's dead `if` or string and the program passed; now each scores 0 with the reason, and a
-    closed completion still runs its test (passes where f is right, fails where it is wrong)."""
+    (prompt + completion + test + check), one task each: the test's first line (a failing assert) would have been
+    joined into the completion's dead `if` or string and the program passed; now each scores 0 with the reason,
+    and a closed completion still runs its test (passes where f is right, fails where it is wrong)."""
     from cluster.schedule.run import run_sweep
     from cluster.inputs.spec_file import load_spec
 
-    human_eval = "{prompt}" in template
-    cases = dict(OPEN_ENDS, right="def f():\n    return 2\n", wrong="def f():\n    return 1\n")
-    if human_eval:  # the prompt is the function's signature, the completion its body (then the open end)
-        cases = {k: v.replace("def f():\n", "", 1) for k, v in cases.items()}
-    test = "def check(g):\n    assert g() == 2" if human_eval else "assert f() == 2"
-    rows = [{"id": k, "code": v, "prompt": "def f():\n", "test": test, "entry": "f"} for k, v in cases.items()]
-    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "s.yaml").write_text(json.dumps({
-        "name": "open-ends", "output": str(tmp_path / "out"), "models": [],
-        "tasks": [{"name": "code", "data": "c.jsonl", "id_column": "id", "prompt": "{id}", "replay": {"column": "code"},
-                   "scorer": {"name": "code_exec", "program": template, "timeout_s": 5}}]}))
+    tasks = []
+    for kind, template in TEMPLATES.items():
+        cases = dict(OPEN_ENDS, right="def f():\n    return 2\n", wrong="def f():\n    return 1\n")
+        if kind == "human-eval":  # the prompt is the function's signature, the completion its body (then the open end)
+            cases = {k: v.replace("def f():\n", "", 1) for k, v in cases.items()}
+        test = "def check(g):\n    assert g() == 2" if kind == "human-eval" else "assert f() == 2"
+        rows = [{"id": k, "code": v, "prompt": "def f():\n", "test": test, "entry": "f"} for k, v in cases.items()]
+        (tmp_path / f"{kind}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tasks.append({"name": kind, "data": f"{kind}.jsonl", "id_column": "id", "prompt": "{id}",
+                      "replay": {"column": "code"}, "scorer": {"name": "code_exec", "program": template, "timeout_s": 5}})
+    (tmp_path / "s.yaml").write_text(json.dumps({"name": "open-ends", "output": str(tmp_path / "out"), "models": [],
+                                                 "tasks": tasks}))
     report = run_sweep(load_spec(tmp_path / "s.yaml"), log=print)
     assert not report.failed
-    results = pq.read_table(tmp_path / "out" / "results").to_pandas().set_index("sample_id")
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas().set_index(["task", "sample_id"])
     print(results[["score", "exec_status", "exec_error"]].to_string())
-    assert results.loc["right", "score"] == 1.0 and results.loc["wrong", "score"] == 0.0
-    for name in OPEN_ENDS:
-        assert results.loc[name, "score"] == 0.0 and results.loc[name, "exec_status"] == "failed", name
-        assert "does not compile on its own" in results.loc[name, "exec_error"], name
+    for kind in TEMPLATES:
+        assert results.loc[(kind, "right"), "score"] == 1.0 and results.loc[(kind, "wrong"), "score"] == 0.0
+        for name in OPEN_ENDS:
+            row = results.loc[(kind, name)]
+            assert row.score == 0.0 and row.exec_status == "failed", (kind, name)
+            assert "does not compile on its own" in row.exec_error, (kind, name)
 
 
 @pytest.mark.slow
