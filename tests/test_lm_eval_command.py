@@ -112,13 +112,17 @@ def test_a_generation_setting_raysweep_refuses_is_one_line(include_path):
 
 
 @pytest.mark.slow
-def test_a_task_whose_dataset_cannot_be_reached_is_one_line():
-    """lm-eval's own arc_easy without network (offline here, as the command makes it when the hub does not
-    answer): a 68-line traceback ending in ConnectionError after 287 s; now one line, exit 2, with what to do."""
+def test_a_task_whose_dataset_cannot_be_reached_is_one_line(tmp_path):
+    """A task on a hub dataset (arc_easy's, as lm-eval's own YAML names it) without network (offline here, as the
+    command makes it when the hub does not answer): a 68-line traceback ending in ConnectionError after 287 s;
+    now one line, exit 2, with what to do."""
+    (tmp_path / "rs_hub.yaml").write_text(
+        "task: rs_hub\ndataset_path: allenai/ai2_arc\ndataset_name: ARC-Easy\noutput_type: multiple_choice\n"
+        "test_split: test\ndoc_to_text: '{{question}}'\ndoc_to_target: 0\ndoc_to_choice: '{{choices.text}}'\n")
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
-                           "pretrained=builtin:tiny,actors=1", "--tasks", "arc_easy", "--limit", "2"],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+                           "pretrained=builtin:tiny,actors=1", "--include_path", str(tmp_path), "--tasks", "rs_hub",
+                           "--limit", "2"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     said = [line for line in proc.stderr.splitlines() if line.startswith("raysweep: error:")]
     assert proc.returncode == 2 and len(said) == 1, proc.stderr[-3000:]
     assert said[0].startswith("raysweep: error: lm-eval could not load the dataset (") and "HF_DATASETS_OFFLINE" in said[0]
