@@ -174,10 +174,10 @@ class VllmEngine:
         check_loglik_requests(requests)
         flat = [(r.context_ids + cont, len(cont)) for r in requests for cont in r.continuations]
         submitted = time.perf_counter()
-        tails = self._prompt_tails([ids for ids, _ in flat], read_cache=self.args.get("enable_prefix_caching") is not False)
+        tails = self._prompt_tails(flat, read_cache=self.args.get("enable_prefix_caching") is not False)
         short = [k for k, (_, n) in enumerate(flat) if len(tails[k].scores) < n]
         if short:  # the cache covered part of the choice: its tokens' values were never computed
-            for k, tail in zip(short, self._prompt_tails([flat[k][0] for k in short], read_cache=False)):
+            for k, tail in zip(short, self._prompt_tails([flat[k] for k in short], read_cache=False)):
                 tails[k] = PromptTail(tail.scores, tails[k].computed + tail.computed)
         latency = time.perf_counter() - submitted
         results, k = [], 0
@@ -190,13 +190,15 @@ class VllmEngine:
                                         computed_tokens=sum(t.computed for t in mine)))
         return results
 
-    def _prompt_tails(self, prompts: list[list[int]], read_cache: bool) -> list[PromptTail]:
+    def _prompt_tails(self, prompts: list[tuple[list[int], int]], read_cache: bool) -> list[PromptTail]:
+        """Each (prompt ids, tokens of its choice) scored: the choice's tokens' values (prompt_tail)."""
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, flat_logprobs=True,
                                 skip_reading_prefix_cache=not read_cache)
-        batch = _Batch([GenRequest(f"p{k}", ids, 0) for k, ids in enumerate(prompts)], [params] * len(prompts),
-                       convert=prompt_tail)
+        need = {f"p{k}": n for k, (_, n) in enumerate(prompts)}
+        batch = _Batch([GenRequest(f"p{k}", ids, 0) for k, (ids, _) in enumerate(prompts)], [params] * len(prompts),
+                       convert=lambda req, out: prompt_tail(req, out, need[req.sample_id]))
         self._inbox.put(batch)
         batch.done.wait()
         return batch.results

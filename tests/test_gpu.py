@@ -397,7 +397,8 @@ def test_loglikelihood_reads_each_context_once_with_the_numbers_of_computing_it_
         requests.append(LoglikRequest(str(i), ctx, [tokenizer.encode(" " + words(rng.randint(1, 4)),
                                                                      add_special_tokens=False) for _ in range(4)]))
     reused = vllm_engine.loglikelihood(requests)
-    alone = [vllm_engine._prompt_tails([r.context_ids + c], read_cache=False) for r in requests for c in r.continuations]
+    alone = [vllm_engine._prompt_tails([(r.context_ids + c, len(c))], read_cache=False)
+             for r in requests for c in r.continuations]
     asked = sum(len(r.context_ids) + len(c) for r in requests for c in r.continuations)
     computed = sum(r.computed_tokens for r in reused)
     per_token, differ, k = [], [], 0

@@ -63,7 +63,7 @@ def _flat(positions) -> StandInFlatLogprobs:
 
 
 def _scores(req: GenRequest, out) -> list:
-    tail = prompt_tail(req, out)
+    tail = prompt_tail(req, out, len(req.prompt_token_ids) - 1)  # every token after the first
     return tail.scores
 
 
@@ -71,7 +71,7 @@ def test_the_flat_container_and_the_per_position_dicts_read_the_same():
     req = GenRequest("r#0", PROMPT, 0)
     assert _scores(req, SimpleNamespace(prompt_logprobs=POSITIONS)) == EXPECTED
     assert _scores(req, SimpleNamespace(prompt_logprobs=_flat(POSITIONS))) == EXPECTED
-    assert prompt_tail(req, SimpleNamespace(prompt_logprobs=POSITIONS, num_cached_tokens=0)).computed == len(PROMPT)
+    assert prompt_tail(req, SimpleNamespace(prompt_logprobs=POSITIONS, num_cached_tokens=0), 4).computed == len(PROMPT)
 
 
 def test_a_flat_container_with_more_than_the_prompts_own_token_is_read_by_token_id():
@@ -103,12 +103,12 @@ def test_after_a_cache_hit_only_the_positions_vllm_computed_are_read_with_either
     req = GenRequest("r#0", PROMPT, 0)
     partial = [None] + POSITIONS[3:]
     for container in (partial, _flat(partial)):
-        tail = prompt_tail(req, SimpleNamespace(prompt_logprobs=container, num_cached_tokens=2))
+        tail = prompt_tail(req, SimpleNamespace(prompt_logprobs=container, num_cached_tokens=2), 4)
         assert tail == PromptTail(EXPECTED[-2:], 3)
     # ... its older runner one per position, those before the hit never written (here: another token's values)
     unwritten = [None, {77: StandInLogprob(-9.0, 5)}, {PROMPT[2]: StandInLogprob(-3.0, 1)}] + POSITIONS[3:]
     for container in (unwritten, _flat(unwritten)):
-        assert prompt_tail(req, SimpleNamespace(prompt_logprobs=container, num_cached_tokens=2)) == \
+        assert prompt_tail(req, SimpleNamespace(prompt_logprobs=container, num_cached_tokens=2), 4) == \
             PromptTail(EXPECTED[-2:], 3)
 
 
@@ -128,7 +128,7 @@ class ScriptedEngine(VllmEngine):
     def _prompt_tails(self, prompts, read_cache):
         self.calls.append((len(prompts), read_cache))
         tails = []
-        for ids in prompts:
+        for ids, _ in prompts:
             keep = self.covered.get(tuple(ids), len(ids) - 1) if read_cache else len(ids) - 1
             tails.append(PromptTail([(-0.1, 1)] * keep, keep + 1 if keep < len(ids) - 1 else len(ids)))
         return tails
@@ -165,3 +165,12 @@ def test_a_shards_tokens_count_what_was_asked_and_what_the_engine_computed():
     out = ShardOutcome([])
     _count_tokens(out, requests, scored)
     assert (out.prompt_tokens_requested, out.prompt_tokens_computed) == ((4 + 5) + 3, 5 + 3)
+
+
+def test_only_the_choices_tokens_are_read():
+    """`need` tokens from the end, not the context's: a context position holding another token (an unwritten
+    row) is not looked at when the choice is the last two tokens; asked for more, the tail ends there."""
+    flat = _flat([None, {77: StandInLogprob(-9.0, 5)}] + POSITIONS[2:])
+    req = GenRequest("r#0", PROMPT, 0)
+    assert prompt_tail(req, SimpleNamespace(prompt_logprobs=flat), 2).scores == EXPECTED[-2:]
+    assert prompt_tail(req, SimpleNamespace(prompt_logprobs=flat), 4).scores == EXPECTED[-3:]
