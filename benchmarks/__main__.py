@@ -14,7 +14,8 @@
     read, rendered, measured in tokens and cut into shards; cold, then again with the token cache warm.
 (o) orchestration alone, on CPU: N synthetic samples through planning, the scheduler, Ray, scoring and
     Parquet commits with the fake engine (answers at once); samples/s and the driver's peak memory.
-    (p), (o): benchmarks/orchestration.py.
+(m) many models, on CPU: `raysweep plan` of M models x 1 task as a whole process: time, first line, memory.
+    (p), (o), (m): benchmarks/orchestration.py.
 Each part appends rows (part, metric, value, unit) to OUT/bench.parquet and the run prints a markdown table.
 Parts l, w and r are commands of their own: python -m benchmarks.loglik, .pool, .repro.
 """
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench/out", help="folder for bench.parquet and scratch files")
     parser.add_argument("--samples", default="50000,200000", help="part o: sample counts, comma-separated")
     parser.add_argument("--plan-prompts", default="1000000", help="part p: prompts to plan, comma-separated sizes")
+    parser.add_argument("--plan-models", default="1000,10000", help="part m: models to plan, comma-separated sizes")
     whole_process.add_arguments(parser)
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",")]
@@ -55,14 +57,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from cluster.inputs.builtin_model import resolve_model_path
 
-    if set(parts) - {"o", "p"} and not torch.cuda.is_available():
-        print("benchmarks parts a-d need a CUDA GPU and vLLM (parts o and p run anywhere)", file=sys.stderr)
+    if set(parts) - {"o", "p", "m"} and not torch.cuda.is_available():
+        print("benchmarks parts a-d need a CUDA GPU and vLLM (parts o, p and m run anywhere)", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()  # absolute: the specs it writes name their data from their own folder
     out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(resolve_model_path(args.model) if set(parts) - {"o", "p"} else args.model, out, args.prompts)
+    bench = Bench(resolve_model_path(args.model) if set(parts) - {"o", "p", "m"} else args.model, out, args.prompts)
     bench.orchestration_sizes = [int(n) for n in args.samples.split(",")]
     bench.planning_sizes = [int(n) for n in args.plan_prompts.split(",")]
+    bench.plan_models = sorted(int(n) for n in args.plan_models.split(","))
     bench.shard_size = args.shard_size
     bench.in_flight = [d.strip() for d in args.in_flight.split(",")]
     bench.repeats = args.repeats
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.e2e = whole_process.config_from_args(args)
     bench.record("-", "device", None, torch.cuda.get_device_name() if torch.cuda.is_available()
                  else f"CPU only, {os.cpu_count()} cores")
-    bench.record("-", "model", None, "builtin:tiny (fake engine in part o)" if set(parts) <= {"o", "p"} else args.model)
+    bench.record("-", "model", None, "builtin:tiny (fake engine in part o)" if set(parts) <= {"o", "p", "m"} else args.model)
     try:
         for part in parts:
             if part not in PARTS:

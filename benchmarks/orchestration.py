@@ -4,7 +4,9 @@
     measured in tokens and cut into shards; cold, then again with the token cache warm.
 (o) orchestration alone: N synthetic samples through planning, the scheduler, Ray, scoring and Parquet
     commits with the fake engine (answers at once); samples/s and the driver's peak memory.
-Run through `python -m benchmarks --parts p,o`.
+(m) many models: `raysweep plan` as a whole process over M models of one folder x the quickstart's
+    arithmetic task (150 rows): its time to exit, to its first line on stderr, and its peak memory.
+Run through `python -m benchmarks --parts p,o,m`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import random
 import time
+from pathlib import Path
 
 from benchmarks.common import Bench
 
@@ -128,4 +131,34 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-PARTS = {"p": part_p, "o": part_o}
+def part_m(bench: Bench) -> None:
+    """`raysweep plan` of M models x 1 task, each size a process of its own, in increasing order (so the
+    children's peak RSS that getrusage reports is this size's)."""
+    import resource
+    import subprocess
+    import sys
+
+    data = Path(__file__).resolve().parents[1] / "sweeps" / "data" / "arithmetic.jsonl"
+    for m in bench.plan_models:
+        spec_path = bench.out / f"m_{m}.yaml"
+        spec_path.write_text(json.dumps({
+            "name": "bench-m", "output": str(bench.out / "m_results"),
+            "models": [{"name": f"m{i}", "path": "builtin:tiny"} for i in range(m)],
+            "tasks": [{"name": "arithmetic", "data": str(data), "id_column": "id",
+                       "prompt": "Question: {question}\nAnswer:", "target": "answer",
+                       "sampling": {"max_tokens": 8}, "scorer": "numeric_match"}]}))
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", "plan", str(spec_path)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        first = proc.stderr.readline()
+        said = time.perf_counter() - started if first else None
+        rest = proc.stderr.read()
+        if proc.wait() != 0:
+            raise RuntimeError(f"raysweep plan of {m} models failed: {(first + rest)[-2000:]}")
+        bench.record("m", f"{m}_models_plan_s", time.perf_counter() - started, "s (the whole command)")
+        bench.record("m", f"{m}_models_first_line_s", said, "s (none: it ended before its first progress line)")
+        bench.record("m", f"{m}_models_peak_rss_mib", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+                     "MiB")
+
+
+PARTS = {"p": part_p, "o": part_o, "m": part_m}

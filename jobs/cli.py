@@ -19,11 +19,17 @@ from jobs.verify import add_verify_arguments, verify
 
 
 def plan(args: argparse.Namespace) -> int:
-    from cluster.plan.plan_source import preflight
+    from cluster.inputs.checks import check_inputs
     from cluster.inputs.spec_file import load_spec
+    from cluster.plan.plan_source import preflight
+    from jobs.plan_ticker import PlanTicker
 
+    spec = load_spec(args.spec)
+    data = check_inputs(spec)
+    with PlanTicker(spec) as ticker:  # stdout holds the table (or the JSON) alone: the ticker's lines go to stderr
+        plans = preflight(spec, strict=False, data=data, planned=ticker.planned)
     rows = []
-    for mp in preflight(load_spec(args.spec), strict=False):
+    for mp in plans:
         for tp in mp.tasks:
             lengths = tp.lengths
             measured = tp.task.replay is None  # a replay task's prompts are measured by no tokenizer

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from cluster.contracts.errors import PreflightError
 from cluster.contracts.task_spec import TaskSpec
@@ -186,9 +188,10 @@ def one_line(e: BaseException, limit: int = 400) -> str:
 
 
 def load_model_meta(model: ModelSpec, path: str, source: str = "<spec>"):
-    """The model's resolved path, its tokenizer and its max_model_len. A tokenizer known by its files that
-    counted prompts into the token cache before (so it loaded then) is loaded only if planning needs it:
-    a sweep whose prompts were all measured before loads none (cluster/inputs/model_files.py)."""
+    """The model's resolved path, its tokenizer and the length its files give (engine.max_model_len aside).
+    A tokenizer known by its files that counted prompts into the token cache before (so it loaded then) is
+    loaded only if planning needs it: a sweep whose prompts were all measured before loads none
+    (cluster/inputs/model_files.py)."""
     from cluster.inputs.model_files import LazyTokenizer, context_length, files_fingerprint, load_tokenizer
     from cluster.inputs.token_cache import measured_before
 
@@ -206,5 +209,32 @@ def load_model_meta(model: ModelSpec, path: str, source: str = "<spec>"):
         length = context_length(path)
     except Exception as e:
         raise cannot_load(e) from None
-    max_len = model.engine.get("max_model_len") or length
-    return path, tokenizer, max_len
+    return path, tokenizer, length
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """What planning needs of a model that passed every check: its resolved path, tokenizer and length."""
+    model: ModelSpec
+    path: str
+    tokenizer: Any
+    max_len: int | None
+
+
+def load_models(spec: SweepSpec) -> list[LoadedModel]:
+    """The expensive checks, once per model folder: its tokenizer and length loaded, every structured spec
+    compiled against that tokenizer. Models of one folder (one model under several engine settings, or a
+    sweep of thousands of names) share the load and the compile."""
+    loaded: dict[str, tuple] = {}
+    compiled: set[int] = set()
+    models = []
+    for model in spec.models:
+        where = spec.model_path(model)
+        if where not in loaded:
+            loaded[where] = load_model_meta(model, where, spec.source)
+        path, tokenizer, length = loaded[where]
+        if id(tokenizer) not in compiled:
+            compile_for(model, tokenizer, spec)
+            compiled.add(id(tokenizer))
+        models.append(LoadedModel(model, path, tokenizer, model.engine.get("max_model_len") or length))
+    return models

@@ -17,10 +17,10 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from cluster.contracts.spec import ModelSpec, SweepSpec
-from cluster.inputs.checks import check_inputs, compile_for, load_model_meta
+from cluster.inputs.checks import check_inputs, load_models
 from cluster.inputs.data import TaskData
 from cluster.inputs.staging import StagingFolder
 from cluster.inputs.token_cache import TokenCache
@@ -50,28 +50,38 @@ def plan_events(spec: SweepSpec, data: list[TaskData], strict: bool = True) -> I
             plan = plan_replay(d, spec.shards, staging)
             d.check_unchanged()  # what was planned is what was checked
             yield plan
-    models = []
-    for model in spec.models:
-        path, tokenizer, max_len = load_model_meta(model, spec.model_path(model), spec.source)
-        compile_for(model, tokenizer, spec)
-        models.append((ModelReady(model, path), tokenizer, max_len))
-    yield from (ready for ready, _, _ in models)
-    for ready, tokenizer, max_len in models:
-        cache = TokenCache(tokenizer)
+    models = load_models(spec)
+    yield from (ModelReady(m.model, m.path) for m in models)
+    caches: dict[int, TokenCache] = {}  # one per tokenizer loaded: models that share it read its counts once
+    for m in models:
+        cache = caches.get(id(m.tokenizer)) or caches.setdefault(id(m.tokenizer), TokenCache(m.tokenizer))
         for d in (d for d in data if d.task.replay is None):
-            plan = plan_task(ready.model, d, tokenizer, max_len, spec.shards, cache, strict, staging)
+            plan = plan_task(m.model, d, m.tokenizer, m.max_len, spec.shards, cache, strict, staging)
             d.check_unchanged()  # what was planned is what was checked (and what the manifest's hash says)
             yield plan
 
 
-def preflight(spec: SweepSpec, strict: bool = True) -> list[ModelPlan]:
-    """Every check and every plan, at once (a replay task's plan under its replay.model, with no path)."""
+def pair_count(spec: SweepSpec) -> int:
+    """How many (model, task) plans `plan_events` makes: every task for every model, a replay task once."""
+    replayed = sum(t.replay is not None for t in spec.tasks)
+    return len(spec.models) * (len(spec.tasks) - replayed) + replayed
+
+
+def preflight(spec: SweepSpec, strict: bool = True, data: list[TaskData] | None = None,
+              planned: Callable[[int], None] | None = None) -> list[ModelPlan]:
+    """Every check (those of `check_inputs` unless their `data` is given) and every plan, at once (a replay
+    task's plan under its replay.model, with no path); `planned(n)` after each (model, task) plan, with the
+    number made so far."""
     plans: dict[str, ModelPlan] = {}
-    for event in plan_events(spec, check_inputs(spec), strict):
+    made = 0
+    for event in plan_events(spec, check_inputs(spec) if data is None else data, strict):
         if isinstance(event, ModelReady):
             plans[event.model.name] = ModelPlan(event.model, event.path, [])
-        else:
-            plans.setdefault(event.model.name, ModelPlan(event.model, "", [])).tasks.append(event)
+            continue
+        plans.setdefault(event.model.name, ModelPlan(event.model, "", [])).tasks.append(event)
+        made += 1
+        if planned is not None:
+            planned(made)
     return list(plans.values())
 
 
