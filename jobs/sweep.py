@@ -100,15 +100,23 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
     return _print_report(report, node, output_kept, args.verbose)
 
 
+def _shown_path(path: str) -> str:
+    """A local path as the user can paste it here: from the current directory where it lies below it (the
+    quickstart's results/quickstart), else whole."""
+    whole, here = os.path.abspath(path), os.getcwd()
+    return os.path.relpath(whole, here) if whole.startswith(here.rstrip(os.sep) + os.sep) else whole
+
+
 def _print_report(report, node, output_kept: bool = True, verbose: bool = False) -> int:
     print(format_summary(report.summary))
-    print(f"\n[raysweep] {report.samples} samples in {report.wall_s:.1f}s "
-          f"({report.shards_run} shards run, {report.shards_skipped} already committed)")
+    print(f"\n[raysweep] {report.samples} samples in {report.wall_s:.1f}s once Ray was up, "
+          f"{report.command_s:.1f}s after the command started ({report.shards_run} shards run, "
+          f"{report.shards_skipped} already committed)")
     if report.gpu_samples:
         print(f"[raysweep] GPU telemetry: {report.gpu_samples} NVML samples in telemetry/gpu.parquet")
     elif report.shards_run:
         print("[raysweep] GPU telemetry: NVML absent on every actor; GPU columns are null, not zero")
-    where = report.output if "://" in report.output else os.path.abspath(report.output)  # a local path, whole
+    where = report.output if "://" in report.output else _shown_path(report.output)
     if output_kept:
         print(f"[raysweep] results: {where}" + (f" on node {node}" if node else ""))
     else:

@@ -15,6 +15,8 @@ from cluster.schedule.run import run_sweep
 from cluster.store.output_files import SinkError
 from cluster.inputs.spec_file import load_spec
 from tests.conftest import QUICKSTART, ROOT
+
+README = ROOT / "README.md"
 from tests.test_ray_output import RAY_LINE
 
 
@@ -178,6 +180,16 @@ def test_cli_runs_the_quickstart(quickstart):
     assert "| tiny | extract | 100 |" in screen and "100.0%" in screen
     assert "GPU telemetry: NVML absent on every actor; GPU columns are null, not zero" in screen
     assert pq.read_table(out / "results").num_rows == 350
+    # the README's sample is this run's shape, line for line (figures, actor ids and the output's path aside),
+    # and shows no machine's path
+    lines = {part.rstrip() for line in screen.split("\n") for part in line.split("\r") if part.strip()}
+    sample = README.read_text().split("```\n[raysweep] inputs checked")[1].split("```")[0]
+    for said in filter(None, ("[raysweep] inputs checked" + sample).split("\n")):
+        assert not re.search(r"(^|\s)/\w", said), said
+        shape = re.sub(r"\d+", r"\\d+", re.escape(re.sub(r"actor [0-9a-f]{8}", "actor ID", said)))
+        shape = re.sub(r"\\ results/quickstart$", r" .+", shape).replace(r"actor\ ID", r"actor\ [0-9a-f]{8}")
+        shape = re.sub("█+", "█+", shape)  # the bar's width follows the terminal's
+        assert any(re.fullmatch(shape, line) for line in lines), (said, screen[-3000:])
     # Ray's own log lines (its token-auth warning, "Started a local Ray instance") and what the actors print
     # (transformers' warnings, under Ray's "(EvalActor pid=...)") stay out without --verbose (jobs/ray_output.py;
     # tests/test_reproducible.py runs verify with --verbose)

@@ -46,7 +46,8 @@ class SweepReport:
     output: str
     summary: pa.Table
     failed: dict = field(default_factory=dict)  # shard_id -> manifest entry with errors
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # from Ray up (the scheduler's start) to the last commit
+    command_s: float = 0.0  # from the command's start (the clock's) to the same
     samples: int = 0
     gpu_samples: int = 0  # NVML readings in telemetry/gpu.parquet from this run
     shards_run: int = 0
@@ -121,6 +122,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
         run.report.failed = sink.failed()
         run.report.gpu_samples = sink.gpu_samples
     run.report.samples, run.report.wall_s = run.progress.done, time.perf_counter() - started
+    run.report.command_s = time.time() - clock.started_at
     return run.report
 
 
@@ -181,6 +183,7 @@ class _Run:
         finally:
             self.commits.close()
         self.report.model_changes = scheduler.fleet.model_changes
+        self.progress.close()  # the bar's last state on a line of its own: the lines below are not the bar's
         if (line := tail_line(self.tail_record(), size.unit)) is not None:
             self.log(line)
         if scheduler.fleet.pool_lost:
