@@ -11,17 +11,15 @@ during a sweep ends the command the same way (jobs/head_watch.py).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
-from jobs.lm_eval_model import LmEvalError
+from jobs.lm_eval_run import LmEvalError, LmEvalRun
 
 
 def run(argv: list[str]) -> int:
-    from cluster.lm_eval.adapter import own_tasks_indexed, templates_compiled_once
+    from cluster.lm_eval.adapter import command_line_checked, on_evaluate, own_tasks_indexed, templates_compiled_once
     from cluster.lm_eval.run import import_lm_eval
-    from jobs import lm_eval_model
     from jobs.interrupts import Interrupted, interrupted_in, interruptible
 
     try:
@@ -29,7 +27,7 @@ def run(argv: list[str]) -> int:
     except ValueError as e:  # not installed: one line naming the extra
         print(f"raysweep: error: {e}", file=sys.stderr)
         return 2
-    lm_eval_model.register()
+    import jobs.lm_eval_model  # noqa: F401  (registers the model `raysweep`)
     from lm_eval.__main__ import cli_evaluate
 
     from cluster.inputs.builtin_model import hub_unreachable
@@ -41,26 +39,34 @@ def run(argv: list[str]) -> int:
 
     check_options(argv)
     sys.argv = ["lm_eval", *argv]
-    with interruptible(say=lm_eval_model.say_stopped):
+    run = LmEvalRun()
+    with interruptible(say=run.say_stopped):
         try:
-            try:
-                with templates_compiled_once(), own_tasks_indexed(task_names(argv)), _command_line_checked():
-                    try:
-                        cli_evaluate()
-                    except Exception as e:  # a dataset not reachable: one line, as a spec's lm_eval: entry says it
-                        if type(e).__name__ not in DATA_ERRORS:
-                            raise
-                        raise LmEvalError(data_failure(e)) from None
-            finally:  # inside the handlers: a signal during the close is one line, not a traceback from atexit
-                lm_eval_model.close()
+            with run, templates_compiled_once(), own_tasks_indexed(task_names(argv)), \
+                    command_line_checked(LmEvalError), on_evaluate(_begin):
+                try:
+                    cli_evaluate()
+                except Exception as e:  # a dataset not reachable: one line, as a spec's lm_eval: entry says it
+                    if type(e).__name__ not in DATA_ERRORS:
+                        raise
+                    raise LmEvalError(data_failure(e)) from None
+            # the run closed inside the handlers: a signal during the close is one line, not a traceback
         except (Interrupted, SystemError) as e:
             # a SystemError raised from the Interrupted: the signal came inside ray.wait's C code (jobs/sweep.py)
             stop = e if isinstance(e, Interrupted) else interrupted_in(e)
             if stop is None:
                 raise
-            lm_eval_model.say_stopped(stop)  # said at the signal already, unless Ray's own handler had it
+            run.say_stopped(stop)  # said at the signal already, unless Ray's own handler had it
             return 1
     return 0
+
+
+def _begin(lm) -> None:
+    """lm-eval loaded its tasks and goes on to build their requests: raysweep's model begins its Ray (a model of
+    lm-eval's own, or one behind --use_cache's CachingLM, is looked into)."""
+    model = getattr(lm, "lm", lm)
+    if hasattr(model, "begin"):
+        model.begin()
 
 
 def check_options(argv: list[str]) -> None:
@@ -101,48 +107,3 @@ def task_names(argv: list[str]) -> list[str]:
         else:
             taking = False
     return [name.strip() for name in names if name.strip()]
-
-
-@contextlib.contextmanager
-def _command_line_checked():
-    """lm-eval's checks of its own command line (its EvaluatorConfig: `Tasks not found: X`, a --config file that
-    is not there, --samples with --limit ...) raise ValueError or FileNotFoundError, and its Task.doc_iterator
-    asserts that each --samples index is below the task's document count: LmEvalError here, one line."""
-    from lm_eval.config.evaluate_config import EvaluatorConfig
-
-    def checked(method):
-        def call(*args, **kwargs):
-            try:
-                return method(*args, **kwargs)
-            except (ValueError, FileNotFoundError) as e:
-                raise LmEvalError(f"lm-eval: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
-        return call
-
-    def samples_checked(method):
-        def call(task, *args, **kwargs):
-            try:
-                return method(task, *args, **kwargs)
-            except AssertionError as e:  # its --samples check: an index past the task's documents
-                if not kwargs.get("samples"):
-                    raise
-                first = (str(e).strip().splitlines() or ["an index past the task's documents"])[0]
-                raise LmEvalError(f"lm-eval: --samples: task {task.config.task}: {first}") from None
-        return call
-
-    originals = {(EvaluatorConfig, name): EvaluatorConfig.__dict__[name] for name in ("from_cli", "process_tasks")
-                 if name in EvaluatorConfig.__dict__}
-    for (owner, name), original in originals.items():
-        if isinstance(original, classmethod):
-            setattr(owner, name, classmethod(checked(original.__func__)))
-        else:
-            setattr(owner, name, checked(original))
-    from lm_eval.api.task import Task
-
-    if "doc_iterator" in Task.__dict__:  # asserts that each --samples index is one of the task's documents
-        originals[(Task, "doc_iterator")] = Task.__dict__["doc_iterator"]
-        Task.doc_iterator = samples_checked(originals[(Task, "doc_iterator")])
-    try:
-        yield
-    finally:
-        for (owner, name), original in originals.items():
-            setattr(owner, name, original)

@@ -5,17 +5,19 @@
 
 lm-eval 0.4.13 finds models only in its own registry (no plugin entry points), so plain `lm_eval --model
 raysweep` cannot find it; `raysweep lm-eval` (jobs/lm_eval_command.py) registers it, runs lm-eval's CLI on the
-rest of the line, and closes the model's engines, Ray and temporary output (`close`) at its end. From Python,
-`import jobs.lm_eval_model` registers it for `lm_eval.simple_evaluate(model="raysweep", ...)` (closed at exit).
+rest of the line inside an LmEvalRun (jobs/lm_eval_run.py), and closes that run at its end. From Python,
+`import jobs.lm_eval_model` registers it for `lm_eval.simple_evaluate(model="raysweep", ...)` (a model made there
+has a run of its own, closed when the model goes).
 
-The models made in a process share its one SweepRun (jobs/lifecycle.py), made with the first: the engine host
-decided and Ray's start begun when lm-eval makes the model (Ray comes up while lm-eval builds its requests), and
-the teardown (the kept actors, Ray, the engine host, the temporary output) in its `close`. Each request type
-lm-eval asks for (loglikelihood, loglikelihood_rolling, generate_until) is one raysweep sweep through the steps
-`raysweep run`'s takes (adopt, check, open, start_ray, execute): the requests made into rows by the rule a spec's
-`lm_eval:` entry uses (cluster/lm_eval/run.py), sharded over the model's actors, and answered from the committed
-rows (cluster/lm_eval/scores.py). The first sweep's actors stay up with their engines for the next request types
-(cluster/schedule/fleet.py KeptActors): the engines start once per command.
+The models made in one command share its run's one SweepRun (jobs/lifecycle.py): the engine host decided and Ray's
+start begun once lm-eval has loaded its tasks (a dataset that cannot be reached is said before Ray starts), while
+it builds their requests (`begin`), and the teardown (the kept actors, Ray, the engine host, the temporary output)
+in the run's `close`. Each request type lm-eval asks for (loglikelihood, loglikelihood_rolling, generate_until)
+is one raysweep sweep through the steps `raysweep run`'s takes (adopt, check, open, start_ray, execute): the
+requests made into rows by the rule a spec's `lm_eval:` entry uses (cluster/lm_eval/run.py), sharded over the
+model's actors, and answered from the committed rows (cluster/lm_eval/scores.py). The first sweep's actors stay up
+with their engines for the next request types (cluster/schedule/fleet.py KeptActors): the engines start once per
+command.
 model_args: pretrained (a model folder, hub id or builtin:NAME; also `model`), max_model_len, backend
 (auto | hf | vllm), actors (per model) and num_gpus (per actor) (default `auto` for each: chosen as for a spec
 without `actors:`, cluster/plan/engines_per_gpu.py, e.g. two engines on a large GPU for a small model), address
@@ -28,183 +30,112 @@ at the edge, `raysweep: error: ...` (LmEvalError), as raysweep's own commands sa
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import os
 import re
-import sys
-import threading
-import time
+import weakref
 from collections import defaultdict
 
-from cluster.contracts.errors import RaysweepError
+from cluster.lm_eval.answered import AnsweredLM
+from jobs.lm_eval_run import LmEvalError, LmEvalRun, current_run, said
 
 NAME = "raysweep"
-
-
-class LmEvalError(RaysweepError, ValueError):
-    """lm-eval's command line or raysweep's model_args cannot be used as given; the message names the option."""
-
 
 # what lm-eval's command line hands every model beside --model_args (lm_eval.evaluator.simple_evaluate)
 LM_EVAL_OPTIONS = {"batch_size", "max_batch_size", "device"}
 
 
-def make_model_class():
-    from lm_eval.api.model import LM
+class RaysweepLM(AnsweredLM):
+    def __init__(self, pretrained: str | None = None, model: str | None = None, max_model_len: int | None = None,
+                 backend: str = "auto", actors: int | str = "auto", num_gpus: float | str = "auto",
+                 address: str | None = None, output: str | None = None, **lm_eval_options):
+        super().__init__()
+        from cluster.contracts.spec import ActorSpec, ModelSpec
 
-    class RaysweepLM(LM):
-        def __init__(self, pretrained: str | None = None, model: str | None = None, max_model_len: int | None = None,
-                     backend: str = "auto", actors: int | str = "auto", num_gpus: float | str = "auto",
-                     address: str | None = None,
-                     output: str | None = None, **lm_eval_options):
-            super().__init__()
-            from cluster.contracts.spec import ActorSpec, ModelSpec
+        unknown = sorted(set(lm_eval_options) - LM_EVAL_OPTIONS)
+        if unknown:  # lm-eval's header prints model_args as given: one raysweep ignored would mislead
+            raise LmEvalError(f"--model_args: {unknown[0]} is not one raysweep takes (it takes pretrained, "
+                              "model, max_model_len, backend, actors, num_gpus, address, output)")
+        path = pretrained or model
+        if not path:
+            raise LmEvalError("--model_args: raysweep needs pretrained=PATH (a model folder, hub id or builtin:NAME)")
+        length = _auto(max_model_len, int, "max_model_len")
+        engine = {"max_model_len": length} if length is not None else {}
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", str(path).rstrip("/").split("/")[-1].split(":")[-1]).lstrip("._-")
+        try:  # the specs' own checks, said with model_args' names (actors, not count; max_model_len)
+            self.model = ModelSpec(name=name or "model", path=str(path), backend=backend, engine=engine)
+            self.actors = ActorSpec(count=_auto(actors, int, "actors"), num_gpus=_auto(num_gpus, float, "num_gpus"))
+        except LmEvalError:
+            raise
+        except ValueError as e:
+            raise LmEvalError("--model_args: " + re.sub(r"^(engine\.|count:)", lambda m: "actors:" if
+                                                         m.group(1) == "count:" else "", str(e))) from None
+        self.run = current_run()
+        if self.run is None:  # made by lm-eval's simple_evaluate from Python: a run of its own, closed with it
+            self.run = LmEvalRun()
+            weakref.finalize(self, self.run.close, True)
+        self.life = self.run.sweep_run(address)
+        self.output_kept = output is not None  # the user's folder stays; the default, a temporary one, goes
+        self.output = output or self.life.temporary_folder("lm-eval-output")
+        if self.output_kept:
+            self.run.outputs.append(output)
+        _chat_templated(self, str(path))
+        said("model made; lm-eval loads its tasks")
 
-            unknown = sorted(set(lm_eval_options) - LM_EVAL_OPTIONS)
-            if unknown:  # lm-eval's header prints model_args as given: one raysweep ignored would mislead
-                raise LmEvalError(f"--model_args: {unknown[0]} is not one raysweep takes (it takes pretrained, "
-                                  "model, max_model_len, backend, actors, num_gpus, address, output)")
-            path = pretrained or model
-            if not path:
-                raise LmEvalError("--model_args: raysweep needs pretrained=PATH (a model folder, hub id or builtin:NAME)")
-            length = _auto(max_model_len, int, "max_model_len")
-            engine = {"max_model_len": length} if length is not None else {}
-            name = re.sub(r"[^A-Za-z0-9._-]", "_", str(path).rstrip("/").split("/")[-1].split(":")[-1]).lstrip("._-")
-            try:  # the specs' own checks, said with model_args' names (actors, not count; max_model_len)
-                self.model = ModelSpec(name=name or "model", path=str(path), backend=backend, engine=engine)
-                self.actors = ActorSpec(count=_auto(actors, int, "actors"), num_gpus=_auto(num_gpus, float, "num_gpus"))
-            except LmEvalError:
-                raise
-            except ValueError as e:
-                raise LmEvalError("--model_args: " + re.sub(r"^(engine\.|count:)", lambda m: "actors:" if
-                                                             m.group(1) == "count:" else "", str(e))) from None
-            self.life = _process_run(address)  # this process's SweepRun, closed by close(): at the command's end
-            # the engine host decided (the engines' imports start now) and Ray started, once: while lm-eval loads
-            # its tasks and builds their requests (they need only this thread's Python; ray.init mostly waits on
-            # the processes it starts); the first request type's sweep waits for it
-            self.life.begin([backend], ray_early=True)
-            self.output_kept = output is not None  # the user's folder stays; the default, a temporary one, goes
-            self.output = output or self.life.temporary_folder("lm-eval-output")
-            if self.output_kept:
-                _OUTPUTS.append(output)
-            _chat_templated(self, str(path))
-            _said("model made (Ray starting meanwhile); lm-eval builds its requests")
+    def begin(self) -> None:
+        """The engine host decided (the engines' imports start) and Ray's start begun, on a thread of its own: once
+        lm-eval loaded its tasks, while it builds their requests (they need only this thread's Python; ray.init
+        mostly waits on the processes it starts). The first request type's sweep waits for it. Called by the
+        command when lm-eval goes from its tasks to their requests (cluster/lm_eval/adapter.py on_evaluate)."""
+        if not self.life.ray_begun:
+            self.life.begin([self.model.backend], ray_early=True)
+            said("tasks loaded; Ray starting while lm-eval builds its requests")
 
-        def _answers(self, kind: str, requests) -> dict:
-            """One sweep over the requests, through the process's SweepRun; the committed rows by task and
-            (sample id, completion)."""
-            from cluster.contracts.lm_eval_task import LmEvalSettings
-            from cluster.contracts.spec import SweepSpec
-            from cluster.lm_eval.run import request_rows
-            from cluster.lm_eval.requests import task_spec
-            from cluster.store.output_files import SinkError
+    def _answers(self, kind: str, requests) -> dict:
+        """One sweep over the requests, through the run's SweepRun; the committed rows by task and (sample id,
+        completion)."""
+        from cluster.contracts.lm_eval_task import LmEvalSettings
+        from cluster.contracts.spec import SweepSpec
+        from cluster.lm_eval.run import request_rows
+        from cluster.lm_eval.requests import task_spec
+        from cluster.store.output_files import SinkError
 
-            by_task = defaultdict(list)
-            for r in requests:
-                by_task[r.task_name].append(r)
-            rows = request_rows(requests)
-            try:  # what raysweep cannot run (beam search, a generation argument it does not pass): one line
-                tasks = tuple(task_spec(name, reqs, rows.get(name, []), LmEvalSettings(tasks=(name,)), entry=-1)
-                              for name, reqs in by_task.items())
-            except ValueError as e:
-                raise LmEvalError(f"task {e}") from None
-            _said(f"{kind}: {len(requests)} request(s) of {len(by_task)} task(s) made into rows")
-            digest = hashlib.sha256(repr(tasks).encode()).hexdigest()[:8]
-            spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),
-                             models=(self.model,), tasks=tasks, actors=self.actors)
-            life = self.life
-            life.adopt(spec)
-            life.check()
-            try:
-                life.open(spec.output)
-            except SinkError as e:  # the output refused (another spec's results ...): advice this command can follow
-                raise type(e)(lm_eval_advice(str(e), spec.output)) from None
-            life.start_ray()
-            report, _ = life.execute(say_stopped)  # a local Ray's head lost: one line, exit 1
-            if report.failed:
-                first = next(iter(report.failed.values()))["errors"][-1]
-                kept = (f"the run's output {spec.output} keeps what was committed: the same command resumes it"
-                        if self.output_kept else "pass output=DIR in --model_args to keep what is committed and "
-                        "resume it")
-                raise RuntimeError(f"raysweep: {len(report.failed)} shard(s) failed (first: {first}); {kept}")
-            answers = _read_answers(spec.output, self.model.name, [t.name for t in tasks])
-            _said(f"{kind}: answers read; back to lm-eval")
-            return answers
+        by_task = defaultdict(list)
+        for r in requests:
+            by_task[r.task_name].append(r)
+        rows = request_rows(requests)
+        try:  # what raysweep cannot run (beam search, a generation argument it does not pass): one line
+            tasks = tuple(task_spec(name, reqs, rows.get(name, []), LmEvalSettings(tasks=(name,)), entry=-1)
+                          for name, reqs in by_task.items())
+        except ValueError as e:
+            raise LmEvalError(f"task {e}") from None
+        said(f"{kind}: {len(requests)} request(s) of {len(by_task)} task(s) made into rows")
+        digest = hashlib.sha256(repr(tasks).encode()).hexdigest()[:8]
+        spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),
+                         models=(self.model,), tasks=tasks, actors=self.actors)
+        life = self.life
+        life.adopt(spec)
+        life.check()
+        try:
+            life.open(spec.output)
+        except SinkError as e:  # the output refused (another spec's results ...): advice this command can follow
+            raise type(e)(lm_eval_advice(str(e), spec.output)) from None
+        life.start_ray()
+        report, _ = life.execute(self.run.say_stopped)  # a local Ray's head lost: one line, exit 1
+        if report.failed:
+            first = next(iter(report.failed.values()))["errors"][-1]
+            kept = (f"the run's output {spec.output} keeps what was committed: the same command resumes it"
+                    if self.output_kept else "pass output=DIR in --model_args to keep what is committed and "
+                    "resume it")
+            raise RuntimeError(f"raysweep: {len(report.failed)} shard(s) failed (first: {first}); {kept}")
+        answers = _read_answers(spec.output, self.model.name, [t.name for t in tasks])
+        said(f"{kind}: answers read; back to lm-eval")
+        return answers
 
-        def _replay(self, kind: str, requests):
-            from cluster.lm_eval.scores import replay_lm
+    def _answer(self, kind: str, requests) -> list:
+        from cluster.lm_eval.scores import replay_lm
 
-            return getattr(replay_lm(self._answers(kind, requests)), kind)(requests)
-
-        def loglikelihood(self, requests, disable_tqdm: bool = False):
-            return self._replay("loglikelihood", requests)
-
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            return self._replay("loglikelihood_rolling", requests)
-
-        def generate_until(self, requests, disable_tqdm: bool = False):
-            return self._replay("generate_until", requests)
-
-    return RaysweepLM
-
-
-_RUN: list = []  # this process's SweepRun (jobs/lifecycle.py), made with its first model, until close()
-_OUTPUTS: list[str] = []  # the output= folders of the models made here (kept: the stop's line names them)
-_STOPPED = threading.Lock()  # held once the stop's line is said: it is said once
-
-
-def _process_run(address: str | None):
-    """The SweepRun of this process's models: made with the first, the same for the next ones (which must name
-    its Ray), until close()."""
-    import argparse
-
-    if _RUN:
-        life = _RUN[0]
-        if (address or os.environ.get("RAY_ADDRESS") or "local") != life.address:
-            raise LmEvalError(f"--model_args: address {address or 'local'}: this process runs its sweeps on "
-                              f"{life.address} already (one Ray per process)")
-        return life
-    from cluster.contracts.timing import RunClock
-    from jobs import started_at
-    from jobs.lifecycle import SweepRun
-
-    _OUTPUTS.clear()  # a closed run's
-    args = argparse.Namespace(address=address, dashboard=False, verbose=False, new_run=False, max_attempts=3)
-    _RUN.append(SweepRun(args, RunClock(started_at()), log=lambda line: print(line, file=sys.stderr, flush=True),
-                         keep_engines=True, address_option="address"))
-    return _RUN[0]
-
-
-def close(quiet: bool = False) -> None:
-    """This process's SweepRun closed (its engines, Ray, engine host and temporary output), once: the command calls
-    it at its end, inside its signal handlers; atexit calls it too. `quiet` (or after a stop's line): without the
-    line saying what closes."""
-    if not _RUN:
-        return
-    life = _RUN.pop()
-    if not (quiet or _STOPPED.locked()) and life.ray_begun:
-        _said("lm-eval is done: the engines and Ray close")
-    life.close()
-
-
-def say_stopped(stop) -> None:
-    """The command's line for its stop (a signal's Interrupted, or why else it stopped), said once, with os.write:
-    from a signal handler or another thread."""
-    if not _STOPPED.acquire(blocking=False):
-        return
-    head = f"[raysweep] stopped by {stop}:" if isinstance(stop, BaseException) else f"[raysweep] stopped: {stop};"
-    where = (f"what its sweeps committed is kept in {_OUTPUTS[0]}: the same command resumes it" if _OUTPUTS else
-             "pass output=DIR in --model_args to keep what its sweeps commit and resume it")
-    os.write(2, f"{head} lm-eval wrote no results; {where}\n".encode())
-
-
-def _said(what: str) -> None:
-    """One stage of the command, timed from its Python's start as the spec path's lines are (jobs/sweep.py)."""
-    from jobs import started_at
-
-    when = f" ({time.time() - started_at():.1f}s after the command started)"
-    print(f"[raysweep] lm-eval: {what}{when}", file=sys.stderr, flush=True)
+        return getattr(replay_lm(self._answers(kind, requests)), kind)(requests)
 
 
 def _auto(value, kind, name: str):
@@ -293,18 +224,13 @@ def _read_answers(output: str, model: str, tasks: list[str]) -> dict:
 
 
 def register() -> None:
-    """raysweep as lm-eval's model `raysweep` (its own models stay registered beside it)."""
+    """raysweep as lm-eval's model `raysweep` (its own models stay registered beside it), as lm-eval registers its
+    own (`@register_model`)."""
     import lm_eval.models  # noqa: F401  (lm-eval loads its models only while its registry is empty)
     from lm_eval.api.registry import model_registry
 
     if NAME not in model_registry.keys():
-        model_registry.register(NAME)(make_model_class())
+        model_registry.register(NAME)(RaysweepLM)
 
 
-atexit.register(close)  # Python's own use of the model (simple_evaluate): its run closed at exit
-
-
-try:  # `import jobs.lm_eval_model` registers the model where lm-eval is installed
-    register()
-except ImportError:
-    pass
+register()  # `import jobs.lm_eval_model` registers the model, for `lm_eval.simple_evaluate(model="raysweep", ...)`

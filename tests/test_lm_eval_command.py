@@ -115,7 +115,7 @@ def test_a_generation_setting_raysweep_refuses_is_one_line(include_path):
 def test_a_task_whose_dataset_cannot_be_reached_is_one_line(tmp_path):
     """A task on a hub dataset (arc_easy's, as lm-eval's own YAML names it) without network (offline here, as the
     command makes it when the hub does not answer): a 68-line traceback ending in ConnectionError after 287 s;
-    now one line, exit 2, with what to do."""
+    now one line, exit 2, with what to do, before Ray starts."""
     (tmp_path / "rs_hub.yaml").write_text(
         "task: rs_hub\ndataset_path: allenai/ai2_arc\ndataset_name: ARC-Easy\noutput_type: multiple_choice\n"
         "test_split: test\ndoc_to_text: '{{question}}'\ndoc_to_target: 0\ndoc_to_choice: '{{choices.text}}'\n")
@@ -127,6 +127,8 @@ def test_a_task_whose_dataset_cannot_be_reached_is_one_line(tmp_path):
     assert proc.returncode == 2 and len(said) == 1, proc.stderr[-3000:]
     assert said[0].startswith("raysweep: error: lm-eval could not load the dataset (") and "HF_DATASETS_OFFLINE" in said[0]
     assert "Traceback" not in proc.stderr
+    # before Ray: it began once lm-eval made the model, and "lm-eval is done" came before "starting a local Ray"
+    assert "Ray" not in proc.stderr.replace("raysweep", ""), proc.stderr[-3000:]
     print(f"refused in {time.monotonic() - started:.1f} s")
 
 
@@ -134,7 +136,7 @@ def test_a_use_cache_lm_eval_cannot_keep_is_one_line_before_anything_runs(tmp_pa
     """`--use_cache PATH` whose sqlite file is a folder failed inside lm-eval after every request had run; now one
     line at the start, as a spec's `use_cache:` is refused."""
     from jobs.lm_eval_command import check_options
-    from jobs.lm_eval_model import LmEvalError
+    from jobs.lm_eval_run import LmEvalError
 
     (tmp_path / "c_rank0.db").mkdir()
     for argv in (["--use_cache", str(tmp_path / "c")], [f"--use_cache={tmp_path / 'c'}"]):

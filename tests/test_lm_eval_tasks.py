@@ -501,13 +501,14 @@ def test_templates_compiled_once_render_as_lm_eval_and_compile_each_template_onc
 
 @pytest.fixture
 def models_without_ray(monkeypatch):
-    """RaysweepLM's class, its models made without Ray or an engine host; their run closed after the test."""
-    from jobs import lm_eval_model
+    """RaysweepLM's class, its models made in one run: making a model starts no Ray and no engine host (lm-eval
+    has not loaded its tasks yet); the run closed after the test."""
+    from jobs.lm_eval_model import RaysweepLM
+    from jobs.lm_eval_run import LmEvalRun
 
-    monkeypatch.setattr("jobs.background.Background", lambda work, name: None)  # no Ray for these models
-    monkeypatch.setenv("RAYSWEEP_ENGINE_HOST", "0")  # and no engine host
-    yield lm_eval_model.make_model_class()
-    lm_eval_model.close(quiet=True)
+    with LmEvalRun() as run:
+        yield RaysweepLM
+        assert run.life is None or (run.life.host is None and not run.life.ray_begun)
 
 
 def test_lm_eval_model_args_leave_the_engines_per_gpu_to_raysweep_unless_given(models_without_ray):

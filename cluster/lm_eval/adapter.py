@@ -6,7 +6,9 @@ lm-eval is used. Each replacement is a context manager or a subclass that puts l
 - `templates_compiled_once`: `utils.apply_template` with each template compiled once;
 - `own_request_cache`: lm-eval's request cache in a temporary folder of this process's own;
 - `own_tasks_indexed`: lm-eval's command line indexing only an include_path that holds every task named;
-- `process_results_named`: each task's `process_results` raising an error that names the task.
+- `process_results_named`: each task's `process_results` raising an error that names the task;
+- `command_line_checked`: lm-eval's checks of its command line raising one error of the caller's;
+- `on_evaluate`: a call of the caller's at the moment lm-eval has loaded its tasks.
 """
 
 from __future__ import annotations
@@ -181,3 +183,71 @@ def _named(process_results, name: str, failed: type):
             raise failed(name, e) from e
 
     return call
+
+
+@contextlib.contextmanager
+def command_line_checked(error: type[Exception]):
+    """lm-eval's checks of its own command line (its EvaluatorConfig: `Tasks not found: X`, a --config file that
+    is not there, --samples with --limit ...) raise ValueError or FileNotFoundError, and its Task.doc_iterator
+    asserts that each --samples index is below the task's document count: `error` here, one line. Stands in for
+    `EvaluatorConfig.from_cli` and `.process_tasks` (lm_eval/config/evaluate_config.py) and `Task.doc_iterator`
+    (lm_eval/api/task.py), each called through."""
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    def checked(method):
+        def call(*args, **kwargs):
+            try:
+                return method(*args, **kwargs)
+            except (ValueError, FileNotFoundError) as e:
+                raise error(f"lm-eval: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+        return call
+
+    def samples_checked(method):
+        def call(task, *args, **kwargs):
+            try:
+                return method(task, *args, **kwargs)
+            except AssertionError as e:  # its --samples check: an index past the task's documents
+                if not kwargs.get("samples"):
+                    raise
+                first = (str(e).strip().splitlines() or ["an index past the task's documents"])[0]
+                raise error(f"lm-eval: --samples: task {task.config.task}: {first}") from None
+        return call
+
+    originals = {(EvaluatorConfig, name): EvaluatorConfig.__dict__[name] for name in ("from_cli", "process_tasks")
+                 if name in EvaluatorConfig.__dict__}
+    for (owner, name), original in originals.items():
+        if isinstance(original, classmethod):
+            setattr(owner, name, classmethod(checked(original.__func__)))
+        else:
+            setattr(owner, name, checked(original))
+    from lm_eval.api.task import Task
+
+    if "doc_iterator" in Task.__dict__:  # asserts that each --samples index is one of the task's documents
+        originals[(Task, "doc_iterator")] = Task.__dict__["doc_iterator"]
+        Task.doc_iterator = samples_checked(originals[(Task, "doc_iterator")])
+    try:
+        yield
+    finally:
+        for (owner, name), original in originals.items():
+            setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def on_evaluate(before):
+    """lm-eval's `evaluate` with `before(lm)` called first: the moment lm-eval has loaded its tasks (their datasets)
+    and goes on to build their requests. Stands in for `simple_evaluate`'s `results = evaluate(lm=lm,
+    task_dict=loaded, ...)` (lm_eval/evaluator.py), which names the module's `evaluate` at the call."""
+    import lm_eval.evaluator as evaluator
+
+    original = evaluator.evaluate
+
+    @functools.wraps(original)
+    def evaluate(*args, **kwargs):
+        before(kwargs["lm"] if "lm" in kwargs else args[0])
+        return original(*args, **kwargs)
+
+    evaluator.evaluate = evaluate
+    try:
+        yield
+    finally:
+        evaluator.evaluate = original

@@ -57,9 +57,9 @@ def replay_lm(answers: dict[str, dict[tuple[str, int], dict]], planned: dict[str
     (`--use_cache`'s path) in front of the rows, lm-eval's own CachingLM: a request it holds is answered from it,
     the others from the rows and added to it. The rows are found from every request lm-eval asks for, before the
     cache takes those it holds (the rule that makes requests into rows reads a document's requests together)."""
-    from lm_eval.api.model import LM
+    from cluster.lm_eval.answered import AnsweredLM
 
-    class ReplayLM(LM):
+    class ReplayLM(AnsweredLM):
         def _answer(self, kind: str, requests):
             for task, now in requests_hash(requests).items():
                 if (planned or {}).get(task) not in (None, now):
@@ -78,15 +78,6 @@ def replay_lm(answers: dict[str, dict[tuple[str, int], dict]], planned: dict[str
                 return getattr(cached, kind)(requests)
             finally:
                 cached.dbdict.close()  # its connection's thread, which lm-eval leaves open
-
-        def loglikelihood(self, requests, disable_tqdm: bool = False):
-            return self._answer("loglikelihood", requests)
-
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            return self._answer("loglikelihood_rolling", requests)
-
-        def generate_until(self, requests, disable_tqdm: bool = False):
-            return self._answer("generate_until", requests)
 
     return ReplayLM()
 
