@@ -23,8 +23,11 @@ def plan(args: argparse.Namespace) -> int:
     from cluster.inputs.spec_file import load_spec
     from cluster.plan.plan_source import preflight
     from jobs.plan_ticker import PlanTicker
+    from jobs.silence import watched
 
-    spec = load_spec(args.spec)
+    with watched(lambda line: print(line, file=sys.stderr, flush=True), "the spec read (lm-eval's tasks, if it names "
+                 "some, indexed and loaded, and their requests built)"):
+        spec = load_spec(args.spec)
     data = check_inputs(spec)
     with PlanTicker(spec) as ticker:  # stdout holds the table (or the JSON) alone: the ticker's lines go to stderr
         plans = preflight(spec, strict=False, data=data, planned=ticker.planned)

@@ -102,10 +102,16 @@ class SweepRun:
         engine host and, for a spec with `lm_eval:` entries, Ray (lm-eval builds its tasks while they start)."""
         from cluster.inputs.spec_file import load_spec
 
+        from jobs.silence import watched
+
         raw = quick_look(path)
+        lm_eval = raw is not None and names_lm_eval_tasks(raw)
         if raw is not None:
-            self.begin(backends_named(raw), raw.get("reproducible") is True, names_lm_eval_tasks(raw))
-        return self.adopt(load_spec(path))
+            self.begin(backends_named(raw), raw.get("reproducible") is True, lm_eval)
+        with watched(self.log, "lm-eval indexes and loads its tasks and builds their requests" if lm_eval else
+                     "the spec read"):
+            spec = load_spec(path)
+        return self.adopt(spec)
 
     def adopt(self, spec):
         """A spec already loaded (`verify` builds one; lm-eval's model makes one per request type): a new sweep.

@@ -21,6 +21,7 @@ def run(argv: list[str]) -> int:
     from cluster.lm_eval.adapter import command_line_checked, on_evaluate, own_tasks_indexed, templates_compiled_once
     from cluster.lm_eval.run import import_lm_eval
     from jobs.interrupts import Interrupted, interrupted_in, interruptible
+    from jobs.silence import SilenceWatch
 
     try:
         import_lm_eval()
@@ -39,10 +40,11 @@ def run(argv: list[str]) -> int:
 
     check_options(argv)
     sys.argv = ["lm_eval", *argv]
-    run = LmEvalRun()
+    run = LmEvalRun(SilenceWatch(lambda line: print(line, file=sys.stderr, flush=True)))
+    run.stage("lm-eval reads its command line and indexes its tasks")
     with interruptible(say=run.say_stopped):
         try:
-            with run, templates_compiled_once(), own_tasks_indexed(task_names(argv)), \
+            with run.watch, run, templates_compiled_once(), own_tasks_indexed(task_names(argv)), \
                     command_line_checked(LmEvalError), on_evaluate(_begin):
                 try:
                     cli_evaluate()

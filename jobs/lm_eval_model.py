@@ -81,6 +81,7 @@ class RaysweepLM(AnsweredLM):
             self.run.outputs.append(output)
         _chat_templated(self, str(path))
         said("model made; lm-eval loads its tasks")
+        self.run.stage("lm-eval loads its tasks (their documents)")
 
     def begin(self) -> None:
         """The engine host decided (the engines' imports start) and Ray's start begun, on a thread of its own: once
@@ -90,6 +91,7 @@ class RaysweepLM(AnsweredLM):
         if not self.life.ray_begun:
             self.life.begin([self.model.backend], ray_early=True)
             said("tasks loaded; Ray starting while lm-eval builds its requests")
+            self.run.stage("lm-eval builds its tasks' requests")
 
     def _answers(self, kind: str, requests) -> dict:
         """One sweep over the requests, through the run's SweepRun; the committed rows by task and (sample id,
@@ -110,6 +112,7 @@ class RaysweepLM(AnsweredLM):
         except ValueError as e:
             raise LmEvalError(f"task {e}") from None
         said(f"{kind}: {len(requests)} request(s) of {len(by_task)} task(s) made into rows")
+        self.run.stage(None)  # the sweep says its own progress
         digest = hashlib.sha256(repr(tasks).encode()).hexdigest()[:8]
         spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),
                          models=(self.model,), tasks=tasks, actors=self.actors)
@@ -130,6 +133,7 @@ class RaysweepLM(AnsweredLM):
             raise RuntimeError(f"raysweep: {len(report.failed)} shard(s) failed (first: {first}); {kept}")
         answers = _read_answers(spec.output, self.model.name, [t.name for t in tasks])
         said(f"{kind}: answers read; back to lm-eval")
+        self.run.stage("lm-eval scores the answers or builds its next requests")
         return answers
 
     def _answer(self, kind: str, requests) -> list:

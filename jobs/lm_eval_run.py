@@ -32,7 +32,9 @@ def current_run() -> LmEvalRun | None:
 
 
 class LmEvalRun:
-    def __init__(self):
+    def __init__(self, watch=None):
+        """`watch`: the command's SilenceWatch (jobs/silence.py), told each stage lm-eval is in, if any."""
+        self.watch = watch
         self.life = None  # the SweepRun, made with the first model
         self.outputs: list[str] = []  # the output= folders of the models made here: the stop's line names them
         self._stopped = threading.Lock()  # held once the stop's line is said: it is said once
@@ -46,6 +48,11 @@ class LmEvalRun:
     def __exit__(self, *exc) -> None:
         _CURRENT.reset(self._token)
         self.close(quiet=exc[0] is not None)
+
+    def stage(self, what: str | None) -> None:
+        """What lm-eval is at now, for the command's watch (None: a sweep, which says its own progress)."""
+        if self.watch is not None:
+            self.watch.stage(what)
 
     def sweep_run(self, address: str | None):
         """The SweepRun of this run's models: made with the first, the same for the next ones (which must name
