@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from cluster.contracts.shard import SHORT
 from cluster.contracts.spec import SamplingSpec, StructuredSpec
 
 
@@ -55,7 +56,7 @@ class LoglikResult:
 @dataclass(frozen=True)
 class EngineProfile:
     """How an engine is configured for a class of shards (docs/design.md, Planning)."""
-    name: str = "short"  # short | long
+    name: str = SHORT  # cluster/contracts/shard.py Profile
     chunked_prefill: bool = False
     max_num_batched_tokens: int | None = None
 

@@ -27,13 +27,13 @@ from actors.hosted_engine import connect
 from actors.local_engine import InProcess
 from actors.telemetry import GpuSampler, gpu_name
 from cluster.contracts.engine_host import EngineHostAddress
-from cluster.contracts.shard import Shard
+from cluster.contracts.shard import LONG, NOT_RUN, Shard
 from cluster.contracts.results_schema import actor_table
 from cluster.contracts.spec import ModelSpec, TaskSpec
 from cluster.contracts.timing import process_started_at, since, utc
 
 def shard_profile(shard: Shard) -> EngineProfile:
-    return EngineProfile(name=shard.profile, chunked_prefill=shard.profile == "long",
+    return EngineProfile(name=shard.profile, chunked_prefill=shard.profile == LONG,
                          max_num_batched_tokens=shard.max_num_batched_tokens)
 
 
@@ -187,7 +187,7 @@ class EvalActor:
         wall = time.perf_counter() - started
         self.gpu.sample_now()  # a reading at the shard's end, so a short shard has one too
         output_tokens, ttfts = done.output_tokens, done.ttfts
-        runnable = [r for r in rows if r["status"] not in ("skipped", "error")]
+        runnable = [r for r in rows if r["status"] not in NOT_RUN]
         info = engine.startup()
         with self._cv:
             engine_starts, self._starts = self._starts, []

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from actors.evaluator import EvalActor
 from actors.shard_gate import ShardGate
-from cluster.contracts.shard import Shard
+from cluster.contracts.shard import SHORT, Shard
 from cluster.contracts.pool_protocol import ReplicaBroken
 from cluster.contracts.spec import ModelSpec, TaskSpec
 
@@ -44,7 +44,7 @@ class PoolReplica:
         self.models = [m.name for m in models]
         self.executor = ThreadPoolExecutor(max_workers=depth + 1, thread_name_prefix="shard")
         # turns are taken per (model, engine profile): a model switch or a profile restart waits for an idle engine
-        self.gate = ShardGate(depth, awake=(self.models[-1], "short"), switch=self._switch)
+        self.gate = ShardGate(depth, awake=(self.models[-1], SHORT), switch=self._switch)
         self._lock = threading.Lock()
         self.shards, self.switch_rows, self.broken = 0, [], None
 

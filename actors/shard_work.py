@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 
 from actors.engine import GenRequest, LoglikRequest, LoglikResult
-from cluster.contracts.shard import EMPTY_PROMPT, completion_seed
+from cluster.contracts.shard import EMPTY_PROMPT, NOT_RUN, RowStatus, completion_seed
 from cluster.contracts.tokens import tokenize
 from cluster.contracts.task_spec import TaskSpec
 
@@ -39,7 +39,7 @@ class ShardOutcome:
 
 
 def run_rows(engine, rows: list[dict], task: TaskSpec, tokenizer, add_special_tokens: bool) -> ShardOutcome:
-    runnable = [r for r in rows if r["status"] not in ("skipped", "error")]  # error: refused in planning
+    runnable = [r for r in rows if r["status"] not in NOT_RUN]  # error: refused in planning
     if task.rolling:
         return _rolling(engine, rows, runnable, task, tokenizer, add_special_tokens)
     if task.loglikelihood:
@@ -58,8 +58,8 @@ def _completions(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_
         for c in range(n):
             key = _key(r["sample_id"], c, n)
             g = generated.get(key)
-            error = errors.get(key) or (EMPTY_PROMPT if r["status"] == "error" else None)
-            out.rows.append({"sample_id": r["sample_id"], "completion": c, "status": "error" if error else r["status"],
+            error = errors.get(key) or (EMPTY_PROMPT if r["status"] == RowStatus.ERROR else None)
+            out.rows.append({"sample_id": r["sample_id"], "completion": c, "status": RowStatus.ERROR.value if error else r["status"],
                              "error": error, "prompt": r["prompt"], "output_text": g.output_text if g else None,
                              "output_tokens": g.output_tokens if g else None,
                              "finish_reason": g.finish_reason if g else None,
@@ -98,8 +98,8 @@ def _choices(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_toke
             errors[sample_id] = next(errors[k] for k in keys if k in errors)
     for r in rows:
         s = scored.get(r["sample_id"])
-        error = errors.get(r["sample_id"]) or (EMPTY_PROMPT if r["status"] == "error" else None)
-        out.rows.append({"sample_id": r["sample_id"], "completion": 0, "status": "error" if error else r["status"],
+        error = errors.get(r["sample_id"]) or (EMPTY_PROMPT if r["status"] == RowStatus.ERROR else None)
+        out.rows.append({"sample_id": r["sample_id"], "completion": 0, "status": RowStatus.ERROR.value if error else r["status"],
                          "error": error, "prompt": r["prompt"], "latency_s": s.latency_s if s else None,
                          "choice_logprobs": s.logprobs if s else None, "choice_greedy": s.greedy if s else None})
     return out
@@ -122,9 +122,9 @@ def _rolling(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_toke
     _count_tokens(out, requests, scored)
     for r in rows:
         keys = windows.get(r["sample_id"], [])
-        error = next((errors[k] for k in keys if k in errors), None) or (EMPTY_PROMPT if r["status"] == "error" else None)
+        error = next((errors[k] for k in keys if k in errors), None) or (EMPTY_PROMPT if r["status"] == RowStatus.ERROR else None)
         done = not error and r["sample_id"] in windows
-        out.rows.append({"sample_id": r["sample_id"], "completion": 0, "status": "error" if error else r["status"],
+        out.rows.append({"sample_id": r["sample_id"], "completion": 0, "status": RowStatus.ERROR.value if error else r["status"],
                          "error": error, "prompt": r["prompt"],
                          "latency_s": max((scored[k].latency_s or 0.0 for k in keys), default=None) if done else None,
                          "choice_logprobs": [sum(scored[k].logprobs[0] for k in keys)] if done else None,

@@ -19,6 +19,7 @@ from jobs.verify import add_verify_arguments, verify
 
 
 def plan(args: argparse.Namespace) -> int:
+    from cluster.contracts.shard import LONG, SHORT
     from cluster.inputs.checks import check_inputs
     from cluster.inputs.spec_file import load_spec
     from cluster.plan.plan_source import preflight
@@ -41,8 +42,8 @@ def plan(args: argparse.Namespace) -> int:
                 "tokens_p50": int(np.percentile(lengths, 50)) if measured else None,
                 "tokens_p95": int(np.percentile(lengths, 95)) if measured else None,
                 "tokens_max": int(lengths.max()) if measured else None, "threshold": tp.threshold,
-                "short_shards": sum(s.profile == "short" for s in tp.shards),
-                "long_shards": sum(s.profile == "long" for s in tp.shards),
+                "short_shards": sum(s.profile == SHORT for s in tp.shards),
+                "long_shards": sum(s.profile == LONG for s in tp.shards),
                 "truncated": tp.n_truncated, "skipped": tp.n_skipped, "refused": tp.n_refused, "empty": tp.n_empty, "limit": tp.limit,
             })
     if args.json:

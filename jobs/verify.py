@@ -25,7 +25,7 @@ import random
 import tempfile
 
 from cluster.contracts.errors import RaysweepError
-from cluster.contracts.shard import ShardState
+from cluster.contracts.shard import GENERATED, ShardState
 from jobs.ray_output import add_verbose_argument
 
 ID_COLUMN = "_raysweep_sample_id"
@@ -73,7 +73,7 @@ def verify(args: argparse.Namespace) -> int:
     mismatched = _check_files(args.output, manifest)  # the fast pass: every committed file is what was committed
     committed = _outputs(os.path.join(args.output, "results"), with_status=True)
     generated = {t.name for t in spec.tasks if t.replay is None}  # a replay task's outputs were read, not made
-    candidates = [r for r in committed if r["status"] in ("ok", "truncated") and r["task"] in generated]
+    candidates = [r for r in committed if r["status"] in GENERATED and r["task"] in generated]
     if not candidates:
         raise VerifyError(mismatched or f"{args.output}: no committed row with an output to verify")
     chosen = random.Random(args.seed).sample(candidates, min(args.samples, len(candidates)))

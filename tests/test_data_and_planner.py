@@ -565,3 +565,15 @@ def test_planning_prompts_measured_before_loads_no_tokenizer_and_a_changed_token
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
     changed = plan()
     assert changed[0] is True and changed[1] != first[1]
+
+
+def test_a_profile_is_an_enum_printed_and_stored_as_its_value():
+    """Profiles were bare strings compared in five places; the enum keeps what the results, telemetry and lines
+    hold ("short", not "Profile.SHORT")."""
+    import pyarrow as pa
+
+    from cluster.contracts.shard import LONG, SHORT, Profile
+
+    assert (SHORT, LONG) == (Profile("short"), Profile("long")) and SHORT == "short"
+    assert f"{SHORT}/{LONG}" == "short/long" and str(LONG) == "long"
+    assert pa.array([SHORT, LONG]).to_pylist() == ["short", "long"]

@@ -21,7 +21,17 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from cluster.inputs.staging import StagedRows
 
-SHORT, LONG = "short", "long"  # engine profiles: chunked prefill off (short prompts), on (long ones)
+class Profile(str, Enum):
+    """A shard's engine profile: chunked prefill off (short prompts) or on (long ones, chunks of the shard's
+    `max_num_batched_tokens`). A str: it is stored, sent and printed as its value."""
+    SHORT = "short"
+    LONG = "long"
+
+    __str__ = str.__str__  # "short", not "Profile.SHORT", in lines and names (as Python 3.11's StrEnum)
+    __format__ = str.__format__
+
+
+SHORT, LONG = Profile.SHORT, Profile.LONG
 
 
 class RowStatus(str, Enum):
@@ -33,6 +43,8 @@ class RowStatus(str, Enum):
 
 
 STATUSES = tuple(s.value for s in RowStatus)  # ("ok", "truncated", "skipped", "error"), coded 0-3
+GENERATED = (RowStatus.OK, RowStatus.TRUNCATED)  # rows an engine ran: their output is the model's
+NOT_RUN = (RowStatus.SKIPPED, RowStatus.ERROR)  # rows planning set aside (over the length, an empty prompt)
 EMPTY_PROMPT = "the prompt is empty (0 tokens)"  # an `error` row's error: no engine can run it
 
 

@@ -29,6 +29,7 @@ from urllib.request import pathname2url
 
 import pyarrow as pa
 
+from cluster.contracts.shard import GENERATED
 from cluster.contracts.spec import SweepSpec
 from cluster.lm_eval.adapter import with_chat_template
 from cluster.lm_eval.failures import scored_leaving_out_failures
@@ -99,7 +100,7 @@ def _from_rows(answers: dict[str, dict[tuple[str, int], dict]], where: dict[tupl
             seen[key] += 1
             row = answers.get(r.task_name, {}).get((sample_id, completion)) or \
                 answers.get(r.task_name, {}).get((sample_id, 0))  # greedy repeats: the one completion
-            if row is None or row["status"] not in ("ok", "truncated"):
+            if row is None or row["status"] not in GENERATED:
                 why = "no committed row" if row is None else f"a {row['status']} row ({row.get('error')})"
                 raise MissingAnswer(f"task {r.task_name}: document {r.doc_id} has {why}")
             yield row, position

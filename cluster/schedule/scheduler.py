@@ -26,6 +26,7 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from cluster.contracts.pool_protocol import PoolGone, ReplicaDied
 from cluster.contracts.shard import ActorCall, ActorState
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
 from cluster.schedule.engine_starts import ActorStartError, start_timeout_s, take_overdue, timed_out_line
@@ -146,9 +147,9 @@ class SweepScheduler:
         except RayTaskError as e:
             if kind == ActorCall.START:  # the engine raised while starting: this model cannot run
                 self._engine_failed(slot, f"engine did not start: {_first_line(e.cause or e)}")
-            elif kind == ActorCall.SHARD and slot.state == POOLED and type(e.cause).__name__ == "PoolGone":
+            elif kind == ActorCall.SHARD and slot.state == POOLED and isinstance(e.cause, PoolGone):
                 self._unpool(slot, job)
-            elif kind == ActorCall.SHARD and slot.state == POOLED and type(e.cause).__name__ == "ReplicaDied":
+            elif kind == ActorCall.SHARD and slot.state == POOLED and isinstance(e.cause, ReplicaDied):
                 self._retry(job, _first_line(e.cause), died=True)  # as an actor's death: retried, never bisected
             elif kind == ActorCall.SHARD:
                 self._retry(job, _first_line(e.cause if e.cause is not None else e))

@@ -11,6 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ray.exceptions import ActorUnavailableError
+
 from cluster.contracts.shard import ActorCall, ActorState, Shard
 from cluster.schedule.bisection import Piece
 from cluster.contracts.spec import TaskSpec
@@ -158,7 +160,7 @@ def lost_node(error: BaseException, node: tuple[str, str] | None) -> tuple[str, 
     if died is not None:
         ip = re.search(r"^\s*ip: (\S+)", text, re.M)
         return died.group(1), ip.group(1) if ip else node[1] if node else "?", "gone"
-    if type(error).__name__ == "ActorUnavailableError" and node is not None:
+    if isinstance(error, ActorUnavailableError) and node is not None:
         return node[0], node[1], "unreachable"
     return None
 

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 import pyarrow as pa
 
 from cluster.contracts.loglikelihood import acc, acc_bytes, acc_norm, target_index
-from cluster.contracts.shard import Shard
+from cluster.contracts.shard import GENERATED, RowStatus, Shard
 from cluster.contracts.results_schema import actor_table, assemble
 from cluster.score.scorers import metrics_for, scorer_for
 from cluster.contracts.spec import SweepSpec
@@ -60,7 +60,7 @@ class ShardScorer:
         targets = [staged[k][2] for k in rows]
         extras = [staged[k][4] or {} for k in rows]
         outputs, statuses = table["output_text"].to_pylist(), table["status"].to_pylist()
-        generated = [s in ("ok", "truncated") and o is not None for o, s in zip(outputs, statuses)]
+        generated = [s in GENERATED and o is not None for o, s in zip(outputs, statuses)]
         lengths = None if task.replay is not None else [int(shard.prompt_tokens[k]) for k in rows]
         n = table.num_rows
         driver = {
@@ -176,7 +176,7 @@ def _error_rows(table: pa.Table, rows: list[int], errors) -> pa.Table:
     status, error = table["status"].to_pylist(), table["error"].to_pylist()
     for i in rows:
         why = errors[i]
-        status[i], error[i] = "error", why if why.startswith("scorer ") else \
+        status[i], error[i] = RowStatus.ERROR.value, why if why.startswith("scorer ") else \
             f"code_exec: the program's sandbox did not start: {why}"
     table = table.set_column(table.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
     return table.set_column(table.schema.get_field_index("error"), "error", pa.array(error, pa.string()))
@@ -204,5 +204,5 @@ def replay_table(shard: Shard) -> pa.Table:
     for sample_id, prompt, _, _, extra in shard.source.read(shard.positions):
         replayed = extra["replay"]
         for c, text in enumerate([replayed] if isinstance(replayed, str) else replayed):
-            rows.append({"sample_id": sample_id, "completion": c, "output_text": text, "status": "ok", "prompt": prompt})
+            rows.append({"sample_id": sample_id, "completion": c, "output_text": text, "status": RowStatus.OK.value, "prompt": prompt})
     return actor_table(rows)
