@@ -30,7 +30,10 @@ BENCHMARKS = "benchmarks"  # run from the repository's root, never installed
 MAX_LINES = 400
 SCHEDULE = "cluster.schedule"
 SCHEDULE_CORE = {f"{SCHEDULE}.{name}" for name in (
-    "scheduler", "fleet", "work", "bisection", "tail_split", "engine_starts", "progress")}
+    "scheduler", "fleet", "work", "bisection", "tail_split", "engine_starts", "progress", "actor_io")}
+# the part of the core that decides: Ray reaches it only through cluster/schedule/actor_io.py
+SCHEDULE_DECIDES = {f"{SCHEDULE}.{name}" for name in ("scheduler", "fleet", "work", "bisection", "tail_split",
+                                                      "engine_starts")}
 SCHEDULE_PARTS = {f"{SCHEDULE}.{name}" for name in ("fleet_size", "routing")}  # composed by run.py
 MAX_SCHEDULE_LINES = 300
 
@@ -160,6 +163,16 @@ def test_the_schedulers_core_reaches_only_the_contracts(graph):
     assert SCHEDULE_CORE <= set(graph.modules)  # the rule names modules that are there: it is not vacuous
     wrong = [(m, i) for m, i in _imports(graph)
              if m in SCHEDULE_CORE and _in(i, "cluster") and not (_in(i, CONTRACTS) or i in SCHEDULE_CORE)]
+    assert wrong == []
+
+
+def test_the_scheduler_decides_without_importing_ray():
+    """Its waits, answers and kills are cluster/schedule/actor_io.py's (tests/test_scheduler_core.py runs it over a
+    stand-in of that, with no Ray)."""
+    with_packages = grimp.build_graph("cluster", include_external_packages=True, exclude_type_checking_imports=True)
+    assert SCHEDULE_DECIDES <= set(with_packages.modules)
+    assert ("cluster.schedule.actor_io", "ray") in set(_imports(with_packages))  # Ray is in this graph: not vacuous
+    wrong = [(m, i) for m, i in _imports(with_packages) if m in SCHEDULE_DECIDES and _in(i, "ray")]
     assert wrong == []
 
 

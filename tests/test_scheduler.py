@@ -456,8 +456,8 @@ def test_the_line_for_a_lost_node_or_actor():
         "[raysweep] node 10.0.0.7 (a06e8ef9) lost: actor(s) 1, 3 gone, 2 shard(s) sent to other actors, "
         "1 failed at their last attempt")
     unreachable = ActorUnavailableError("RpcError: Socket closed", b"\x00" * 16)
-    assert lost_node(unreachable, (node, "10.0.0.8")) == (node, "10.0.0.8", "unreachable")
-    assert lost_node(unreachable, None) is None  # where it ran is not known: an actor's death
+    assert lost_node(unreachable, (node, "10.0.0.8"), unreachable=True) == (node, "10.0.0.8", "unreachable")
+    assert lost_node(unreachable, None, unreachable=True) is None  # where it ran is not known: an actor's death
     crashed = RuntimeError("The actor is dead because its worker process has died.")
     assert lost_node(crashed, (node, "10.0.0.8")) is None
     assert lost_line([2], None, "ActorDiedError: worker died", held[:1], 3) == (

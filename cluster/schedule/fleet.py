@@ -19,7 +19,7 @@
    seconds each on a GPU). The first sweep's `keep` takes the actors it no longer needs whose engine runs; a
    later sweep of a model with the same path and engine arguments sends its shards to them as to the engine
    pool (a pooled slot, cluster/schedule/routing.py); should one have died, the model gets actors of its own
-   again. `close` ends them, as a sweep ends the actors it does not keep (`close_actors`).
+   again. `close` ends them, as a sweep ends the actors it does not keep (cluster/schedule/actor_io.py `close`).
 """
 
 from __future__ import annotations
@@ -27,23 +27,12 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-import ray
-from ray.exceptions import RayActorError
-
 from cluster.contracts.shard import ActorCall, ActorState
 from cluster.contracts.spec import ModelSpec
+from cluster.schedule.actor_io import RayIO
 from cluster.schedule.tail_split import TailClock
-from cluster.schedule.work import (ENGINE_HELD, POOLED, UP, InFlight, ModelWork, Slot, first_line, lost_line,
-                                   lost_node)
-
-
-def close_actors(running: list, handles: list, timeout_s: float = 120) -> None:
-    """Close the engines of `running` first (a killed actor would orphan vLLM's engine-core process and its GPU
-    memory), then kill every actor of `handles`; an actor already dead or stuck is just killed."""
-    if running:
-        ray.wait([handle.close.remote() for handle in running], num_returns=len(running), timeout=timeout_s)
-    for handle in handles:
-        ray.kill(handle)
+from cluster.schedule.work import (ENGINE_HELD, POOLED, UP, InFlight, ModelWork, Slot, advance, first_line,
+                                   lost_line, lost_node)
 
 
 class KeptActors:
@@ -69,19 +58,22 @@ class KeptActors:
 
     def close(self) -> None:
         actors, self._actors = [handle for _, handle in self._actors], []
-        close_actors(actors, actors)
+        RayIO().close(actors, actors)
 
 
 class Fleet:
     def __init__(self, spawn: Callable[[int, float, Any], Any], models: dict[str, ModelWork], inflight: InFlight,
                  tail: TailClock, capacity: int | None | dict, max_attempts: int, start_one_by_one: bool = False,
-                 keep: Callable[[list[Slot]], list[Slot]] | None = None, on_lost: Callable[[str], None] = print):
+                 keep: Callable[[list[Slot]], list[Slot]] | None = None, on_lost: Callable[[str], None] = print,
+                 io=None):
         """`spawn(number, requested_at, shape)` starts an actor; `models` and `inflight` are the scheduler's;
         `capacity`: how many actors the cluster holds at once (None: no bound), or {shape: that}. `keep(slots)`
         takes the actors a later sweep may run on (`KeptActors`) and returns the rest. `on_lost`
-        says an actor's (or a node's actors') death in one line."""
+        says an actor's (or a node's actors') death in one line. `io`: the kills and closes (cluster/schedule/
+        actor_io.py; default: Ray's)."""
         self.spawn, self.models, self.inflight, self.tail = spawn, models, inflight, tail
         self.capacity, self.max_attempts, self.keep, self.on_lost = capacity, max_attempts, keep, on_lost
+        self.io = io or RayIO()
         self.start_one_by_one = start_one_by_one  # engines sharing a GPU must not size their memory at once
         self.slots: list[Slot] = []
         self.actors_started = self.actor_deaths = self.model_changes = 0
@@ -150,7 +142,8 @@ class Fleet:
                 current.assigned -= 1
                 self.model_changes += 1
             model.assigned += 1
-            slot.state, slot.model, slot.profile = ActorState.STARTING, model.name, None
+            advance(slot, ActorState.STARTING)
+            slot.model, slot.profile = model.name, None
             slot.start_at = time.monotonic()
             self.inflight.add(model.start(slot.handle, time.time()), ActorCall.START, slot)
         for slot in done:  # their engines close at once, not one after another (about 1 s each on a GPU)
@@ -186,7 +179,8 @@ class Fleet:
         good, and is idle for another."""
         self.models[slot.model].assigned -= 1
         slot.refused.add(slot.model)
-        slot.state, slot.model = ActorState.IDLE, None
+        advance(slot, ActorState.IDLE)
+        slot.model = None
 
     def running(self, model: str) -> bool:
         """Whether some actor's engine for `model` is up."""
@@ -195,7 +189,7 @@ class Fleet:
     def stop(self, slot: Slot) -> None:
         """An actor whose engine start hung: it goes (cluster/schedule/engine_starts.py)."""
         self.slots.remove(slot)
-        ray.kill(slot.handle)
+        self.io.kill(slot.handle)
 
     def unpool(self, slot: Slot) -> None:
         """The pool went away (`raysweep pool down --force`), or its client died: the model gets its own actors."""
@@ -204,14 +198,14 @@ class Fleet:
             self.models[slot.model].max_actors = slot.actors
             self.pool_lost.append(slot.model)
 
-    def lose(self, slot: Slot, error: RayActorError, job=None) -> None:
+    def lose(self, slot: Slot, error: BaseException, job=None, unreachable: bool = False) -> None:
         """An actor died (`job`: the call that saw it): it is taken out, with the sweep's other actors on its node
         where the node was lost; their shards come back one by one as failed calls, and are retried."""
         if slot not in self.slots:
             return  # its death was already seen through another of its calls (or its node's loss)
         if slot.state == POOLED:  # the sweep's pool client died: the model runs on actors of its own
             return self.unpool(slot)
-        node = lost_node(error, slot.node)  # a node lost takes every actor of the sweep there: said in one line
+        node = lost_node(error, slot.node, unreachable)  # a node lost takes every actor of the sweep there: said in one line
         gone = [s for s in self.slots if s is slot or node and s.state != POOLED and s.node and s.node[0] == node[0]]
         held = self.inflight.held_by(gone) + [job] * (job is not None)
         if node is None or node[0] not in self.nodes_lost:  # a replacement that had started there: said already
@@ -223,7 +217,7 @@ class Fleet:
                 self.models[gone_slot.model].assigned -= 1
             self.tail.died(gone_slot.number)
             self.actor_deaths += 1
-            ray.kill(gone_slot.handle)
+            self.io.kill(gone_slot.handle)
         if self.actor_deaths > self._most_slots * self.max_attempts:
             raise RuntimeError(f"{self.actor_deaths} actors died; the last: {first_line(error)}") from error
 
@@ -234,4 +228,4 @@ class Fleet:
     def _release(self, slots: list[Slot]) -> None:
         """Those `keep` does not take: engines closed first, then the actors killed (`KeptActors`)."""
         slots = self.keep(slots) if self.keep is not None else slots
-        close_actors([s.handle for s in slots if s.state in UP], [s.handle for s in slots])
+        self.io.close([s.handle for s in slots if s.state in UP], [s.handle for s in slots])

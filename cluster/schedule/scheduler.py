@@ -23,16 +23,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import ray
-from ray.exceptions import RayActorError, RayTaskError
-
 from cluster.contracts.pool_protocol import PoolGone, ReplicaDied
 from cluster.contracts.shard import ActorCall, ActorState
+from cluster.schedule.actor_io import ActorLost, CallRaised, RayIO
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
 from cluster.schedule.engine_starts import ActorStartError, start_timeout_s, take_overdue, timed_out_line
 from cluster.schedule.fleet import Fleet
 from cluster.schedule.tail_split import TailClock, TailSplit, split_tail
-from cluster.schedule.work import (POOLED, InFlight, Job, ModelWork, SchedulerEvents, Slot,
+from cluster.schedule.work import (POOLED, InFlight, Job, ModelWork, SchedulerEvents, Slot, advance,
                                    first_line as _first_line, node_of)
 
 
@@ -42,22 +40,22 @@ TICK_S = 1.0  # the longest the loop waits for a result before it reports in (pr
 class SweepScheduler:
     def __init__(self, spawn: Callable[[int, float, Any], Any], events: SchedulerEvents,
                  capacity: int | None | dict = None, max_attempts: int = 3, start_one_by_one: bool = False,
-                 keep: Callable[[list[Slot]], list[Slot]] | None = None):
+                 keep: Callable[[list[Slot]], list[Slot]] | None = None, io=None):
         """`spawn(number, requested_at, shape)` starts an actor of a model shape; `capacity`: how many actors
         the cluster holds at once (None: no bound), or {shape: that} where models differ in shape. `keep(slots)`
         takes the actors a later sweep may run on, engines up, and returns the rest (cluster/schedule/fleet.py
-        KeptActors)."""
+        KeptActors). `io`: the waits, answers and kills (cluster/schedule/actor_io.py; default: Ray's)."""
         bounds = capacity.values() if isinstance(capacity, dict) else [capacity]
         if max_attempts < 1 or any(c is not None and c < 1 for c in bounds):
             raise ValueError("max_attempts and capacity must be >= 1")
-        self.events, self.max_attempts = events, max_attempts
+        self.events, self.max_attempts, self.io = events, max_attempts, io or RayIO()
         self.start_timeout_s = start_timeout_s()  # cluster/schedule/engine_starts.py
         self.models: dict[str, ModelWork] = {}
         self.inflight = InFlight()
         self.tail = TailClock()  # each actor's first and last shard: the run's tail idle
         self.tail_splits = 0  # shards cut in parts at their model's tail
         self.fleet = Fleet(spawn, self.models, self.inflight, self.tail, capacity, max_attempts, start_one_by_one,
-                           keep, events.on_actor_lost)
+                           keep, events.on_actor_lost, self.io)
 
     # -- what planning hands in ------------------------------------------------------------------------
     def add_model(self, model: ModelWork) -> None:
@@ -90,12 +88,11 @@ class SweepScheduler:
                         raise RuntimeError("shards are left but no actor can be started for them")
                     continue
                 self.events.on_tick(self)
-                ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=0.05 if planning else TICK_S)
-                for ref in ready:
+                for ref in self.io.wait(list(self.inflight), 0.05 if planning else TICK_S):
                     kind, job, slot = self.inflight.pop(ref)
                     self._collect(ref, kind, job, slot)
                 for slot in take_overdue(self.inflight, self.start_timeout_s,  # a hung start: its actor goes
-                                         answered=lambda ref: bool(ray.wait([ref], timeout=0)[0])):
+                                         answered=self.io.answered):
                     self._engine_failed(slot, timed_out_line(self.start_timeout_s))
                     self.fleet.stop(slot)
         finally:
@@ -135,33 +132,34 @@ class SweepScheduler:
             slot.inflight -= 1
             if slot.state != POOLED:
                 self.tail.back(slot.number)
-        try:
-            value = ray.get(ref)
-        except RayActorError as e:
-            if kind == ActorCall.READY and e.actor_init_failed:  # its imports raised: every actor's would
-                raise ActorStartError(_first_line(e)) from e
-            self.fleet.lose(slot, e, job)  # the process died (killed, OOM, node lost): replaced as the fleet grows
+        outcome = self.io.outcome(ref)
+        if isinstance(outcome, ActorLost):
+            if kind == ActorCall.READY and outcome.init_failed:  # its imports raised: every actor's would
+                raise ActorStartError(_first_line(outcome.error)) from outcome.error
+            self.fleet.lose(slot, outcome.error, job, outcome.unreachable)  # it died (killed, OOM, node lost): replaced as the fleet grows
             if job is not None:
-                self._retry(job, f"{DIED}{_first_line(e)}", died=True)
+                self._retry(job, f"{DIED}{_first_line(outcome.error)}", died=True)
             return
-        except RayTaskError as e:
+        if isinstance(outcome, CallRaised):
             if kind == ActorCall.START:  # the engine raised while starting: this model cannot run
-                self._engine_failed(slot, f"engine did not start: {_first_line(e.cause or e)}")
-            elif kind == ActorCall.SHARD and slot.state == POOLED and isinstance(e.cause, PoolGone):
+                self._engine_failed(slot, f"engine did not start: {_first_line(outcome.raised)}")
+            elif kind == ActorCall.SHARD and slot.state == POOLED and isinstance(outcome.cause, PoolGone):
                 self._unpool(slot, job)
-            elif kind == ActorCall.SHARD and slot.state == POOLED and isinstance(e.cause, ReplicaDied):
-                self._retry(job, _first_line(e.cause), died=True)  # as an actor's death: retried, never bisected
+            elif kind == ActorCall.SHARD and slot.state == POOLED and isinstance(outcome.cause, ReplicaDied):
+                self._retry(job, _first_line(outcome.cause), died=True)  # as an actor's death: retried, never bisected
             elif kind == ActorCall.SHARD:
-                self._retry(job, _first_line(e.cause if e.cause is not None else e))
+                self._retry(job, _first_line(outcome.raised))
             else:
-                raise
+                raise outcome.error
             return
+        value = outcome.value
         if kind == ActorCall.READY:
             if value.get("refusal"):  # the actor's GPU cannot do what the spec asks (reproducible: true)
                 raise ActorStartError(value["refusal"])
-            slot.state, slot.node = ActorState.IDLE, node_of(value)
+            advance(slot, ActorState.IDLE)
+            slot.node = node_of(value)
         elif kind == ActorCall.START:
-            slot.state = ActorState.RUNNING
+            advance(slot, ActorState.RUNNING)
             self.events.on_actor_started(value)
         else:
             self.events.on_result(job, *value)

@@ -11,8 +11,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ray.exceptions import ActorUnavailableError
-
 from cluster.contracts.shard import ActorCall, ActorState, Shard
 from cluster.schedule.bisection import Piece
 from cluster.contracts.spec import TaskSpec
@@ -23,6 +21,25 @@ SERVING = (ActorState.RUNNING, ActorState.STARTING, POOLED)  # slots that serve 
 FREE = (ActorState.IMPORTING, ActorState.IDLE)  # actors with no model yet
 ENGINE_HELD = (ActorState.STARTING, ActorState.RUNNING, ActorState.IDLE)  # actors whose engine a node loss ends
 UP = (ActorState.IDLE, ActorState.RUNNING)  # actors that answer a close
+
+# The slot state machine: every change of a Slot's state goes through `advance`, and only these. A slot is made
+# IMPORTING (an actor of the sweep's) or POOLED (the pool's, or kept engines'), and leaves from any state (lost,
+# stopped, released).
+TRANSITIONS = {
+    ActorState.IMPORTING: {ActorState.IDLE},  # its imports are done (`ready` answered)
+    ActorState.IDLE: {ActorState.STARTING},  # given a model: its engine starts
+    ActorState.STARTING: {ActorState.RUNNING,  # the engine is up
+                          ActorState.IDLE},  # the engine raised or hung: the model given up there
+    ActorState.RUNNING: {ActorState.STARTING},  # its model done: given another
+    ActorState.POOLED: set(),
+}
+
+
+def advance(slot: "Slot", state: ActorState) -> None:
+    if state not in TRANSITIONS[slot.state]:
+        raise AssertionError(f"actor slot {slot.number}: {slot.state.value} -> {state.value} is not a transition "
+                             "of the scheduler's (cluster/schedule/work.py TRANSITIONS)")
+    slot.state = state
 
 
 @dataclass
@@ -150,7 +167,8 @@ def node_of(ready: dict) -> tuple[str, str] | None:
     return (ready["node_id"], ready.get("node_ip") or "?") if ready.get("node_id") else None
 
 
-def lost_node(error: BaseException, node: tuple[str, str] | None) -> tuple[str, str, str] | None:
+def lost_node(error: BaseException, node: tuple[str, str] | None,
+              unreachable: bool = False) -> tuple[str, str, str] | None:
     """(node id, node IP, what became of its actors) where an actor's death is its node's: Ray says its node
     died, or its actor is unreachable (ActorUnavailableError: its process cannot be reached while Ray still
     counts it alive; a process that dies on a live node is an ActorDiedError at once). `node`: where the actor
@@ -160,7 +178,7 @@ def lost_node(error: BaseException, node: tuple[str, str] | None) -> tuple[str, 
     if died is not None:
         ip = re.search(r"^\s*ip: (\S+)", text, re.M)
         return died.group(1), ip.group(1) if ip else node[1] if node else "?", "gone"
-    if isinstance(error, ActorUnavailableError) and node is not None:
+    if unreachable and node is not None:
         return node[0], node[1], "unreachable"
     return None
 
