@@ -100,7 +100,7 @@ def test_on_a_shared_gpu_the_kv_cache_is_sized_from_the_share_so_engines_can_sta
 
 # lines a plain `LLM(..., tensor_parallel_size=2)` script logged on a 4xH200 machine with NVLink multicast off
 # and vLLM's FlashInfer all-reduce fusion on (actors/vllm_args.py NO_MULTICAST_PASSES), in this order, a few of
-# each kind (bench/records/tensor-parallel-multicast/plain-script-tp2-fusion-on-symm-mem-off.log); the
+# each kind (bench/records/tensor-parallel-multicast.txt, section plain-script-tp2-fusion-on-symm-mem-off.log); the
 # warning below is a made-up one of the same form: a warning that names an error is never the root cause
 TENSOR_PARALLEL_FAILURE = START_REPORT + """\
 (Worker_TP0 pid=5167) INFO 11-27 10:30:35 [flashinfer_all_reduce.py:121] Auto-selected flashinfer allreduce backend: mnnvl
