@@ -57,10 +57,26 @@ def _read_until(sweep: subprocess.Popen, moment: str) -> list[str]:
 EARLY_PAUSES_S = (0.1, 0.4, 1.0, 2.5)
 
 
+def _running_the_command(pid: int, timeout_s: float = 60) -> None:
+    """Until the child runs the command (`python -m jobs...`), not the test's own fork of itself: a signal between
+    the fork and the exec is taken by the test's handler, copied into the child, and lost at the exec (seen at a
+    load of 25: the run went on to its end)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"jobs." in f.read():
+                    return
+        except OSError:  # ended already, or no /proc: signalled as it is
+            return
+        time.sleep(0.002)
+
+
 def ctrl_c_early(start) -> tuple[subprocess.Popen, str]:
     """SIGINT to the process group of `start()`, EARLY_PAUSES_S[0] after it began (see above); what it printed."""
     for pause in EARLY_PAUSES_S:
         process = start()
+        _running_the_command(process.pid)
         time.sleep(pause)
         os.killpg(process.pid, signal.SIGINT)
         printed, _ = process.communicate(timeout=120)
