@@ -355,3 +355,8 @@ def _suggest(key: str, known: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def no_room(model, task: TaskSpec, max_model_len: int) -> str:
+    """The length refusal no length_policy can help: max_tokens leaves no token for a prompt in `model`'s
+    (a ModelSpec's) max_model_len."""
+    return (f"tasks.{task.name}.sampling.max_tokens {task.sampling.max_tokens} leaves no room for a prompt in "
+            f"model {model.name}'s max_model_len {max_model_len}; lower max_tokens")

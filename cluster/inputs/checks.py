@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.contracts.errors import PreflightError
-from cluster.contracts.task_spec import TaskSpec
+from cluster.contracts.task_spec import no_room
 from cluster.contracts.model_paths import is_builtin
 from cluster.inputs.builtin_model import find_model, resolve_model_path
 from cluster.inputs.data import TaskData, load_task
@@ -25,12 +25,6 @@ from cluster.contracts.model_memory import accelerator_memory, refusal, weights
 from cluster.contracts.spec import ModelSpec, SweepSpec
 from cluster.contracts.structured import check as check_structured
 from cluster.contracts.structured import xgrammar_message
-
-
-def no_room(model: ModelSpec, task: TaskSpec, max_model_len: int) -> str:
-    """The length refusal no length_policy can help: max_tokens leaves no token for a prompt."""
-    return (f"tasks.{task.name}.sampling.max_tokens {task.sampling.max_tokens} leaves no room for a prompt in "
-            f"model {model.name}'s max_model_len {max_model_len}; lower max_tokens")
 
 
 def check_inputs(spec: SweepSpec) -> list[TaskData]:
@@ -236,5 +230,9 @@ def load_models(spec: SweepSpec) -> list[LoadedModel]:
         if id(tokenizer) not in compiled:
             compile_for(model, tokenizer, spec)
             compiled.add(id(tokenizer))
-        models.append(LoadedModel(model, path, tokenizer, model.engine.get("max_model_len") or length))
+        max_len = model.engine.get("max_model_len") or length
+        for task in spec.tasks:  # a length known only now (a hub id's, a tokenizer's): checked here, once
+            if task.replay is None and max_len is not None and task.sampling.max_tokens >= max_len:
+                raise PreflightError(f"{spec.source}: {no_room(model, task, max_len)}")
+        models.append(LoadedModel(model, path, tokenizer, max_len))
     return models

@@ -24,10 +24,10 @@ import numpy as np
 from cluster.contracts.errors import PreflightError
 from cluster.contracts.shard import LONG, SHORT, Shard
 from cluster.contracts.tokens import count_tokens, tokenize
-from cluster.inputs.checks import no_room
 from cluster.inputs.data import RENDER_ERRORS, DataError, RowBatch, TaskData, render_prompts
 from cluster.contracts.loglikelihood import continuations, encode_pairs, pair_lengths, rolling_length, row_choices
 from cluster.contracts.spec import ModelSpec, ShardLimits, TaskSpec
+from cluster.contracts.task_spec import no_room
 from cluster.inputs.staging import StagedRows, StagingFolder
 from cluster.inputs.token_cache import TokenCache
 
