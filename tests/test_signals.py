@@ -72,14 +72,26 @@ def _running_the_command(pid: int, timeout_s: float = 60) -> None:
         time.sleep(0.002)
 
 
+def _signal_masks(pid: int) -> str:
+    """The SigBlk, SigIgn and SigCgt lines of /proc/PID/status (bit 2 of each: SIGINT), or why not."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "; ".join(line.strip() for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError as e:
+        return f"unreadable ({e})"
+
+
 def ctrl_c_early(start) -> tuple[subprocess.Popen, str]:
     """SIGINT to the process group of `start()`, EARLY_PAUSES_S[0] after it began (see above); what it printed."""
     for pause in EARLY_PAUSES_S:
         process = start()
         _running_the_command(process.pid)
         time.sleep(pause)
+        masks = _signal_masks(process.pid)
         os.killpg(process.pid, signal.SIGINT)
         printed, _ = process.communicate(timeout=120)
+        if "[raysweep] stopped by SIGINT" not in printed:  # what the child did with SIGINT when it was sent
+            printed += f"\n[test] the child's signal masks when SIGINT was sent, {pause} s in: {masks}\n"
         pythons = "init_import_site" in printed or ("KeyboardInterrupt" in printed and str(ROOT) not in printed)
         if not pythons:
             break
