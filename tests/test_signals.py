@@ -82,7 +82,19 @@ def _signal_masks(pid: int) -> str:
 
 
 def ctrl_c_early(start) -> tuple[subprocess.Popen, str]:
-    """SIGINT to the process group of `start()`, EARLY_PAUSES_S[0] after it began (see above); what it printed."""
+    """SIGINT to the process group of `start()`, EARLY_PAUSES_S[0] after it began (see above); what it printed.
+    The child starts with SIGINT's default action, as a terminal's shell starts it: a test run started in the
+    background of a non-interactive shell has SIGINT ignored, an ignored signal stays ignored across exec, Python
+    then installs no handler of its own, and a Ctrl-C before raysweep's first line was lost (seen at a load of 14:
+    the child's SigIgn 0x1001007 when the signal was sent, and the run went to its end)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _ctrl_c_early(start)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _ctrl_c_early(start) -> tuple[subprocess.Popen, str]:
     for pause in EARLY_PAUSES_S:
         process = start()
         _running_the_command(process.pid)
