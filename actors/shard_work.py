@@ -59,7 +59,8 @@ def _completions(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_
             key = _key(r["sample_id"], c, n)
             g = generated.get(key)
             error = errors.get(key) or (EMPTY_PROMPT if r["status"] == RowStatus.ERROR else None)
-            out.rows.append({"sample_id": r["sample_id"], "completion": c, "status": RowStatus.ERROR.value if error else r["status"],
+            status = RowStatus.ERROR.value if error else r["status"]
+            out.rows.append({"sample_id": r["sample_id"], "completion": c, "status": status,
                              "error": error, "prompt": r["prompt"], "output_text": g.output_text if g else None,
                              "output_tokens": g.output_tokens if g else None,
                              "finish_reason": g.finish_reason if g else None,
@@ -99,7 +100,8 @@ def _choices(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_toke
     for r in rows:
         s = scored.get(r["sample_id"])
         error = errors.get(r["sample_id"]) or (EMPTY_PROMPT if r["status"] == RowStatus.ERROR else None)
-        out.rows.append({"sample_id": r["sample_id"], "completion": 0, "status": RowStatus.ERROR.value if error else r["status"],
+        status = RowStatus.ERROR.value if error else r["status"]
+        out.rows.append({"sample_id": r["sample_id"], "completion": 0, "status": status,
                          "error": error, "prompt": r["prompt"], "latency_s": s.latency_s if s else None,
                          "choice_logprobs": s.logprobs if s else None, "choice_greedy": s.greedy if s else None})
     return out
@@ -122,9 +124,11 @@ def _rolling(engine, rows, runnable, task: TaskSpec, tokenizer, add_special_toke
     _count_tokens(out, requests, scored)
     for r in rows:
         keys = windows.get(r["sample_id"], [])
-        error = next((errors[k] for k in keys if k in errors), None) or (EMPTY_PROMPT if r["status"] == RowStatus.ERROR else None)
+        error = next((errors[k] for k in keys if k in errors), None) or \
+            (EMPTY_PROMPT if r["status"] == RowStatus.ERROR else None)
         done = not error and r["sample_id"] in windows
-        out.rows.append({"sample_id": r["sample_id"], "completion": 0, "status": RowStatus.ERROR.value if error else r["status"],
+        status = RowStatus.ERROR.value if error else r["status"]
+        out.rows.append({"sample_id": r["sample_id"], "completion": 0, "status": status,
                          "error": error, "prompt": r["prompt"],
                          "latency_s": max((scored[k].latency_s or 0.0 for k in keys), default=None) if done else None,
                          "choice_logprobs": [sum(scored[k].logprobs[0] for k in keys)] if done else None,

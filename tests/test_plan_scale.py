@@ -66,12 +66,13 @@ def test_raysweep_plan_says_what_it_plans_and_how_far_it_got(tmp_path, monkeypat
     monkeypatch.setattr(ticker, "FIRST_S", 0.0)
     monkeypatch.setattr(ticker, "EVERY_S", 0.01)
     lines = io.StringIO()
+    deadline = time.monotonic() + 60  # a ticker that says nothing fails here, not by hanging the suite
     with ticker.PlanTicker(load_spec(spec), lines) as t:
-        while lines.getvalue().count("\n") < 3:
+        while lines.getvalue().count("\n") < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         t.planned(7)
         seen = lines.getvalue().count("\n")
-        while lines.getvalue().count("\n") == seen:
+        while lines.getvalue().count("\n") == seen and time.monotonic() < deadline:
             time.sleep(0.01)
     said = lines.getvalue().splitlines()
     assert said[0] == "[raysweep] planning 301 (model, task) pair(s) of 300 model(s) and 2 task(s)"

@@ -220,16 +220,13 @@ def load_models(spec: SweepSpec) -> list[LoadedModel]:
     compiled against that tokenizer. Models of one folder (one model under several engine settings, or a
     sweep of thousands of names) share the load and the compile."""
     loaded: dict[str, tuple] = {}
-    compiled: set[int] = set()
     models = []
     for model in spec.models:
         where = spec.model_path(model)
         if where not in loaded:
             loaded[where] = load_model_meta(model, where, spec.source)
+            compile_for(model, loaded[where][1], spec)
         path, tokenizer, length = loaded[where]
-        if id(tokenizer) not in compiled:
-            compile_for(model, tokenizer, spec)
-            compiled.add(id(tokenizer))
         max_len = model.engine.get("max_model_len") or length
         for task in spec.tasks:  # a length known only now (a hub id's, a tokenizer's): checked here, once
             if task.replay is None and max_len is not None and task.sampling.max_tokens >= max_len:

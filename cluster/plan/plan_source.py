@@ -54,7 +54,9 @@ def plan_events(spec: SweepSpec, data: list[TaskData], strict: bool = True) -> I
     yield from (ModelReady(m.model, m.path) for m in models)
     caches: dict[int, TokenCache] = {}  # one per tokenizer loaded: models that share it read its counts once
     for m in models:
-        cache = caches.get(id(m.tokenizer)) or caches.setdefault(id(m.tokenizer), TokenCache(m.tokenizer))
+        if id(m.tokenizer) not in caches:
+            caches[id(m.tokenizer)] = TokenCache(m.tokenizer)
+        cache = caches[id(m.tokenizer)]
         for d in (d for d in data if d.task.replay is None):
             plan = plan_task(m.model, d, m.tokenizer, m.max_len, spec.shards, cache, strict, staging)
             d.check_unchanged()  # what was planned is what was checked (and what the manifest's hash says)
