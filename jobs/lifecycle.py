@@ -8,13 +8,18 @@ What is the process's happens once, however many sweeps it runs:
   local Ray's, started at once so the engines' imports run while the rest is checked; none on a Ray cluster or for
   a reproducible run), else by the first spec; Ray's start begun at once where lm-eval builds tasks or requests
   (seconds) first;
-- Ray started or joined once (the first sweep's step 4; a later sweep's finds it up);
+- Ray started or joined once (the first sweep's step 4; a later sweep's finds it up), a local one with its reaper
+  (jobs/ray_reaper.py) started first;
 - with `keep_engines`, the actors of one sweep kept for the next (cluster/schedule/fleet.py KeptActors);
 - `temporary_folder`: a folder removed at the end (named by this process: one a killed command left is removed by
-  the next command that makes one);
-- `close` (also on any error or signal): the teardown, in one place: the open sweep's output sink where the sweep
-  did not close it, the temporary folders, the kept actors, this process's Ray, the engine host.
-Each sweep goes through the same steps, each once, in this order:
+  the next command that makes one).
+Everything the run holds is put on one ExitStack as it is taken: the engine host, Ray (its stop closes the kept
+actors first and releases its reaper after), the temporary folders, each sweep's output sink (closed there where
+the sweep did not run to close it). `close` (also on any error or signal) releases them once, in the reverse of
+the order they were taken.
+
+Each sweep goes through the same steps, each once, in this order (`Phase`, the run's `phase`; a step out of order
+is a bug, raised as one):
 1. `read` (a spec file) or `adopt` (a spec already loaded): the spec read once;
 2. `check`: every input checked once (cluster/inputs/checks.py), before the output is touched;
 3. `open`: the output opened, the plan ready to stream (cluster/schedule/run.py `prepare`);
@@ -27,6 +32,8 @@ has started.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import enum
 import os
 import signal
 import time
@@ -38,6 +45,21 @@ def _printed(line: str) -> None:
     print(line, flush=True)
 
 
+class Phase(enum.Enum):
+    """Where a run stands: NEW, then for each sweep READ, CHECKED, OPENED, RAY_UP, EXECUTED; CLOSED at the end."""
+    NEW = "new"
+    READ = "read"  # a sweep's spec read or adopted
+    CHECKED = "checked"  # its inputs checked
+    OPENED = "opened"  # its output open, its plan streaming
+    RAY_UP = "ray up"  # Ray started or joined
+    EXECUTED = "executed"  # the sweep ran (it closed its sink itself)
+    CLOSED = "closed"  # everything the run held released
+
+
+STEP_AFTER = {Phase.CHECKED: Phase.READ, Phase.OPENED: Phase.CHECKED, Phase.RAY_UP: Phase.OPENED,
+              Phase.EXECUTED: Phase.RAY_UP}  # each step's one phase before it (READ: any but CLOSED)
+
+
 @dataclass
 class _Sweep:
     """One sweep's own state, from its spec to its end."""
@@ -47,7 +69,9 @@ class _Sweep:
     executed: bool = False  # it ran: it closed its output's sink itself
 
     def close(self) -> None:
+        """Its sink closed where it opened one and did not run (once: a sweep that ran closed its own)."""
         if self.prepared is not None and not self.executed:
+            self.executed = True
             self.prepared.sink.close()
 
 
@@ -62,11 +86,21 @@ class SweepRun:
         self.named = address_option if args.address else "RAY_ADDRESS"
         self.host = self.kept = None
         self.sweep: _Sweep | None = None  # the sweep under way, or the last one
+        self.phase = Phase.NEW
         self._keep_engines = keep_engines
         self._ray_starting = None  # Ray's start on a thread of its own (jobs/background.py), where begun early
         self._ray_started = False
+        self._reaper = None  # a local Ray's reaper (jobs/ray_reaper.py), released once this run stopped its Ray
         self._host_decided = False
-        self._folders: list[str] = []  # temporary_folder's, removed at close
+        self._held = contextlib.ExitStack()  # what the run holds, released by close, the last taken first
+
+    def _step(self, to: Phase) -> None:
+        """The run's phase moved on to `to`: from the one phase before it (any but CLOSED for READ)."""
+        before = STEP_AFTER.get(to)
+        if self.phase is Phase.CLOSED or (before is not None and self.phase is not before):
+            raise RuntimeError(f"run step {to.value!r} after {self.phase.value!r}: steps go "
+                               "read, check, open, start_ray, execute")
+        self.phase = to
 
     # -- the process's: the engine host, Ray's early start, temporary folders ------------------------------------
     def begin(self, backends: list[str], reproducible: bool = False, ray_early: bool = False) -> None:
@@ -78,21 +112,24 @@ class SweepRun:
                 from cluster.launch import start_engine_host
 
                 self.host = start_engine_host(backends)
-        if ray_early and self._ray_starting is None and not self._ray_started:
+                self._held.callback(self._stop_host)
+        if ray_early and not self.ray_begun:
             from jobs.background import Background
 
+            self._held.callback(self._stop_ray)
             self._ray_starting = Background(self._start_ray, "raysweep-ray-start")
 
     def temporary_folder(self, purpose: str) -> str:
         """A new folder, removed at close: `raysweep-PURPOSE-PID-*` in the temporary folder; those of the same
         purpose whose command no longer runs (killed before its close) are removed now."""
+        import shutil
         import tempfile
 
         from cluster.launch import remove_stale_folders
 
         prefix = f"raysweep-{purpose}-"
         folder = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
-        self._folders.append(folder)
+        self._held.callback(shutil.rmtree, folder, True)
         remove_stale_folders(os.path.dirname(folder), prefix)
         return folder
 
@@ -117,14 +154,15 @@ class SweepRun:
         """A spec already loaded (`verify` builds one; lm-eval's model makes one per request type): a new sweep.
         Its engine host decided here where `begin` did not, or stopped where the spec turned out reproducible (its
         actors run their own engines)."""
+        self._step(Phase.READ)
         if self.sweep is not None:
             self.sweep.close()
-        self.sweep = _Sweep(spec)
         if self.host is not None and spec.reproducible:
-            self.host.stop()
-            self.host = None
+            self._stop_host()
         else:
             self.begin([m.backend for m in spec.models], spec.reproducible)
+        self.sweep = _Sweep(spec)
+        self._held.callback(self.sweep.close)
         return spec
 
     @property
@@ -136,6 +174,7 @@ class SweepRun:
         from cluster.inputs.checks import check_inputs
         from jobs.ray_start import check_ray_address
 
+        self._step(Phase.CHECKED)
         spec = self.sweep.spec
         self.sweep.data = check_inputs(spec)
         self.log(f"[raysweep] inputs checked: {len(self.sweep.data)} task(s), "
@@ -149,6 +188,7 @@ class SweepRun:
         on the planner's thread from the checked data while the actors start (cluster/schedule/run.py)."""
         from cluster.schedule.run import prepare
 
+        self._step(Phase.OPENED)
         self.sweep.prepared = prepare(self.sweep.spec, self.sweep.data, output, self.args.new_run, background=True)
 
     @property
@@ -162,9 +202,12 @@ class SweepRun:
         return self._ray_starting is not None or self._ray_started
 
     def _start_ray(self) -> None:
+        from jobs import local_ray
         from jobs.ray_start import check_ray_address, start_ray
 
         check_ray_address(self.address, self.named)
+        if self.address == "local":
+            self._reaper = local_ray.reaper()  # what this Ray starts ends with the command, even a command killed
         start_ray(self.address, self.named, self.args.dashboard, self.args.verbose)
         self.clock.mark("ray_start")  # when it came up, also where it started early (on a thread of its own)
 
@@ -172,8 +215,11 @@ class SweepRun:
         """Ray started or joined (or its early start waited for), by the first sweep; a later sweep finds it up."""
         from jobs.interrupts import Interrupted, reclaim
 
+        self._step(Phase.RAY_UP)
         if self._ray_started:
             return
+        if not self.ray_begun:
+            self._held.callback(self._stop_ray)
         self._ray_started = True
         try:
             if self._ray_starting is not None:
@@ -197,6 +243,7 @@ class SweepRun:
         from cluster.schedule.run import execute
         from jobs.head_watch import head_watched
 
+        self._step(Phase.EXECUTED)
         if self._keep_engines and self.kept is None:
             from cluster.schedule.fleet import KeptActors
 
@@ -220,36 +267,38 @@ class SweepRun:
 
     # -- the end -------------------------------------------------------------------------------------------
     def close(self) -> None:
-        """What this process opened, closed, once: 1. the sweep's sink where the sweep did not close it (a failure
-        before it ran); 2. the temporary folders; 3. this process's Ray (a start still under way waited for first:
-        a half-started local Ray leaves nothing), the actors kept on it closed before it stops; 4. the engine host."""
-        import shutil
+        """Everything the run holds released, once, the last taken first (the module's docstring says what)."""
+        if self.phase is not Phase.CLOSED:
+            self.phase = Phase.CLOSED
+            self._held.close()
 
+    def _stop_ray(self) -> None:
+        """This process's Ray stopped: a start still under way waited for first (a half-started local Ray leaves
+        nothing), the actors kept on it closed before it stops; then its reaper released (nothing of it is left to
+        kill). A stop that fails leaves the reaper to end what is left when this process ends."""
         from jobs import local_ray
 
+        if self._ray_starting is not None:
+            try:
+                self._ray_starting.result()
+            except BaseException:  # noqa: BLE001  (the run's own error is the one said)
+                pass
+        self._ray_starting, self._ray_started = None, False
         try:
-            if self.sweep is not None:
-                self.sweep.close()
-            while self._folders:
-                shutil.rmtree(self._folders.pop(), ignore_errors=True)
-            if self._ray_starting is not None:
-                try:
-                    self._ray_starting.result()
-                except BaseException:  # noqa: BLE001  (the run's own error is the one said)
-                    pass
-            if self.ray_begun:
-                self._ray_starting, self._ray_started = None, False
-                try:
-                    import ray
+            import ray
 
-                    if self.kept is not None and ray.is_initialized():  # else Ray's own exit stopped them with it
-                        self.kept.close()
-                finally:
-                    local_ray.shutdown()
+            if self.kept is not None and ray.is_initialized():  # else Ray's own exit stopped them with it
+                self.kept.close()
         finally:
-            if self.host is not None:
-                self.host.stop()
-                self.host = None
+            local_ray.shutdown()
+        if self._reaper is not None:
+            self._reaper.release()
+            self._reaper = None
+
+    def _stop_host(self) -> None:
+        if self.host is not None:
+            self.host.stop()
+            self.host = None
 
     def __enter__(self) -> "SweepRun":
         return self

@@ -1,8 +1,8 @@
 """A local Ray that a raysweep command started for itself: its reaper, and its stop.
 
 `head_lost()`: which of its head processes (GCS, raylet) has ended, and how (jobs/head_watch.py watches them).
-`reaped()`, before ray.init: a reaper process (jobs/ray_reaper.py) that ends what this Ray leaves running if the
-command is killed before `shutdown()` releases it. `stopping()`: whether this process is stopping its Ray now, so
+`reaper()`, before ray.init: a reaper process (jobs/ray_reaper.py) that ends what this Ray leaves running if the
+command is killed before its run (jobs/lifecycle.py) stops this Ray and releases it. `stopping()`: whether this process is stopping its Ray now, so
 that its GCS ending then is not taken for a lost one (jobs/interrupts.py gives up a cleanup on a lost GCS).
 
 `shutdown()`: `ray.shutdown`, with Ray's autoscaler monitor killed first where this process started the node.
@@ -23,20 +23,18 @@ import threading
 
 HEAD = ("gcs_server", "raylet")  # Ray's process kinds (ray_constants.PROCESS_TYPE_*) whose end ends the node
 _STOPPING = threading.Event()  # set while shutdown() stops a Ray whose head was running when it began
-_REAPERS: list = []  # the reaper of the local Ray this process starts, until shutdown() releases it
 
 
-def reaped() -> None:
-    """A reaper for the local Ray this process is about to start (Linux: it reads /proc), if none runs yet."""
+def reaper():
+    """A reaper (jobs/ray_reaper.py Reaper) for the local Ray this process is about to start, or None off Linux (it
+    reads /proc). Its owner releases it once this Ray is stopped."""
     from jobs.ray_reaper import Reaper
 
-    if not _REAPERS and sys.platform.startswith("linux"):
-        _REAPERS.append(Reaper())
+    return Reaper() if sys.platform.startswith("linux") else None
 
 
 def shutdown() -> None:
-    """ray.shutdown, without the monitor's second (a no-op where Ray is not up, as ray.shutdown is); then the
-    reaper released: nothing of this Ray is left for it."""
+    """ray.shutdown, without the monitor's second (a no-op where Ray is not up, as ray.shutdown is)."""
     import subprocess
 
     import ray
@@ -55,17 +53,10 @@ def shutdown() -> None:
         ray.shutdown()
     finally:
         _STOPPING.clear()
-    release_reaper()
 
 
 def stopping() -> bool:
     return _STOPPING.is_set()
-
-
-def release_reaper() -> None:
-    """The reaper told that this process stopped its Ray itself: it ends, killing nothing."""
-    while _REAPERS:
-        _REAPERS.pop().release()
 
 
 def head_lost(head: list[tuple[str, int]] | None = None) -> str | None:

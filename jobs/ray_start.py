@@ -1,7 +1,7 @@
 """Ray started or joined for a command: an explicit address probed first (`check_ray_address`), then ray.init
-(`start_ray`); either failing is one line naming the address (RayStartError). A local Ray gets its reaper first
-(jobs/local_ray.py), and waits as long as a busy machine needs, up to RAYSWEEP_RAY_START_TIMEOUT_S, saying what it
-waits for (jobs/ray_patience.py)."""
+(`start_ray`); either failing is one line naming the address (RayStartError). A local Ray (its reaper started
+first by the run, jobs/lifecycle.py) waits as long as a busy machine needs, up to RAYSWEEP_RAY_START_TIMEOUT_S,
+saying what it waits for (jobs/ray_patience.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import socket
 from contextlib import nullcontext
 
 from cluster.contracts.errors import RaysweepError
-from jobs import local_ray
 from jobs.ray_output import init_options, keep_quiet
 from jobs.ray_patience import patient_start, start_bound_s
 
@@ -31,8 +30,6 @@ def start_ray(address: str, named: str, dashboard: bool, verbose: bool = False) 
         bound = start_bound_s()
     except ValueError as e:
         raise RayStartError(str(e)) from None
-    if address == "local":
-        local_ray.reaped()  # what this Ray starts ends with the command, even a command killed
     # a dashboard can only be chosen for a Ray this process starts
     options = {"include_dashboard": dashboard} if address == "local" else {}
     try:
@@ -40,7 +37,7 @@ def start_ray(address: str, named: str, dashboard: bool, verbose: bool = False) 
             ray.init(address=address, **init_options(verbose), **options)
     except Exception as e:  # ConnectionError, TimeoutError, Ray's own complaints; a raylet that did not register
         # within the bound is a bare Exception (jobs/ray_patience.py)
-        local_ray.release_reaper()  # what was half started the caller stops at once (local_ray.shutdown)
+        # what was half started the run stops at once (jobs/lifecycle.py, local_ray.shutdown)
         where = "a local Ray did not start" if address == "local" else f"{named} {address}: Ray did not connect"
         raise RayStartError(f"{where}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
     keep_quiet(verbose)

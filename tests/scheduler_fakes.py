@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cluster.schedule.actor_io import ActorLost, Answered, CallRaised, Outcome
+from cluster.schedule.actor_io import ActorLost, Answered, CallRaised, EnginesGone, Outcome
 
 
 @dataclass(eq=False)
@@ -89,4 +89,4 @@ class FakeIO:
             handle.killed = True
 
 
-__all__ = ["ActorLost", "Answered", "CallRaised", "FakeHandle", "FakeIO", "FakeRef"]
+__all__ = ["ActorLost", "Answered", "CallRaised", "EnginesGone", "FakeHandle", "FakeIO", "FakeRef"]

@@ -34,7 +34,7 @@ SCHEDULE_CORE = {f"{SCHEDULE}.{name}" for name in (
 # the part of the core that decides: Ray reaches it only through cluster/schedule/actor_io.py
 SCHEDULE_DECIDES = {f"{SCHEDULE}.{name}" for name in ("scheduler", "fleet", "work", "bisection", "tail_split",
                                                       "engine_starts")}
-SCHEDULE_PARTS = {f"{SCHEDULE}.{name}" for name in ("fleet_size", "routing")}  # composed by run.py
+SCHEDULE_PARTS = {f"{SCHEDULE}.{name}" for name in ("fleet_size", "engine_sources")}  # composed by run.py
 MAX_SCHEDULE_LINES = 300
 
 
@@ -177,7 +177,7 @@ def test_the_scheduler_decides_without_importing_ray():
 
 
 def test_the_schedule_stage_reaches_the_pool_and_the_actor_class_each_from_one_module(graph):
-    owners = {"cluster.pool": f"{SCHEDULE}.routing", LAUNCH: f"{SCHEDULE}.fleet_size"}
+    owners = {"cluster.pool": f"{SCHEDULE}.engine_sources", LAUNCH: f"{SCHEDULE}.fleet_size"}
     wrong = [(m, i) for m, i in _imports(graph) if _in(m, SCHEDULE)
              for reached, owner in owners.items() if _in(i, reached) and m != owner]
     assert wrong == []

@@ -187,3 +187,39 @@ def test_a_stopped_runs_line_says_how_to_resume_and_a_stopped_verify_that_nothin
     kept = stopped_line(stop, sink, "mine", verifying=True, kept=True)
     assert kept.endswith("its sweep's rows so far stay in mine (run it again with another --keep folder)")
     assert "resumes" not in said + kept
+
+
+def test_steps_go_in_order_and_close_releases_what_was_taken_once_the_last_first(tmp_path, monkeypatch, hosts):
+    """Without Ray: the run's phases, a step out of order refused, and everything the run took (a temporary folder,
+    the engine host, the sweep's sink, Ray and its reaper) released once, in the reverse of the order taken."""
+    from types import SimpleNamespace
+
+    from cluster.inputs.spec_file import load_spec
+    from jobs.lifecycle import Phase
+
+    released = []
+    sink = SimpleNamespace(close=lambda: released.append("sink"))
+    monkeypatch.setattr("cluster.inputs.checks.check_inputs", lambda spec: [])
+    monkeypatch.setattr("cluster.schedule.run.prepare", lambda *a, **k: SimpleNamespace(sink=sink))
+    monkeypatch.setattr("jobs.ray_start.start_ray", lambda *a, **k: None)
+    monkeypatch.setattr("jobs.local_ray.reaper", lambda: SimpleNamespace(release=lambda: released.append("reaper")))
+    monkeypatch.setattr("jobs.local_ray.shutdown", lambda: released.append("ray"))
+    monkeypatch.setattr("jobs.interrupts.reclaim", lambda: None)
+    spec = load_spec(QUICKSTART / "quickstart.yaml")
+    life = SweepRun(_args(), _clock(), log=lambda line: None)
+    assert life.phase is Phase.NEW
+    folder = life.temporary_folder("phases")
+    life.adopt(spec)
+    with pytest.raises(RuntimeError, match="'opened' after 'read'"):
+        life.open(str(tmp_path / "out"))
+    life.check()
+    life.open(str(tmp_path / "out"))
+    life.start_ray()
+    assert life.phase is Phase.RAY_UP and hosts[0].stopped == 0 and released == []
+    hosts[0].stop = lambda: released.append("host")
+    life.close()
+    life.close()
+    assert released == ["ray", "reaper", "sink", "host"] and not os.path.exists(folder)
+    assert life.phase is Phase.CLOSED
+    with pytest.raises(RuntimeError, match="after 'closed'"):
+        life.adopt(spec)

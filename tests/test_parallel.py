@@ -548,7 +548,7 @@ def test_a_pools_shards_are_cut_for_its_replicas_but_not_for_one(replicas, cut):
     scheduler = SweepScheduler(lambda n, at, shape: None, events)
     model = ModelWork("m", max_actors=1, depth=2, start=lambda handle, at: None)
     scheduler.add_model(model)
-    scheduler.fleet.add_pool("m", object(), depth=4, replicas=replicas)
+    scheduler.fleet.lend("m", object(), depth=4, replicas=replicas)
     start = 0
     for k, size in enumerate((128, 128, 72)):
         rows = pa.table({"sample_id": [f"s{i}" for i in range(start, start + size)]})

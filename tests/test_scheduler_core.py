@@ -1,7 +1,8 @@
 """The scheduler without Ray (cluster/schedule/scheduler.py and fleet.py over tests/scheduler_fakes.py's stand-in
 I/O): what it decides on each answer. A shard that raises once is retried; one that raises the same way is
 bisected down to its bad row; a model's last shard is cut at the tail; a lost node takes its actors and their
-shards go elsewhere; an engine that raises or never answers fails its model, not the others. The same paths through
+shards go elsewhere; an engine that raises or never answers fails its model, not the others; engines lent to the
+sweep run their model's shards, and when they go away the model gets actors of its own. The same paths through
 Ray and real actors: tests/test_scheduler.py, tests/test_reliability.py, tests/test_multinode.py."""
 
 from types import SimpleNamespace
@@ -12,7 +13,7 @@ import pytest
 from cluster.contracts.shard import ActorState, SHORT, Shard
 from cluster.schedule.scheduler import SweepScheduler
 from cluster.schedule.work import Job, ModelWork, SchedulerEvents, Slot, advance
-from tests.scheduler_fakes import ActorLost, Answered, CallRaised, FakeIO
+from tests.scheduler_fakes import ActorLost, Answered, CallRaised, EnginesGone, FakeHandle, FakeIO
 
 NODE_A, NODE_B = "a" * 56, "b" * 56
 
@@ -28,7 +29,8 @@ def answer(shard_: Shard) -> Answered:
     return Answered((table, {"shard_id": shard_.shard_id}))
 
 
-def run(io: FakeIO, jobs: list[Job], models=("m",), actors: int = 2, split: bool = False, bisect: bool = False):
+def run(io: FakeIO, jobs: list[Job], models=("m",), actors: int = 2, split: bool = False, bisect: bool = False,
+        lent: dict | None = None):
     """The sweep of `jobs` to its end; what it reported."""
     seen = SimpleNamespace(results=[], failed=[], bisected=[], split=[], attempts=[], lost=[], model_failed=[])
     events = SchedulerEvents(
@@ -44,6 +46,8 @@ def run(io: FakeIO, jobs: list[Job], models=("m",), actors: int = 2, split: bool
     for name in models:
         scheduler.add_model(ModelWork(name, max_actors=actors, depth=1,
                                       start=lambda handle, at, name=name: handle.start_engine.remote(name, at)))
+    for name, handle in (lent or {}).items():  # engines up before the sweep (cluster/schedule/engine_sources.py)
+        scheduler.fleet.lend(name, handle, depth=2, replicas=2)
     fed = []
 
     def feed(timeout_s: float) -> bool:
@@ -169,3 +173,32 @@ def test_a_slot_moves_only_along_the_scheduler_s_transitions():
         advance(slot, state)
     with pytest.raises(AssertionError, match="actor slot 7: idle -> running is not a transition"):
         advance(slot, ActorState.RUNNING)
+
+
+def test_engines_lent_to_the_sweep_run_its_shards_and_a_replica_s_death_is_retried_not_bisected():
+    """No actor of the sweep's starts for a lent model; a shard whose engine died behind the lent handle (a pool
+    replica's) is retried there as on an actor's death, even where failures are bisected."""
+    died = []
+
+    def shard_(handle, s, attempt):
+        if not died:
+            died.append(s.shard_id)
+            return CallRaised(RuntimeError("ReplicaDied: replica 3 of models-m died"), RuntimeError(), died=True)
+        return answer(s)
+
+    io = FakeIO(script(shard_=shard_))
+    seen = run(io, jobs_of("m", 4), bisect=True, lent={"m": FakeHandle(io, 99)})
+    assert io.handles == []  # no actor of the sweep's started
+    assert sorted(r[0] for r in seen.results) == [f"m/t/{k:05d}" for k in range(4)] and not seen.bisected
+    assert seen.attempts == [(died[0], 1, "RuntimeError: ReplicaDied: replica 3 of models-m died")]
+
+
+def test_lent_engines_that_go_away_give_their_model_actors_of_its_own_and_no_attempt_is_counted():
+    def shard_(handle, s, attempt):
+        return EnginesGone(RuntimeError("the engine pool is gone")) if handle.number == 99 else answer(s)
+
+    io = FakeIO(script(shard_=shard_))
+    seen = run(io, jobs_of("m", 3), lent={"m": FakeHandle(io, 99)})
+    assert len(io.handles) == 2  # the model's own actors, as many as its maximum
+    assert sorted(r[0] for r in seen.results) == [f"m/t/{k:05d}" for k in range(3)]
+    assert seen.attempts == [] and not seen.failed and seen.scheduler.fleet.lent_lost == ["m"]

@@ -15,7 +15,7 @@ CLIENT_NAMESPACE = "raysweep-pool-clients"  # where each sweep's PoolClient acto
 
 
 class SweepState(str, Enum):
-    """A sweep run's state in the pool's HTTP API: sent by its driver (cluster/schedule/routing.py PoolStatus) as
+    """A sweep run's state in the pool's HTTP API: sent by its driver (cluster/schedule/engine_sources.py PoolStatus) as
     it runs and when it ends; `gone`: said by the ingress (cluster/pool/ingress.py) of one running but not heard
     from. Sent as its value, a plain string."""
     RUNNING = "running"

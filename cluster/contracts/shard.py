@@ -58,13 +58,12 @@ class ShardState(str, Enum):
 
 class ActorState(str, Enum):
     """Where an actor slot of the scheduler stands (cluster/schedule/work.py Slot): its process importing,
-    up with no engine (idle), starting an engine for a model, running that model's shards; or a slot of the
-    engine pool, which stands for the pool's replicas of a model, not one actor (pooled)."""
+    up with no engine (idle), starting an engine for a model, running that model's shards (engines lent to the
+    sweep, cluster/schedule/engine_sources.py, are running from the start)."""
     IMPORTING = "importing"
     IDLE = "idle"
     STARTING = "starting"
     RUNNING = "running"
-    POOLED = "pooled"
 
 
 class ActorCall(str, Enum):

@@ -8,8 +8,11 @@ Outcomes, told apart by `isinstance` on Ray's exceptions:
 - `ActorLost(error, init_failed, unreachable)`: the actor's process died, or could not be reached
   (RayActorError; `unreachable`: an ActorUnavailableError); with `init_failed`, its constructor raised (its
   imports: every actor's would);
-- `CallRaised(cause, error)`: the call raised in a live actor (RayTaskError); `cause` is the exception the actor
-  raised (a PoolGone, a ReplicaDied, an engine's error).
+- `CallRaised(cause, error, died)`: the call raised in a live actor (RayTaskError); `cause` is the exception the
+  actor raised (an engine's error); `died`: the engine that ran it died and the engines lent to the sweep stand
+  (a pool replica's death, cluster/contracts/pool_protocol.py ReplicaDied): retried as on an actor's death;
+- `EnginesGone(error)`: the engines lent to the sweep behind that handle went away (the pool taken down:
+  PoolGone): the call's shard goes back to its queue, and the model to actors of the sweep's own.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class ActorLost:
 class CallRaised:
     cause: BaseException | None
     error: BaseException
+    died: bool = False  # the engine that ran the call died (a pool replica's): retried, never bisected
 
     @property
     def raised(self) -> BaseException:
@@ -41,7 +45,12 @@ class CallRaised:
         return self.cause if self.cause is not None else self.error
 
 
-Outcome = Answered | ActorLost | CallRaised
+@dataclass(frozen=True)
+class EnginesGone:
+    error: BaseException
+
+
+Outcome = Answered | ActorLost | CallRaised | EnginesGone
 
 
 class RayIO:
@@ -64,12 +73,16 @@ class RayIO:
         import ray
         from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
+        from cluster.contracts.pool_protocol import PoolGone, ReplicaDied
+
         try:
             return Answered(ray.get(ref))
         except RayActorError as e:
             return ActorLost(e, bool(e.actor_init_failed), isinstance(e, ActorUnavailableError))
         except RayTaskError as e:
-            return CallRaised(e.cause, e)
+            if isinstance(e.cause, PoolGone):
+                return EnginesGone(e.cause)
+            return CallRaised(e.cause, e, died=isinstance(e.cause, ReplicaDied))
 
     def kill(self, handle) -> None:
         import ray

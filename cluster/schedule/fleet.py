@@ -8,8 +8,9 @@
    When its model's work is done, it gets another (a counted model change): one below its maximum, else,
    once planning is over, one whose waiting shards outnumber what its actors hold (a tail); else it is
    released (`assign`). Engines sharing a GPU start one at a time where `start_one_by_one`.
-3. The engine pool, or engines kept from an earlier sweep, is one slot per model (`add_pool`): no actor starts
-   for that model unless the pool goes away (`unpool`); then the model gets its own actors again.
+3. Engines lent to the sweep (kept from an earlier sweep, or the pool's: cluster/schedule/engine_sources.py) are
+   slots of their own, running from the start (`lend`): no actor starts for their model unless they go away
+   (`unlend`); then the model gets its own actors again.
 4. An engine that cannot start gives its model up on that actor (`give_up`); an actor that dies is taken
    out, with every actor of the sweep on its node where the node was lost, said in one line (`lose`): `grow`
    replaces them. At the end the engines `keep` takes stay up; the others close, then their actors are killed.
@@ -17,9 +18,8 @@
    same model in a row: `raysweep lm-eval --model raysweep` runs one sweep per request type lm-eval asks for
    (loglikelihood, then generate_until, ...), and each would otherwise start its engines again (tens of
    seconds each on a GPU). The first sweep's `keep` takes the actors it no longer needs whose engine runs; a
-   later sweep of a model with the same path and engine arguments sends its shards to them as to the engine
-   pool (a pooled slot, cluster/schedule/routing.py); should one have died, the model gets actors of its own
-   again. `close` ends them, as a sweep ends the actors it does not keep (cluster/schedule/actor_io.py `close`).
+   later sweep of a model with the same path and engine arguments has them lent to it
+   (cluster/schedule/engine_sources.py); should one have died, the model gets actors of its own again. `close` ends them, as a sweep ends the actors it does not keep (cluster/schedule/actor_io.py `close`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from cluster.contracts.shard import ActorCall, ActorState
 from cluster.contracts.spec import ModelSpec
 from cluster.schedule.actor_io import RayIO
 from cluster.schedule.tail_split import TailClock
-from cluster.schedule.work import (ENGINE_HELD, POOLED, UP, InFlight, ModelWork, Slot, advance, first_line,
-                                   lost_line, lost_node)
+from cluster.schedule.work import (ENGINE_HELD, UP, InFlight, ModelWork, Slot, advance, first_line, lost_line,
+                                   lost_node)
 
 
 class KeptActors:
@@ -77,18 +77,18 @@ class Fleet:
         self.start_one_by_one = start_one_by_one  # engines sharing a GPU must not size their memory at once
         self.slots: list[Slot] = []
         self.actors_started = self.actor_deaths = self.model_changes = 0
-        self.pool_lost: list[str] = []  # models whose pool went away during the sweep
+        self.lent_lost: list[str] = []  # models whose lent engines went away during the sweep
         self.nodes_lost: set[str] = set()  # nodes whose actors died with them (or became unreachable)
         self._most_slots = 1
 
-    def add_pool(self, model: str, handle: Any, depth: int, replicas: int = 1) -> None:
-        """Send `model`'s shards to the engine pool through `handle` (its `run_shard.remote`, as an actor's),
-        `depth` at a time, over at most `replicas` replicas; no actor starts for it unless the pool goes away
-        (a shard raises PoolGone)."""
+    def lend(self, model: str, handle: Any, depth: int, replicas: int = 1) -> None:
+        """Engines up before the sweep run `model`'s shards through `handle` (its `run_shard.remote`, as an
+        actor's), `depth` at a time, over at most `replicas` engines; no actor starts for it unless they go away
+        (cluster/schedule/actor_io.py EnginesGone, or the handle's actor lost)."""
         work = self.models[model]
-        own = work.max_actors or next((s.actors for s in self.slots if s.state == POOLED and s.model == model), 0)
-        self.slots.append(Slot(handle=handle, number=-1, state=POOLED, model=model, depth=depth,
-                               actors=own, replicas=replicas))
+        own = work.max_actors or next((s.actors for s in self.slots if s.lent and s.model == model), 0)
+        self.slots.append(Slot(handle=handle, number=-1, state=ActorState.RUNNING, model=model, depth=depth,
+                               lent=True, actors=own, replicas=replicas))
         work.max_actors = 0
 
     # -- step 1: started ---------------------------------------------------------------------------------
@@ -110,7 +110,7 @@ class Fleet:
         wanted = self._wanted(planning)
         self._most_slots = max(self._most_slots, sum(wanted.values()))
         for shape, count in wanted.items():
-            while sum(s.state != POOLED and s.shape == shape for s in self.slots) < count:
+            while sum(not s.lent and s.shape == shape for s in self.slots) < count:
                 number = self.actors_started
                 self.actors_started += 1
                 slot = Slot(handle=self.spawn(number, time.time(), shape), number=number, shape=shape)
@@ -191,22 +191,32 @@ class Fleet:
         self.slots.remove(slot)
         self.io.kill(slot.handle)
 
-    def unpool(self, slot: Slot) -> None:
-        """The pool went away (`raysweep pool down --force`), or its client died: the model gets its own actors."""
+    def unlend(self, slot: Slot) -> None:
+        """Lent engines went away (`raysweep pool down --force`, the pool's client or a kept actor died): the model
+        gets its own actors."""
         if slot in self.slots:
             self.slots.remove(slot)
             self.models[slot.model].max_actors = slot.actors
-            self.pool_lost.append(slot.model)
+            self.lent_lost.append(slot.model)
+
+    def sent(self, slot: Slot) -> None:
+        """A shard went to `slot`: an actor of the sweep's is busy from now on (its tail clock)."""
+        if not slot.lent:
+            self.tail.sent(slot.number, slot.shape.num_gpus if getattr(slot.shape, "num_gpus", 0) else 1.0)
+
+    def back(self, slot: Slot) -> None:
+        if not slot.lent:
+            self.tail.back(slot.number)
 
     def lose(self, slot: Slot, error: BaseException, job=None, unreachable: bool = False) -> None:
         """An actor died (`job`: the call that saw it): it is taken out, with the sweep's other actors on its node
         where the node was lost; their shards come back one by one as failed calls, and are retried."""
         if slot not in self.slots:
             return  # its death was already seen through another of its calls (or its node's loss)
-        if slot.state == POOLED:  # the sweep's pool client died: the model runs on actors of its own
-            return self.unpool(slot)
+        if slot.lent:  # the pool's client, or a kept actor, died: the model runs on actors of its own
+            return self.unlend(slot)
         node = lost_node(error, slot.node, unreachable)  # a node lost takes every actor of the sweep there: said in one line
-        gone = [s for s in self.slots if s is slot or node and s.state != POOLED and s.node and s.node[0] == node[0]]
+        gone = [s for s in self.slots if s is slot or node and not s.lent and s.node and s.node[0] == node[0]]
         held = self.inflight.held_by(gone) + [job] * (job is not None)
         if node is None or node[0] not in self.nodes_lost:  # a replacement that had started there: said already
             self.on_lost(lost_line([s.number for s in gone], node, first_line(error), held, self.max_attempts))
@@ -222,7 +232,7 @@ class Fleet:
             raise RuntimeError(f"{self.actor_deaths} actors died; the last: {first_line(error)}") from error
 
     def shut_down(self) -> None:
-        slots, self.slots = [s for s in self.slots if s.state != POOLED], []
+        slots, self.slots = [s for s in self.slots if not s.lent], []
         self._release(slots)
 
     def _release(self, slots: list[Slot]) -> None:

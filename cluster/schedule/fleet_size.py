@@ -60,12 +60,12 @@ class FleetSize:
         return [ModelWork(m.name, self.spec.actors.count, self.depths[m.name], shape=self.shapes[m.name])
                 for m in self.spec.models]
 
-    def requested(self, pooled: dict) -> dict[ActorResources, int]:
-        """{shape: actors} to ask the autoscaler for (step 5): the models not in `pooled`, bounded per shape by
-        what the cluster holds."""
+    def requested(self, lent) -> dict[ActorResources, int]:
+        """{shape: actors} to ask the autoscaler for (step 5): the models not `lent` engines already up
+        (cluster/schedule/engine_sources.py), bounded per shape by what the cluster holds."""
         wanted: dict = {}
         for model in self.spec.models:
-            if model.name not in pooled:
+            if model.name not in lent:
                 wanted[self.shapes[model.name]] = wanted.get(self.shapes[model.name], 0) + self.spec.actors.count
         return {shape: n if self.holds[shape] is None else min(n, self.holds[shape]) for shape, n in wanted.items()}
 

@@ -4,7 +4,7 @@
 2. the output is opened: committed shards of an earlier run of the same spec are skipped;
 3. the fleet is sized (cluster/schedule/fleet_size.py) and one scheduler over every model
    (cluster/schedule/scheduler.py) starts its actors (cluster/schedule/fleet.py), gives them models once they
-   are checked, or sends a model's shards to engines already up (cluster/schedule/routing.py), and fans each
+   are checked, or sends a model's shards to engines already up (cluster/schedule/engine_sources.py), and fans each
    task's shards out as soon as it is planned (`PlanFeed`, below); each result is scored and
    committed as it arrives (cluster/schedule/commit.py), and progress told meanwhile (cluster/schedule/progress.py);
 4. telemetry, the run's timeline (manifest `runs`) and the summary are written; failures reported.
@@ -31,7 +31,7 @@ from cluster.schedule.commit import Commits
 from cluster.schedule.fleet import KeptActors
 from cluster.schedule.fleet_size import FleetSize, size_fleet
 from cluster.schedule.progress import SweepMetrics, Ticks, make_progress
-from cluster.schedule.routing import PoolStatus, pool_lost_line, route
+from cluster.schedule.engine_sources import PoolStatus, engine_sources, lend
 from cluster.schedule.scheduler import SweepScheduler
 from cluster.schedule.tail_split import tail_line
 from cluster.schedule.work import Job, SchedulerEvents
@@ -146,7 +146,7 @@ def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], N
 
 class _Run:
     """One execution, composed of its parts: the fleet sized (cluster/schedule/fleet_size.py), the scheduler
-    (scheduler.py) and the engines already up that it routes models to (routing.py), the plans fed to it
+    (scheduler.py) and the engines already up that are lent to it (engine_sources.py), the plans fed to it
     (`PlanFeed`), its events into the sink (commit.py) and progress (progress.py)."""
 
     def __init__(self, prepared: Prepared, sink: ResultSink, log, progress_bar, clock: RunClock,
@@ -173,11 +173,12 @@ class _Run:
         # each gets its engine start only once it passed them (ModelReady, in the feed)
         for work in size.work():
             scheduler.add_model(work)
-        pooled, self.status.recorder = route(size.spec, self.kept, scheduler.fleet, self.progress.log)
+        lending = lend(size.spec, engine_sources(self.kept), scheduler.fleet, self.progress.log)
+        self.status.recorder = lending.recorder
         feed = PlanFeed(prepared.plans, scheduler, self.sink, self.commits, self.progress, self.report, self.clock,
                         self.log)
         try:
-            with requested_capacity(size.requested(pooled)):
+            with requested_capacity(size.requested(lending.models)):
                 scheduler.run(feed)
             self.commits.commit_scored(wait=True)
         finally:
@@ -186,8 +187,8 @@ class _Run:
         self.progress.close()  # the bar's last state on a line of its own: the lines below are not the bar's
         if (line := tail_line(self.tail_record(), size.unit)) is not None:
             self.log(line)
-        if scheduler.fleet.pool_lost:
-            self.log(pool_lost_line(scheduler.fleet.pool_lost))
+        if scheduler.fleet.lent_lost:
+            self.log(lending.gone_line(scheduler.fleet.lent_lost))
 
     def _events(self) -> SchedulerEvents:
         commits = self.commits

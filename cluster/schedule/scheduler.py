@@ -12,8 +12,9 @@ what is done with what comes back.
    on its last attempt, is bisected (cluster/schedule/bisection.py) down to the rows that fail alone. A shard
    whose actor died is retried (never bisected). An engine that cannot start (it raised, or did not answer in
    time: cluster/schedule/engine_starts.py) fails its model's shards with its own error, in one line, and the
-   other models go on. A pooled shard whose replica died is retried as on an actor's death; one whose pool
-   went away goes back to its queue. Engines sharing a GPU start together, each KV cache sized from its share
+   other models go on. A shard whose engine died where the engines lent to the sweep stand (a pool replica) is
+   retried as on an actor's death; one whose lent engines went away goes back to its queue, and its model to
+   actors of the sweep's own. Engines sharing a GPU start together, each KV cache sized from its share
    (`RAYSWEEP_SHARED_GPU_START=serial`: one at a time, vLLM measuring free memory).
 
 What it moves (Job, ModelWork, Slot, InFlight) and the events it reports (SchedulerEvents): cluster/schedule/work.py.
@@ -23,14 +24,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from cluster.contracts.pool_protocol import PoolGone, ReplicaDied
 from cluster.contracts.shard import ActorCall, ActorState
-from cluster.schedule.actor_io import ActorLost, CallRaised, RayIO
+from cluster.schedule.actor_io import ActorLost, CallRaised, EnginesGone, RayIO
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
 from cluster.schedule.engine_starts import ActorStartError, start_timeout_s, take_overdue, timed_out_line
 from cluster.schedule.fleet import Fleet
 from cluster.schedule.tail_split import TailClock, TailSplit, split_tail
-from cluster.schedule.work import (POOLED, InFlight, Job, ModelWork, SchedulerEvents, Slot, advance,
+from cluster.schedule.work import (InFlight, Job, ModelWork, SchedulerEvents, Slot, advance,
                                    first_line as _first_line, node_of)
 
 
@@ -105,7 +105,7 @@ class SweepScheduler:
     def _dispatch(self, planning: bool = False) -> None:
         slots = self.fleet.slots
         for slot in slots:
-            if slot.state not in (ActorState.RUNNING, POOLED):
+            if slot.state is not ActorState.RUNNING:
                 continue
             model = self.models[slot.model]
             full = slot.inflight >= (slot.depth or model.depth)
@@ -116,8 +116,7 @@ class SweepScheduler:
                                   slot, job)
                 slot.inflight += 1
                 slot.profile = job.shard.profile
-                if slot.state != POOLED:
-                    self.tail.sent(slot.number, slot.shape.num_gpus if getattr(slot.shape, "num_gpus", 0) else 1.0)
+                self.fleet.sent(slot)
                 self.events.on_dispatched(job)
 
     def _split_tail(self, model: ModelWork) -> None:
@@ -130,8 +129,7 @@ class SweepScheduler:
     def _collect(self, ref, kind: ActorCall, job: Job | None, slot: Slot) -> None:
         if kind == ActorCall.SHARD:
             slot.inflight -= 1
-            if slot.state != POOLED:
-                self.tail.back(slot.number)
+            self.fleet.back(slot)
         outcome = self.io.outcome(ref)
         if isinstance(outcome, ActorLost):
             if kind == ActorCall.READY and outcome.init_failed:  # its imports raised: every actor's would
@@ -140,13 +138,15 @@ class SweepScheduler:
             if job is not None:
                 self._retry(job, f"{DIED}{_first_line(outcome.error)}", died=True)
             return
+        if isinstance(outcome, EnginesGone):  # the shard back to its queue, its attempt not counted
+            self.models[job.shard.model].add(job, first=True)
+            self.fleet.unlend(slot)
+            return
         if isinstance(outcome, CallRaised):
             if kind == ActorCall.START:  # the engine raised while starting: this model cannot run
                 self._engine_failed(slot, f"engine did not start: {_first_line(outcome.raised)}")
-            elif kind == ActorCall.SHARD and slot.state == POOLED and isinstance(outcome.cause, PoolGone):
-                self._unpool(slot, job)
-            elif kind == ActorCall.SHARD and slot.state == POOLED and isinstance(outcome.cause, ReplicaDied):
-                self._retry(job, _first_line(outcome.cause), died=True)  # as an actor's death: retried, never bisected
+            elif kind == ActorCall.SHARD and outcome.died:  # as an actor's death: retried, never bisected
+                self._retry(job, _first_line(outcome.raised), died=True)
             elif kind == ActorCall.SHARD:
                 self._retry(job, _first_line(outcome.raised))
             else:
@@ -240,10 +240,3 @@ class SweepScheduler:
             self.events.on_split(bisection.job, bisection.table())
         else:
             self.events.on_bisected(bisection.job, bisection.table(), bisection.row_errors())
-
-    def _unpool(self, slot: Slot, job: Job | None) -> None:
-        """The pool went away (`raysweep pool down --force`): the shard goes back to its queue, its attempt not
-        counted, and the model gets its own actors from now on."""
-        if job is not None:
-            self.models[job.shard.model].add(job, first=True)
-        self.fleet.unpool(slot)

@@ -16,22 +16,20 @@ from cluster.schedule.bisection import Piece
 from cluster.contracts.spec import TaskSpec
 
 # Slot states by what the scheduler asks of them (cluster/contracts/shard.py ActorState)
-POOLED = ActorState.POOLED
-SERVING = (ActorState.RUNNING, ActorState.STARTING, POOLED)  # slots that serve a model, or will once started
+SERVING = (ActorState.RUNNING, ActorState.STARTING)  # slots that serve a model, or will once started
 FREE = (ActorState.IMPORTING, ActorState.IDLE)  # actors with no model yet
 ENGINE_HELD = (ActorState.STARTING, ActorState.RUNNING, ActorState.IDLE)  # actors whose engine a node loss ends
 UP = (ActorState.IDLE, ActorState.RUNNING)  # actors that answer a close
 
 # The slot state machine: every change of a Slot's state goes through `advance`, and only these. A slot is made
-# IMPORTING (an actor of the sweep's) or POOLED (the pool's, or kept engines'), and leaves from any state (lost,
-# stopped, released).
+# IMPORTING (an actor of the sweep's) or RUNNING (engines lent to the sweep: kept from an earlier sweep, or the
+# pool's), and leaves from any state (lost, stopped, released).
 TRANSITIONS = {
     ActorState.IMPORTING: {ActorState.IDLE},  # its imports are done (`ready` answered)
     ActorState.IDLE: {ActorState.STARTING},  # given a model: its engine starts
     ActorState.STARTING: {ActorState.RUNNING,  # the engine is up
                           ActorState.IDLE},  # the engine raised or hung: the model given up there
-    ActorState.RUNNING: {ActorState.STARTING},  # its model done: given another
-    ActorState.POOLED: set(),
+    ActorState.RUNNING: {ActorState.STARTING},  # its model done: given another (never a lent slot)
 }
 
 
@@ -82,7 +80,7 @@ class ModelWork:
         return any(self.queues.values())
 
     def take(self, slot: Slot, others: list[Slot]) -> Job | None:
-        if slot.state == ActorState.POOLED:  # the pool's replicas change profile themselves: longest queue first
+        if slot.lent:  # engines lent to the sweep change profile themselves: the longest queue first
             left = [q for q in self.queues.values() if q]
             return max(left, key=len).popleft() if left else None
         same = self.queues.get(slot.profile)
@@ -100,7 +98,9 @@ class ModelWork:
 
 @dataclass
 class Slot:
-    """An actor of the sweep's (or the engine pool, through its client) as the scheduler sees it."""
+    """Where the scheduler sends a model's shards: an actor of the sweep's, or engines lent to it for one model
+    (`lent`: kept from an earlier sweep, or the pool's through its client: cluster/schedule/engine_sources.py),
+    which the sweep neither starts nor releases."""
     handle: Any
     number: int  # the n in the actor's name
     state: ActorState = ActorState.IMPORTING
@@ -108,9 +108,10 @@ class Slot:
     inflight: int = 0
     profile: str | None = None  # the profile of the last shard sent: what its engine runs now
     refused: set = field(default_factory=set)  # models whose engine failed to start here
-    depth: int | None = None  # shards it holds at once, where not its model's per-actor depth (the pool)
-    actors: int = 0  # a pool slot: the model's own actors should the pool go away
-    replicas: int = 0  # a pool slot: the most replicas the pool runs the model on
+    depth: int | None = None  # shards it holds at once, where not its model's per-actor depth (lent engines)
+    lent: bool = False  # engines up before the sweep, lent to it for `model`
+    actors: int = 0  # lent: the model's own actors should the lent engines go away
+    replicas: int = 0  # lent: the most engines behind it (the pool's replicas of the model)
     shape: Any = None  # the resources it holds (ModelWork.shape): it runs only models of that shape
     start_at: float | None = None  # time.monotonic() when its engine start was asked for
     node: tuple[str, str] | None = None  # (Ray node id, its IP) of the node it runs on, once it is ready
