@@ -187,8 +187,9 @@ def test_engines_lent_to_the_sweep_run_its_shards_and_a_replica_s_death_is_retri
         return answer(s)
 
     io = FakeIO(script(shard_=shard_))
-    seen = run(io, jobs_of("m", 4), bisect=True, lent={"m": FakeHandle(io, 99)})
-    assert io.handles == []  # no actor of the sweep's started
+    lent = FakeHandle(io, 99)
+    seen = run(io, jobs_of("m", 4), bisect=True, lent={"m": lent})
+    assert io.handles == [] and not lent.closed and not lent.killed  # no actor started; the lender's left alone
     assert sorted(r[0] for r in seen.results) == [f"m/t/{k:05d}" for k in range(4)] and not seen.bisected
     assert seen.attempts == [(died[0], 1, "RuntimeError: ReplicaDied: replica 3 of models-m died")]
 
@@ -202,3 +203,4 @@ def test_lent_engines_that_go_away_give_their_model_actors_of_its_own_and_no_att
     assert len(io.handles) == 2  # the model's own actors, as many as its maximum
     assert sorted(r[0] for r in seen.results) == [f"m/t/{k:05d}" for k in range(3)]
     assert seen.attempts == [] and not seen.failed and seen.scheduler.fleet.lent_lost == ["m"]
+    assert all(handle.closed and handle.killed for handle in io.handles)  # the sweep's own actors released

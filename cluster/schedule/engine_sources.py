@@ -58,7 +58,7 @@ def lend(spec: SweepSpec, sources: list, fleet, log: Callable[[str], None]) -> L
         if lent:
             for engines in lent:
                 fleet.lend(engines.model, engines.handle, engines.depth, engines.replicas)
-            models = sorted({engines.model for engines in lent})
+            models = list(dict.fromkeys(engines.model for engines in lent))  # in the spec's order
             log(source.said.format(", ".join(models)))
             return Lending(frozenset(models), recorder, source.gone)
     return Lending()

@@ -121,8 +121,8 @@ class Fleet:
     def assign(self, planning: bool) -> None:
         done = []  # actors no model needs any more
         for slot in list(self.slots):
-            if slot.state not in UP or slot.inflight:
-                continue
+            if slot.lent or slot.state not in UP or slot.inflight:
+                continue  # lent engines serve their one model, and are the lender's to release
             current = self.models.get(slot.model)
             if current is not None and current and not current.failed:
                 continue  # its model still has work

@@ -122,10 +122,12 @@ def make_progress(total: int, log: Callable[[str], None], bar: bool | None = Non
 
 
 def state_counts(slots: list) -> dict[str, int]:
-    """Actors by state (importing, idle, starting, running, pooled: cluster/contracts/shard.py ActorState), by name."""
+    """Actors by state (importing, idle, starting, running: cluster/contracts/shard.py ActorState), by name; engines
+    lent to the sweep (the pool's, or kept ones) as `lent`."""
     counts: dict[str, int] = {}
     for slot in slots:
-        counts[slot.state.value] = counts.get(slot.state.value, 0) + 1
+        state = "lent" if getattr(slot, "lent", False) else slot.state.value
+        counts[state] = counts.get(state, 0) + 1
     return counts
 
 
