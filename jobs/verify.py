@@ -48,28 +48,11 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def verify(args: argparse.Namespace) -> int:
-    from cluster.inputs.data import data_hashes, rows_with_ids
-    from cluster.store.manifest import read_manifest
-    from cluster.inputs.spec_file import load_spec
-
     if args.samples < 1:
         raise VerifyError(f"--samples {args.samples}: must be at least 1")
     if args.keep is not None and os.path.exists(args.keep) and (not os.path.isdir(args.keep) or os.listdir(args.keep)):
         raise VerifyError(f"--keep {args.keep}: not an empty folder; name a new one (nothing of yours is overwritten)")
-    try:
-        manifest = read_manifest(args.output)
-    except (OSError, ValueError) as e:
-        raise VerifyError(f"{args.output}: no sweep output to verify here ({type(e).__name__}: {e})") from None
-    source = args.spec or manifest.get("spec_source")
-    if not source:
-        raise VerifyError(f"{args.output}: its manifest does not record the spec it was made from: pass --spec")
-    if not os.path.isfile(source):  # e.g. a job's working dir, which Ray deleted after the job
-        raise VerifyError(f"{source}: the spec {args.output} was made from is not there any more: pass --spec "
-                          "with a copy of it")
-    spec = load_spec(source)
-    if spec.digest() != manifest.get("spec_hash"):
-        raise VerifyError(f"{source}: not the spec {args.output} was made from (hash {spec.digest()}, the "
-                          f"manifest's {manifest.get('spec_hash')}): pass --spec with that one")
+    spec, manifest = _spec_made(args)
     mismatched = _check_files(args.output, manifest)  # the fast pass: every committed file is what was committed
     committed = _outputs(os.path.join(args.output, "results"), with_status=True)
     generated = {t.name for t in spec.tasks if t.replay is None}  # a replay task's outputs were read, not made
@@ -77,32 +60,12 @@ def verify(args: argparse.Namespace) -> int:
     if not candidates:
         raise VerifyError(mismatched or f"{args.output}: no committed row with an output to verify")
     chosen = random.Random(args.seed).sample(candidates, min(args.samples, len(candidates)))
-    recorded = manifest.get("data", {})
-    now = data_hashes(spec)
-    tasks = {t.name: t for t in spec.tasks}
     with _folder(args.keep) as tmp:
-        new_tasks = []
-        for name in sorted({r["task"] for r in chosen}):
-            task = tasks[name]
-            if recorded.get(name, {}).get("hash") not in (None, now[name]["hash"]):
-                raise VerifyError(f"task {name}: its data ({now[name]['path']}) changed since {args.output} was "
-                                  "made: the rows cannot be generated again")
-            ids = {r["sample_id"] for r in chosen if r["task"] == name}
-            path = os.path.join(tmp, f"{name}.jsonl")
-            with open(path, "w") as f:
-                for sample_id, row in rows_with_ids(task, spec.data_path(task), ids):
-                    f.write(json.dumps({**row, ID_COLUMN: sample_id}, default=str) + "\n")
-            new_tasks.append(dataclasses.replace(task, data=path, id_column=ID_COLUMN))
-        models = tuple(m for m in spec.models if m.name in {r["model"] for r in chosen})
-        from cluster.store.manifest import as_made
-
-        again = dataclasses.replace(spec, name=f"{spec.name}-verify", output=os.path.join(tmp, "output"),
-                                    models=models, tasks=tuple(new_tasks))
-        again = as_made(again, manifest)  # generated as the output was made (its target_delimiter)
         from jobs.sweep import run_spec
 
-        code = run_spec(again, argparse.Namespace(output=None, address=args.address, max_attempts=3,
-                                                  dashboard=False, new_run=True, verbose=args.verbose),
+        code = run_spec(_sweep_again(args, spec, manifest, chosen, tmp),
+                        argparse.Namespace(output=None, address=args.address, max_attempts=3, dashboard=False,
+                                           new_run=True, verbose=args.verbose),
                         output_kept=args.keep is not None, verifying=True)
         if code != 0:
             raise VerifyError("the verify sweep failed (its lines above say why)")
@@ -118,6 +81,55 @@ def verify(args: argparse.Namespace) -> int:
     if mismatched:
         print(f"[raysweep] verify: {mismatched}")
     return 1 if mismatched or (differ and reproducible) else 0
+
+
+def _spec_made(args: argparse.Namespace):
+    """(the spec the output was made from, the output's manifest): `--spec`, else the one its manifest records,
+    its hash the manifest's."""
+    from cluster.inputs.spec_file import load_spec
+    from cluster.store.manifest import read_manifest
+
+    try:
+        manifest = read_manifest(args.output)
+    except (OSError, ValueError) as e:
+        raise VerifyError(f"{args.output}: no sweep output to verify here ({type(e).__name__}: {e})") from None
+    source = args.spec or manifest.get("spec_source")
+    if not source:
+        raise VerifyError(f"{args.output}: its manifest does not record the spec it was made from: pass --spec")
+    if not os.path.isfile(source):  # e.g. a job's working dir, which Ray deleted after the job
+        raise VerifyError(f"{source}: the spec {args.output} was made from is not there any more: pass --spec "
+                          "with a copy of it")
+    spec = load_spec(source)
+    if spec.digest() != manifest.get("spec_hash"):
+        raise VerifyError(f"{source}: not the spec {args.output} was made from (hash {spec.digest()}, the "
+                          f"manifest's {manifest.get('spec_hash')}): pass --spec with that one")
+    return spec, manifest
+
+
+def _sweep_again(args: argparse.Namespace, spec, manifest: dict, chosen: list[dict], tmp: str):
+    """The verify sweep: the chosen rows of each task written to `tmp`, their models, generated as the output was
+    made (its target_delimiter); a task whose data changed since is refused."""
+    from cluster.inputs.data import data_hashes, rows_with_ids
+    from cluster.store.manifest import as_made
+
+    recorded, now = manifest.get("data", {}), data_hashes(spec)
+    tasks = {t.name: t for t in spec.tasks}
+    new_tasks = []
+    for name in sorted({r["task"] for r in chosen}):
+        task = tasks[name]
+        if recorded.get(name, {}).get("hash") not in (None, now[name]["hash"]):
+            raise VerifyError(f"task {name}: its data ({now[name]['path']}) changed since {args.output} was "
+                              "made: the rows cannot be generated again")
+        ids = {r["sample_id"] for r in chosen if r["task"] == name}
+        path = os.path.join(tmp, f"{name}.jsonl")
+        with open(path, "w") as f:
+            for sample_id, row in rows_with_ids(task, spec.data_path(task), ids):
+                f.write(json.dumps({**row, ID_COLUMN: sample_id}, default=str) + "\n")
+        new_tasks.append(dataclasses.replace(task, data=path, id_column=ID_COLUMN))
+    models = tuple(m for m in spec.models if m.name in {r["model"] for r in chosen})
+    again = dataclasses.replace(spec, name=f"{spec.name}-verify", output=os.path.join(tmp, "output"),
+                                models=models, tasks=tuple(new_tasks))
+    return as_made(again, manifest)
 
 
 def _folder(keep: str | None):

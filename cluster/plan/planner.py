@@ -57,6 +57,21 @@ def chunk_threshold(lengths: np.ndarray) -> int | None:
     return 2048 if p95 < 2048 else int(0.8 * p95)
 
 
+def _token_counts(model: ModelSpec, data: TaskData, batch, prompts: list[str], extras: list[dict], tokenizer,
+                  add_special: bool, max_model_len: int | None, cache: TokenCache | None) -> np.ndarray:
+    """Each row's tokens as the engine will run them."""
+    task = data.task
+    if task.rolling:  # lm-eval's windows: no sequence longer than the model's length less 1 (its vLLM model's)
+        return np.asarray(_rolling_lengths(model, task, extras, tokenizer, add_special, max_model_len), np.int64)
+    if task.loglikelihood:  # the longest context + choice the engine runs (no cache: keyed by prompt alone)
+        encoded = encode_pairs(prompts, [continuations(task, e["choices"]) for e in extras], tokenizer, add_special)
+        _check_pairs(model, task, data.path, batch, prompts, encoded)
+        return np.asarray(pair_lengths(encoded), dtype=np.int64)
+    if cache is not None:
+        return cache.lengths(prompts, add_special, lambda ps: count_tokens(ps, tokenizer, add_special))
+    return np.asarray(count_tokens(prompts, tokenizer, add_special), dtype=np.int64)
+
+
 def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | None, limits: ShardLimits,
               cache: TokenCache | None = None, strict: bool = True, staging: StagingFolder | None = None) -> TaskPlan:
     task = data.task
@@ -71,16 +86,7 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
         for batch in data.batches():
             prompts, add_special = render_prompts(task, batch, tokenizer, data.path)
             extras = [data.extra_of(row) for row in batch.rows]
-            if task.rolling:  # lm-eval's windows: no sequence longer than the model's length less 1 (its vLLM model's)
-                counts = np.asarray(_rolling_lengths(model, task, extras, tokenizer, add_special, max_model_len), np.int64)
-            elif task.loglikelihood:  # the longest context + choice the engine runs (no cache: keyed by prompt alone)
-                encoded = encode_pairs(prompts, [continuations(task, e["choices"]) for e in extras], tokenizer, add_special)
-                _check_pairs(model, task, data.path, batch, prompts, encoded)
-                counts = np.asarray(pair_lengths(encoded), dtype=np.int64)
-            elif cache is not None:
-                counts = cache.lengths(prompts, add_special, lambda ps: count_tokens(ps, tokenizer, add_special))
-            else:
-                counts = np.asarray(count_tokens(prompts, tokenizer, add_special), dtype=np.int64)
+            counts = _token_counts(model, data, batch, prompts, extras, tokenizer, add_special, max_model_len, cache)
             codes = np.zeros(len(prompts), dtype=np.uint8)
             truncated: dict[int, list[int]] = {}
             over = np.flatnonzero(counts > limit) if limit is not None else np.empty(0, np.int64)
