@@ -71,6 +71,7 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which names each test by the group it finds marked
 def pytest_collection_modifyitems(config, items):
     """The xdist group of each test (`--dist loadgroup`, pyproject.toml): its file's, or the sandbox's; the
     groups of LONGEST_FIRST first, in its order."""
