@@ -41,8 +41,8 @@ _EXIT_STATUS = []  # pytest's own exit status, kept for pytest_unconfigure
 
 # Files whose tests run programs in the code_exec sandbox, as the user nobody: they share that user's process
 # limit (a fork bomb's test fills it) and its process table (tests count nobody's processes), so under
-# pytest-xdist they are meant to go to one worker, one after another; every other file is meant to be a group of
-# its own, its module fixtures made once. The marks are set too late to take effect (pytest_collection_modifyitems).
+# pytest-xdist they go to one worker, one after another. Every other file is a group of its own: its module
+# fixtures (a sweep run once for several tests) are made once, on one worker.
 SANDBOX_FILES = {"test_sandbox.py", "test_code_exec_reference.py", "test_scoring_kinds.py", "test_signals.py",
                  "test_hostile_inputs.py", "test_report.py"}
 
@@ -57,9 +57,9 @@ def prepare_file(path, **options):
     return prepare(spec, check_inputs(spec), **options)
 
 
-# The files whose tests take longest on the 2-core machine, longest first (pytest --durations): handed out first,
-# so the two workers end together rather than one running long tests alone at the end (`pytest_configure` turns
-# xdist's own order off). The other files follow in their collection order.
+# The groups that take longest on the 2-core machine, longest first (pytest --durations): handed out first, so
+# the two workers end together rather than one running a long group alone at the end (`pytest_configure` turns
+# xdist's own order, by number of tests, off). The other files follow in their collection order.
 LONGEST_FIRST = ("sandbox", "test_pool.py", "test_reliability.py", "test_lm_eval_tasks.py", "test_cluster.py",
                  "test_parallel.py", "test_lm_eval_settings.py", "test_engine_start_failures.py", "test_sweep.py",
                  "test_reproducible.py", "test_disk_full.py", "test_lm_eval_command.py", "test_multinode.py",
@@ -71,11 +71,10 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which names each test by the group it finds marked
 def pytest_collection_modifyitems(config, items):
     """The xdist group of each test (`--dist loadgroup`, pyproject.toml): its file's, or the sandbox's; the
-    groups of LONGEST_FIRST first, in its order. pytest-xdist's own hook, which names each test by the group it
-    finds marked, runs before this one: the marks group nothing, and each test is handed out alone, in this
-    order."""
+    groups of LONGEST_FIRST first, in its order."""
     rank = {group: k for k, group in enumerate(LONGEST_FIRST)}
     order = {}
     for index, item in enumerate(items):

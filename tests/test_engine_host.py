@@ -6,10 +6,11 @@ no Ray."""
 
 import json
 import os
-import select
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -68,10 +69,21 @@ def _actor(host, tiny_path, engine, log, then="wait"):
                             env=os.environ | {"RAYSWEEP_TEST_FAIL_SAMPLES": "1", "PYTHONPATH": str(ROOT)})
 
 
+_LINES: dict = {}  # process -> the queue its reader thread puts its stdout lines in
+
+
 def _line(process, timeout_s: float = 120) -> str:
-    """The process's next stdout line; '' if none comes in time (a hang fails the test, not the suite)."""
-    ready, _, _ = select.select([process.stdout], [], [], timeout_s)
-    return process.stdout.readline() if ready else ""
+    """The process's next stdout line; '' if none comes in time (a hang fails the test, not the suite). A thread
+    reads them: a select on the pipe misses a line that an earlier readline took into its buffer with the one
+    before (two lines written at once, on a busy machine), and waited out its whole bound for it."""
+    lines = _LINES.get(process)
+    if lines is None:
+        lines = _LINES[process] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    try:
+        return lines.get(timeout=timeout_s)
+    except queue.Empty:
+        return ""
 
 
 def _alive(pid: int) -> bool:
