@@ -2,8 +2,9 @@
 
 `head_lost()`: which of its head processes (GCS, raylet) has ended, and how (jobs/head_watch.py watches them).
 `reaper()`, before ray.init: a reaper process (jobs/ray_reaper.py) that ends what this Ray leaves running if the
-command is killed before its run (jobs/lifecycle.py) stops this Ray and releases it. `stopping()`: whether this process is stopping its Ray now, so
-that its GCS ending then is not taken for a lost one (jobs/interrupts.py gives up a cleanup on a lost GCS).
+command is killed before its run (jobs/lifecycle.py) stops this Ray and releases it. `stopping()`: whether this
+process is stopping its Ray now, so that its GCS ending then is not taken for a lost one (jobs/interrupts.py gives
+up a cleanup on a lost GCS).
 
 `shutdown()`: `ray.shutdown`, with Ray's autoscaler monitor killed first where this process started the node.
 Ray (2.60) stops its GCS before the monitor, whose SIGTERM handler then tries to report to the gone GCS until

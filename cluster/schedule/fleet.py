@@ -19,7 +19,8 @@
    (loglikelihood, then generate_until, ...), and each would otherwise start its engines again (tens of
    seconds each on a GPU). The first sweep's `keep` takes the actors it no longer needs whose engine runs; a
    later sweep of a model with the same path and engine arguments has them lent to it
-   (cluster/schedule/engine_sources.py); should one have died, the model gets actors of its own again. `close` ends them, as a sweep ends the actors it does not keep (cluster/schedule/actor_io.py `close`).
+   (cluster/schedule/engine_sources.py); should one have died, the model gets actors of its own again. `close`
+   ends them, as a sweep ends the actors it does not keep (cluster/schedule/actor_io.py `close`).
 """
 
 from __future__ import annotations

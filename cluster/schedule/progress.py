@@ -126,7 +126,7 @@ def state_counts(slots: list) -> dict[str, int]:
     lent to the sweep (the pool's, or kept ones) as `lent`."""
     counts: dict[str, int] = {}
     for slot in slots:
-        state = "lent" if getattr(slot, "lent", False) else slot.state.value
+        state = "lent" if slot.lent else slot.state.value
         counts[state] = counts.get(state, 0) + 1
     return counts
 
