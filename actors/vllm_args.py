@@ -60,16 +60,21 @@ NO_MULTICAST_ENV = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
 
 def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float,
                 kv_bytes: int | None = None, reproducible: bool = False) -> dict:
-    """vLLM `LLM(...)` arguments: the spec's `engine` mapping as is, the profile's scheduling on top;
+    """vLLM `LLM(...)` arguments: the spec's `engine` mapping as is, the profile's scheduling on top; the
+    batch limit (`max_num_seqs`) is the spec's, the long profile's, DEFAULT_MAX_SEQS on a shared GPU or in
+    reproducible mode, or else vLLM's own for a whole GPU, as a plain `LLM(...)` gets it (docs/gpu.md);
     `kv_bytes` (shared_kv_bytes) fixes the KV cache's size on a shared GPU; `reproducible`: REPRODUCIBLE_ARGS
     on top of all (preflight refused a spec that asks otherwise: cluster/inputs/checks.py check_batch_invariant)."""
     args = {"model": model_path, "tokenizer": model_path, "seed": 0,
             "gpu_memory_utilization": round(0.9 * min(gpu_fraction, 1.0), 3),  # actors sharing a GPU split it
             "disable_log_stats": False,  # per-request metrics (TTFT) exist only with stats on
-            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
-            "max_num_seqs": DEFAULT_MAX_SEQS}
+            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
     if kv_bytes is not None:
         args["kv_cache_memory_bytes"] = kv_bytes
+    if gpu_fraction < 1 or reproducible:
+        # vLLM's own batch defaults are for a whole GPU (by its size), not a share of one; reproducible mode was
+        # measured batch-invariant with every batch inside the captured sizes (REPRODUCIBLE_ARGS)
+        args["max_num_seqs"] = DEFAULT_MAX_SEQS
     if model.gpus_per_engine > 1:
         # the actor holds the engine's GPUs (one node's): vLLM's workers run as its processes, not Ray tasks
         args["distributed_executor_backend"] = "mp"
@@ -77,7 +82,8 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
     if profile.chunked_prefill:
         args["enable_chunked_prefill"] = True
         args["max_num_batched_tokens"] = profile.max_num_batched_tokens
-        args["max_num_seqs"] = min(args["max_num_seqs"], LONG_MAX_SEQS, profile.max_num_batched_tokens)
+        args["max_num_seqs"] = min(args.get("max_num_seqs", LONG_MAX_SEQS), LONG_MAX_SEQS,
+                                   profile.max_num_batched_tokens)
     else:
         args["enable_chunked_prefill"] = False  # batched tokens default to max_model_len: nothing is chunked
         args.pop("max_num_batched_tokens", None)
@@ -86,7 +92,8 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
         args.update(REPRODUCIBLE_ARGS, attention_config={**(args.get("attention_config") or {}),
                                                          **REPRODUCIBLE_ARGS["attention_config"]})
     compilation = dict(args.pop("compilation_config", None) or {})
-    compilation.setdefault("max_cudagraph_capture_size", args["max_num_seqs"])
+    if "max_num_seqs" in args:  # else vLLM sizes both for the GPU (get_batch_defaults) and captures to match
+        compilation.setdefault("max_cudagraph_capture_size", args["max_num_seqs"])
     if model.engine.get("tensor_parallel_size", 1) > 1:
         compilation["pass_config"] = {**NO_MULTICAST_PASSES, **(compilation.get("pass_config") or {})}
     args["compilation_config"] = compilation

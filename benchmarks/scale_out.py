@@ -1,10 +1,12 @@
 """Bench part (n): one sweep on the N GPUs of one host against the usual ways to spread it, whole processes.
 
     python -m benchmarks.scale_out --gpus 4 --prompts 10496 --out DIR [--model builtin:small] [--variants ...]
+                                   [--engine JSON]
 
 Every variant is timed from just before its first process starts to just after its last one exits, over the
 same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tokens` new tokens, in one call:
 - `plain`: the plain script (benchmarks/plain_vllm.py, raysweep's engine arguments) on one GPU, every prompt;
+- `plain_defaults`: the same script given only the model: `LLM(model=PATH)`, vLLM's own defaults for the GPU;
 - `split`: the plain script as N processes started together, one GPU and 1/N of the prompts each (a hand split);
 - `raysweep_1`: `python -m jobs.sweep` over a spec with no `actors:` section, on one GPU (CUDA_VISIBLE_DEVICES=0);
 - `raysweep`: the same spec on all N GPUs;
@@ -13,9 +15,12 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
 - `ray_data`: Ray Data LLM (benchmarks/ray_data_llm.py) with `concurrency=N`;
 - `lm_eval`: `lm_eval --model vllm --model_args pretrained=PATH,data_parallel_size=N` over a local generate_until
   task of the same prompts (`max_gen_toks`, greedy; lm-eval adds the end-of-text string as its stop).
-Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts: the plain script on one GPU (vLLM's
-compile cache for the one-GPU engine arguments, which raysweep's engines and Ray Data share), raysweep on N GPUs
-with four engines per GPU, and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
+`--engine JSON` is added to raysweep's model `engine:` and so to the plain script's arguments (not to
+`plain_defaults`'s). The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
+Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts, so that every variant finds vLLM's
+compile cache filled for its own engine arguments: the plain script on one GPU (where `plain`, `split` or
+`ray_data` run), `plain_defaults`, raysweep on one GPU (where `raysweep_1` runs), raysweep on N GPUs with four
+engines per GPU (where `raysweep` runs), and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
 with one output per prompt; one that fails is said, the others run, and the call fails at the end. Figures go to
 OUT/n.json after each variant (a call cut short keeps those done) and to OUT/bench.parquet; each process's
 command and prints are kept beside them (`n_*.cmd`, `.stdout`, `.stderr`).
@@ -36,7 +41,7 @@ from benchmarks.common import (REPO, Bench, count_lines, prompts_of, result_coun
                                sweep_spec, vllm_args, write_prompts)
 from benchmarks.whole_process import raysweep_figures
 
-VARIANTS = ("plain", "split", "raysweep", "raysweep_1", "raysweep_two", "raysweep_four", "lm_eval", "ray_data")
+VARIANTS = ("plain", "plain_defaults", "split", "raysweep", "raysweep_1", "raysweep_two", "raysweep_four", "lm_eval", "ray_data")
 WARM_PROMPTS = 256
 
 
@@ -44,18 +49,23 @@ class ScaleOut:
     """`runner` starts and times one child (`run_process`), `popen` starts one of the hand split's: tests stub them."""
 
     def __init__(self, bench: Bench, gpus: int, prompts: int, max_tokens: int, runner=run_process,
-                 popen=subprocess.Popen):
+                 popen=subprocess.Popen, engine: dict | None = None):
         self.bench, self.gpus, self.max_tokens, self.out = bench, gpus, max_tokens, Path(bench.out)
+        self.engine = dict(engine or {})
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        self.devices = visible[:gpus] if len(visible) >= gpus else [str(i) for i in range(gpus)]
         self.runner, self.popen = runner, popen
         texts = prompts_of(prompts, 64, 1024, seed=11)
         self.data = write_prompts(self.out / f"n_n{prompts}.jsonl", texts)
         self.warm = write_prompts(self.out / "n_warm.jsonl", texts[:WARM_PROMPTS])
         self.parts = [write_prompts(self.out / f"n_part{i}.jsonl", texts[i::gpus]) for i in range(gpus)]
-        self.figures: dict = {"gpus": gpus, "prompts": prompts, "max_tokens": max_tokens, "walls": {}}
+        self.figures: dict = {"gpus": gpus, "prompts": prompts, "max_tokens": max_tokens, "engine": self.engine,
+                              "devices": self.devices, "walls": {}}
 
     # -- the variants -----------------------------------------------------------------------------------
-    def plain(self, stem: str, data: Path) -> float:
-        wall, stdout = self.runner(self._script("benchmarks.plain_vllm", data), {"CUDA_VISIBLE_DEVICES": "0"},
+    def plain(self, stem: str, data: Path, engine_args: dict | None = None) -> float:
+        """The plain script on the first GPU: raysweep's engine arguments, or `engine_args` as given."""
+        wall, stdout = self.runner(self._script("benchmarks.plain_vllm", data, engine_args), self._one_gpu(),
                                    self.out / stem)
         self._expect(stem, _outputs(stdout, stem), count_lines(data))
         return wall
@@ -65,10 +75,11 @@ class ScaleOut:
         children, started = [], time.perf_counter()
         for i, part in enumerate(self.parts):
             path = self.out / f"{stem}_{i}"
-            path.with_name(path.name + ".cmd").write_text(f"CUDA_VISIBLE_DEVICES={i} " +
+            device = self.devices[i]
+            path.with_name(path.name + ".cmd").write_text(f"CUDA_VISIBLE_DEVICES={device} " +
                                                           " ".join(self._script("benchmarks.plain_vllm", part)) + "\n")
             stdout, stderr = open(f"{path}.stdout", "w"), open(f"{path}.stderr", "w")
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(i), "PYTHONUNBUFFERED": "1"}
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": device, "PYTHONUNBUFFERED": "1"}
             children.append((self.popen(self._script("benchmarks.plain_vllm", part), stdout=stdout,
                                               stderr=stderr, env=env, cwd=REPO), path, part))
         codes = [child.wait() for child, _, _ in children]
@@ -81,8 +92,8 @@ class ScaleOut:
 
     def raysweep(self, stem: str, data: Path, actors: dict, env: dict) -> float:
         output, spec = self.out / stem, self.out / f"{stem}.yaml"
-        spec.write_text(json.dumps(sweep_spec(stem, output, [("m", self.bench.model_path)], [("t", data)], {},
-                                              self.max_tokens, actors), indent=1))
+        spec.write_text(json.dumps(sweep_spec(stem, output, [("m", self.bench.model_path)], [("t", data)],
+                                              self.engine, self.max_tokens, actors), indent=1))
         wall, _ = self.runner([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(output), "--new-run"],
                               env, self.out / stem)
         rows, _tokens = result_counts(output)
@@ -95,7 +106,7 @@ class ScaleOut:
 
     def ray_data(self, stem: str) -> float:
         argv = self._script("benchmarks.ray_data_llm", self.data) + ["--concurrency", str(self.gpus)]
-        wall, stdout = self.runner(argv, {}, self.out / stem)
+        wall, stdout = self.runner(argv, {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)}, self.out / stem)
         self._expect(stem, _outputs(stdout, stem), count_lines(self.data))
         return wall
 
@@ -115,18 +126,26 @@ class ScaleOut:
 
     # -- the call ---------------------------------------------------------------------------------------
     def run(self, variants: list[str], warm: bool) -> None:
-        four = {"num_gpus": 0.25}
+        four, gpus = {"num_gpus": 0.25}, ",".join(self.devices)
         if warm:
-            for label, go in (("plain", lambda: self.plain("n_warm_plain", self.warm)),
-                              ("raysweep", lambda: self.raysweep("n_warm_raysweep", self.warm, four, {})),
-                              ("lm_eval", lambda: self.lm_eval("n_warm_lm_eval", WARM_PROMPTS))):
-                if label in variants or label == "plain":
+            for wanted, label, go in (
+                    (("plain", "split", "ray_data"), "plain", lambda: self.plain("n_warm_plain", self.warm)),
+                    (("plain_defaults",), "plain_defaults", lambda: self.plain("n_warm_plain_defaults", self.warm, self._model_only())),
+                    (("raysweep_1",), "raysweep_1",
+                     lambda: self.raysweep("n_warm_raysweep_1", self.warm, {}, self._one_gpu())),
+                    (("raysweep",), "raysweep",
+                     lambda: self.raysweep("n_warm_raysweep", self.warm, four, {"CUDA_VISIBLE_DEVICES": gpus})),
+                    (("lm_eval",), "lm_eval", lambda: self.lm_eval("n_warm_lm_eval", WARM_PROMPTS))):
+                if set(wanted) & set(variants):
                     self._note(f"warm {label}", go())
         runs = {"plain": lambda: self.plain("n_plain", self.data), "split": lambda: self.split("n_split"),
-                "raysweep": lambda: self.raysweep("n_raysweep", self.data, {}, {}),
-                "raysweep_1": lambda: self.raysweep("n_raysweep_1", self.data, {}, {"CUDA_VISIBLE_DEVICES": "0"}),
-                "raysweep_two": lambda: self.raysweep("n_raysweep_two", self.data, {"num_gpus": 0.5}, {}),
-                "raysweep_four": lambda: self.raysweep("n_raysweep_four", self.data, four, {}),
+                "plain_defaults": lambda: self.plain("n_plain_defaults", self.data, self._model_only()),
+                "raysweep": lambda: self.raysweep("n_raysweep", self.data, {}, {"CUDA_VISIBLE_DEVICES": gpus}),
+                "raysweep_1": lambda: self.raysweep("n_raysweep_1", self.data, {}, self._one_gpu()),
+                "raysweep_two": lambda: self.raysweep("n_raysweep_two", self.data, {"num_gpus": 0.5},
+                                                      {"CUDA_VISIBLE_DEVICES": gpus}),
+                "raysweep_four": lambda: self.raysweep("n_raysweep_four", self.data, four,
+                                                       {"CUDA_VISIBLE_DEVICES": gpus}),
                 "lm_eval": lambda: self.lm_eval("n_lm_eval", None), "ray_data": lambda: self.ray_data("n_ray_data")}
         for variant in variants:
             try:
@@ -157,9 +176,17 @@ class ScaleOut:
     def _save(self) -> None:
         (self.out / "n.json").write_text(json.dumps(self.figures, indent=1, default=str))
 
-    def _script(self, module: str, prompts: Path) -> list[str]:
+    def _model_only(self) -> dict:
+        return {"model": self.bench.model_path}
+
+    def _one_gpu(self) -> dict:
+        return {"CUDA_VISIBLE_DEVICES": self.devices[0]}
+
+    def _script(self, module: str, prompts: Path, engine_args: dict | None = None) -> list[str]:
+        """`engine_args` None: raysweep's own for one whole GPU, with --engine on top."""
+        given = vllm_args(self.bench.model_path, self.engine) if engine_args is None else engine_args
         return [sys.executable, "-m", module, "--model", self.bench.model_path, "--prompts", str(prompts),
-                "--engine-args", json.dumps(vllm_args(self.bench.model_path, {})), "--max-tokens", str(self.max_tokens)]
+                "--engine-args", json.dumps(given), "--max-tokens", str(self.max_tokens)]
 
     def _lm_eval_task(self) -> Path:
         tasks = self.out / "n_tasks"
@@ -200,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"some of {', '.join(VARIANTS)}, in order")
     parser.add_argument("--no-warm", action="store_true", help="no untimed warm-up runs (caches already warm)")
+    parser.add_argument("--engine", default="{}", help="JSON added to raysweep's engine arguments (both tools')")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -212,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(resolve_model_path(args.model), out, 0)
     bench.record("-", "model", None, args.model)
     try:
-        ScaleOut(bench, args.gpus, args.prompts, args.max_tokens).run(variants, warm=not args.no_warm)
+        ScaleOut(bench, args.gpus, args.prompts, args.max_tokens, engine=json.loads(args.engine)).run(
+            variants, warm=not args.no_warm)
     finally:
         bench.save()
     return 0

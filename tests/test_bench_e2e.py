@@ -49,7 +49,7 @@ class StubRunner:
     """Plays the three programs: writes a sweep's results and manifest, or prints a script's summary."""
 
     def __init__(self, short_by: int = 0):
-        self.calls, self.short_by = [], short_by
+        self.calls, self.short_by, self.engines = [], short_by, {}
 
     def __call__(self, argv, env, stem):
         module = argv[2]
@@ -66,7 +66,8 @@ class StubRunner:
             (output / "manifest.json").write_text(json.dumps({"shards": {}, "runs": [{"ray_start_s": 1.5}]}))
             return WALL[module], ""
         engine = json.loads(argv[argv.index("--engine-args") + 1])
-        assert engine["model"] == argv[argv.index("--model") + 1] and engine["enable_chunked_prefill"] is False
+        self.engines[stem.name] = engine
+        assert engine["model"] == argv[argv.index("--model") + 1] and not engine.get("enable_chunked_prefill")
         n = sum(1 for _ in open(argv[argv.index("--prompts") + 1]))
         return WALL[module], f"some log line\n{json.dumps({'outputs': n, 'output_tokens': 2 * n})}\n"
 

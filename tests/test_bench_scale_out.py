@@ -42,15 +42,18 @@ class Child:
         return 0
 
 
-def test_every_variant_runs_once_after_the_warm_ups_and_the_split_takes_one_gpu_each(tmp_path):
+def test_every_variant_runs_once_after_the_warm_ups_and_the_split_takes_one_gpu_each(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     bench, runner = Bench("/models/small", tmp_path, 0), Runner()
     Child.started = []
     ScaleOut(bench, 4, 12, 8, runner=runner, popen=Child).run(list(VARIANTS), warm=True)
     names = [name for name, _ in runner.calls]
-    assert names[:3] == ["n_warm_plain", "n_warm_raysweep", "n_warm_lm_eval"]
+    assert names[:5] == ["n_warm_plain", "n_warm_plain_defaults", "n_warm_raysweep_1", "n_warm_raysweep",
+                         "n_warm_lm_eval"]
     assert sorted(Child.started) == [("0", 3), ("1", 3), ("2", 3), ("3", 3)]
     envs = dict(runner.calls)
-    assert envs["n_plain"] == envs["n_raysweep_1"] == {"CUDA_VISIBLE_DEVICES": "0"} and envs["n_raysweep"] == {}
+    assert envs["n_plain"] == envs["n_raysweep_1"] == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert envs["n_raysweep"] == envs["n_ray_data"] == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     assert "actors" not in json.loads((tmp_path / "n_raysweep.yaml").read_text())  # the rule chooses
     assert load_spec(tmp_path / "n_raysweep_two.yaml").actors.num_gpus == 0.5
     assert load_spec(tmp_path / "n_warm_raysweep.yaml").actors.num_gpus == 0.25
@@ -59,6 +62,21 @@ def test_every_variant_runs_once_after_the_warm_ups_and_the_split_takes_one_gpu_
     values = {r["metric"]: r["value"] for r in bench.rows}
     assert values["RATIO plain/raysweep"] == pytest.approx(2.0)  # the stub's 20 s over 10 s
     assert values["RATIO plain/lm_eval"] == pytest.approx(0.5)
+
+
+def test_the_plain_script_takes_raysweeps_arguments_or_only_the_model_and_the_gpus_are_this_process(
+        tmp_path, monkeypatch):
+    """`--engine` reaches raysweep's spec and the plain script alike; `plain_defaults` gives vLLM nothing but the
+    model; with CUDA_VISIBLE_DEVICES=2,3 the one-GPU variants take GPU 2 and the split 2 and 3."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    runner = Runner()
+    Child.started = []
+    out = ScaleOut(Bench("/m", tmp_path, 0), 2, 12, 8, runner=runner, popen=Child, engine={"max_num_seqs": 1024})
+    out.run(["plain", "plain_defaults", "split", "raysweep_1"], warm=False)
+    assert runner.engines["n_plain_defaults"] == {"model": "/m"} and runner.engines["n_plain"]["max_num_seqs"] == 1024
+    assert load_spec(tmp_path / "n_raysweep_1.yaml").models[0].engine["max_num_seqs"] == 1024
+    assert dict(runner.calls)["n_raysweep_1"] == {"CUDA_VISIBLE_DEVICES": "2"}
+    assert sorted(Child.started) == [("2", 6), ("3", 6)]
 
 
 def test_a_variant_that_misses_outputs_fails_the_bench(tmp_path):

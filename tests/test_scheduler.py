@@ -181,6 +181,7 @@ def test_shards_in_flight_fill_four_engine_batches(max_samples, engine, actors, 
     (10496, 8, 3),
     (10496, 4, 4),   # one GPU's four engines: the batch rule's four
     (100, 2, 2),     # never fewer than two
+    (1312, 1, 4),    # one engine shares with nobody: the batch rule's four
 ])
 def test_many_actors_for_few_rows_leave_half_the_shards_waiting(rows, actors, depth):
     from cluster.plan.depth import shards_in_flight

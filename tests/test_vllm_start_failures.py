@@ -143,6 +143,27 @@ def test_a_tensor_parallel_engine_runs_without_vllms_multicast_all_reduce_fusion
     assert passes({}) is None and passes({"pipeline_parallel_size": 2}) is None
 
 
+def test_the_batch_limit_is_vllms_own_on_a_whole_gpu_and_raysweeps_on_a_share_of_one():
+    """A whole GPU: no `max_num_seqs` and no capture size, so vLLM picks both for the GPU as a plain `LLM(...)`
+    gets them; a shared GPU or reproducible mode: DEFAULT_MAX_SEQS, captured to it; the long profile at most LONG_MAX_SEQS; the
+    spec's value wherever it sets one."""
+    from actors.engine import EngineProfile
+    from actors.vllm_args import LONG_MAX_SEQS, engine_args
+    from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS
+    from cluster.contracts.spec import ModelSpec
+
+    def batch(engine: dict, fraction: float, profile=EngineProfile(), reproducible: bool = False) -> tuple:
+        args = engine_args(ModelSpec("m", "/m", engine=engine), "/m", profile, fraction, reproducible=reproducible)
+        return args.get("max_num_seqs"), args["compilation_config"].get("max_cudagraph_capture_size")
+
+    long = EngineProfile("long", True, 2048)
+    assert batch({}, 1.0) == (None, None)
+    assert batch({}, 0.25) == batch({}, 1.0, reproducible=True) == (DEFAULT_MAX_SEQS, DEFAULT_MAX_SEQS)
+    assert batch({}, 1.0, long) == (LONG_MAX_SEQS, LONG_MAX_SEQS)
+    assert batch({"max_num_seqs": 32}, 1.0) == batch({"max_num_seqs": 32}, 0.5) == (32, 32)
+    assert batch({"max_num_seqs": 512, "compilation_config": {"max_cudagraph_capture_size": 128}}, 1.0) == (512, 128)
+
+
 def test_every_engine_process_gets_vllms_symmetric_memory_all_reduce_off_unless_set():
     """Set before vLLM is imported, so the engine core and its workers read it; a value the user set is kept."""
     import subprocess

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
-DEFAULT_MAX_SEQS = 256  # vLLM's max_num_seqs where a model's `engine:` does not set it (the driver's shard depth too)
+# The batch (vLLM's max_num_seqs) the driver plans shard depth for, and the one an engine sharing its GPU runs
+# with, where a model's `engine:` sets none. An engine with a whole GPU takes vLLM's own default for that GPU.
+DEFAULT_MAX_SEQS = 256
 SHARED_GPU_START = "RAYSWEEP_SHARED_GPU_START"  # `serial`: engines sharing a GPU start one at a time
 
 

@@ -30,13 +30,14 @@ def shards_in_flight(spec: SweepSpec, model: ModelSpec, cpu_engine: bool = False
     half of the model's shards waiting once every actor holds its share (rounded up, at least two), so that
     engines up a few seconds apart share the work and the tail can be cut (cluster/schedule/tail_split.py).
     Sixteen engines holding four shards each took all 43 shards of a 10,496-prompt sweep as they came up, and
-    idled 29% of their GPU-seconds at its tail; holding two, 15% in a later call (bench/records/4xh200-scale-out.md)."""
+    idled 29% of their GPU-seconds at its tail; holding two, 15% in a later call (bench/records/4xh200-scale-out.md).
+    One actor shares with nobody: it holds the batch rule's count however few the rows."""
     if spec.actors.shards_in_flight is not None:
         return spec.actors.shards_in_flight
     if cpu_engine:
         return MIN_SHARDS_IN_FLIGHT
     batch = model.engine.get("max_num_seqs", DEFAULT_MAX_SEQS)
     wanted = -(-4 * batch // spec.shards.max_samples)
-    if rows is not None and actors:
+    if rows is not None and actors and actors > 1:
         wanted = min(wanted, -(-rows // (2 * actors * spec.shards.max_samples)))
     return max(MIN_SHARDS_IN_FLIGHT, min(MAX_SHARDS_IN_FLIGHT, wanted))
