@@ -180,3 +180,31 @@ def test_every_engine_process_gets_vllms_symmetric_memory_all_reduce_off_unless_
 
     assert seen(env) == "0"
     assert seen({**env, "VLLM_ALLREDUCE_USE_SYMM_MEM": "1"}) == "1"
+
+
+def test_an_engine_that_dies_without_closing_kills_its_engine_cores_first():
+    """The engine thread's error path exits the process at once (`os._exit`); the engine core processes it
+    started are killed first, so none keeps the GPU's memory; one already gone does not stop the others."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from actors.vllm_engine import VllmEngine
+
+    class Gone:
+        def kill(self):
+            raise ProcessLookupError("no such process")
+
+    core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        engine = object.__new__(VllmEngine)
+        manager = SimpleNamespace(processes=[Gone(), core])
+        engine.llm = SimpleNamespace(llm_engine=SimpleNamespace(
+            engine_core=SimpleNamespace(resources=SimpleNamespace(engine_manager=manager))))
+        engine.kill_engine_cores()
+        assert core.wait(timeout=30) == -9
+        engine.llm = None  # closed already: nothing to kill
+        engine.kill_engine_cores()
+    finally:
+        if core.poll() is None:
+            core.kill()
