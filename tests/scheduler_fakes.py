@@ -7,6 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from cluster.contracts.shard import ACTOR_METHODS
 from cluster.schedule.actor_io import ActorLost, Answered, CallRaised, EnginesGone, Outcome
 
 
@@ -66,6 +67,9 @@ class FakeIO:
         return ref
 
     # -- cluster/schedule/actor_io.py's interface -------------------------------------------------------------
+    def send(self, call) -> FakeRef:
+        return getattr(call.slot.handle, ACTOR_METHODS[call.kind]).remote(*call.args)
+
     def wait(self, refs: list, timeout_s: float) -> list:
         ready = sorted((r for r in refs if r in self._answers), key=lambda r: r.number)
         return ready[:1]

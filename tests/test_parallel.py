@@ -265,7 +265,7 @@ def _tail_scheduler(ray_local, events, raising=("s90",), dies_once: str | None =
 
     remote = ray_local.remote(_Actor).options(num_cpus=0.1, max_restarts=0)
     scheduler = SweepScheduler(lambda n, at, shape: remote.remote(), events, capacity=2)
-    scheduler.add_model(ModelWork("m", max_actors=2, depth=1, start=lambda handle, at: handle.start_engine.remote()))
+    scheduler.add_model(ModelWork("m", max_actors=2, depth=1, start=lambda at: ()))
     shards = [Shard(f"m/t/{k:05d}", k, "m", "t", "short", None, True, 0,
                     pa.table({"sample_id": [f"s{i}" for i in range(32 * k, 32 * k + 32)]})) for k in range(3)]
     return scheduler, [Job(s, None) for s in shards]
@@ -419,7 +419,7 @@ def test_the_first_engine_up_does_not_take_the_shards_of_one_still_starting(ray_
         on_split=lambda job, table: None)
     remote = ray_local.remote(_Actor).options(num_cpus=0.1, max_restarts=0)
     scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2)
-    scheduler.add_model(ModelWork("m", max_actors=2, depth=2, start=lambda handle, at: handle.start_engine.remote()))
+    scheduler.add_model(ModelWork("m", max_actors=2, depth=2, start=lambda at: ()))
     sizes, start = (128, 128, 72), 0
     shards = []
     for k, size in enumerate(sizes):
@@ -487,7 +487,7 @@ def test_an_actor_whose_model_is_done_runs_the_tail_of_another_model(ray_local, 
     scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2)
     for name in "ab":
         scheduler.add_model(ModelWork(name, max_actors=1, depth=1,
-                                      start=lambda handle, at, name=name: handle.start_engine.remote(name)))
+                                      start=lambda at, name=name: (name,)))
     jobs = [Job(Shard(f"{m}/t/{k:05d}", k, m, "t", "short", None, True, 0, pa.table({"sample_id": [f"{m}{k}"]})), None)
             for m, n in (("a", 1), ("b", 6)) for k in range(n)]
     scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
@@ -546,7 +546,7 @@ def test_a_pools_shards_are_cut_for_its_replicas_but_not_for_one(replicas, cut):
 
     events = SchedulerEvents(on_result=lambda *a: None, on_failed=lambda job: None, on_split=lambda job, t: None)
     scheduler = SweepScheduler(lambda n, at, shape: None, events)
-    model = ModelWork("m", max_actors=1, depth=2, start=lambda handle, at: None)
+    model = ModelWork("m", max_actors=1, depth=2, start=lambda at: ())
     scheduler.add_model(model)
     scheduler.fleet.lend("m", object(), depth=4, replicas=replicas)
     start = 0

@@ -103,7 +103,7 @@ def _scheduler(ray_local, broken_engine: bool, results: list, one_by_one: bool =
     models = ["good", "broken"] if broken_engine else ["good"]
     for name in models:
         scheduler.add_model(ModelWork(name, max_actors=1 if broken_engine else 2, depth=2,
-                                      start=lambda handle, at, name=name: handle.start_engine.remote(name, at)))
+                                      start=lambda at, name=name: (name, at)))
     jobs = [Job(SimpleNamespace(name=f"{m}{i}", model=m, profile="short", n_samples=1), None)
             for m in models for i in range(6)]
     return scheduler, jobs
@@ -123,7 +123,7 @@ def _one_model_on_two_actors(ray_local, actor_class, shards: int, depth: int, pr
                              on_failed=lambda job: results.append(("failed", job.errors)))
     scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2)
     scheduler.add_model(ModelWork("m", max_actors=2, depth=depth,
-                                  start=lambda handle, at: handle.start_engine.remote("m", at)))
+                                  start=lambda at: ("m", at)))
     jobs = [Job(SimpleNamespace(name=f"{prefix}{i}", model="m", profile="short", n_samples=1), None)
             for i in range(shards)]
     scheduler.run(lambda timeout_s: scheduler.add_jobs(jobs) or True)
@@ -315,7 +315,7 @@ def test_on_a_shared_gpu_an_actor_is_released_only_once_no_engine_is_starting(ra
     scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2, start_one_by_one=True)
     for name in ("a", "b"):
         scheduler.add_model(ModelWork(name, max_actors=1, depth=2,
-                                      start=lambda handle, at, name=name: handle.start_engine.remote(name, at)))
+                                      start=lambda at, name=name: (name, at)))
     # a has the most samples left, so it starts first; b starts once a runs, and a's shard ends meanwhile; b's
     # two shards are what its actor holds at once, so a's actor has no tail of b's to help with: it is released
     jobs = [Job(SimpleNamespace(name="a0", model="a", profile="short", n_samples=100), None)] + \
@@ -418,7 +418,7 @@ def test_a_shard_that_raises_the_same_way_is_bisected_and_reported_once(ray_loca
         on_bisected=lambda job, table, errors: bisected.append((job.shard.shard_id, table, errors)))
     scheduler = SweepScheduler(lambda n, at, shape: remote.remote(n), events, capacity=2)
     scheduler.add_model(ModelWork("m", max_actors=2, depth=2,
-                                  start=lambda handle, at: handle.start_engine.remote("m", at)))
+                                  start=lambda at: ("m", at)))
     shards = [Shard(f"m/t/{k:05d}", k, "m", "t", "short", None, True, 0,
                     pa.table({"sample_id": [f"r{i}" if k == 0 else f"s{i}" for i in range(12)]})) for k in range(2)]
     jobs = [Job(shards[0], broken), Job(shards[1], "fine")]

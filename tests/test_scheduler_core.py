@@ -45,7 +45,7 @@ def run(io: FakeIO, jobs: list[Job], models=("m",), actors: int = 2, split: bool
     scheduler = SweepScheduler(io.spawn, events, capacity=actors, io=io)
     for name in models:
         scheduler.add_model(ModelWork(name, max_actors=actors, depth=1,
-                                      start=lambda handle, at, name=name: handle.start_engine.remote(name, at)))
+                                      start=lambda at, name=name: (name, at)))
     for name, handle in (lent or {}).items():  # engines up before the sweep (cluster/schedule/engine_sources.py)
         scheduler.fleet.lend(name, handle, depth=2, replicas=2)
     fed = []
@@ -204,3 +204,24 @@ def test_lent_engines_that_go_away_give_their_model_actors_of_its_own_and_no_att
     assert sorted(r[0] for r in seen.results) == [f"m/t/{k:05d}" for k in range(3)]
     assert seen.attempts == [] and not seen.failed and seen.scheduler.fleet.lent_lost == ["m"]
     assert all(handle.closed and handle.killed for handle in io.handles)  # the sweep's own actors released
+
+
+def test_the_scheduler_and_its_fleet_decide_calls_and_only_the_io_makes_them():
+    """Every call to an actor (its process up, an engine started, a shard run) is a `Call` the scheduler or the
+    fleet returns and the I/O sends: in this sweep, READY then START per actor, then one SHARD per shard, each
+    with the arguments the actor method takes; no `.remote(` is written in the deciding files."""
+    import ast
+    from pathlib import Path
+
+    seen = run(FakeIO(script()), jobs_of("m", 3), actors=1)
+    io = seen.scheduler.io
+    assert [ref.method for ref in io.calls] == ["ready", "start_engine", "run_shard", "run_shard", "run_shard"]
+    assert io.calls[1].args[0] == "m"  # start_engine(model, ..., requested_at)
+    assert [(ref.args[0].shard_id, ref.args[2]) for ref in io.calls[2:]] == [  # run_shard(shard, task, attempt)
+        ("m/t/00000", 1), ("m/t/00001", 1), ("m/t/00002", 1)]
+    assert sorted(shard_id for shard_id, _ in seen.results) == ["m/t/00000", "m/t/00001", "m/t/00002"]
+    schedule = Path(__file__).parents[1] / "cluster" / "schedule"
+    for name in ("scheduler.py", "fleet.py", "work.py", "bisection.py", "tail_split.py"):
+        remote = [node.lineno for node in ast.walk(ast.parse((schedule / name).read_text()))
+                  if isinstance(node, ast.Attribute) and node.attr == "remote"]
+        assert remote == [], f"{name}: a remote call at lines {remote}"

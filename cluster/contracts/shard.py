@@ -74,6 +74,11 @@ class ActorCall(str, Enum):
     SHARD = "shard"
 
 
+# the actor method each kind of call is made on (actors/evaluator.py's; a lent engine's handle answers
+# run_shard the same way: cluster/schedule/engine_sources.py)
+ACTOR_METHODS = {ActorCall.READY: "ready", ActorCall.START: "start_engine", ActorCall.SHARD: "run_shard"}
+
+
 @dataclass(frozen=True, eq=False)
 class Shard:
     shard_id: str  # "<model>/<task>/<index:05d>", stable for the same spec and data

@@ -1,7 +1,7 @@
-"""The scheduler's I/O with Ray (cluster/schedule/scheduler.py and fleet.py decide; this does): the wait for the
-first call to answer, each answer read as a typed outcome, actors killed, engines closed. The calls themselves go
-through the actor handles that `spawn` returned (`handle.method.remote(...)`), so a stand-in I/O with stand-in
-handles (tests/scheduler_fakes.py) runs the scheduler with no Ray at all.
+"""The scheduler's I/O with Ray (cluster/schedule/scheduler.py and fleet.py decide; this does): each call they
+decided on (cluster/schedule/work.py Call) made on its actor's handle, the wait for the first call to answer,
+each answer read as a typed outcome, actors killed, engines closed. A stand-in I/O with stand-in handles
+(tests/scheduler_fakes.py) runs the scheduler with no Ray at all.
 
 Outcomes, told apart by `isinstance` on Ray's exceptions:
 - `Answered(value)`: the call returned;
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from cluster.contracts.shard import ACTOR_METHODS
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,10 @@ Outcome = Answered | ActorLost | CallRaised | EnginesGone
 
 class RayIO:
     """The scheduler's I/O on a connected Ray."""
+
+    def send(self, call) -> Any:
+        """Make `call` (cluster/schedule/work.py Call) on its slot's handle: the ref of its answer."""
+        return getattr(call.slot.handle, ACTOR_METHODS[call.kind]).remote(*call.args)
 
     def wait(self, refs: list, timeout_s: float) -> list:
         """The first of `refs` to answer within `timeout_s` (a list of one), or none."""

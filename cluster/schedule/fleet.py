@@ -32,7 +32,7 @@ from cluster.contracts.shard import ActorCall, ActorState
 from cluster.contracts.spec import ModelSpec
 from cluster.schedule.actor_io import RayIO
 from cluster.schedule.tail_split import TailClock
-from cluster.schedule.work import (ENGINE_HELD, UP, InFlight, ModelWork, Slot, advance, first_line, lost_line,
+from cluster.schedule.work import (ENGINE_HELD, UP, Call, InFlight, ModelWork, Slot, advance, first_line, lost_line,
                                    lost_node)
 
 
@@ -107,7 +107,9 @@ class Fleet:
             wanted[shape] = count if bound is None else min(count, bound)
         return wanted
 
-    def grow(self, planning: bool) -> None:
+    def grow(self, planning: bool) -> list[Call]:
+        """Start the actors the work left can use (`spawn`); the READY call of each, to be sent."""
+        calls = []
         wanted = self._wanted(planning)
         self._most_slots = max(self._most_slots, sum(wanted.values()))
         for shape, count in wanted.items():
@@ -116,11 +118,13 @@ class Fleet:
                 self.actors_started += 1
                 slot = Slot(handle=self.spawn(number, time.time(), shape), number=number, shape=shape)
                 self.slots.append(slot)
-                self.inflight.add(slot.handle.ready.remote(), ActorCall.READY, slot)
+                calls.append(Call(ActorCall.READY, slot))
+        return calls
 
     # -- step 2: given a model, another, or released ------------------------------------------------------
-    def assign(self, planning: bool) -> None:
-        done = []  # actors no model needs any more
+    def assign(self, planning: bool) -> list[Call]:
+        """Give idle actors a model (the START calls, to be sent), another model, or release them."""
+        calls, done = [], []  # START calls; actors no model needs any more
         for slot in list(self.slots):
             if slot.lent or slot.state not in UP or slot.inflight:
                 continue  # lent engines serve their one model, and are the lender's to release
@@ -146,13 +150,14 @@ class Fleet:
             advance(slot, ActorState.STARTING)
             slot.model, slot.profile = model.name, None
             slot.start_at = time.monotonic()
-            self.inflight.add(model.start(slot.handle, time.time()), ActorCall.START, slot)
+            calls.append(Call(ActorCall.START, slot, args=model.start(time.time())))
         for slot in done:  # their engines close at once, not one after another (about 1 s each on a GPU)
             self.slots.remove(slot)
             if slot.model is not None:
                 self.models[slot.model].assigned -= 1
         if done:  # not on the loop's every pass
             self._release(done)
+        return calls
 
     def _next_model(self, slot: Slot) -> ModelWork | None:
         """The model with the most samples left per actor, among those with work below their maximum."""

@@ -249,8 +249,7 @@ class PlanFeed:
         for event in self.plans.take(timeout_s):
             if isinstance(event, ModelReady):
                 model, path = event.model, event.path
-                self.scheduler.models[model.name].start = (
-                    lambda handle, at, model=model, path=path: handle.start_engine.remote(model, path, at))
+                self.scheduler.models[model.name].start = lambda at, model=model, path=path: (model, path, at)
             elif event.task.replay is not None:
                 self._replay(event)
             else:

@@ -4,6 +4,9 @@ what is done with what comes back.
 
 1. The loop: what planning produced is taken in (`feed`: a task's shards go out as soon as it is planned), the
    fleet grows and gives its actors models, shards are dispatched, and the first call to come back is collected.
+   Growing, assigning and dispatching return the calls they decided on (cluster/schedule/work.py Call); the loop
+   hands each to the I/O (cluster/schedule/actor_io.py), which makes it, and collects each answer as a typed
+   outcome.
 2. Dispatch: within a model, shards go by engine profile (cluster/schedule/work.py ModelWork.take): an actor
    changes profile (an engine restart) only when none of its own are left and nothing is in flight; it is kept
    `depth` shards deep, so a streaming engine never waits. Once planning is over, a model's last shards are cut
@@ -22,15 +25,15 @@ What it moves (Job, ModelWork, Slot, InFlight) and the events it reports (Schedu
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from cluster.contracts.shard import ActorCall, ActorState
-from cluster.schedule.actor_io import ActorLost, CallRaised, EnginesGone, RayIO
+from cluster.schedule.actor_io import ActorLost, CallRaised, EnginesGone, Outcome, RayIO
 from cluster.schedule.bisection import DIED, Bisection, Piece, should_bisect
 from cluster.schedule.engine_starts import ActorStartError, start_timeout_s, take_overdue, timed_out_line
 from cluster.schedule.fleet import Fleet
 from cluster.schedule.tail_split import TailClock, TailSplit, split_tail
-from cluster.schedule.work import (InFlight, Job, ModelWork, SchedulerEvents, Slot, advance,
+from cluster.schedule.work import (Call, InFlight, Job, ModelWork, SchedulerEvents, Slot, advance,
                                    first_line as _first_line, node_of)
 
 
@@ -78,9 +81,9 @@ class SweepScheduler:
             while True:
                 if planning:
                     planning = not feed(0.0 if self.inflight else 0.05)
-                self.fleet.grow(planning)
-                self.fleet.assign(planning)
-                self._dispatch(planning)
+                self._send(self.fleet.grow(planning))
+                self._send(self.fleet.assign(planning))
+                self._send(self._dispatch(planning))
                 if not planning and not self._work_left():
                     return
                 if not self.inflight:
@@ -90,7 +93,7 @@ class SweepScheduler:
                 self.events.on_tick(self)
                 for ref in self.io.wait(list(self.inflight), 0.05 if planning else TICK_S):
                     kind, job, slot = self.inflight.pop(ref)
-                    self._collect(ref, kind, job, slot)
+                    self._collect(kind, job, slot, self.io.outcome(ref))
                 for slot in take_overdue(self.inflight, self.start_timeout_s,  # a hung start: its actor goes
                                          answered=self.io.answered):
                     self._engine_failed(slot, timed_out_line(self.start_timeout_s))
@@ -98,11 +101,17 @@ class SweepScheduler:
         finally:
             self.fleet.shut_down()
 
+    def _send(self, calls: Iterable[Call]) -> None:
+        """Make each call decided on (one at a time: a call is in flight before the next is decided)."""
+        for call in calls:
+            self.inflight.add(self.io.send(call), call.kind, call.slot, call.job)
+
     def _work_left(self) -> bool:
         return any(m and not m.failed for m in self.models.values()) or bool(self.inflight.shards())
 
     # -- what goes out ----------------------------------------------------------------------------------
-    def _dispatch(self, planning: bool = False) -> None:
+    def _dispatch(self, planning: bool = False) -> Iterator[Call]:
+        """The shards to send, one SHARD call at a time, each slot kept its depth deep."""
         slots = self.fleet.slots
         for slot in slots:
             if slot.state is not ActorState.RUNNING:
@@ -112,8 +121,7 @@ class SweepScheduler:
             if not full and model and not planning and self.events.on_split is not None:
                 self._split_tail(model)  # only where this slot is about to take a shard: not on every tick
             while slot.inflight < (slot.depth or model.depth) and (job := model.take(slot, slots)) is not None:
-                self.inflight.add(slot.handle.run_shard.remote(job.shard, job.task, job.attempt), ActorCall.SHARD,
-                                  slot, job)
+                yield Call(ActorCall.SHARD, slot, job, (job.shard, job.task, job.attempt))
                 slot.inflight += 1
                 slot.profile = job.shard.profile
                 self.fleet.sent(slot)
@@ -126,11 +134,11 @@ class SweepScheduler:
         self.tail_splits += split_tail(model, self.fleet.slots, in_flight)
 
     # -- what comes back --------------------------------------------------------------------------------
-    def _collect(self, ref, kind: ActorCall, job: Job | None, slot: Slot) -> None:
+    def _collect(self, kind: ActorCall, job: Job | None, slot: Slot, outcome: Outcome) -> None:
+        """What a call's answer (or its failure, as a typed outcome) changes."""
         if kind == ActorCall.SHARD:
             slot.inflight -= 1
             self.fleet.back(slot)
-        outcome = self.io.outcome(ref)
         if isinstance(outcome, ActorLost):
             if kind == ActorCall.READY and outcome.init_failed:  # its imports raised: every actor's would
                 raise ActorStartError(_first_line(outcome.error)) from outcome.error

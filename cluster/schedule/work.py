@@ -55,9 +55,9 @@ class ModelWork:
     name: str
     max_actors: int  # actors that may run it at once
     depth: int  # shards in flight per actor
-    # (actor handle, requested_at) -> ref of its engine start row; None until the model passed its checks:
+    # requested_at -> the arguments of an actor's `start_engine` call; None until the model passed its checks:
     # actors are started for it meanwhile, but no engine
-    start: Callable[[Any, float], Any] | None = None
+    start: Callable[[float], tuple] | None = None
     queues: dict[str, deque] = field(default_factory=dict)  # shards waiting, one queue per profile
     assigned: int = 0  # actors running or starting it
     failed: str | None = None  # the engine's error, if it could not start
@@ -115,6 +115,17 @@ class Slot:
     shape: Any = None  # the resources it holds (ModelWork.shape): it runs only models of that shape
     start_at: float | None = None  # time.monotonic() when its engine start was asked for
     node: tuple[str, str] | None = None  # (Ray node id, its IP) of the node it runs on, once it is ready
+
+
+@dataclass(frozen=True, eq=False)
+class Call:
+    """What the scheduler and the fleet decide to ask of an actor slot: its process up (READY), an engine of a
+    model started (START, `args` as `start_engine` takes them), a shard run (SHARD, its job). The loop hands it
+    to the I/O (cluster/schedule/actor_io.py `send`), which makes the remote call."""
+    kind: ActorCall
+    slot: Slot
+    job: Job | None = None
+    args: tuple = ()
 
 
 class InFlight(dict):
