@@ -52,7 +52,12 @@ class VllmEngine:
     kind = "vllm"
 
     def __init__(self, model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float = 1.0,
-                 sleep_mode: bool = False, reproducible: bool = False):
+                 sleep_mode: bool = False, reproducible: bool = False, exit_on_error: bool = True):
+        """`exit_on_error`: where the engine thread fails, the process exits (an actor: Ray reports it dead and
+        its shards are retried); False (an engine in a process that must go on, a test's): every call waiting
+        or made after raises the engine's error instead."""
+        self.exit_on_error, self.broken = exit_on_error, None
+        self._submitting = threading.Lock()
         vllm_core_process.start()
         try:
             import vllm  # noqa: F401
@@ -150,10 +155,7 @@ class VllmEngine:
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingSpec,
                  structured: StructuredSpec | None) -> list[GenResult]:
         check_requests(requests)
-        batch = _Batch(requests, [self._params(r, sampling, structured) for r in requests])
-        self._inbox.put(batch)
-        batch.done.wait()
-        return batch.results
+        return self._submit(_Batch(requests, [self._params(r, sampling, structured) for r in requests])).results
 
     def loglikelihood(self, requests: Sequence[LoglikRequest]) -> list[LoglikResult]:
         """One request per (row, choice): context + choice ids with `prompt_logprobs=0` (each position's own
@@ -197,11 +199,9 @@ class VllmEngine:
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, flat_logprobs=True,
                                 skip_reading_prefix_cache=not read_cache)
         need = {f"p{k}": n for k, (_, n) in enumerate(prompts)}
-        batch = _Batch([GenRequest(f"p{k}", ids, 0) for k, (ids, _) in enumerate(prompts)], [params] * len(prompts),
-                       convert=lambda req, out: prompt_tail(req, out, need[req.sample_id]))
-        self._inbox.put(batch)
-        batch.done.wait()
-        return batch.results
+        return self._submit(_Batch([GenRequest(f"p{k}", ids, 0) for k, (ids, _) in enumerate(prompts)],
+                                   [params] * len(prompts),
+                                   convert=lambda req, out: prompt_tail(req, out, need[req.sample_id]))).results
 
     def sleep(self) -> None:
         """vLLM's sleep mode, level 1: the weights go to CPU memory, the KV cache is dropped, the GPU memory
@@ -212,11 +212,20 @@ class VllmEngine:
         self._on_engine_thread(self.llm.wake_up)
 
     def _on_engine_thread(self, call) -> None:
-        work = _Call(call)
-        self._inbox.put(work)
-        work.done.wait()
+        work = self._submit(_Call(call))
         if work.error is not None:
             raise work.error
+
+    def _submit(self, work):
+        """Hand a batch or call to the engine thread and wait for it; the engine's error where it failed."""
+        with self._submitting:  # a failing engine thread takes what is queued under the same lock
+            if self.broken is not None:
+                raise RuntimeError(f"the vLLM engine failed earlier: {self.broken!r}") from self.broken
+            self._inbox.put(work)
+        work.done.wait()
+        if isinstance(work, _Batch) and work.error is not None:
+            raise RuntimeError(f"the vLLM engine failed: {work.error!r}") from work.error
+        return work
 
     def close(self) -> None:
         self._closing = True
@@ -265,11 +274,29 @@ class VllmEngine:
                     if out.finished:
                         batch, i = pending.pop(out.request_id)
                         batch.finish(i, batch.convert(batch.requests[i], out))
-        except BaseException:  # the engine is broken: exit so Ray reports the actor dead and shards are retried
+        except BaseException as e:  # the engine is broken: exit so Ray reports the actor dead and shards are retried
             traceback.print_exc()
+            if not self.exit_on_error:
+                self._fail_waiting(e, [batch for batch, _ in pending.values()])
+                return
             self._tee.drain()  # the traceback out to the actor's log before the process goes
             self.kill_engine_cores()
             os._exit(1)
+
+    def _fail_waiting(self, error: BaseException, running: list) -> None:
+        """The engine thread ends on `error`: the batches it ran and everything queued fail with it, and every
+        later call raises it (exit_on_error False)."""
+        with self._submitting:
+            self.broken = error
+            while True:
+                try:
+                    running.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+        for work in running:
+            if work is not None:
+                work.error = work.error or error
+                work.done.set()
 
     def kill_engine_cores(self) -> None:
         """Kill the engine core processes this engine started, before its process exits without closing it: a
@@ -332,6 +359,7 @@ class _Batch:
         self.results: list[GenResult | None] = [None] * len(self.requests)
         self.remaining = len(self.requests)
         self.done = threading.Event()
+        self.error: BaseException | None = None  # the engine thread failed before every result was in
 
     def finish(self, i: int, result: GenResult) -> None:
         self.results[i] = result

@@ -163,7 +163,7 @@ def vllm_engine(tiny_path):
     from cluster.contracts.spec import ModelSpec
 
     engine = VllmEngine(ModelSpec("tiny", "builtin:tiny", engine={"gpu_memory_utilization": 0.3}),
-                        tiny_path, EngineProfile())
+                        tiny_path, EngineProfile(), exit_on_error=False)  # a failure fails its tests, not pytest
     yield engine
     engine.close()
 
