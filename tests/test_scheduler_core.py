@@ -225,3 +225,16 @@ def test_the_scheduler_and_its_fleet_decide_calls_and_only_the_io_makes_them():
         remote = [node.lineno for node in ast.walk(ast.parse((schedule / name).read_text()))
                   if isinstance(node, ast.Attribute) and node.attr == "remote"]
         assert remote == [], f"{name}: a remote call at lines {remote}"
+
+
+def test_a_model_is_checking_until_it_may_start_and_failed_once_given_up():
+    """A model's state, as an enum: CHECKING while its checks run (its actors may start, no engine), READY once
+    its engine start is known, FAILED with the engine's error once no engine of it could start."""
+    from cluster.schedule.work import ModelState
+
+    model = ModelWork("m", max_actors=1, depth=1)
+    assert model.state is ModelState.CHECKING and not model.failed
+    model.start = lambda at: ("m", at)
+    assert model.state is ModelState.READY
+    model.give_up("engine did not start: OOM")
+    assert model.state is ModelState.FAILED and model.failed and model.error == "engine did not start: OOM"

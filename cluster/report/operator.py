@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 
-from cluster.contracts.shard import ShardState
+from cluster.contracts.shard import RowStatus, ShardState
 from cluster.report import timeline
 from cluster.report.html_parts import note, percent, png, section, table
 from cluster.report.reading import ReportError, committed, read, rows
@@ -198,7 +198,7 @@ def _problem_rows(root: Path, manifest: dict, max_rows: int) -> str:
     dataset = committed(root, manifest)
     if dataset is None:
         return section("Rows not ok", "rows", "<p>No committed result shards.</p>")
-    not_ok = pc.field("status") != "ok"
+    not_ok = pc.field("status") != RowStatus.OK.value
     counts = Counter(dataset.to_table(columns=["status"], filter=not_ok)["status"].to_pylist())
     total = sum(counts.values())
     if total == 0:

@@ -32,8 +32,8 @@ from cluster.contracts.shard import ActorCall, ActorState
 from cluster.contracts.spec import ModelSpec
 from cluster.schedule.actor_io import RayIO
 from cluster.schedule.tail_split import TailClock
-from cluster.schedule.work import (ENGINE_HELD, UP, Call, InFlight, ModelWork, Slot, advance, first_line, lost_line,
-                                   lost_node)
+from cluster.schedule.work import (ENGINE_HELD, UP, Call, InFlight, ModelState, ModelWork, Slot, advance,
+                                   first_line, lost_line, lost_node)
 
 
 class KeptActors:
@@ -161,7 +161,7 @@ class Fleet:
 
     def _next_model(self, slot: Slot) -> ModelWork | None:
         """The model with the most samples left per actor, among those with work below their maximum."""
-        candidates = [m for m in self.models.values() if m and not m.failed and m.start is not None
+        candidates = [m for m in self.models.values() if m and m.state is ModelState.READY
                       and m.assigned < m.max_actors and m.name != slot.model and m.name not in slot.refused
                       and m.shape == slot.shape]
         return max(candidates, key=lambda m: m.samples_left() / (m.assigned + 1), default=None)
@@ -174,7 +174,7 @@ class Fleet:
         def held(m: ModelWork) -> int:
             return sum(s.depth or m.depth for s in self.slots if s.model == m.name and s.state != ActorState.IMPORTING)
 
-        candidates = [m for m in self.models.values() if m and not m.failed and m.start is not None
+        candidates = [m for m in self.models.values() if m and m.state is ModelState.READY
                       and m.max_actors > 0 and m.name != slot.model and m.name not in slot.refused
                       and m.shape == slot.shape and m.waiting() > held(m)]
         return max(candidates, key=ModelWork.waiting, default=None)

@@ -68,7 +68,7 @@ class SweepScheduler:
         for job in jobs:
             model = self.models[job.shard.model]
             if model.failed:
-                self._fail(job, model.failed)
+                self._fail(job, model.error)
             else:
                 model.add(job)
 
@@ -182,7 +182,7 @@ class SweepScheduler:
         self.fleet.give_up(slot)
         if self.fleet.running(model.name):
             return
-        model.failed = error
+        model.give_up(error)
         self.events.on_model_failed(model.name, error)
         for queue in model.queues.values():
             while queue:
@@ -235,7 +235,7 @@ class SweepScheduler:
         model = self.models[bisection.job.shard.model]
         for piece in reversed(parts):
             if model.failed:
-                bisection.abandon(model.failed)
+                bisection.abandon(model.error)
                 break
             model.add(Job(piece.shard, bisection.job.task, piece=piece), first=True)
         if not bisection.settled or bisection.reported:

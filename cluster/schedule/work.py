@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from enum import Enum, auto
 from typing import Any, Callable
 
 from cluster.contracts.shard import ActorCall, ActorState, Shard
@@ -49,6 +50,14 @@ class Job:
     piece: Piece | None = None  # a part of a shard being bisected; None for a whole shard
 
 
+class ModelState(Enum):
+    """Where a model stands for the scheduler: its checks still running (actors may start for it, no engine),
+    ready (its engines may start), or given up (no engine of it could start: its shards fail)."""
+    CHECKING = auto()
+    READY = auto()
+    FAILED = auto()
+
+
 @dataclass
 class ModelWork:
     """One model as the scheduler sees it."""
@@ -60,10 +69,24 @@ class ModelWork:
     start: Callable[[float], tuple] | None = None
     queues: dict[str, deque] = field(default_factory=dict)  # shards waiting, one queue per profile
     assigned: int = 0  # actors running or starting it
-    failed: str | None = None  # the engine's error, if it could not start
+    error: str | None = None  # the engine's error, once the model is given up (ModelState.FAILED)
     # the kind of actor it runs on (cluster/plan/placement.py ActorResources: an engine of N GPUs needs actors of
     # N GPUs); models of one shape share actors, one of another shape gets actors of its own
     shape: Any = None
+
+    @property
+    def state(self) -> ModelState:
+        if self.error is not None:
+            return ModelState.FAILED
+        return ModelState.CHECKING if self.start is None else ModelState.READY
+
+    @property
+    def failed(self) -> bool:
+        return self.state is ModelState.FAILED
+
+    def give_up(self, error: str) -> None:
+        """No engine of the model can start: FAILED, with the engine's error."""
+        self.error = error
 
     def add(self, job: Job, first: bool = False) -> None:
         queue = self.queues.setdefault(job.shard.profile, deque())
