@@ -33,6 +33,7 @@ from actors import vllm_core_process
 from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, LoglikResult, check_loglik_requests,
                            check_requests)
 from actors.telemetry import gpu_total_bytes
+from actors.vllm_inbox import Batch, Call, Inbox
 from actors.vllm_prompt_logprobs import PromptTail, prompt_tail
 from actors.vllm_args import engine_args, sampling_kwargs, shared_kv_bytes
 from actors.vllm_start_errors import GRAPH_FAILURE, MEMORY_RACE, error_lines, failure_line, with_root_cause
@@ -56,8 +57,7 @@ class VllmEngine:
         """`exit_on_error`: where the engine thread fails, the process exits (an actor: Ray reports it dead and
         its shards are retried); False (an engine in a process that must go on, a test's): every call waiting
         or made after raises the engine's error instead."""
-        self.exit_on_error, self.broken = exit_on_error, None
-        self._submitting = threading.Lock()
+        self.exit_on_error = exit_on_error
         vllm_core_process.start()
         try:
             import vllm  # noqa: F401
@@ -92,7 +92,7 @@ class VllmEngine:
         self._warmup_s = self._load_s - self._init_s
         self._report = self._tee.text_since(mark)
         self.tokenizer = self.llm.get_tokenizer()
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox = Inbox()
         self._closing = False
         self.steps, self.batch_sum = 0, 0  # engine steps, and requests the engine held at each (capped at max_num_seqs)
         self._thread = threading.Thread(target=self._run, name="vllm-engine", daemon=True)
@@ -155,7 +155,7 @@ class VllmEngine:
     def generate(self, requests: Sequence[GenRequest], sampling: SamplingSpec,
                  structured: StructuredSpec | None) -> list[GenResult]:
         check_requests(requests)
-        return self._submit(_Batch(requests, [self._params(r, sampling, structured) for r in requests])).results
+        return self._inbox.submit(Batch(requests, [self._params(r, sampling, structured) for r in requests])).results
 
     def loglikelihood(self, requests: Sequence[LoglikRequest]) -> list[LoglikResult]:
         """One request per (row, choice): context + choice ids with `prompt_logprobs=0` (each position's own
@@ -199,9 +199,9 @@ class VllmEngine:
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, flat_logprobs=True,
                                 skip_reading_prefix_cache=not read_cache)
         need = {f"p{k}": n for k, (_, n) in enumerate(prompts)}
-        return self._submit(_Batch([GenRequest(f"p{k}", ids, 0) for k, (ids, _) in enumerate(prompts)],
-                                   [params] * len(prompts),
-                                   convert=lambda req, out: prompt_tail(req, out, need[req.sample_id]))).results
+        return self._inbox.submit(Batch([GenRequest(f"p{k}", ids, 0) for k, (ids, _) in enumerate(prompts)],
+                                        [params] * len(prompts),
+                                        convert=lambda req, out: prompt_tail(req, out, need[req.sample_id]))).results
 
     def sleep(self) -> None:
         """vLLM's sleep mode, level 1: the weights go to CPU memory, the KV cache is dropped, the GPU memory
@@ -212,24 +212,13 @@ class VllmEngine:
         self._on_engine_thread(self.llm.wake_up)
 
     def _on_engine_thread(self, call) -> None:
-        work = self._submit(_Call(call))
+        work = self._inbox.submit(Call(call))
         if work.error is not None:
             raise work.error
 
-    def _submit(self, work):
-        """Hand a batch or call to the engine thread and wait for it; the engine's error where it failed."""
-        with self._submitting:  # a failing engine thread takes what is queued under the same lock
-            if self.broken is not None:
-                raise RuntimeError(f"the vLLM engine failed earlier: {self.broken!r}") from self.broken
-            self._inbox.put(work)
-        work.done.wait()
-        if isinstance(work, _Batch) and work.error is not None:
-            raise RuntimeError(f"the vLLM engine failed: {work.error!r}") from work.error
-        return work
-
     def close(self) -> None:
         self._closing = True
-        self._inbox.put(None)
+        self._inbox.stop()
         self._thread.join(timeout=60)
         core = getattr(self.llm.llm_engine, "engine_core", None)
         if core is not None:
@@ -260,7 +249,7 @@ class VllmEngine:
         return self.steps, self.batch_sum
 
     def _run(self) -> None:
-        pending: dict[str, tuple[_Batch, int]] = {}
+        pending: dict[str, tuple[Batch, int]] = {}
         engine = self.llm.llm_engine
         cap = int(engine.vllm_config.scheduler_config.max_num_seqs)
         try:
@@ -276,27 +265,12 @@ class VllmEngine:
                         batch.finish(i, batch.convert(batch.requests[i], out))
         except BaseException as e:  # the engine is broken: exit so Ray reports the actor dead and shards are retried
             traceback.print_exc()
-            if not self.exit_on_error:
-                self._fail_waiting(e, [batch for batch, _ in pending.values()])
+            if not self.exit_on_error:  # what waits, and what comes after, raises `e`
+                self._inbox.fail_all(e, [batch for batch, _ in pending.values()])
                 return
             self._tee.drain()  # the traceback out to the actor's log before the process goes
             self.kill_engine_cores()
             os._exit(1)
-
-    def _fail_waiting(self, error: BaseException, running: list) -> None:
-        """The engine thread ends on `error`: the batches it ran and everything queued fail with it, and every
-        later call raises it (exit_on_error False)."""
-        with self._submitting:
-            self.broken = error
-            while True:
-                try:
-                    running.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-        for work in running:
-            if work is not None:
-                work.error = work.error or error
-                work.done.set()
 
     def kill_engine_cores(self) -> None:
         """Kill the engine core processes this engine started, before its process exits without closing it: a
@@ -321,7 +295,7 @@ class VllmEngine:
                 return
             if batch is None:
                 return
-            if isinstance(batch, _Call):
+            if isinstance(batch, Call):
                 batch.run()
                 continue
             prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in batch.requests]
@@ -333,48 +307,6 @@ class VllmEngine:
             if not batch.requests:
                 batch.done.set()
             block = False
-
-
-class _Call:
-    """Work for the engine thread other than requests (sleep, wake up): run between steps."""
-
-    def __init__(self, call):
-        self.call, self.error, self.done = call, None, threading.Event()
-
-    def run(self) -> None:
-        try:
-            self.call()
-        except Exception as e:  # raised in the caller's thread
-            self.error = e
-        finally:
-            self.done.set()
-
-
-class _Batch:
-    """One generate() or loglikelihood() call: its requests, and the results the engine thread fills in."""
-
-    def __init__(self, requests: Sequence[GenRequest], params: list, convert=None):
-        self.requests, self.params = list(requests), params
-        self.convert = convert or _result  # (request, vLLM's RequestOutput) -> what the caller gets
-        self.results: list[GenResult | None] = [None] * len(self.requests)
-        self.remaining = len(self.requests)
-        self.done = threading.Event()
-        self.error: BaseException | None = None  # the engine thread failed before every result was in
-
-    def finish(self, i: int, result: GenResult) -> None:
-        self.results[i] = result
-        self.remaining -= 1
-        if self.remaining == 0:
-            self.done.set()
-
-
-def _result(req: GenRequest, out) -> GenResult:
-    completion = out.outputs[0]
-    m = out.metrics  # vLLM's RequestStateStats: TTFT from the frontend, decode span from the engine core
-    ttft = m.first_token_latency if m is not None and m.first_token_latency > 0 else None
-    latency = ttft + max(0.0, m.last_token_ts - m.first_token_ts) if ttft is not None else None
-    return GenResult(sample_id=req.sample_id, output_text=completion.text, output_tokens=len(completion.token_ids),
-                     finish_reason=completion.finish_reason or "length", latency_s=latency, ttft_s=ttft)
 
 
 def _last_float(pattern: re.Pattern, text: str) -> float | None:

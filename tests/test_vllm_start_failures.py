@@ -212,18 +212,18 @@ def test_an_engine_that_dies_without_closing_kills_its_engine_cores_first():
 
 def test_an_engine_told_not_to_exit_fails_the_waiting_calls_and_every_later_one_with_its_error():
     """`exit_on_error=False` (an engine in a process that must go on: the GPU tests' own): where vLLM's step
-    raises, the batch that was running and the one queued behind it raise the engine's error, as does a call
-    made afterwards, a sleep included; nothing waits forever and the process lives."""
-    import queue
+    raises, the callers waiting on their batches get the engine's error, as does a call made afterwards, a sleep
+    included; nothing waits forever and the process lives."""
     import threading
     from types import SimpleNamespace
 
     import pytest
 
     from actors.engine import GenRequest
-    from actors.vllm_engine import VllmEngine, _Batch
+    from actors.vllm_engine import VllmEngine
+    from actors.vllm_inbox import Batch, Inbox
 
-    class Engine:  # vLLM's LLMEngine as the engine thread uses it: one request held, its step raises
+    class Engine:  # vLLM's LLMEngine as the engine thread uses it: requests held, its step raises
         vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=8))
         held = 0
 
@@ -244,19 +244,25 @@ def test_an_engine_told_not_to_exit_fails_the_waiting_calls_and_every_later_one_
         return [f"r{llm_engine.held - len(prompts) + i}-abcdefgh" for i in range(len(prompts))]
 
     engine.llm = SimpleNamespace(llm_engine=llm_engine, enqueue=enqueue)
-    engine.exit_on_error, engine.broken, engine._closing = False, None, False
-    engine._submitting, engine._inbox, engine.steps, engine.batch_sum = threading.Lock(), queue.Queue(), 0, 0
-    first = _Batch([GenRequest("r0", [1, 2], 0)], [None])
-    second = _Batch([GenRequest("r1", [3], 0)], [None])
-    engine._inbox.put(first)
-    engine._inbox.put(second)
-    thread = threading.Thread(target=engine._run, daemon=True)
-    thread.start()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
-    assert first.done.is_set() and second.done.is_set()
-    assert isinstance(first.error, ValueError) and isinstance(second.error, ValueError)
+    engine.exit_on_error, engine._closing, engine._inbox, engine.steps, engine.batch_sum = False, False, Inbox(), 0, 0
+    raised = []
+
+    def caller(ids: list) -> None:
+        try:
+            engine._inbox.submit(Batch([GenRequest(i, [1, 2], 0) for i in ids], [None] * len(ids)))
+        except RuntimeError as e:
+            raised.append(str(e))
+
+    callers = [threading.Thread(target=caller, args=(ids,), daemon=True) for ids in (["r0", "r1"], ["r2"])]
+    for thread in callers:
+        thread.start()
+    engine_thread = threading.Thread(target=engine._run, daemon=True)
+    engine_thread.start()
+    for thread in [*callers, engine_thread]:
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+    assert len(raised) == 2 and all("ValueError('MessagePack data is malformed')" in r for r in raised)
     with pytest.raises(RuntimeError, match="failed earlier: ValueError"):
-        engine._submit(_Batch([GenRequest("r2", [4], 0)], [None]))
+        engine._inbox.submit(Batch([GenRequest("r3", [4], 0)], [None]))
     with pytest.raises(RuntimeError, match="failed earlier"):
         engine.sleep()
