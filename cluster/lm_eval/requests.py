@@ -90,8 +90,25 @@ def record(settings: LmEvalSettings, manager, chat_tokenizer=None) -> list:
 
 
 # what `datasets` and huggingface_hub raise for data that is not there or not reachable offline
-DATA_ERRORS = ("FileNotFoundError", "ConnectionError", "DatasetNotFoundError", "DataFilesNotFoundError",
-               "EmptyDatasetError", "OfflineModeIsEnabled", "LocalEntryNotFoundError", "HfHubHTTPError")
+def data_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean lm-eval could not load a dataset: a file not found (datasets' DatasetNotFoundError,
+    DataFilesNotFoundError and EmptyDatasetError, the hub's LocalEntryNotFoundError are FileNotFoundErrors), no
+    connection (the hub's OfflineModeIsEnabled is a ConnectionError; requests' own ConnectionError is not), an HTTP
+    error of the hub's. requests and huggingface_hub are lm-eval's dependencies: theirs where installed."""
+    found: list[type[BaseException]] = [FileNotFoundError, ConnectionError]
+    try:
+        from requests.exceptions import ConnectionError as RequestsConnectionError
+
+        found.append(RequestsConnectionError)
+    except ImportError:
+        pass
+    try:
+        from huggingface_hub.errors import HfHubHTTPError
+
+        found.append(HfHubHTTPError)
+    except ImportError:
+        pass
+    return tuple(found)
 
 
 def _failure(settings: LmEvalSettings, manager, error: Exception) -> str:
@@ -109,13 +126,13 @@ def _failure(settings: LmEvalSettings, manager, error: Exception) -> str:
                 name = candidate
                 break
     where = f"tasks: {name!r}: " if name else ""
-    if type(error).__name__ in DATA_ERRORS:
+    if isinstance(error, data_errors()):
         return f"{where}{data_failure(error)}"
     return f"{where}lm-eval could not build the requests: {first[:400]}"
 
 
 def data_failure(error: Exception) -> str:
-    """The line for a dataset lm-eval could not load (an error of DATA_ERRORS), with what to do offline."""
+    """The line for a dataset lm-eval could not load (one of data_errors()), with what to do offline."""
     first = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else '(no message)'}"
     return (f"lm-eval could not load the dataset ({first[:300]}). raysweep reads data offline: give the task local "
             "files (dataset_path: json, dataset_kwargs: {data_files: ...}), or put the dataset in the Hugging Face "
