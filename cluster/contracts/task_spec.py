@@ -301,6 +301,22 @@ class TaskSpec:
         """lm-eval's loglikelihood_rolling: each row's one choice is scored in windows of the model's length."""
         return self.lm_eval is not None and self.lm_eval.rolling
 
+    def columns_read(self) -> dict[str, str]:
+        """{column: why the task reads it}: the prompt's placeholders, the messages, target and id columns, a
+        `choices` column, a replay's completions, a code_exec program's placeholders."""
+        needed = {c: f"prompt placeholder {{{c}}}" for c in template_fields(self.prompt or "")}
+        for field_name in ("messages", "target", "id_column"):
+            column = getattr(self, field_name)
+            if column is not None:
+                needed[column] = f"`{field_name}` column"
+        if isinstance(self.choices, str):
+            needed[self.choices] = "`choices` column"
+        if self.replay is not None:
+            needed[self.replay.column] = "`replay.column` (its completions)"
+        for column in self.scorer.columns() if self.scorer is not None else ():
+            needed.setdefault(column, f"code_exec program placeholder {{{column}}}")
+        return needed
+
     def _check_choices(self) -> None:
         if self.target_delimiter is not None and (self.type != "loglikelihood" or not isinstance(self.target_delimiter, str)):
             raise ValueError(f"target_delimiter: a string, for `type: loglikelihood` tasks only, got {self.target_delimiter!r}")

@@ -108,9 +108,9 @@ def load_task(spec: SweepSpec, task: TaskSpec) -> TaskData:
     except ValueError as e:
         raise DataError(f"{spec.source}: tasks.{task.name}.{e}") from None
     digest = content_hash(path)  # before the checks' read: planning's later read is compared with it
-    hashes, n = [], 0
+    hashes, n, needed = [], 0, task.columns_read()
     for rows, where, first in _read_batches(path):
-        _check_columns(task, path, rows, where)
+        _check_columns(task, needed, path, rows, where)
         _check_rendering(task, path, rows, where)
         hashes.append(np.fromiter((_id_hash(sid) for sid in _ids(task, rows, first)), dtype=np.uint64, count=len(rows)))
         n += len(rows)
@@ -196,21 +196,11 @@ def _check_rendering(task: TaskSpec, path: str, rows: list[dict], where: list[st
                             f"this row and an empty completion: {type(e).__name__}: {_first_line(e)}") from None
 
 
-def _check_columns(task: TaskSpec, path: str, rows: list[dict], where: list[str]) -> None:
-    """Every column the task reads is there and holds a value: null is refused in the id column, a prompt
-    placeholder's column and the target column (a null answer is no reference to score against; a row
-    without one belongs in another task); the `messages` column holds chat messages (`_messages_problem`)."""
-    needed = {c: f"prompt placeholder {{{c}}}" for c in template_fields(task.prompt or "")}
-    for field_name in ("messages", "target", "id_column"):
-        column = getattr(task, field_name)
-        if column is not None:
-            needed[column] = f"`{field_name}` column"
-    if isinstance(task.choices, str):
-        needed[task.choices] = "`choices` column"
-    if task.replay is not None:
-        needed[task.replay.column] = "`replay.column` (its completions)"
-    for column in task.scorer.columns() if task.scorer is not None else ():
-        needed.setdefault(column, f"code_exec program placeholder {{{column}}}")
+def _check_columns(task: TaskSpec, needed: dict[str, str], path: str, rows: list[dict], where: list[str]) -> None:
+    """Every column the task reads (`needed`: TaskSpec.columns_read) is there and holds a value: null is refused
+    in the id column, a prompt placeholder's column and the target column (a null answer is no reference to
+    score against; a row without one belongs in another task); the `messages` column holds chat messages
+    (`_messages_problem`)."""
     for i, row in enumerate(rows):
         for column, why in needed.items():
             if column not in row:
