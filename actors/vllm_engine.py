@@ -250,11 +250,12 @@ class VllmEngine:
 
     def _run(self) -> None:
         pending: dict[str, tuple[Batch, int]] = {}
+        taken: set[Batch] = set()  # every batch taken from the inbox and not done: none is lost if the engine fails
         engine = self.llm.llm_engine
         cap = int(engine.vllm_config.scheduler_config.max_num_seqs)
         try:
             while not self._closing:
-                self._admit(pending, block=not engine.has_unfinished_requests())
+                self._admit(pending, taken, block=not engine.has_unfinished_requests())
                 if not engine.has_unfinished_requests():
                     continue
                 self.steps += 1
@@ -263,10 +264,12 @@ class VllmEngine:
                     if out.finished:
                         batch, i = pending.pop(out.request_id)
                         batch.finish(i, batch.convert(batch.requests[i], out))
+                        if batch.done.is_set():
+                            taken.discard(batch)
         except BaseException as e:  # the engine is broken: exit so Ray reports the actor dead and shards are retried
             traceback.print_exc()
             if not self.exit_on_error:  # what waits, and what comes after, raises `e`
-                self._inbox.fail_all(e, [batch for batch, _ in pending.values()])
+                self._inbox.fail_all(e, [batch for batch in taken if not batch.done.is_set()])
                 return
             self._tee.drain()  # the traceback out to the actor's log before the process goes
             self.kill_engine_cores()
@@ -287,7 +290,7 @@ class VllmEngine:
         return list(getattr(getattr(getattr(core, "resources", None), "engine_manager", None), "processes", None)
                     or [])
 
-    def _admit(self, pending: dict, block: bool) -> None:
+    def _admit(self, pending: dict, taken: set, block: bool) -> None:
         while True:
             try:
                 batch = self._inbox.get(block=block)
@@ -298,6 +301,7 @@ class VllmEngine:
             if isinstance(batch, Call):
                 batch.run()
                 continue
+            taken.add(batch)  # before vLLM sees it: an enqueue that raises leaves it to fail_all
             prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in batch.requests]
             ids = self.llm.enqueue(prompts, batch.params, use_tqdm=False)
             for i, request_id in enumerate(ids):
@@ -306,6 +310,7 @@ class VllmEngine:
                 pending[request_id.rsplit("-", 1)[0]] = (batch, i)
             if not batch.requests:
                 batch.done.set()
+                taken.discard(batch)
             block = False
 
 

@@ -17,10 +17,10 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
   task of the same prompts (`max_gen_toks`, greedy; lm-eval adds the end-of-text string as its stop).
 `--engine JSON` is added to raysweep's model `engine:` and so to the plain script's arguments (not to
 `plain_defaults`'s). The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
-Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts, so that every variant finds vLLM's
-compile cache filled for its own engine arguments: the plain script on one GPU (where `plain`, `split` or
-`ray_data` run), `plain_defaults`, raysweep on one GPU (where `raysweep_1` runs), raysweep on N GPUs with four
-engines per GPU (where `raysweep` runs), and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
+Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts, filling vLLM's compile cache: the
+plain script on one GPU (where `plain`, `split` or `ray_data` run), `plain_defaults`, raysweep on one GPU (where
+`raysweep_1` runs), raysweep on N GPUs with four engines per GPU (where `raysweep`, `raysweep_two` or
+`raysweep_four` runs), and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
 with one output per prompt; one that fails is said, the others run, and the call fails at the end. Figures go to
 OUT/n.json after each variant (a call cut short keeps those done) and to OUT/bench.parquet; each process's
 command and prints are kept beside them (`n_*.cmd`, `.stdout`, `.stderr`).
@@ -52,8 +52,10 @@ class ScaleOut:
                  popen=subprocess.Popen, engine: dict | None = None):
         self.bench, self.gpus, self.max_tokens, self.out = bench, gpus, max_tokens, Path(bench.out)
         self.engine = dict(engine or {})
-        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        self.devices = visible[:gpus] if len(visible) >= gpus else [str(i) for i in range(gpus)]
+        visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        if visible and len(visible) < gpus:
+            raise ValueError(f"--gpus {gpus}: CUDA_VISIBLE_DEVICES lists {len(visible)} ({','.join(visible)})")
+        self.devices = visible[:gpus] if visible else [str(i) for i in range(gpus)]
         self.runner, self.popen = runner, popen
         texts = prompts_of(prompts, 64, 1024, seed=11)
         self.data = write_prompts(self.out / f"n_n{prompts}.jsonl", texts)
@@ -116,7 +118,8 @@ class ScaleOut:
                 f"pretrained={self.bench.model_path},data_parallel_size={self.gpus}", "--tasks", "scale_gen",
                 "--include_path", str(tasks), "--batch_size", "auto", "--output_path", str(self.out / stem),
                 *(["--limit", str(limit)] if limit else [])]
-        wall, _ = self.runner(argv, {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}, self.out / stem)
+        wall, _ = self.runner(argv, {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+                                     "CUDA_VISIBLE_DEVICES": ",".join(self.devices)}, self.out / stem)
         found = sorted((self.out / stem).rglob("results_*.json"))
         if not found:
             raise RuntimeError(f"{stem}: lm_eval wrote no results file")
@@ -133,7 +136,7 @@ class ScaleOut:
                     (("plain_defaults",), "plain_defaults", lambda: self.plain("n_warm_plain_defaults", self.warm, self._model_only())),
                     (("raysweep_1",), "raysweep_1",
                      lambda: self.raysweep("n_warm_raysweep_1", self.warm, {}, self._one_gpu())),
-                    (("raysweep",), "raysweep",
+                    (("raysweep", "raysweep_two", "raysweep_four"), "raysweep",
                      lambda: self.raysweep("n_warm_raysweep", self.warm, four, {"CUDA_VISIBLE_DEVICES": gpus})),
                     (("lm_eval",), "lm_eval", lambda: self.lm_eval("n_warm_lm_eval", WARM_PROMPTS))):
                 if set(wanted) & set(variants):

@@ -32,7 +32,7 @@ def run(argv: list[str]) -> int:
     from lm_eval.__main__ import cli_evaluate
 
     from cluster.inputs.builtin_model import hub_unreachable
-    from cluster.lm_eval.requests import data_errors, data_failure
+    from cluster.lm_eval.requests import data_failure, is_data_error
 
     if hub_unreachable():  # `datasets` would try the hub for minutes, silent, before its ConnectionError
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -49,7 +49,7 @@ def run(argv: list[str]) -> int:
                 try:
                     cli_evaluate()
                 except Exception as e:  # a dataset not reachable: one line, as a spec's lm_eval: entry says it
-                    if not isinstance(e, data_errors()):
+                    if not is_data_error(e):
                         raise
                     raise LmEvalError(data_failure(e)) from None
             # the run closed inside the handlers: a signal during the close is one line, not a traceback

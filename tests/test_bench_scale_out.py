@@ -77,6 +77,8 @@ def test_the_plain_script_takes_raysweeps_arguments_or_only_the_model_and_the_gp
     assert load_spec(tmp_path / "n_raysweep_1.yaml").models[0].engine["max_num_seqs"] == 1024
     assert dict(runner.calls)["n_raysweep_1"] == {"CUDA_VISIBLE_DEVICES": "2"}
     assert sorted(Child.started) == [("2", 6), ("3", 6)]
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES lists 2"):
+        ScaleOut(Bench("/m", tmp_path, 0), 4, 12, 8, runner=runner, popen=Child)
 
 
 def test_a_variant_that_misses_outputs_fails_the_bench(tmp_path):

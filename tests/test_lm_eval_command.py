@@ -149,18 +149,21 @@ def test_a_use_cache_lm_eval_cannot_keep_is_one_line_before_anything_runs(tmp_pa
 
 
 def test_a_dataset_lm_eval_cannot_load_is_told_by_its_error_type_not_its_name():
-    """The errors that mean "no dataset here" (datasets', the hub's, requests') are recognised by `isinstance`:
-    every not-found and offline error of those libraries; a ValueError of the task's own is not one of them."""
+    """The errors that mean "no dataset here" (datasets', the hub's, requests') are recognised by their types,
+    exactly: a subclass of one says something else (a connection Ray lost, a gated repository), and a
+    ValueError of the task's own is no data error either."""
     import requests
     from datasets.data_files import EmptyDatasetError
     from datasets.exceptions import DataFilesNotFoundError, DatasetNotFoundError
-    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
-    from cluster.lm_eval.requests import data_errors, data_failure
+    from cluster.lm_eval.requests import data_failure, is_data_error
 
     for error in (DatasetNotFoundError("gone"), DataFilesNotFoundError("gone"), EmptyDatasetError("empty"),
                   OfflineModeIsEnabled("offline"), LocalEntryNotFoundError("not cached"),
                   requests.exceptions.ConnectionError("no route"), FileNotFoundError("data.json")):
-        assert isinstance(error, data_errors()), type(error)
+        assert is_data_error(error), type(error)
         assert data_failure(error).startswith(f"lm-eval could not load the dataset ({type(error).__name__}: ")
-    assert not isinstance(ValueError("a bad doc_to_text"), data_errors())
+    gated = GatedRepoError.__new__(GatedRepoError)  # its constructor wants an HTTP response
+    for error in (ValueError("a bad doc_to_text"), ConnectionResetError("by peer"), BrokenPipeError(), gated):
+        assert not is_data_error(error), type(error)

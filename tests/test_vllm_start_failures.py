@@ -266,3 +266,42 @@ def test_an_engine_told_not_to_exit_fails_the_waiting_calls_and_every_later_one_
         engine._inbox.submit(Batch([GenRequest("r3", [4], 0)], [None]))
     with pytest.raises(RuntimeError, match="failed earlier"):
         engine.sleep()
+
+
+def test_a_batch_whose_enqueue_raises_fails_with_the_engine_error_rather_than_waiting_forever():
+    """`exit_on_error=False`: vLLM refusing a batch as it is handed in (its `enqueue` raises) ends the engine
+    thread like a failed step does; the batch's caller gets the error, it is never left out of every list."""
+    import threading
+    from types import SimpleNamespace
+
+    from actors.engine import GenRequest
+    from actors.vllm_engine import VllmEngine
+    from actors.vllm_inbox import Batch, Inbox
+
+    class Engine:
+        vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=8))
+
+        def has_unfinished_requests(self):
+            return False
+
+    def enqueue(prompts, params, use_tqdm):
+        raise ValueError("prompt longer than max_model_len")
+
+    engine = object.__new__(VllmEngine)
+    engine.llm = SimpleNamespace(llm_engine=Engine(), enqueue=enqueue)
+    engine.exit_on_error, engine._closing, engine._inbox, engine.steps, engine.batch_sum = False, False, Inbox(), 0, 0
+    raised = []
+
+    def caller() -> None:
+        try:
+            engine._inbox.submit(Batch([GenRequest("r0", [1, 2], 0)], [None]))
+        except RuntimeError as e:
+            raised.append(str(e))
+
+    threads = [threading.Thread(target=caller, daemon=True), threading.Thread(target=engine._run, daemon=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+    assert raised and "prompt longer than max_model_len" in raised[0]

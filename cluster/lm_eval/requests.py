@@ -90,25 +90,25 @@ def record(settings: LmEvalSettings, manager, chat_tokenizer=None) -> list:
 
 
 # what `datasets` and huggingface_hub raise for data that is not there or not reachable offline
-def data_errors() -> tuple[type[BaseException], ...]:
-    """The errors that mean lm-eval could not load a dataset: a file not found (datasets' DatasetNotFoundError,
-    DataFilesNotFoundError and EmptyDatasetError, the hub's LocalEntryNotFoundError are FileNotFoundErrors), no
-    connection (the hub's OfflineModeIsEnabled is a ConnectionError; requests' own ConnectionError is not), an HTTP
-    error of the hub's. requests and huggingface_hub are lm-eval's dependencies: theirs where installed."""
-    found: list[type[BaseException]] = [FileNotFoundError, ConnectionError]
-    try:
-        from requests.exceptions import ConnectionError as RequestsConnectionError
+_DATA_ERROR_TYPES = (("datasets.exceptions", "DatasetNotFoundError"), ("datasets.exceptions", "DataFilesNotFoundError"),
+                     ("datasets.data_files", "EmptyDatasetError"), ("huggingface_hub.errors", "OfflineModeIsEnabled"),
+                     ("huggingface_hub.errors", "LocalEntryNotFoundError"), ("huggingface_hub.errors", "HfHubHTTPError"),
+                     ("requests.exceptions", "ConnectionError"))
 
-        found.append(RequestsConnectionError)
-    except ImportError:
-        pass
-    try:
-        from huggingface_hub.errors import HfHubHTTPError
 
-        found.append(HfHubHTTPError)
-    except ImportError:
-        pass
-    return tuple(found)
+def is_data_error(error: BaseException) -> bool:
+    """Whether `error` means lm-eval could not load a dataset: a file not found, no connection, or one of the
+    not-found, offline and HTTP errors of datasets, huggingface_hub and requests (lm-eval's dependencies), each
+    its exact type: a subclass says something else (a ConnectionResetError from Ray, a gated model's repo)."""
+    import importlib
+
+    types: list[type] = [FileNotFoundError, ConnectionError]
+    for module, name in _DATA_ERROR_TYPES:
+        try:
+            types.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return type(error) in types
 
 
 def _failure(settings: LmEvalSettings, manager, error: Exception) -> str:
@@ -126,13 +126,13 @@ def _failure(settings: LmEvalSettings, manager, error: Exception) -> str:
                 name = candidate
                 break
     where = f"tasks: {name!r}: " if name else ""
-    if isinstance(error, data_errors()):
+    if is_data_error(error):
         return f"{where}{data_failure(error)}"
     return f"{where}lm-eval could not build the requests: {first[:400]}"
 
 
 def data_failure(error: Exception) -> str:
-    """The line for a dataset lm-eval could not load (one of data_errors()), with what to do offline."""
+    """The line for a dataset lm-eval could not load (is_data_error), with what to do offline."""
     first = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else '(no message)'}"
     return (f"lm-eval could not load the dataset ({first[:300]}). raysweep reads data offline: give the task local "
             "files (dataset_path: json, dataset_kwargs: {data_files: ...}), or put the dataset in the Hugging Face "

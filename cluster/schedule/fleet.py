@@ -26,7 +26,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from cluster.contracts.shard import ActorCall, ActorState
 from cluster.contracts.spec import ModelSpec
@@ -107,9 +107,8 @@ class Fleet:
             wanted[shape] = count if bound is None else min(count, bound)
         return wanted
 
-    def grow(self, planning: bool) -> list[Call]:
-        """Start the actors the work left can use (`spawn`); the READY call of each, to be sent."""
-        calls = []
+    def grow(self, planning: bool) -> Iterator[Call]:
+        """Start the actors the work left can use (`spawn`); the READY call of each, sent as it is yielded."""
         wanted = self._wanted(planning)
         self._most_slots = max(self._most_slots, sum(wanted.values()))
         for shape, count in wanted.items():
@@ -118,13 +117,13 @@ class Fleet:
                 self.actors_started += 1
                 slot = Slot(handle=self.spawn(number, time.time(), shape), number=number, shape=shape)
                 self.slots.append(slot)
-                calls.append(Call(ActorCall.READY, slot))
-        return calls
+                yield Call(ActorCall.READY, slot)
 
     # -- step 2: given a model, another, or released ------------------------------------------------------
-    def assign(self, planning: bool) -> list[Call]:
-        """Give idle actors a model (the START calls, to be sent), another model, or release them."""
-        calls, done = [], []  # START calls; actors no model needs any more
+    def assign(self, planning: bool) -> Iterator[Call]:
+        """Give idle actors a model (each START call sent as it is yielded, before any release below), another
+        model, or release them."""
+        done = []  # actors no model needs any more
         for slot in list(self.slots):
             if slot.lent or slot.state not in UP or slot.inflight:
                 continue  # lent engines serve their one model, and are the lender's to release
@@ -150,14 +149,13 @@ class Fleet:
             advance(slot, ActorState.STARTING)
             slot.model, slot.profile = model.name, None
             slot.start_at = time.monotonic()
-            calls.append(Call(ActorCall.START, slot, args=model.start(time.time())))
+            yield Call(ActorCall.START, slot, args=model.start(time.time()))
         for slot in done:  # their engines close at once, not one after another (about 1 s each on a GPU)
             self.slots.remove(slot)
             if slot.model is not None:
                 self.models[slot.model].assigned -= 1
         if done:  # not on the loop's every pass
             self._release(done)
-        return calls
 
     def _next_model(self, slot: Slot) -> ModelWork | None:
         """The model with the most samples left per actor, among those with work below their maximum."""
