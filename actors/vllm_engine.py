@@ -1,6 +1,6 @@
 """VllmEngine: vLLM 0.26 on one GPU, behind the same interface as the CPU engine.
 
-- CUDA graphs: `enforce_eager=False`, capture sizes up to the profile's batch limit (`max_num_seqs`).
+- CUDA graphs: `enforce_eager=False`, captured up to the batch limit (`max_num_seqs`, actors/vllm_args.py).
   The graph mode actually captured (vLLM may downgrade FULL to PIECEWISE for an attention backend),
   the torch.compile time and the capture time are read from vLLM's own start-up reports; if the engine
   cannot start with graphs it starts eager and `fallback_reason` says why.
@@ -13,7 +13,8 @@
   frees its GPU memory itself at a profile or model change.
 - Streaming: one engine thread owns the `LLM` and steps it; `generate` calls from concurrent shards
   enqueue their requests into the running batch, so the next shard is admitted before the last ends.
-  If stepping the engine raises, the actor process exits so the scheduler retries its shards elsewhere.
+  If stepping the engine raises, the actor process exits so the scheduler retries its shards elsewhere
+  (`exit_on_error=False`: the calls waiting, and every later one, raise the error instead: actors/vllm_inbox.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
 - `plain`: the plain script (benchmarks/plain_vllm.py, raysweep's engine arguments) on one GPU, every prompt;
 - `plain_defaults`: the same script given only the model: `LLM(model=PATH)`, vLLM's own defaults for the GPU;
 - `split`: the plain script as N processes started together, one GPU and 1/N of the prompts each (a hand split);
-- `raysweep_1`: `python -m jobs.sweep` over a spec with no `actors:` section, on one GPU (CUDA_VISIBLE_DEVICES=0);
+- `raysweep_1`: `python -m jobs.sweep` over a spec with no `actors:` section, on the first GPU;
 - `raysweep`: the same spec on all N GPUs;
 - `raysweep_two`: the same on N GPUs with `actors: {num_gpus: 0.5}` (two engines per GPU, whatever the rule says);
 - `raysweep_four`: the same with `actors: {num_gpus: 0.25}` (four engines per GPU);
@@ -41,7 +41,8 @@ from benchmarks.common import (REPO, Bench, count_lines, prompts_of, result_coun
                                sweep_spec, vllm_args, write_prompts)
 from benchmarks.whole_process import raysweep_figures
 
-VARIANTS = ("plain", "plain_defaults", "split", "raysweep", "raysweep_1", "raysweep_two", "raysweep_four", "lm_eval", "ray_data")
+VARIANTS = ("plain", "plain_defaults", "split", "raysweep", "raysweep_1", "raysweep_two", "raysweep_four", "lm_eval",
+            "ray_data")
 WARM_PROMPTS = 256
 
 
@@ -108,7 +109,7 @@ class ScaleOut:
 
     def ray_data(self, stem: str) -> float:
         argv = self._script("benchmarks.ray_data_llm", self.data) + ["--concurrency", str(self.gpus)]
-        wall, stdout = self.runner(argv, {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)}, self.out / stem)
+        wall, stdout = self.runner(argv, self._all_gpus(), self.out / stem)
         self._expect(stem, _outputs(stdout, stem), count_lines(self.data))
         return wall
 
@@ -118,8 +119,8 @@ class ScaleOut:
                 f"pretrained={self.bench.model_path},data_parallel_size={self.gpus}", "--tasks", "scale_gen",
                 "--include_path", str(tasks), "--batch_size", "auto", "--output_path", str(self.out / stem),
                 *(["--limit", str(limit)] if limit else [])]
-        wall, _ = self.runner(argv, {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-                                     "CUDA_VISIBLE_DEVICES": ",".join(self.devices)}, self.out / stem)
+        wall, _ = self.runner(argv, {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **self._all_gpus()},
+                              self.out / stem)
         found = sorted((self.out / stem).rglob("results_*.json"))
         if not found:
             raise RuntimeError(f"{stem}: lm_eval wrote no results file")
@@ -129,26 +130,25 @@ class ScaleOut:
 
     # -- the call ---------------------------------------------------------------------------------------
     def run(self, variants: list[str], warm: bool) -> None:
-        four, gpus = {"num_gpus": 0.25}, ",".join(self.devices)
+        four, every = {"num_gpus": 0.25}, self._all_gpus()
         if warm:
             for wanted, label, go in (
                     (("plain", "split", "ray_data"), "plain", lambda: self.plain("n_warm_plain", self.warm)),
-                    (("plain_defaults",), "plain_defaults", lambda: self.plain("n_warm_plain_defaults", self.warm, self._model_only())),
+                    (("plain_defaults",), "plain_defaults",
+                     lambda: self.plain("n_warm_plain_defaults", self.warm, self._model_only())),
                     (("raysweep_1",), "raysweep_1",
                      lambda: self.raysweep("n_warm_raysweep_1", self.warm, {}, self._one_gpu())),
                     (("raysweep", "raysweep_two", "raysweep_four"), "raysweep",
-                     lambda: self.raysweep("n_warm_raysweep", self.warm, four, {"CUDA_VISIBLE_DEVICES": gpus})),
+                     lambda: self.raysweep("n_warm_raysweep", self.warm, four, every)),
                     (("lm_eval",), "lm_eval", lambda: self.lm_eval("n_warm_lm_eval", WARM_PROMPTS))):
                 if set(wanted) & set(variants):
                     self._note(f"warm {label}", go())
         runs = {"plain": lambda: self.plain("n_plain", self.data), "split": lambda: self.split("n_split"),
                 "plain_defaults": lambda: self.plain("n_plain_defaults", self.data, self._model_only()),
-                "raysweep": lambda: self.raysweep("n_raysweep", self.data, {}, {"CUDA_VISIBLE_DEVICES": gpus}),
+                "raysweep": lambda: self.raysweep("n_raysweep", self.data, {}, every),
                 "raysweep_1": lambda: self.raysweep("n_raysweep_1", self.data, {}, self._one_gpu()),
-                "raysweep_two": lambda: self.raysweep("n_raysweep_two", self.data, {"num_gpus": 0.5},
-                                                      {"CUDA_VISIBLE_DEVICES": gpus}),
-                "raysweep_four": lambda: self.raysweep("n_raysweep_four", self.data, four,
-                                                       {"CUDA_VISIBLE_DEVICES": gpus}),
+                "raysweep_two": lambda: self.raysweep("n_raysweep_two", self.data, {"num_gpus": 0.5}, every),
+                "raysweep_four": lambda: self.raysweep("n_raysweep_four", self.data, four, every),
                 "lm_eval": lambda: self.lm_eval("n_lm_eval", None), "ray_data": lambda: self.ray_data("n_ray_data")}
         for variant in variants:
             try:
@@ -184,6 +184,9 @@ class ScaleOut:
 
     def _one_gpu(self) -> dict:
         return {"CUDA_VISIBLE_DEVICES": self.devices[0]}
+
+    def _all_gpus(self) -> dict:
+        return {"CUDA_VISIBLE_DEVICES": ",".join(self.devices)}
 
     def _script(self, module: str, prompts: Path, engine_args: dict | None = None) -> list[str]:
         """`engine_args` None: raysweep's own for one whole GPU, with --engine on top."""

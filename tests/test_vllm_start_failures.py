@@ -5,6 +5,8 @@ anything else is the engine's own error, not hidden behind an eager start."""
 import os
 from pathlib import Path
 
+import pytest
+
 from actors.vllm_start_errors import GRAPH_FAILURE as _GRAPH_FAILURE, MEMORY_RACE as _MEMORY_RACE, \
     error_lines as _error_lines, failure_line as _failure_line, with_root_cause
 
@@ -210,20 +212,15 @@ def test_an_engine_that_dies_without_closing_kills_its_engine_cores_first():
             core.kill()
 
 
-def test_an_engine_told_not_to_exit_fails_the_waiting_calls_and_every_later_one_with_its_error():
-    """`exit_on_error=False` (an engine in a process that must go on: the GPU tests' own): where vLLM's step
-    raises, the callers waiting on their batches get the engine's error, as does a call made afterwards, a sleep
-    included; nothing waits forever and the process lives."""
-    import threading
+def _engine_thread_over(enqueue, step):
+    """A VllmEngine with `exit_on_error=False` whose `LLM` is a stand-in: `enqueue(prompts)` and `step()` as
+    vLLM's `LLM.enqueue` and `LLMEngine.step` (vLLM's request ids: "<request id>-<8 random characters>")."""
     from types import SimpleNamespace
 
-    import pytest
-
-    from actors.engine import GenRequest
     from actors.vllm_engine import VllmEngine
-    from actors.vllm_inbox import Batch, Inbox
+    from actors.vllm_inbox import Inbox
 
-    class Engine:  # vLLM's LLMEngine as the engine thread uses it: requests held, its step raises
+    class Engine:  # vLLM's LLMEngine as the engine thread uses it
         vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=8))
         held = 0
 
@@ -234,17 +231,29 @@ def test_an_engine_told_not_to_exit_fails_the_waiting_calls_and_every_later_one_
             return self.held
 
         def step(self):
-            raise ValueError("MessagePack data is malformed")
+            return step()
 
-    engine = object.__new__(VllmEngine)
     llm_engine = Engine()
 
-    def enqueue(prompts, params, use_tqdm):  # vLLM's ids: "<request id>-<8 random characters>"
+    def queued(prompts, params, use_tqdm):
+        enqueue(prompts)
         llm_engine.held += len(prompts)
         return [f"r{llm_engine.held - len(prompts) + i}-abcdefgh" for i in range(len(prompts))]
 
-    engine.llm = SimpleNamespace(llm_engine=llm_engine, enqueue=enqueue)
+    engine = object.__new__(VllmEngine)
+    engine.llm = SimpleNamespace(llm_engine=llm_engine, enqueue=queued)
     engine.exit_on_error, engine._closing, engine._inbox, engine.steps, engine.batch_sum = False, False, Inbox(), 0, 0
+    return engine
+
+
+def _callers_and_engine_thread(engine, batches: list[list[str]]) -> list[str]:
+    """Each batch of request ids submitted from a thread of its own while the engine thread runs; every thread
+    ends within 30 s; what the callers raised."""
+    import threading
+
+    from actors.engine import GenRequest
+    from actors.vllm_inbox import Batch
+
     raised = []
 
     def caller(ids: list) -> None:
@@ -253,14 +262,28 @@ def test_an_engine_told_not_to_exit_fails_the_waiting_calls_and_every_later_one_
         except RuntimeError as e:
             raised.append(str(e))
 
-    callers = [threading.Thread(target=caller, args=(ids,), daemon=True) for ids in (["r0", "r1"], ["r2"])]
-    for thread in callers:
+    threads = [threading.Thread(target=caller, args=(ids,), daemon=True) for ids in batches]
+    threads.append(threading.Thread(target=engine._run, daemon=True))
+    for thread in threads:
         thread.start()
-    engine_thread = threading.Thread(target=engine._run, daemon=True)
-    engine_thread.start()
-    for thread in [*callers, engine_thread]:
+    for thread in threads:
         thread.join(timeout=30)
         assert not thread.is_alive()
+    return raised
+
+
+def test_an_engine_told_not_to_exit_fails_the_waiting_calls_and_every_later_one_with_its_error():
+    """`exit_on_error=False` (an engine in a process that must go on: the GPU tests' own): where vLLM's step
+    raises, the callers waiting on their batches get the engine's error, as does a call made afterwards, a sleep
+    included; nothing waits forever and the process lives."""
+    from actors.engine import GenRequest
+    from actors.vllm_inbox import Batch
+
+    def step():
+        raise ValueError("MessagePack data is malformed")
+
+    engine = _engine_thread_over(lambda prompts: None, step)
+    raised = _callers_and_engine_thread(engine, [["r0", "r1"], ["r2"]])
     assert len(raised) == 2 and all("ValueError('MessagePack data is malformed')" in r for r in raised)
     with pytest.raises(RuntimeError, match="failed earlier: ValueError"):
         engine._inbox.submit(Batch([GenRequest("r3", [4], 0)], [None]))
@@ -271,37 +294,8 @@ def test_an_engine_told_not_to_exit_fails_the_waiting_calls_and_every_later_one_
 def test_a_batch_whose_enqueue_raises_fails_with_the_engine_error_rather_than_waiting_forever():
     """`exit_on_error=False`: vLLM refusing a batch as it is handed in (its `enqueue` raises) ends the engine
     thread like a failed step does; the batch's caller gets the error, it is never left out of every list."""
-    import threading
-    from types import SimpleNamespace
-
-    from actors.engine import GenRequest
-    from actors.vllm_engine import VllmEngine
-    from actors.vllm_inbox import Batch, Inbox
-
-    class Engine:
-        vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=8))
-
-        def has_unfinished_requests(self):
-            return False
-
-    def enqueue(prompts, params, use_tqdm):
+    def enqueue(prompts):
         raise ValueError("prompt longer than max_model_len")
 
-    engine = object.__new__(VllmEngine)
-    engine.llm = SimpleNamespace(llm_engine=Engine(), enqueue=enqueue)
-    engine.exit_on_error, engine._closing, engine._inbox, engine.steps, engine.batch_sum = False, False, Inbox(), 0, 0
-    raised = []
-
-    def caller() -> None:
-        try:
-            engine._inbox.submit(Batch([GenRequest("r0", [1, 2], 0)], [None]))
-        except RuntimeError as e:
-            raised.append(str(e))
-
-    threads = [threading.Thread(target=caller, daemon=True), threading.Thread(target=engine._run, daemon=True)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-        assert not thread.is_alive()
+    raised = _callers_and_engine_thread(_engine_thread_over(enqueue, lambda: []), [["r0"]])
     assert raised and "prompt longer than max_model_len" in raised[0]

@@ -90,10 +90,11 @@ def record(settings: LmEvalSettings, manager, chat_tokenizer=None) -> list:
 
 
 # what `datasets` and huggingface_hub raise for data that is not there or not reachable offline
-_DATA_ERROR_TYPES = (("datasets.exceptions", "DatasetNotFoundError"), ("datasets.exceptions", "DataFilesNotFoundError"),
-                     ("datasets.data_files", "EmptyDatasetError"), ("huggingface_hub.errors", "OfflineModeIsEnabled"),
-                     ("huggingface_hub.errors", "LocalEntryNotFoundError"), ("huggingface_hub.errors", "HfHubHTTPError"),
-                     ("requests.exceptions", "ConnectionError"))
+_DATA_ERROR_TYPES = (("datasets.exceptions", "DatasetNotFoundError"),
+                     ("datasets.exceptions", "DataFilesNotFoundError"), ("datasets.data_files", "EmptyDatasetError"),
+                     ("huggingface_hub.errors", "OfflineModeIsEnabled"),
+                     ("huggingface_hub.errors", "LocalEntryNotFoundError"),
+                     ("huggingface_hub.errors", "HfHubHTTPError"), ("requests.exceptions", "ConnectionError"))
 
 
 def is_data_error(error: BaseException) -> bool:
