@@ -19,8 +19,8 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
 `plain_defaults`'s). The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
 Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts, filling vLLM's compile cache: the
 plain script on one GPU (where `plain`, `split` or `ray_data` run), `plain_defaults`, raysweep on one GPU (where
-`raysweep_1` runs), raysweep on N GPUs with four engines per GPU (where `raysweep`, `raysweep_two` or
-`raysweep_four` runs), and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
+`raysweep_1` runs), each of `raysweep`, `raysweep_two` and `raysweep_four` that runs with its own actors (the
+engine arguments of a whole GPU and of a shared one differ, and so do their compiled graphs), and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
 with one output per prompt; one that fails is said, the others run, and the call fails at the end. Figures go to
 OUT/n.json after each variant (a call cut short keeps those done) and to OUT/bench.parquet; each process's
 command and prints are kept beside them (`n_*.cmd`, `.stdout`, `.stderr`).
@@ -130,26 +130,27 @@ class ScaleOut:
 
     # -- the call ---------------------------------------------------------------------------------------
     def run(self, variants: list[str], warm: bool) -> None:
-        four, every = {"num_gpus": 0.25}, self._all_gpus()
+        every = self._all_gpus()
+        actors = {"raysweep": {}, "raysweep_two": {"num_gpus": 0.5}, "raysweep_four": {"num_gpus": 0.25}}
         if warm:
-            for wanted, label, go in (
-                    (("plain", "split", "ray_data"), "plain", lambda: self.plain("n_warm_plain", self.warm)),
-                    (("plain_defaults",), "plain_defaults",
-                     lambda: self.plain("n_warm_plain_defaults", self.warm, self._model_only())),
-                    (("raysweep_1",), "raysweep_1",
-                     lambda: self.raysweep("n_warm_raysweep_1", self.warm, {}, self._one_gpu())),
-                    (("raysweep", "raysweep_two", "raysweep_four"), "raysweep",
-                     lambda: self.raysweep("n_warm_raysweep", self.warm, four, every)),
-                    (("lm_eval",), "lm_eval", lambda: self.lm_eval("n_warm_lm_eval", WARM_PROMPTS))):
+            warm_ups = [(("plain", "split", "ray_data"), "plain", lambda: self.plain("n_warm_plain", self.warm)),
+                        (("plain_defaults",), "plain_defaults",
+                         lambda: self.plain("n_warm_plain_defaults", self.warm, self._model_only())),
+                        (("raysweep_1",), "raysweep_1",
+                         lambda: self.raysweep("n_warm_raysweep_1", self.warm, {}, self._one_gpu()))]
+            # each raysweep variant warms its own actors' engines: a whole GPU's engine arguments (vLLM's batch
+            # limit) differ from a shared GPU's, and so does what vLLM's compile cache holds for them
+            warm_ups += [((name,), name, lambda name=name: self.raysweep(f"n_warm_{name}", self.warm, actors[name], every))
+                         for name in actors]
+            warm_ups.append((("lm_eval",), "lm_eval", lambda: self.lm_eval("n_warm_lm_eval", WARM_PROMPTS)))
+            for wanted, label, go in warm_ups:
                 if set(wanted) & set(variants):
                     self._note(f"warm {label}", go())
         runs = {"plain": lambda: self.plain("n_plain", self.data), "split": lambda: self.split("n_split"),
                 "plain_defaults": lambda: self.plain("n_plain_defaults", self.data, self._model_only()),
-                "raysweep": lambda: self.raysweep("n_raysweep", self.data, {}, every),
                 "raysweep_1": lambda: self.raysweep("n_raysweep_1", self.data, {}, self._one_gpu()),
-                "raysweep_two": lambda: self.raysweep("n_raysweep_two", self.data, {"num_gpus": 0.5}, every),
-                "raysweep_four": lambda: self.raysweep("n_raysweep_four", self.data, four, every),
-                "lm_eval": lambda: self.lm_eval("n_lm_eval", None), "ray_data": lambda: self.ray_data("n_ray_data")}
+                "lm_eval": lambda: self.lm_eval("n_lm_eval", None), "ray_data": lambda: self.ray_data("n_ray_data"),
+                **{name: lambda name=name: self.raysweep(f"n_{name}", self.data, actors[name], every) for name in actors}}
         for variant in variants:
             try:
                 self.figures["walls"][variant] = self._note(variant, runs[variant]())

@@ -100,11 +100,14 @@ def test_sweep_two_actors_one_gpu_long_and_short_shards(ray_local, tiny_path, tm
     assert set(actors["profile"]) == {"short", "long"}
 
 
-def _engine_host_processes() -> set[int]:
-    """Live processes running actors/engine_host.py (engine hosts and the engine processes forked from them)
-    or named by vLLM (`VLLM::EngineCore`: vLLM renames its engine core's process)."""
+def _engine_host_processes(run: str) -> set[int]:
+    """Live processes of the command whose environment holds RAYSWEEP_TEST_RUN=`run` (the environment goes down
+    to every process it starts) running actors/engine_host.py (engine hosts and the engine processes forked from
+    them) or named by vLLM (`VLLM::EngineCore`: vLLM renames its engine core's process). Other GPU tests running
+    beside this one on the same machine have engine cores of their own: they are not this command's."""
     import os
 
+    mark = f"RAYSWEEP_TEST_RUN={run}".encode()
     found = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -112,9 +115,11 @@ def _engine_host_processes() -> set[int]:
                 command = f.read().replace(b"\0", b" ")
             with open(f"/proc/{pid}/stat") as f:
                 state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                ours = mark in f.read().split(b"\0")
         except OSError:
             continue
-        if (b"-m actors.engine_host" in command or command.startswith(b"VLLM::")) and state != "Z":
+        if ours and (b"-m actors.engine_host" in command or command.startswith(b"VLLM::")) and state != "Z":
             found.add(int(pid))
     return found
 
@@ -129,14 +134,16 @@ def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host
     import subprocess
     import sys
     import time
+    import uuid
 
     import pyarrow.parquet as pq
 
     mixed_spec(tmp_path / "host.yaml", "gpu-host", rows=24, seed=1)
-    before = _engine_host_processes()
+    run = uuid.uuid4().hex
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "jobs.sweep", str(tmp_path / "host.yaml"), "--output", str(out)],
-                          cwd=ROOT, env=os.environ | {"RAY_ADDRESS": "local"}, capture_output=True, text=True, timeout=500)
+                          cwd=ROOT, env=os.environ | {"RAY_ADDRESS": "local", "RAYSWEEP_TEST_RUN": run},
+                          capture_output=True, text=True, timeout=500)
     print(done.stdout[-3000:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
@@ -151,9 +158,9 @@ def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host
     shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pandas()
     assert shards["cuda_graphs"].all() and (shards["engine_batch_mean"] >= 1).all()
     deadline = time.monotonic() + 20  # an engine process goes once it sees its actor's connection end
-    while _engine_host_processes() - before and time.monotonic() < deadline:
+    while _engine_host_processes(run) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _engine_host_processes() - before == set(), "an engine host, engine process or engine core outlived the command"
+    assert _engine_host_processes(run) == set(), "an engine host, engine process or engine core outlived the command"
 
 
 @pytest.fixture(scope="module")
