@@ -24,19 +24,31 @@ import signal
 import socket
 import sys
 import threading
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 
-from cluster.contracts.engine_host import CALL, READY, RUN_ROWS, START
+from cluster.contracts.engine_host import CALL, EARLY, READY, RUN_ROWS, START
 
 CALLS = ("sleep", "wake_up", "close", "batch_counters")
 
 
 def serve(client: socket.socket) -> None:
+    """A connection the host took: an actor's (its engines run here until it goes) or the driver's asking for an
+    early engine (built here now, for the actor that takes it)."""
     conn = Connection(client.detach())
     os.setsid()
-    guard_group(conn.fileno())
+    held = guard_group(conn.fileno())
     hello = conn.recv()
+    if EARLY in hello:
+        _serve_early(conn, hello, held)
+        return
+    _take_actor(conn, hello)
+    Engines(conn).serve()
+
+
+def _take_actor(conn: Connection, hello: dict) -> None:
+    """The actor's stdout and stderr (sent after its hello), its environment and folder; then READY."""
     fds = [recv_handle(conn), recv_handle(conn)]
     sys.stdout.flush()
     sys.stderr.flush()
@@ -51,13 +63,57 @@ def serve(client: socket.socket) -> None:
     except OSError:
         pass
     conn.send((READY, os.getpid()))
-    Engines(conn).serve()
 
 
-def guard_group(conn_fd: int) -> None:
+def _serve_early(driver: Connection, hello: dict, held: list[int]) -> None:
+    """An early engine (cluster/contracts/engine_host.py): built now, under the driver's environment with the key's
+    GPUs; the first actor that connects at its path takes it, and from then on this is that actor's engine
+    process. Until then it ends when the driver's connection does (the driver let go of it, or is gone)."""
+    from actors.engine_factory import engine_cpu_threads
+
+    _take_environment(hello["env"])
+    num_cpus, num_gpus, node_gpus = hello["threads"]
+    if num_gpus and engine_cpu_threads(num_cpus, num_gpus, node_gpus) and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    try:
+        os.chdir(hello["cwd"])
+    except OSError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(hello["path"])
+    listener.listen(1)
+    held.append(listener.fileno())  # vLLM's engine core, forked while the engine builds, does not keep it
+    engines = Engines(None)
+    engines.build_early(hello["start"])
+    taken = threading.Event()
+    threading.Thread(target=_end_with_driver, args=(driver, taken), daemon=True, name="raysweep-early-driver").start()
+    client, _ = listener.accept()
+    taken.set()
+    # no second actor comes here (one that comes later is forked a process of its own by the host); the listener
+    # stays open, unreachable, so the number the forks let go of stays its own
+    os.unlink(hello["path"])
+    conn = Connection(client.detach())
+    held.append(conn.fileno())
+    _take_actor(conn, conn.recv())
+    engines.conn = conn
+    engines.serve()
+
+
+def _end_with_driver(driver: Connection, taken: threading.Event) -> None:
+    """The driver's connection read to its end: this process ends with it where no actor took the engine."""
+    try:
+        while True:
+            driver.recv()
+    except BaseException:  # noqa: BLE001  (its end: let go of, or gone)
+        if not taken.is_set():
+            end()
+
+
+def guard_group(conn_fd: int) -> list[int]:
     """In a new process group's leader: a watchdog process that kills the group once this process is gone,
-    however it went; and every process forked from this one from now on lets go of `conn_fd` (the actor's
-    connection) and of the watchdog's pipe, so neither outlives this process in a child (vLLM's engine core)."""
+    however it went; and every process forked from this one from now on lets go of `conn_fd` (the connection
+    it was forked for) and of the watchdog's pipe, so neither outlives this process in a child (vLLM's engine
+    core). Returns the list of those descriptors: one added to it later (kept open) is let go of too."""
     read_end, write_end = os.pipe()
     if os.fork() == 0:  # the watchdog: holds only the pipe's read end
         os.close(write_end)
@@ -67,14 +123,16 @@ def guard_group(conn_fd: int) -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
         os._exit(0)
     os.close(read_end)
+    held = [conn_fd, write_end]
 
     def let_go() -> None:
         devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (conn_fd, write_end):
+        for fd in held:
             os.dup2(devnull, fd)  # the number stays valid (objects that own it close it harmlessly)
         os.close(devnull)
 
     os.register_at_fork(after_in_child=let_go)
+    return held
 
 
 def _take_environment(env: dict) -> None:
@@ -88,13 +146,33 @@ def _take_environment(env: dict) -> None:
 
 
 class Engines:
-    """The engines of one actor, by id, each with the tokenizer its shards' prompts are encoded with."""
+    """The engines of one actor, by id, each with the tokenizer its shards' prompts are encoded with; and an
+    early engine's build, which its actor's first start takes where it asks for the same engine."""
 
-    def __init__(self, conn: Connection):
+    def __init__(self, conn: Connection | None):
         self.conn = conn
         self.engines: dict[int, tuple] = {}
         self.ids = itertools.count()
         self.sending = threading.Lock()
+        self.early: tuple[dict, Future] | None = None  # (start_engine's arguments, the engine once built)
+
+    def build_early(self, start: dict) -> None:
+        """Start building the engine of `start` (start_engine's arguments but the profile: the first start's, the
+        default one) on a thread of its own."""
+        from actors.engine import EngineProfile
+        from actors.local_engine import InProcess
+
+        kwargs = {**start, "profile": EngineProfile()}
+        built: Future = Future()
+
+        def build() -> None:
+            try:
+                built.set_result(InProcess().start_engine(**kwargs))
+            except BaseException as e:  # noqa: BLE001  (the actor's start raises it as its own)
+                built.set_exception(e)
+
+        self.early = (kwargs, built)
+        threading.Thread(target=build, daemon=True, name="raysweep-early-engine").start()
 
     def serve(self) -> None:
         while True:
@@ -143,11 +221,30 @@ class Engines:
     def _start(self, kwargs: dict) -> dict:
         from actors.local_engine import InProcess
 
-        engine = InProcess().start_engine(**kwargs)
+        early, self.early = self.early, None
+        engine = _taken(early, kwargs)
+        where = "early" if engine is not None else "host"
+        if engine is None:
+            engine = InProcess().start_engine(**kwargs)
         engine_id = next(self.ids)
         self.engines[engine_id] = engine
         return {"id": engine_id, "kind": engine.kind, "profile": engine.profile, "startup": engine.startup(),
-                "counters": hasattr(engine, "batch_counters")}
+                "counters": hasattr(engine, "batch_counters"), "where": where}
+
+
+def _taken(early: tuple[dict, Future] | None, kwargs: dict):
+    """The early engine where it is the one asked for (waited for while it builds; its build's error raised as
+    this start's), else None: one built for other arguments is closed first, so its GPU memory is free."""
+    if early is None:
+        return None
+    wanted, built = early
+    if wanted == kwargs:
+        return built.result()
+    try:
+        built.result().close()
+    except BaseException:  # noqa: BLE001  (an engine that failed to build holds nothing)
+        pass
+    return None
 
 
 def _portable(e: BaseException) -> BaseException:

@@ -26,7 +26,7 @@ from actors.engine_factory import BATCH_INVARIANT, engine_cpu_threads, reproduci
 from actors.hosted_engine import connect
 from actors.local_engine import InProcess
 from actors.telemetry import GpuSampler, gpu_name
-from cluster.contracts.engine_host import EngineHostAddress
+from cluster.contracts.engine_host import EngineHostAddress, engine_key
 from cluster.contracts.shard import LONG, NOT_RUN, Shard
 from cluster.contracts.results_schema import actor_table
 from cluster.contracts.spec import ModelSpec, TaskSpec
@@ -60,7 +60,7 @@ class EvalActor:
         # there is one on this machine (a local run's); else here, with the imports every engine start would
         # otherwise pay done now, once. Reproducible runs keep their engines here: vLLM's batch-invariant
         # setting is this process's, set above
-        self.engines = (None if reproducible else connect(engine_host)) or InProcess(backends)
+        self.engines = (None if reproducible else connect(engine_host, engine_key(self.gpu_ids))) or InProcess(backends)
         self.gpu_name = gpu_name()
         self.refusal = reproducible_refusal(backends) if reproducible else None  # the driver stops on it
         self.gpu = GpuSampler().start()  # one sampler for the actor's life; shards read their own windows
@@ -174,7 +174,7 @@ class EvalActor:
                 "requested_at": utc(requested_at), "ready_at": utc(ready_at),
                 "process_started_at": None, "process_s": None, "imports_s": None, "waiting_s": None, **first,
                 "startup_s": since(requested_at, ready_at), "first_token_s": None,  # filled by the driver
-                "engine_process": self.engines.where, **self.engine.startup()}
+                "engine_process": self.engine.where, **self.engine.startup()}
 
     def _run(self, engine, shard: Shard, task: TaskSpec, attempt: int) -> tuple[pa.Table, dict]:
         started_at, started, t0 = datetime.now(timezone.utc), time.perf_counter(), time.time()

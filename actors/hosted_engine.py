@@ -19,7 +19,7 @@ from multiprocessing.connection import Client, Connection
 from multiprocessing.reduction import send_handle
 
 from actors.engine import EngineProfile
-from cluster.contracts.engine_host import CALL, READY, RUN_ROWS, START, EngineHostAddress
+from cluster.contracts.engine_host import CALL, READY, RUN_ROWS, START, EngineHostAddress, early_path
 
 HOST_WAIT_S = 600.0  # the host's imports (vLLM: 10-25 s measured; a cold disk and no bytecode: more) at most
 
@@ -52,7 +52,7 @@ class EngineProcess:
     def start_engine(self, **kwargs) -> "HostedEngine":
         started = self.call(START, kwargs)
         return HostedEngine(self, started["id"], started["kind"], started["profile"], started["startup"],
-                            started["counters"])
+                            started["counters"], started["where"])
 
     def close(self, engines: list | None = None) -> None:
         """Let go of the engines: not shut down one by one, the engine process goes (with anything it still runs)
@@ -82,11 +82,14 @@ class EngineProcess:
 
 
 class HostedEngine:
-    """One engine in the engine process (actors/engine.py's interface, as the actor uses it)."""
+    """One engine in the engine process (actors/engine.py's interface, as the actor uses it). `where`: "host", or
+    "early" for the early engine the driver asked for (cluster/contracts/engine_host.py), built before this actor
+    asked."""
 
     def __init__(self, process: EngineProcess, engine_id: int, kind: str, profile: EngineProfile, startup: dict,
-                 counters: bool):
+                 counters: bool, where: str = "host"):
         self.process, self.engine_id, self.kind, self.profile = process, engine_id, kind, profile
+        self.where = where
         self._startup = startup  # fixed once the engine is up: read with its start, not once per shard
         if counters:
             self.batch_counters = lambda: self._call("batch_counters")
@@ -110,25 +113,36 @@ class HostedEngine:
         return self.process.call(CALL, (self.engine_id, method))
 
 
-def connect(address: EngineHostAddress | None) -> EngineProcess | None:
-    """An engine process for this actor, forked from the host at `address`; None where there is no host
-    on this machine (an actor on another node) or it cannot fork one (its imports failed: it is gone).
+def connect(address: EngineHostAddress | None, key: str | None = None) -> EngineProcess | None:
+    """An engine process for this actor: the early engine's of its `key` (cluster/contracts/engine_host.py
+    engine_key) where the driver asked for one, else one forked from the host at `address`; None where there is no
+    host on this machine (an actor on another node) or it cannot fork one (its imports failed: it is gone).
     Waits while the host still imports."""
     if address is None or not os.path.exists(address.path):
         return None
+    early = early_path(address, key) if key else None
+    if early and os.path.exists(early):
+        try:  # another actor of the same key may have taken it (and it is gone from there) meanwhile
+            return _hello(Client(early, "AF_UNIX"), address.host_pid)
+        except (OSError, EOFError):
+            pass
     try:
-        conn = Client(address.path, "AF_UNIX")
-        conn.send({"env": dict(os.environ), "cwd": os.getcwd(), "pid": os.getpid()})
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd in (1, 2):
-            send_handle(conn, fd, address.host_pid)
-        _await_answer(conn, address.host_pid)
-        kind, pid = conn.recv()
+        return _hello(Client(address.path, "AF_UNIX"), address.host_pid)
     except (OSError, EOFError) as e:
         print(f"[raysweep] the run's engine host did not answer ({type(e).__name__}: {e}); this actor runs its "
               "engines itself", file=sys.stderr, flush=True)
         return None
+
+
+def _hello(conn: Connection, host_pid: int) -> EngineProcess | None:
+    """This actor's environment, folder, stdout and stderr sent; the engine process's answer awaited."""
+    conn.send({"env": dict(os.environ), "cwd": os.getcwd(), "pid": os.getpid()})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd in (1, 2):
+        send_handle(conn, fd, host_pid)
+    _await_answer(conn, host_pid)
+    kind, pid = conn.recv()
     if kind != READY:
         conn.close()
         return None

@@ -16,6 +16,8 @@ from actors.engine import Engine
 class LocalEngine:
     """An engine of this process and the tokenizer its shards are encoded with."""
 
+    where = "actor"  # the telemetry's engine_process: an engine of the actor's own process
+
     def __init__(self, engine: Engine, tokenizer):
         self.engine, self.tokenizer = engine, tokenizer
         self.kind, self.profile = engine.kind, engine.profile

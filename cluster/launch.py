@@ -103,12 +103,35 @@ class EngineHost:
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         self.address = EngineHostAddress(path, self.process.pid)
+        self._early: list = []  # the driver's connections of the early engines asked for
+
+    def start_early(self, engines) -> None:
+        """Ask for the early engines `engines` (cluster/plan/early_engines.py EarlyEngine), one connection each,
+        kept open for as long as an engine may wait for its actor: the host takes them once its imports are done
+        and forks each its engine process. Each built under this process's environment with the engine's own."""
+        import os
+        from multiprocessing.connection import Client
+
+        from cluster.contracts.engine_host import EARLY, early_path
+
+        for engine in engines:
+            conn = Client(self.address.path, "AF_UNIX")
+            self._early.append(conn)
+            conn.send({EARLY: engine.key, "path": early_path(self.address, engine.key), "cwd": os.getcwd(),
+                       "env": {**os.environ, **engine.env}, "start": engine.start, "threads": engine.threads})
+
+    def drop_early(self) -> None:
+        """Let go of the early engines: one no actor took ends, with its engine's processes."""
+        early, self._early = self._early, []
+        for conn in early:
+            conn.close()
 
     def stop(self) -> None:
         import os
         import shutil
         import sys
 
+        self.drop_early()
         ended = self.process.poll()
         if ended is None:
             self.process.kill()

@@ -92,6 +92,8 @@ class SweepRun:
         self._ray_started = False
         self._reaper = None  # a local Ray's reaper (jobs/ray_reaper.py), released once this run stopped its Ray
         self._host_decided = False
+        self._early = None  # the early engines asked of the engine host (cluster/plan/early_engines.py EarlyPlan)
+        self._early_asked = False  # by the run's first sweep only: a later one finds engines kept or gone
         self._held = contextlib.ExitStack()  # what the run holds, released by close, the last taken first
 
     def _step(self, to: Phase) -> None:
@@ -183,6 +185,29 @@ class SweepRun:
         if self._ray_starting is None and not self._ray_started:
             check_ray_address(self.address, self.named)
 
+    def _ask_early(self, spec) -> None:
+        """The early engines of the run's first sweep asked of the engine host, where the actors' first engines are
+        known before Ray is up (cluster/plan/early_engines.py), and the model is on disk (a builtin model not built
+        yet is built by the planner: none then)."""
+        if self._early_asked or self.host is None:
+            return
+        self._early_asked = True
+        from cluster.inputs.builtin_model import built_path
+        from cluster.plan.early_engines import local_gpus, plan_early
+        from cluster.plan.engines_per_gpu import model_weights
+
+        path = built_path(spec.model_path(spec.models[0])) if len(spec.models) == 1 else None
+        plan = path and plan_early(spec, path, local_gpus(), model_weights(spec)[spec.models[0].name])
+        if plan:
+            self.host.start_early(plan.engines)
+            self._early = plan
+
+    def _fleet_sized(self, size, lent) -> None:
+        """The fleet sized once Ray was up: the early engines let go of where its actors are not those planned."""
+        plan, self._early = self._early, None
+        if plan is not None and self.host is not None and not plan.holds(size, lent):
+            self.host.drop_early()
+
     def open(self, output: str) -> None:
         """The output opened and the plan made ready: the expensive part (models, tokenizers, tokens, shards) runs
         on the planner's thread from the checked data while the actors start (cluster/schedule/run.py)."""
@@ -190,6 +215,7 @@ class SweepRun:
 
         self._step(Phase.OPENED)
         self.sweep.prepared = prepare(self.sweep.spec, self.sweep.data, output, self.args.new_run, background=True)
+        self._ask_early(self.sweep.spec)
 
     @property
     def sink(self):
@@ -252,7 +278,8 @@ class SweepRun:
         with head_watched(say_stopped):
             report = execute(self.sweep.prepared, log=self.log, max_attempts=self.args.max_attempts,
                              clock=self._sweep_clock(), kept=self.kept,
-                             engine_host=self.host.address if self.host is not None else None)
+                             engine_host=self.host.address if self.host is not None else None,
+                             fleet_sized=self._fleet_sized)
             node = ray.util.get_node_ip_address() if "://" not in report.output and len(ray.nodes()) > 1 else None
         return report, node
 

@@ -6,10 +6,18 @@ Why a host: a sweep's actors exist only once Ray has started (4-6 s on a GPU mac
 imported vLLM itself (15-20 s) before its engine could start. A plain script imports vLLM at once. The host
 is a process of the driver's, started before Ray, that imports the engines' libraries while Ray starts;
 each actor on the driver's machine then gets an engine process forked from it, imported already.
+
+Early engines: where the driver knows before Ray is up which engine each actor will start first (cluster/plan/
+early_engines.py), it asks the host for them at once, one per actor, each under the GPUs that actor will be given
+(its key); each is built in an engine process forked for it that listens at `early_path(address, key)`. An actor
+whose key has one takes it (its first `start_engine` with the same arguments gets that engine, as soon as it is
+built); the driver lets go of one no actor will take, and it ends. The engines' construction then overlaps Ray's
+start and the actors' own, instead of following them.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 HOST_MODULE = "actors.engine_host"  # run as `python -m actors.engine_host SOCKET_FD BACKENDS DRIVER_PID`
@@ -29,8 +37,25 @@ class EngineHostAddress:
 
 # An actor's first message: {"env": its environment, "cwd": its folder, "pid": its process}, then its
 # stdout and stderr as file descriptors; the engine process answers READY with its pid once it exists.
+# The driver's message for an early engine: {EARLY: its key, "env": the environment it is built under, "cwd",
+# "start": the `start_engine` keyword arguments its actor will send, "threads": (num_cpus, num_gpus, node_gpus)
+# for the engine's CPU threads}; nothing is answered, and the engine process ends when the driver's connection
+# does, unless an actor took it by then.
+EARLY = "early"
+CPU_KEY = "cpu"  # the key of an actor without GPUs
 READY = "ready"
 # Calls, each (call id, op, args); each answer (call id, ok, value or exception).
 START = "start"  # args: make_engine's keyword arguments -> {"id", "kind", "profile", "startup", "counters"}
 RUN_ROWS = "run_rows"  # args: (engine id, rows, task, add_special_tokens) -> ShardOutcome
 CALL = "call"  # args: (engine id, method name: sleep | wake_up | close | batch_counters) -> its value
+
+
+def engine_key(gpu_ids) -> str:
+    """An actor's key for early engines: the GPUs it was given (Ray's ids, as CUDA_VISIBLE_DEVICES names them), or
+    CPU_KEY."""
+    return ",".join(gpu_ids) if gpu_ids else CPU_KEY
+
+
+def early_path(address: EngineHostAddress, key: str) -> str:
+    """Where the early engine of `key` listens, beside the host's socket, until its actor takes it."""
+    return os.path.join(os.path.dirname(address.path), f"early-{key.replace(',', '-')}.sock")

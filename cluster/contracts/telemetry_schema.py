@@ -108,7 +108,8 @@ ACTORS: tuple[Column, ...] = (
     _c("engine_core", pa.string(), "engine", S,
        "vLLM: how its engine core runs (forkserver | forked | spawned | in-process)"),
     _c("engine_process", pa.string(), "actor", S,
-       "where the engine runs: actor (the actor's process) | host (a process forked from the run's engine host)"),
+       "where the engine runs: actor (the actor's process) | host (a process forked from the run's engine host) | "
+       "early (there, built before its actor asked)"),
 )
 
 G = "per NVML sample"

@@ -55,14 +55,26 @@ def resolve_model_path(path: str) -> str:
     """A local directory or hub id as given; `builtin:NAME` built (once) into the cache."""
     if not is_builtin(path):
         return path
-    name = path[len(BUILTIN_PREFIX):]
-    if name not in CONFIGS:
-        raise ValueError(f"{path}: unknown builtin model; known: {', '.join(BUILTIN_PREFIX + n for n in CONFIGS)}")
-    target = cache_root() / f"builtin-{name}-{VERSION}"
+    name, target = _builtin_target(path)
     if not (target / "model.safetensors").exists():
         say_building(path, target)
         build(name, target)
     return str(target)
+
+
+def built_path(path: str) -> str | None:
+    """What resolve_model_path gives where it has nothing to build; None for a builtin model not built yet."""
+    if not is_builtin(path):
+        return path
+    _, target = _builtin_target(path)
+    return str(target) if (target / "model.safetensors").exists() else None
+
+
+def _builtin_target(path: str) -> tuple[str, Path]:
+    name = path[len(BUILTIN_PREFIX):]
+    if name not in CONFIGS:
+        raise ValueError(f"{path}: unknown builtin model; known: {', '.join(BUILTIN_PREFIX + n for n in CONFIGS)}")
+    return name, cache_root() / f"builtin-{name}-{VERSION}"
 
 
 def say_building(path: str, target: Path) -> None:

@@ -90,12 +90,14 @@ def prepare(spec: SweepSpec, data: list, output: str | None = None, new_run: boo
 
 def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts: int = 3,
             progress_bar: bool | None = None, clock: RunClock | None = None, kept: KeptActors | None = None,
-            engine_host: EngineHostAddress | None = None) -> SweepReport:
+            engine_host: EngineHostAddress | None = None,
+            fleet_sized: Callable[[FleetSize, frozenset], None] | None = None) -> SweepReport:
     """Run what is not committed yet on the connected Ray cluster; releases the output's lock.
     `progress_bar`: a bar (True), log lines (False), or a bar only when stdout is a terminal (None).
     `kept`: actors whose engines run on after the sweep, and that a later sweep of the same model runs on
     (`KeptActors`, cluster/schedule/fleet.py); the caller closes them. `engine_host`: a local run's engine host
-    (cluster/launch.py EngineHost), whose engine processes the actors on its machine use."""
+    (cluster/launch.py EngineHost), whose engine processes the actors on its machine use. `fleet_sized(size, lent)`:
+    told the fleet's size and the models lent engines, before any actor starts (the early engines' check)."""
     started = time.perf_counter()
     clock = clock or RunClock(time.time())
     prepared.plans.start()  # a background plan starts now, with Ray up
@@ -104,7 +106,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
 
         score_ahead()  # lm-eval's scoring pass prepared while the shards run
     with prepared.sink as sink:
-        run = _Run(prepared, sink, log, progress_bar, clock, kept, engine_host)
+        run = _Run(prepared, sink, log, progress_bar, clock, kept, engine_host, fleet_sized)
         try:
             run.schedule(max_attempts)
         finally:  # what was measured before a failure is kept
@@ -150,9 +152,10 @@ class _Run:
     (`PlanFeed`), its events into the sink (commit.py) and progress (progress.py)."""
 
     def __init__(self, prepared: Prepared, sink: ResultSink, log, progress_bar, clock: RunClock,
-                 kept: KeptActors | None = None, engine_host: EngineHostAddress | None = None):
+                 kept: KeptActors | None = None, engine_host: EngineHostAddress | None = None,
+                 fleet_sized: Callable[[FleetSize, frozenset], None] | None = None):
         self.prepared, self.sink, self.log, self.clock = prepared, sink, log, clock
-        self.kept, self.engine_host = kept, engine_host
+        self.kept, self.engine_host, self.fleet_sized = kept, engine_host, fleet_sized
         self.report = SweepReport(output=prepared.output, summary=pa.table({}))
         self.progress = make_progress(0, log, progress_bar)  # the total grows as tasks are planned
         self.metrics = SweepMetrics(prepared.spec.name)
@@ -174,6 +177,8 @@ class _Run:
         for work in size.work():
             scheduler.add_model(work)
         lending = lend(size.spec, engine_sources(self.kept), scheduler.fleet, self.progress.log)
+        if self.fleet_sized is not None:
+            self.fleet_sized(size, lending.models)
         self.status.recorder = lending.recorder
         feed = PlanFeed(prepared.plans, scheduler, self.sink, self.commits, self.progress, self.report, self.clock,
                         self.log)

@@ -1,0 +1,93 @@
+"""The engines a local run asks its engine host for before Ray is up (cluster/contracts/engine_host.py, "Early
+engines"): one per actor, each the engine that actor will start first, built while Ray and the actors start.
+
+On an H200 with a model of Llama-3-8B's shape, an actor was asked for once Ray was up (19 s after the command
+started) and its engine was built 27 s after that; the plain script had its engine at about the same time
+(bench/records/4xh200-suite-8b.md). An engine built early is ready once the host's imports and its own construction
+are done, whatever Ray does meanwhile.
+
+Only where the first engine of every actor is known without Ray, so that no early engine is built for nothing:
+- one model, whose engine spans one GPU, not reproducible (its actors keep their engines: cluster/launch.py);
+- on GPUs: each actor a whole GPU (the spec's `num_gpus: 1`, or left out for a model over SMALL_WEIGHTS_BYTES,
+  where the rule gives one engine per GPU whatever the GPU: cluster/plan/engines_per_gpu.py), as many actors as
+  this machine's GPUs; each actor's key is its GPU (Ray gives a local run's actors the GPUs this process sees);
+- without GPUs: one actor (the default), keyed CPU_KEY.
+Its first engine is the model's, of the default (short) profile, with the actor's CPU threads and share of a GPU, as
+actors/evaluator.py starts it. Once Ray is up and the fleet is sized, `EarlyPlan.holds` says whether the actors are
+those planned; where not, the driver lets go of the early engines before any actor starts.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+
+from cluster.contracts.engine_host import CPU_KEY
+from cluster.contracts.spec import SweepSpec
+from cluster.plan.engines_per_gpu import SMALL_WEIGHTS_BYTES
+
+
+@dataclass(frozen=True)
+class EarlyEngine:
+    key: str  # the GPUs of the actor that takes it (cluster/contracts/engine_host.py engine_key)
+    env: dict[str, str]  # what its environment adds to the driver's: the key's GPUs
+    start: dict  # the actor's `start_engine` keyword arguments, but the profile (the default one)
+    threads: tuple[float, float, int]  # (num_cpus, num_gpus, the machine's GPUs): its engine's CPU threads
+
+
+@dataclass(frozen=True)
+class EarlyPlan:
+    model: str
+    count: int  # actors
+    num_gpus: float  # each actor's GPUs (0: a CPU actor)
+    num_cpus: float
+    engines: tuple[EarlyEngine, ...]
+
+    def holds(self, size, lent) -> bool:
+        """Whether the fleet sized once Ray was up (cluster/schedule/fleet_size.py FleetSize) is the one planned,
+        its model not lent engines of a pool or an earlier sweep (`lent`: their names)."""
+        shape = size.shapes.get(self.model)
+        return (self.model not in lent and shape is not None and size.spec.actors.count == self.count
+                and shape.num_gpus == self.num_gpus and shape.num_cpus == self.num_cpus)
+
+
+def plan_early(spec: SweepSpec, model_path: str, gpus: list[str], weight_bytes: int | None) -> EarlyPlan | None:
+    """The early engines of `spec` on a machine of `gpus` (local_gpus()), its one model at `model_path` (resolved)
+    with weights of `weight_bytes` (None: unknown); None where the actors' first engines are not known yet."""
+    if spec.reproducible or len(spec.models) != 1 or spec.models[0].gpus_per_engine != 1:
+        return None
+    model, actors = spec.models[0], spec.actors
+    if gpus:
+        whole = actors.num_gpus == 1 or (actors.num_gpus is None and (weight_bytes or 0) > SMALL_WEIGHTS_BYTES)
+        if not whole or actors.count not in (None, len(gpus)):
+            return None
+        keys, num_gpus = [(gpu, {"CUDA_VISIBLE_DEVICES": gpu}) for gpu in gpus], 1.0
+    else:
+        if actors.count not in (None, 1) or actors.accelerator_type is not None:
+            return None
+        keys, num_gpus = [(CPU_KEY, {})], 0.0
+    start = {"model": model, "model_path": model_path, "num_threads": max(1, int(actors.num_cpus)),
+             "gpu_fraction": num_gpus or 1.0, "sleep_mode": False, "reproducible": False}
+    engines = tuple(EarlyEngine(key, env, start, (actors.num_cpus, num_gpus, len(gpus))) for key, env in keys)
+    return EarlyPlan(model.name, len(engines), num_gpus, actors.num_cpus, engines)
+
+
+def local_gpus() -> list[str]:
+    """The GPUs a local Ray started from this process gives its actors, as their CUDA_VISIBLE_DEVICES names them:
+    those of this process's CUDA_VISIBLE_DEVICES where it is set, else one per NVIDIA device NVML counts (or, without
+    NVML, one per /dev/nvidiaN). CUDA itself is not started."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001  (no NVML library or driver: the device files say)
+        count = len([p for p in glob.glob("/dev/nvidia[0-9]*") if p[len("/dev/nvidia"):].isdigit()])
+    return [str(i) for i in range(count)]

@@ -1,0 +1,228 @@
+"""Early engines (cluster/plan/early_engines.py, cluster/contracts/engine_host.py): which a local run asks its
+engine host for before Ray is up, and what the host makes of them — the engine is built before any actor asks, the
+actor of its key that asks for the same engine gets that one, an actor that asks for another gets that other, and
+one no actor takes ends once the driver lets go of it. The host's part needs no Ray: "actors" here are plain
+processes that do what EvalActor does with the host."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cluster.contracts.engine_host import CPU_KEY, early_path, engine_key
+from cluster.contracts.spec import ActorSpec, ModelSpec, SweepSpec, TaskSpec
+from cluster.plan.early_engines import EarlyEngine, local_gpus, plan_early
+from cluster.plan.engines_per_gpu import SMALL_WEIGHTS_BYTES
+from tests.conftest import ROOT
+
+LARGE = SMALL_WEIGHTS_BYTES * 6
+
+
+def _spec(models=None, reproducible: bool = False, **actors) -> SweepSpec:
+    return SweepSpec(name="e", models=models or [ModelSpec("m", "/models/m")],
+                     tasks=[TaskSpec("t", "d.jsonl", prompt="{q}")], output="/out", actors=ActorSpec(**actors),
+                     reproducible=reproducible)
+
+
+def test_an_8b_model_on_four_gpus_gets_one_early_engine_per_gpu_as_its_actors_will_start_it():
+    plan = plan_early(_spec(), "/models/m", ["0", "1", "2", "3"], LARGE)
+    assert (plan.model, plan.count, plan.num_gpus, plan.num_cpus) == ("m", 4, 1.0, 1.0)
+    assert [e.key for e in plan.engines] == ["0", "1", "2", "3"]
+    assert [e.env for e in plan.engines] == [{"CUDA_VISIBLE_DEVICES": g} for g in "0123"]
+    # actors/evaluator.py _start_engine's arguments, but the profile (the host adds the default one)
+    assert plan.engines[0].start == {"model": ModelSpec("m", "/models/m"), "model_path": "/models/m", "num_threads": 1,
+                                     "gpu_fraction": 1.0, "sleep_mode": False, "reproducible": False}
+    assert plan.engines[0].threads == (1.0, 1.0, 4)
+    assert [e.key for e in plan_early(_spec(), "/models/m", ["2", "3"], LARGE).engines] == ["2", "3"]
+
+
+@pytest.mark.parametrize("spec, gpus, weights", [
+    (_spec(), ["0", "1"], SMALL_WEIGHTS_BYTES),  # a small model: the GPU's memory decides, once Ray says the GPU
+    (_spec(), ["0", "1"], None),  # a size not known
+    (_spec(num_gpus=0.5), ["0", "1"], LARGE),  # a shared GPU
+    (_spec(count=1), ["0", "1"], LARGE),  # fewer actors than GPUs: which GPU Ray gives is not known
+    (_spec([ModelSpec("a", "/a"), ModelSpec("b", "/b")]), ["0"], LARGE),  # which model an actor starts first
+    (_spec([ModelSpec("m", "/m", engine={"tensor_parallel_size": 2})]), ["0", "1"], LARGE),  # one engine, two GPUs
+    (_spec(count=2), [], None),  # two CPU actors
+])
+def test_no_early_engine_where_an_actors_first_engine_is_not_known_before_ray(spec, gpus, weights):
+    assert plan_early(spec, "/models/m", gpus, weights) is None
+
+
+def test_whole_gpus_as_the_spec_asks_them_and_one_cpu_actor_get_early_engines():
+    assert plan_early(_spec(num_gpus=1, count=2), "/m", ["0", "1"], SMALL_WEIGHTS_BYTES).count == 2
+    cpu = plan_early(_spec(num_cpus=2), "/m", [], None)
+    assert [(e.key, e.env, e.threads) for e in cpu.engines] == [(CPU_KEY, {}, (2.0, 0.0, 0))]
+    assert cpu.engines[0].start["num_threads"] == 2 and (cpu.count, cpu.num_gpus) == (1, 0.0)
+    assert plan_early(_spec(reproducible=True), "/m", [], None) is None
+
+
+def test_the_early_engines_are_kept_only_for_the_fleet_they_were_planned_for():
+    """Once Ray is up the fleet is sized from what Ray says (cluster/schedule/fleet_size.py): where its actors
+    are not those planned, or a pool or an earlier sweep lends the model engines, the early ones are let go of."""
+    from cluster.plan.engines_per_gpu import EngineChoice, resolved
+    from cluster.plan.placement import ActorResources
+    from cluster.schedule.fleet_size import FleetSize
+
+    plan = plan_early(_spec(), "/models/m", ["0", "1", "2", "3"], LARGE)
+
+    def size(count: int, num_gpus: float, num_cpus: float = 1.0) -> FleetSize:
+        spec = resolved(_spec(num_cpus=num_cpus), EngineChoice(count, num_gpus, 1, "-"))
+        return FleetSize(spec, EngineChoice(count, num_gpus, 1, "-"), {"m": ActorResources(num_cpus, num_gpus, None)},
+                         {}, {})
+
+    assert plan.holds(size(4, 1.0), frozenset())
+    assert not plan.holds(size(4, 1.0), frozenset({"m"}))
+    assert not plan.holds(size(3, 1.0), frozenset())  # Ray saw another number of GPUs
+    assert not plan.holds(size(8, 0.5), frozenset())
+    assert not plan.holds(size(4, 1.0, num_cpus=2.0), frozenset())
+
+
+def test_an_actors_key_is_its_gpus_and_the_early_engine_of_a_key_listens_beside_the_host():
+    from cluster.contracts.engine_host import EngineHostAddress
+
+    assert (engine_key(["3"]), engine_key(["0", "1"]), engine_key([])) == ("3", "0,1", CPU_KEY)
+    address = EngineHostAddress("/tmp/raysweep-engine-host-1-x/host.sock", 1)
+    assert early_path(address, "0,1") == "/tmp/raysweep-engine-host-1-x/early-0-1.sock"
+
+
+def test_the_gpus_a_local_ray_would_give_are_those_cuda_visible_devices_names(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert local_gpus() == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert local_gpus() == []
+
+
+# an actor's part: connect with its key, start the CPU engine on builtin:tiny with the early engine's arguments
+# (or, with "other", two CPU threads), run a row, say where its engine was built and by which process
+ACTOR = """
+import json, sys
+from actors.hosted_engine import connect
+from actors.engine import EngineProfile
+from cluster.contracts.engine_host import EngineHostAddress
+from cluster.contracts.spec import ModelSpec, TaskSpec, SamplingSpec
+
+path, host_pid, model_path, threads, tokens = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+process = connect(EngineHostAddress(path, host_pid), "cpu")
+engine = process.start_engine(model=ModelSpec("tiny", "builtin:tiny", backend="hf"), model_path=model_path,
+                              profile=EngineProfile(), num_threads=threads, gpu_fraction=1.0, sleep_mode=False,
+                              reproducible=False)
+row = {"sample_id": "0", "prompt": "2+2=", "prompt_token_ids": None, "seed": 0, "status": "ok", "prompt_tokens": tokens}
+done = engine.run_rows([row], TaskSpec("t", "d.jsonl", prompt="{q}", sampling=SamplingSpec(max_tokens=4)), True)
+print(json.dumps({"where": engine.where, "pid": process.pid, "status": done.rows[0]["status"],
+                  "init_s": engine.startup()["engine_init_s"]}), flush=True)
+"""
+
+
+def _early(tiny_path) -> EarlyEngine:
+    start = {"model": ModelSpec("tiny", "builtin:tiny", backend="hf"), "model_path": tiny_path, "num_threads": 1,
+             "gpu_fraction": 1.0, "sleep_mode": False, "reproducible": False}
+    return EarlyEngine(CPU_KEY, {}, start, (1.0, 0.0, 0))
+
+
+def _actor(host, tiny_path, tokens: int, threads: int = 1) -> dict:
+    done = subprocess.run([sys.executable, "-c", ACTOR, host.address.path, str(host.address.host_pid), tiny_path,
+                           str(threads), str(tokens)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _listening(path: str, timeout_s: float = 120) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.fixture
+def host():
+    from cluster.launch import EngineHost
+
+    started = EngineHost(["hf"])
+    yield started
+    started.stop()
+
+
+def test_the_actor_that_asks_for_the_early_engine_gets_it_and_the_next_actor_a_process_of_its_own(host, tiny_path, hf_engine):
+    tokens = len(hf_engine.tokenizer("2+2=")["input_ids"])
+    host.start_early([_early(tiny_path)])
+    path = early_path(host.address, CPU_KEY)
+    assert _listening(path), "the early engine's process never listened"
+    first = _actor(host, tiny_path, tokens)
+    assert (first["where"], first["status"]) == ("early", "ok") and first["init_s"] > 0
+    assert not os.path.exists(path)  # taken: the next actor of the key gets a process of its own from the host
+    second = _actor(host, tiny_path, tokens)
+    assert second["where"] == "host" and second["pid"] != first["pid"]
+
+
+def test_an_actor_that_asks_for_another_engine_gets_that_one_in_the_early_engines_process(host, tiny_path, hf_engine):
+    tokens = len(hf_engine.tokenizer("2+2=")["input_ids"])
+    host.start_early([_early(tiny_path)])
+    assert _listening(early_path(host.address, CPU_KEY))
+    other = _actor(host, tiny_path, tokens, threads=2)
+    assert (other["where"], other["status"]) == ("host", "ok")
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+def test_an_early_engine_no_actor_took_ends_once_the_driver_lets_go_of_it(host, tiny_path):
+    host.start_early([_early(tiny_path)])
+    assert _listening(early_path(host.address, CPU_KEY))
+    early = _children(host.address.host_pid)  # the host forked one process: the early engine's
+    assert len(early) == 1
+    host.drop_early()
+    deadline = time.monotonic() + 30
+    while _children(host.address.host_pid) & early:
+        assert time.monotonic() < deadline, "the early engine's process outlived the driver's letting go"
+        time.sleep(0.2)
+
+
+SPEC = """\
+name: early
+models:
+  - name: tiny
+    path: builtin:tiny
+tasks:
+  - name: qa
+    data: qa.jsonl
+    id_column: id
+    prompt: "Q: {question}\\nA:"
+    sampling: {max_tokens: 4}
+"""
+
+
+@pytest.mark.slow
+def test_a_local_sweep_of_one_model_and_one_actor_runs_on_the_engine_built_before_ray_was_up(tmp_path, tiny_path):
+    """The command as a user runs it: the spec leaves `actors:` out (one CPU actor), the model is on disk; the
+    actor's first engine is the early one, every row once, and the command exits 0."""
+    import pyarrow.parquet as pq
+
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps({"id": f"r{i}", "question": f"{i}+{i}"}) + "\n"
+                                               for i in range(12)))
+    (tmp_path / "sweep.yaml").write_text(SPEC)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "jobs.sweep", str(tmp_path / "sweep.yaml"), "--output", str(out)],
+                          cwd=ROOT, env=os.environ | {"RAY_ADDRESS": "local"}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
+    assert list(actors["engine_process"]) == ["early"], actors[["actor_id", "reason", "engine_process"]]
+    results = pq.read_table(out / "results").to_pandas()
+    assert sorted(results["sample_id"]) == sorted(f"r{i}" for i in range(12))
