@@ -207,6 +207,8 @@ class SweepRun:
         plan, self._early = self._early, None
         if plan is not None and self.host is not None and not plan.holds(size, lent):
             self.host.drop_early()
+            self.log(f"[raysweep] the {len(plan.engines)} engine(s) started before Ray was up were let go of: "
+                     f"the actors are not those planned ({size.engines.reason})")
 
     def open(self, output: str) -> None:
         """The output opened and the plan made ready: the expensive part (models, tokenizers, tokens, shards) runs

@@ -105,7 +105,8 @@ from actors.engine import EngineProfile
 from cluster.contracts.engine_host import EngineHostAddress
 from cluster.contracts.spec import ModelSpec, TaskSpec, SamplingSpec
 
-path, host_pid, model_path, threads, tokens = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+path, host_pid, model_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+threads, tokens = int(sys.argv[4]), int(sys.argv[5])
 process = connect(EngineHostAddress(path, host_pid), "cpu")
 engine = process.start_engine(model=ModelSpec("tiny", "builtin:tiny", backend="hf"), model_path=model_path,
                               profile=EngineProfile(), num_threads=threads, gpu_fraction=1.0, sleep_mode=False,
@@ -154,19 +155,22 @@ def test_the_actor_that_asks_for_the_early_engine_gets_it_and_the_next_actor_a_p
     host.start_early([_early(tiny_path)])
     path = early_path(host.address, CPU_KEY)
     assert _listening(path), "the early engine's process never listened"
+    early = _children(host.address.host_pid)
     first = _actor(host, tiny_path, tokens)
-    assert (first["where"], first["status"]) == ("early", "ok") and first["init_s"] > 0
+    assert (first["where"], first["status"]) == ("early", "ok") and first["init_s"] > 0 and {first["pid"]} == early
     assert not os.path.exists(path)  # taken: the next actor of the key gets a process of its own from the host
     second = _actor(host, tiny_path, tokens)
     assert second["where"] == "host" and second["pid"] != first["pid"]
 
 
-def test_an_actor_that_asks_for_another_engine_gets_that_one_in_the_early_engines_process(host, tiny_path, hf_engine):
+def test_an_actor_that_asks_for_another_engine_gets_that_one_in_the_early_engines_process(host, tiny_path,
+                                                                                         hf_engine):
     tokens = len(hf_engine.tokenizer("2+2=")["input_ids"])
     host.start_early([_early(tiny_path)])
     assert _listening(early_path(host.address, CPU_KEY))
+    early = _children(host.address.host_pid)  # the host forked one process: the early engine's
     other = _actor(host, tiny_path, tokens, threads=2)
-    assert (other["where"], other["status"]) == ("host", "ok")
+    assert (other["where"], other["status"]) == ("host", "ok") and {other["pid"]} == early
 
 
 def _children(pid: int) -> set[int]:

@@ -163,6 +163,49 @@ def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host
     assert _engine_host_processes(run) == set(), "an engine host, engine process or engine core outlived the command"
 
 
+@pytest.mark.slow
+def test_a_local_sweep_of_whole_gpus_runs_on_engines_built_before_ray_was_up(tmp_path, tiny_path):
+    """`raysweep run` with a new local Ray, one model and `actors: {num_gpus: 1}` (one actor per visible GPU): the
+    driver asks the engine host for each actor's engine before Ray is up (cluster/plan/early_engines.py), and each
+    actor's first engine is that one, forked as outside Ray with CUDA graphs; every row once, structured outputs
+    valid, and nothing of the host or its engines left once the command exits."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    import pyarrow.parquet as pq
+
+    (tmp_path / "early.yaml").write_text(f"""
+name: gpu-early
+models:
+  - {{name: tiny, path: 'builtin:tiny', engine: {{backend: vllm}}}}
+tasks:
+{CHOICE_TASK}actors: {{num_gpus: 1}}
+""")
+    run = uuid.uuid4().hex
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "jobs.sweep", str(tmp_path / "early.yaml"), "--output", str(out)],
+                          cwd=ROOT, env=os.environ | {"RAY_ADDRESS": "local", "RAYSWEEP_TEST_RUN": run},
+                          capture_output=True, text=True, timeout=500)
+    print(done.stdout[-3000:])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
+    print(actors[["actor_id", "gpu_ids", "reason", "engine_process", "engine_core", "imports_s", "engine_init_s",
+                  "startup_s", "graph_mode"]].to_string())
+    assert len(actors) == gpu_count() and set(actors["engine_process"]) == {"early"}
+    assert set(actors["engine_core"]) == {"forked"} and (actors["graph_mode"] != "NONE").all()
+    results = pq.read_table(out / "results").to_pandas()
+    rows = [line for line in (ROOT / "sweeps" / "data" / "choice.jsonl").read_text().splitlines() if line.strip()]
+    assert results["sample_id"].is_unique and len(results) == len(rows)
+    assert (results["status"] == "ok").all() and results["structured_valid"].all()
+    deadline = time.monotonic() + 20
+    while _engine_host_processes(run) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _engine_host_processes(run) == set(), "an engine host, early engine or engine core outlived the command"
+
+
 @pytest.fixture(scope="module")
 def vllm_engine(tiny_path):
     from actors.engine import EngineProfile
