@@ -2,6 +2,7 @@
 
     python -m benchmarks.suite_8b --out DIR --fraction 0.05 [--gpus 4] [--shape large]
         [--variants lm_eval_1,raysweep_1,lm_eval_n,raysweep_n] [--checkpoints 4 --ckpt-fraction F]
+        [--tasks choice]
 
 1. The model and data (benchmarks/suite_tasks.py): a random-weight Llama of `--shape` (`large`: Llama-3-8B's
    shape) with a 32,000-token BPE vocabulary, and lm-eval 0.4.13's own task definitions for `mmlu`, `hellaswag`,
@@ -18,7 +19,8 @@
      `raysweep_ckpt` (one spec naming the K models, every GPU) against `lm_eval_ckpt` (lm-eval with
      `data_parallel_size=N`, once per checkpoint, one after another, as its users run it).
    vLLM's compile cache starts cold: the one-GPU pair each compile once, the N-GPU pair find their engine
-   arguments compiled.
+   arguments compiled. `--tasks` runs some of the suite's tasks (`choice`: the log-likelihood ones alone), each
+   variant's name then ending in `_TASKS`.
 3. Agreement between `raysweep_1` and `lm_eval_1`, from the two runs' lm-eval sample files, per task: the
    documents whose `acc` / `acc_norm` decision differs, with each one's margin (the gap between the two choices
    in lm-eval's own values); each choice's log-likelihood difference; the aggregates and stderr side by side;
@@ -85,21 +87,21 @@ def _build_model(job: tuple) -> None:
     write_model(path, seed, shape=shape, tokenizer_from=tokenizer)
 
 
-def lm_eval_argv(peer: str, model: Path, tasks: Path, dest: Path, gpus: int) -> list[str]:
+def lm_eval_argv(peer: str, model: Path, tasks: Path, dest: Path, gpus: int, names=tuple(SHOTS)) -> list[str]:
     args = f"pretrained={model},max_model_len={MAX_MODEL_LEN}" if peer == "vllm" else f"pretrained={model}"
     if gpus > 1:
         args += f",data_parallel_size={gpus}"
-    return [sys.executable, "-m", "lm_eval", "--model", peer, "--model_args", args, "--tasks", ",".join(SHOTS),
+    return [sys.executable, "-m", "lm_eval", "--model", peer, "--model_args", args, "--tasks", ",".join(names),
             "--include_path", str(tasks), "--batch_size", "auto" if peer == "vllm" else "8", "--output_path",
             str(dest), "--log_samples"]
 
 
-def spec_file(out: Path, name: str, models: list[Path], tasks: Path) -> Path:
+def spec_file(out: Path, name: str, models: list[Path], tasks: Path, names=tuple(SHOTS)) -> Path:
     path = out / f"{name}.yaml"
     path.write_text(json.dumps({
         "name": name, "output": str(out / f"{name}_out"),
         "models": [{"name": m.name, "path": str(m), "engine": {"max_model_len": MAX_MODEL_LEN}} for m in models],
-        "tasks": [{"lm_eval": {"tasks": list(SHOTS), "include_path": str(tasks)}}]}))
+        "tasks": [{"lm_eval": {"tasks": list(names), "include_path": str(tasks)}}]}))
     return path
 
 
@@ -180,8 +182,8 @@ def token_counts(output: Path) -> dict:
 
 # -- the run -------------------------------------------------------------------------------------
 class Suite:
-    def __init__(self, out: Path, peer: str):
-        self.out, self.peer, self.figures = out, peer, {}
+    def __init__(self, out: Path, peer: str, names=tuple(SHOTS)):
+        self.out, self.peer, self.figures, self.names = out, peer, {}, tuple(names)
 
     def save(self) -> None:
         (self.out / "s.json").write_text(json.dumps(self.figures, indent=2, default=str))
@@ -190,13 +192,14 @@ class Suite:
         total = 0.0
         for k, model in enumerate(models):
             dest = self.out / (f"{name}_{k}" if len(models) > 1 else name)
-            wall, _ = run_process(lm_eval_argv(self.peer, model, tasks, dest, gpus), gpu_env(gpus), self.out / dest.name)
+            wall, _ = run_process(lm_eval_argv(self.peer, model, tasks, dest, gpus, self.names), gpu_env(gpus),
+                                  self.out / dest.name)
             total += wall
         self._say(name, total, f"lm_eval --model {self.peer}, {len(models)} model(s), {gpus} GPU(s)")
         return total
 
     def raysweep(self, name: str, models: list[Path], tasks: Path, gpus: int) -> float:
-        spec = spec_file(self.out, name, models, tasks)
+        spec = spec_file(self.out, name, models, tasks, self.names)
         wall, stdout = run_process([sys.executable, "-m", "jobs.cli", "run", str(spec)], gpu_env(gpus), self.out / name)
         line = next((x for x in stdout.splitlines() if "samples in" in x and "shards run" in x), None)
         self.figures[f"{name}_line"] = line
@@ -227,12 +230,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoints", type=int, default=0, help="also K checkpoints x the suite (0: not run)")
     parser.add_argument("--ckpt-fraction", type=float, default=None, help="the checkpoint sweep's fraction")
     parser.add_argument("--peer", default="vllm", help="lm-eval's model: vllm (GPU), hf (a CPU dry run)")
+    parser.add_argument("--tasks", default=",".join(SHOTS),
+                        help="some of the suite's tasks (`choice`: the log-likelihood ones); the variants' names then "
+                             "end in _TASKS")
     parser.add_argument("--build-only", action="store_true")
     args = parser.parse_args(argv)
+    names = CHOICE_TASKS if args.tasks == "choice" else tuple(args.tasks.split(","))
+    if not names or not set(names) <= set(SHOTS):
+        parser.error(f"--tasks: some of {', '.join(SHOTS)}, or `choice`; got {args.tasks!r}")
+    suffix = "" if set(names) == set(SHOTS) else "_" + ("choice" if set(names) == set(CHOICE_TASKS) else "-".join(names))
     os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **MULTICAST_OFF})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    suite = Suite(out, args.peer)
+    suite = Suite(out, args.peer, names)
     if args.checkpoints:  # every checkpoint built at once, before any clock starts
         ckpt_tasks, models = prepare(out, args.ckpt_fraction or args.fraction, list(range(1, args.checkpoints + 1)),
                                      args.shape)
@@ -247,21 +257,22 @@ def main(argv: list[str] | None = None) -> int:
                       f"(each subject's for mmlu): mean {mean:.0f} tokens, max {longest}", flush=True)
         return 0
     variants = args.variants.split(",") if args.variants else []
-    for name in variants:
-        gpus = 1 if name.endswith("_1") else args.gpus
-        (suite.lm_eval if name.startswith("lm_eval") else suite.raysweep)(name, [model], tasks, gpus)
-        if name in ("raysweep_1", "lm_eval_1") and {"raysweep_1", "lm_eval_1"} <= set(suite.figures):
-            suite.figures["agreement"] = agreement(out / "raysweep_1_out" / "lm_eval", out / "lm_eval_1")
+    ours, theirs = f"raysweep_1{suffix}", f"lm_eval_1{suffix}"
+    for variant in variants:
+        gpus = 1 if variant.endswith("_1") else args.gpus
+        (suite.lm_eval if variant.startswith("lm_eval") else suite.raysweep)(variant + suffix, [model], tasks, gpus)
+        if variant in ("raysweep_1", "lm_eval_1") and {ours, theirs} <= set(suite.figures):
+            suite.figures["agreement"] = agreement(out / f"{ours}_out" / "lm_eval", out / theirs)
             brief = {t: {k: v for k, v in f.items() if k != "differing"} for t, f in suite.figures["agreement"].items()
                      if t != "metrics"}
-            print(f"[bench] s agreement raysweep_1 vs lm_eval_1: {json.dumps(brief)}", flush=True)
+            print(f"[bench] s agreement {ours} vs {theirs}: {json.dumps(brief)}", flush=True)
             print(f"[bench] s metrics [raysweep, lm-eval]: {json.dumps(suite.figures['agreement']['metrics'])}", flush=True)
-    suite.ratio("lm_eval_1/raysweep_1", "lm_eval_1", "raysweep_1")
-    suite.ratio("lm_eval_n/raysweep_n", "lm_eval_n", "raysweep_n")
+    for n in ("1", "n"):
+        suite.ratio(f"lm_eval_{n}{suffix}/raysweep_{n}{suffix}", f"lm_eval_{n}{suffix}", f"raysweep_{n}{suffix}")
     if args.checkpoints:
-        suite.raysweep("raysweep_ckpt", models, ckpt_tasks, args.gpus)
-        suite.lm_eval("lm_eval_ckpt", models, ckpt_tasks, args.gpus)
-        suite.ratio("lm_eval_ckpt/raysweep_ckpt", "lm_eval_ckpt", "raysweep_ckpt")
+        suite.raysweep(f"raysweep_ckpt{suffix}", models, ckpt_tasks, args.gpus)
+        suite.lm_eval(f"lm_eval_ckpt{suffix}", models, ckpt_tasks, args.gpus)
+        suite.ratio(f"lm_eval_ckpt{suffix}/raysweep_ckpt{suffix}", f"lm_eval_ckpt{suffix}", f"raysweep_ckpt{suffix}")
     return 0
 
 

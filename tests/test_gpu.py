@@ -124,28 +124,45 @@ def _engine_host_processes(run: str) -> set[int]:
     return found
 
 
+def _local_command(spec: Path, out: Path) -> str:
+    """`jobs.sweep SPEC --output OUT` as a user runs it, with a new local Ray, to exit 0; returns the mark its
+    processes carry (`_engine_host_processes`)."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    run = uuid.uuid4().hex
+    done = subprocess.run([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(out)],
+                          cwd=ROOT, env=os.environ | {"RAY_ADDRESS": "local", "RAYSWEEP_TEST_RUN": run},
+                          capture_output=True, text=True, timeout=500)
+    print(done.stdout[-3000:])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return run
+
+
+def _nothing_left(run: str) -> None:
+    """No engine host, engine process or engine core of the command `run` outlived it (an engine process goes
+    once it sees its actor's connection end)."""
+    import time
+
+    deadline = time.monotonic() + 20
+    while _engine_host_processes(run) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _engine_host_processes(run) == set(), "an engine host, engine process or engine core outlived the command"
+
+
 @pytest.mark.slow
 def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host(tmp_path):
     """`raysweep run` with a new local Ray: two half-GPU actors run their vLLM engines in processes forked from
     the run's engine host (imported before Ray started), with vLLM's engine core forked from there as outside
     Ray; CUDA graphs captured; a long shard's profile restart starts a second engine in the same engine
     process; structured outputs valid; nothing of the host or its engines is left once the command exits."""
-    import os
-    import subprocess
-    import sys
-    import time
-    import uuid
-
     import pyarrow.parquet as pq
 
     mixed_spec(tmp_path / "host.yaml", "gpu-host", rows=24, seed=1)
-    run = uuid.uuid4().hex
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "jobs.sweep", str(tmp_path / "host.yaml"), "--output", str(out)],
-                          cwd=ROOT, env=os.environ | {"RAY_ADDRESS": "local", "RAYSWEEP_TEST_RUN": run},
-                          capture_output=True, text=True, timeout=500)
-    print(done.stdout[-3000:])
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    run = _local_command(tmp_path / "host.yaml", out)
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     print(actors[["actor_id", "reason", "profile", "engine_process", "engine_core", "imports_s", "engine_init_s",
                   "graph_mode", "fallback_reason"]].to_string())
@@ -157,10 +174,7 @@ def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host
     assert (results["status"] != "error").all() and results[results["task"] == "choice"]["structured_valid"].all()
     shards = pq.read_table(out / "telemetry" / "shards.parquet").to_pandas()
     assert shards["cuda_graphs"].all() and (shards["engine_batch_mean"] >= 1).all()
-    deadline = time.monotonic() + 20  # an engine process goes once it sees its actor's connection end
-    while _engine_host_processes(run) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _engine_host_processes(run) == set(), "an engine host, engine process or engine core outlived the command"
+    _nothing_left(run)
 
 
 @pytest.mark.slow
@@ -169,12 +183,6 @@ def test_a_local_sweep_of_whole_gpus_runs_on_engines_built_before_ray_was_up(tmp
     driver asks the engine host for each actor's engine before Ray is up (cluster/plan/early_engines.py), and each
     actor's first engine is that one, forked as outside Ray with CUDA graphs; every row once, structured outputs
     valid, and nothing of the host or its engines left once the command exits."""
-    import os
-    import subprocess
-    import sys
-    import time
-    import uuid
-
     import pyarrow.parquet as pq
 
     (tmp_path / "early.yaml").write_text(f"""
@@ -184,13 +192,8 @@ models:
 tasks:
 {CHOICE_TASK}actors: {{num_gpus: 1}}
 """)
-    run = uuid.uuid4().hex
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "jobs.sweep", str(tmp_path / "early.yaml"), "--output", str(out)],
-                          cwd=ROOT, env=os.environ | {"RAY_ADDRESS": "local", "RAYSWEEP_TEST_RUN": run},
-                          capture_output=True, text=True, timeout=500)
-    print(done.stdout[-3000:])
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    run = _local_command(tmp_path / "early.yaml", out)
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     print(actors[["actor_id", "gpu_ids", "reason", "engine_process", "engine_core", "imports_s", "engine_init_s",
                   "startup_s", "graph_mode"]].to_string())
@@ -200,10 +203,7 @@ tasks:
     rows = [line for line in (ROOT / "sweeps" / "data" / "choice.jsonl").read_text().splitlines() if line.strip()]
     assert results["sample_id"].is_unique and len(results) == len(rows)
     assert (results["status"] == "ok").all() and results["structured_valid"].all()
-    deadline = time.monotonic() + 20
-    while _engine_host_processes(run) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _engine_host_processes(run) == set(), "an engine host, early engine or engine core outlived the command"
+    _nothing_left(run)
 
 
 @pytest.fixture(scope="module")
