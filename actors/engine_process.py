@@ -47,8 +47,9 @@ def serve(client: socket.socket) -> None:
     Engines(conn).serve()
 
 
-def _take_actor(conn: Connection, hello: dict) -> None:
-    """The actor's stdout and stderr (sent after its hello), its environment and folder; then READY."""
+def _take_actor(conn: Connection, hello: dict, environment: bool = True) -> None:
+    """The actor's stdout and stderr (sent after its hello), its environment (unless `environment` is False: an
+    early engine keeps the one it was built under) and folder; then READY."""
     fds = [recv_handle(conn), recv_handle(conn)]
     sys.stdout.flush()
     sys.stderr.flush()
@@ -57,7 +58,8 @@ def _take_actor(conn: Connection, hello: dict) -> None:
         os.close(fd)
     for stream in (sys.stdout, sys.stderr):  # the host's were files (block-buffered); the actor's log is read live
         stream.reconfigure(line_buffering=True)
-    _take_environment(hello["env"])
+    if environment:
+        _take_environment(hello["env"])
     try:
         os.chdir(hello["cwd"])
     except OSError:
@@ -94,7 +96,9 @@ def _serve_early(driver: Connection, hello: dict, held: list[int]) -> None:
     os.unlink(hello["path"])
     conn = Connection(client.detach())
     held.append(conn.fileno())
-    _take_actor(conn, conn.recv())
+    # the environment stays the one the engine was built under (the driver's, with the actor's GPUs and threads,
+    # and what vLLM's start set in it), which vLLM reads again as it runs
+    _take_actor(conn, conn.recv(), environment=False)
     engines.conn = conn
     engines.serve()
 

@@ -37,10 +37,10 @@ class EngineHostAddress:
 
 # An actor's first message: {"env": its environment, "cwd": its folder, "pid": its process}, then its
 # stdout and stderr as file descriptors; the engine process answers READY with its pid once it exists.
-# The driver's message for an early engine: {EARLY: its key, "env": the environment it is built under, "cwd",
-# "start": the `start_engine` keyword arguments its actor will send, "threads": (num_cpus, num_gpus, node_gpus)
-# for the engine's CPU threads}; nothing is answered, and the engine process ends when the driver's connection
-# does, unless an actor took it by then.
+# The driver's message for an early engine: {EARLY: its key, "path": where it listens, "env": the environment it
+# is built under (and keeps once an actor took it), "cwd", "start": the `start_engine` keyword arguments its actor
+# will send but the profile, "threads": (num_cpus, num_gpus, node_gpus) for the engine's CPU threads}; nothing is
+# answered, and the engine process ends when the driver's connection does, unless an actor took it by then.
 EARLY = "early"
 CPU_KEY = "cpu"  # the key of an actor without GPUs
 READY = "ready"
