@@ -179,6 +179,9 @@ def start_local_ray():
     return ray
 
 
+_SESSION_RAY_STOPPED = []  # non-empty while a fake_cluster test has stopped the session's local Ray (ray_local)
+
+
 @pytest.fixture(scope="session")
 def ray_local(model_cache):
     from jobs import local_ray
@@ -188,11 +191,24 @@ def ray_local(model_cache):
     local_ray.shutdown()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The session's local Ray, stopped by a fake_cluster test, started again before the next test that uses it
+    (ray_local among its fixtures, directly or through a module's): not after every fake_cluster test, as two of
+    them in a row (tests/test_parallel.py) each paid a start of it that nothing used."""
+    if _SESSION_RAY_STOPPED and "ray_local" in item.fixturenames:
+        import ray
+
+        if not ray.is_initialized():
+            start_local_ray()
+        _SESSION_RAY_STOPPED.clear()
+
+
 @pytest.fixture
 def fake_cluster(model_cache):
     """`ray.cluster_utils.Cluster` for one test: `make(nodes)` starts a head without GPUs and one node per
     {num_cpus, num_gpus} and connects this process to it. The session's local Ray (ray_local), if it was
-    up, is started again afterwards for the tests that follow."""
+    up, is started again before the next test that uses it (pytest_runtest_setup)."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -213,7 +229,7 @@ def fake_cluster(model_cache):
     for cluster in made:
         cluster.shutdown()
     if was_up:
-        start_local_ray()
+        _SESSION_RAY_STOPPED.append(True)
 
 
 def replay_spec(folder: Path, name: str, rows: list[dict], scorer: str = "exact_match", extra: str = "",

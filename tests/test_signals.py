@@ -368,7 +368,10 @@ def _assert_one_stop_line(sweep: subprocess.Popen, text: str) -> str:
 def test_ctrl_c_during_code_exec_scoring_is_one_line_and_the_run_resumes(tmp_path):
     """Ctrl-C while code_exec programs run: one line, not chained tracebacks (a CancelledError from each
     sandbox batch the closing pool cancelled)."""
-    spec = _code_spec(tmp_path, 1.0)
+    # 20 programs of 0.5 s, two at a time (the sandbox pool's threads on a 2-core machine): 5 s of programs at
+    # least, so the Ctrl-C 1 s after they began finds most still to run; the resume runs the rest (1 s each took
+    # twice as long for nothing more)
+    spec = _code_spec(tmp_path, 0.5)
     sweep = _driver(spec)
     _assert_one_stop_line(sweep, _interrupted_at(sweep, "code_exec programs run sandboxed", delay_s=1.0))
     again = _driver(spec)
