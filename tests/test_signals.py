@@ -81,6 +81,15 @@ def _signal_masks(pid: int) -> str:
         return f"unreadable ({e})"
 
 
+def _catches_sigint(masks: str) -> bool:
+    """Whether _signal_masks's SigCgt says a handler was set for SIGINT (True where it cannot say)."""
+    for part in masks.split(";"):
+        name, _, value = part.strip().partition(":")
+        if name == "SigCgt":
+            return bool(int(value.strip(), 16) & (1 << (signal.SIGINT - 1)))
+    return True
+
+
 def ctrl_c_early(start) -> tuple[subprocess.Popen, str]:
     """SIGINT to the process group of `start()`, EARLY_PAUSES_S[0] after it began (see above); what it printed.
     The child starts with SIGINT's default action, as a terminal's shell starts it: a test run started in the
@@ -105,6 +114,9 @@ def _ctrl_c_early(start) -> tuple[subprocess.Popen, str]:
         if "[raysweep] stopped by SIGINT" not in printed:  # what the child did with SIGINT when it was sent
             printed += f"\n[test] the child's signal masks when SIGINT was sent, {pause} s in: {masks}\n"
         pythons = "init_import_site" in printed or ("KeyboardInterrupt" in printed and str(ROOT) not in printed)
+        # or Python had not yet set its SIGINT handler (SigCgt's SIGINT bit clear): the default action ended it,
+        # silently, before raysweep's first line ran (seen under load: exit -2, nothing printed)
+        pythons = pythons or (process.returncode == -signal.SIGINT and not _catches_sigint(masks))
         if not pythons:
             break
     return process, printed
