@@ -122,10 +122,13 @@ def connect(address: EngineHostAddress | None, key: str | None = None) -> Engine
         return None
     early = early_path(address, key) if key else None
     if early and os.path.exists(early):
-        try:  # another actor of the same key may have taken it (and it is gone from there) meanwhile
+        try:
             return _hello(Client(early, "AF_UNIX"), address.host_pid)
-        except (OSError, EOFError):
+        except FileNotFoundError:  # another actor of the same key took it meanwhile: gone from there
             pass
+        except (OSError, EOFError) as e:
+            print(f"[raysweep] the early engine at {early} did not answer ({type(e).__name__}: {e}); this actor "
+                  "asks the engine host for an engine process", file=sys.stderr, flush=True)
     try:
         return _hello(Client(address.path, "AF_UNIX"), address.host_pid)
     except (OSError, EOFError) as e:
