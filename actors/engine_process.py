@@ -69,7 +69,7 @@ def _take_actor(conn: Connection, hello: dict, environment: bool = True) -> None
 
 def _serve_early(driver: Connection, hello: dict, held: list[int]) -> None:
     """An early engine (cluster/contracts/engine_host.py): built now, under the driver's environment with the key's
-    GPUs; the first actor that connects at its path takes it, and from then on this is that actor's engine
+    GPUs; the first actor that connects at its path (the socket the driver bound and sent after its message) takes it, and from then on this is that actor's engine
     process. Until then it ends when the driver's connection does (the driver let go of it, or is gone)."""
     from actors.engine_factory import engine_cpu_threads
 
@@ -81,9 +81,7 @@ def _serve_early(driver: Connection, hello: dict, held: list[int]) -> None:
         os.chdir(hello["cwd"])
     except OSError:
         pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(hello["path"])
-    listener.listen(1)
+    listener = socket.socket(fileno=recv_handle(driver))  # bound and listening since the driver asked
     held.append(listener.fileno())  # vLLM's engine core, forked while the engine builds, does not keep it
     engines = Engines(None)
     engines.build_early(hello["start"])

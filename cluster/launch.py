@@ -103,28 +103,44 @@ class EngineHost:
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         self.address = EngineHostAddress(path, self.process.pid)
-        self._early: list = []  # the driver's connections of the early engines asked for
+        self._early: list = []  # (the driver's connection, the socket's path) of each early engine asked for
 
     def start_early(self, engines) -> None:
         """Ask for the early engines `engines` (cluster/plan/early_engines.py EarlyEngine), one connection each,
         kept open for as long as an engine may wait for its actor: the host takes them once its imports are done
-        and forks each its engine process. Each built under this process's environment with the engine's own."""
+        and forks each its engine process. Each built under this process's environment with the engine's own.
+        Each engine's socket is bound and listening here, before this returns, and handed to its engine process:
+        an actor that comes while the host still imports finds it and waits there for that engine."""
         import os
+        import socket
         from multiprocessing.connection import Client
+        from multiprocessing.reduction import send_handle
 
         from cluster.contracts.engine_host import EARLY, early_path
 
         for engine in engines:
-            conn = Client(self.address.path, "AF_UNIX")
-            self._early.append(conn)
-            conn.send({EARLY: engine.key, "path": early_path(self.address, engine.key), "cwd": os.getcwd(),
-                       "env": {**os.environ, **engine.env}, "start": engine.start, "threads": engine.threads})
+            path = early_path(self.address, engine.key)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+                listener.bind(path)
+                listener.listen(1)
+                conn = Client(self.address.path, "AF_UNIX")
+                self._early.append((conn, path))
+                conn.send({EARLY: engine.key, "path": path, "cwd": os.getcwd(), "env": {**os.environ, **engine.env},
+                           "start": engine.start, "threads": engine.threads})
+                send_handle(conn, listener.fileno(), self.address.host_pid)
 
     def drop_early(self) -> None:
-        """Let go of the early engines: one no actor took ends, with its engine's processes."""
+        """Let go of the early engines: one no actor took ends, with its engine's processes, and its socket goes
+        (an actor that comes later asks the host)."""
+        import os
+
         early, self._early = self._early, []
-        for conn in early:
+        for conn, path in early:
             conn.close()
+            try:
+                os.unlink(path)
+            except FileNotFoundError:  # taken: its engine process removed it
+                pass
 
     def stop(self) -> None:
         import os

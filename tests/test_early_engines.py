@@ -132,13 +132,13 @@ def _actor(host, tiny_path, tokens: int, threads: int = 1) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _listening(path: str, timeout_s: float = 120) -> bool:
+def _forked(host, timeout_s: float = 120) -> set[int]:
+    """The processes the host forked, once it has forked one (its imports done)."""
     deadline = time.monotonic() + timeout_s
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            return False
+    while not (found := _children(host.address.host_pid)):
+        assert time.monotonic() < deadline, "the host forked no process for the early engine"
         time.sleep(0.1)
-    return True
+    return found
 
 
 @pytest.fixture
@@ -152,12 +152,11 @@ def host():
 
 def test_the_actor_that_asks_for_the_early_engine_gets_it_and_the_next_actor_a_process_of_its_own(host, tiny_path, hf_engine):
     tokens = len(hf_engine.tokenizer("2+2=")["input_ids"])
-    host.start_early([_early(tiny_path)])
+    host.start_early([_early(tiny_path)])  # at once: the host still imports, and forks nothing yet
     path = early_path(host.address, CPU_KEY)
-    assert _listening(path), "the early engine's process never listened"
-    early = _children(host.address.host_pid)
-    first = _actor(host, tiny_path, tokens)
-    assert (first["where"], first["status"]) == ("early", "ok") and first["init_s"] > 0 and {first["pid"]} == early
+    assert os.path.exists(path), "the early engine's socket is not there once the driver asked for it"
+    first = _actor(host, tiny_path, tokens)  # comes before the early engine's process exists, and waits for it
+    assert (first["where"], first["status"]) == ("early", "ok") and first["init_s"] > 0
     assert not os.path.exists(path)  # taken: the next actor of the key gets a process of its own from the host
     second = _actor(host, tiny_path, tokens)
     assert second["where"] == "host" and second["pid"] != first["pid"]
@@ -167,8 +166,7 @@ def test_an_actor_that_asks_for_another_engine_gets_that_one_in_the_early_engine
                                                                                          hf_engine):
     tokens = len(hf_engine.tokenizer("2+2=")["input_ids"])
     host.start_early([_early(tiny_path)])
-    assert _listening(early_path(host.address, CPU_KEY))
-    early = _children(host.address.host_pid)  # the host forked one process: the early engine's
+    early = _forked(host)  # one process: the early engine's
     other = _actor(host, tiny_path, tokens, threads=2)
     assert (other["where"], other["status"]) == ("host", "ok") and {other["pid"]} == early
 
@@ -188,10 +186,10 @@ def _children(pid: int) -> set[int]:
 
 def test_an_early_engine_no_actor_took_ends_once_the_driver_lets_go_of_it(host, tiny_path):
     host.start_early([_early(tiny_path)])
-    assert _listening(early_path(host.address, CPU_KEY))
-    early = _children(host.address.host_pid)  # the host forked one process: the early engine's
+    early = _forked(host)  # one process: the early engine's
     assert len(early) == 1
     host.drop_early()
+    assert not os.path.exists(early_path(host.address, CPU_KEY))  # an actor that comes now asks the host
     deadline = time.monotonic() + 30
     while _children(host.address.host_pid) & early:
         assert time.monotonic() < deadline, "the early engine's process outlived the driver's letting go"

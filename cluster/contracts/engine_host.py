@@ -9,8 +9,9 @@ each actor on the driver's machine then gets an engine process forked from it, i
 
 Early engines: where the driver knows before Ray is up which engine each actor will start first (cluster/plan/
 early_engines.py), it asks the host for them at once, one per actor, each under the GPUs that actor will be given
-(its key); each is built in an engine process forked for it that listens at `early_path(address, key)`. An actor
-whose key has one takes it (its first `start_engine` with the same arguments gets that engine, as soon as it is
+(its key); each is built in an engine process forked for it that listens at `early_path(address, key)`, a socket
+the driver bound before it asked and sent with its message, so that an actor that comes while the host still
+imports finds it and waits there. An actor whose key has one takes it (its first `start_engine` with the same arguments gets that engine, as soon as it is
 built); the driver lets go of one no actor will take, and it ends. The engines' construction then overlaps Ray's
 start and the actors' own, instead of following them.
 """
