@@ -198,9 +198,16 @@ class SweepRun:
 
         path = built_path(spec.model_path(spec.models[0])) if len(spec.models) == 1 else None
         plan = path and plan_early(spec, path, local_gpus(), model_weights(spec)[spec.models[0].name])
-        if plan:
+        if not plan:
+            return
+        try:
             self.host.start_early(plan.engines)
-            self._early = plan
+        except OSError as e:  # a socket that cannot be bound or a host that went: the actors build their own
+            self.host.drop_early()
+            self.log(f"[raysweep] no engine started before Ray was up ({type(e).__name__}: {e}); each actor starts "
+                     "its own")
+            return
+        self._early = plan
 
     def _fleet_sized(self, size, lent) -> None:
         """The fleet sized once Ray was up: the early engines let go of where its actors are not those planned."""

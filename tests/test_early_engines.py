@@ -228,3 +228,46 @@ def test_a_local_sweep_of_one_model_and_one_actor_runs_on_the_engine_built_befor
     assert list(actors["engine_process"]) == ["early"], actors[["actor_id", "reason", "engine_process"]]
     results = pq.read_table(out / "results").to_pandas()
     assert sorted(results["sample_id"]) == sorted(f"r{i}" for i in range(12))
+
+
+def test_early_engines_that_cannot_be_asked_for_leave_the_run_to_its_actors(tmp_path, tiny_path, monkeypatch):
+    """A socket of an early engine that cannot be bound (its path taken) or a host that went: the run says so in
+    one line, lets go of what it asked, and goes on with no early engine (each actor starts its own)."""
+    import argparse
+    from types import SimpleNamespace
+
+    from cluster.contracts.timing import RunClock
+    from cluster.inputs.spec_file import load_spec
+    from jobs.lifecycle import SweepRun
+
+    class Host:
+        address, dropped = None, 0
+
+        def start_early(self, engines):
+            raise OSError(98, "Address already in use")
+
+        def drop_early(self):
+            self.dropped += 1
+
+        def stop(self):
+            pass
+
+    host = Host()
+    monkeypatch.setattr("cluster.launch.start_engine_host", lambda backends: host)
+    monkeypatch.setattr("cluster.inputs.checks.check_inputs", lambda spec: [])
+    monkeypatch.setattr("cluster.schedule.run.prepare", lambda *a, **k: SimpleNamespace(sink=SimpleNamespace(close=lambda: None)))
+    monkeypatch.setattr("cluster.plan.early_engines.local_gpus", lambda: [])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    (tmp_path / "qa.jsonl").write_text(json.dumps({"id": "r0", "question": "1+1"}) + "\n")
+    (tmp_path / "sweep.yaml").write_text(SPEC)
+    lines = []
+    args = argparse.Namespace(spec=None, output=None, address=None, max_attempts=3, dashboard=False, new_run=True,
+                              verbose=False)
+    with SweepRun(args, RunClock(0.0), log=lines.append) as run:
+        run.adopt(load_spec(tmp_path / "sweep.yaml"))
+        run.check()
+        run.open(str(tmp_path / "out"))
+        assert host.dropped == 1 and run._early is None
+    assert [line for line in lines if "no engine started before Ray was up" in line] == [
+        "[raysweep] no engine started before Ray was up (OSError: [Errno 98] Address already in use); each actor "
+        "starts its own"]
