@@ -81,23 +81,44 @@ def ray_head(*extra: str, env: dict | None = None, port: int | None = None):
 
 
 def _end_head(head: subprocess.Popen, folder: str) -> None:
-    """SIGTERM ends the GCS and the workers within a second or two, but `ray start --block` then waits on a child
-    that never ends (measured: the head's process still up at 40 s, the raylet ending at 15 s): waiting for it
-    cost each test 30 s. Three seconds of grace, then the group is killed."""
-    try:
-        os.killpg(head.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        head.wait(timeout=3)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(head.pid, signal.SIGKILL)  # anything of the group still alive
-    except ProcessLookupError:
-        pass
-    head.wait()
+    """Every process of the head killed (end_session), then its folder removed."""
+    end_session(head, folder)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def session_processes(leader: int, folder: str) -> dict[int, str]:
+    """{pid: args} of a Ray node's processes: those of the session its `ray start` (`leader`) leads (its GCS, raylet
+    and agents, and its workers, which lead process groups of their own but stay in the session), and any other
+    naming its Ray folder. A zombie has ended: its parent has not reaped it yet."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,sid,stat,args"], capture_output=True, text=True).stdout
+    found = {}
+    for line in out.splitlines()[1:]:
+        pid, sid, stat, args = (line.strip().split(None, 3) + [""])[:4]
+        if (int(sid) == leader or folder in args) and int(pid) != os.getpid() and "Z" not in stat:
+            found[int(pid)] = args
+    return found
+
+
+def end_session(leader: subprocess.Popen, folder: str) -> None:
+    """SIGKILL to a `ray start --block` and every process of its node (session_processes), until none is left (a
+    worker its raylet forked meanwhile; 30 s at most), then `leader` reaped. No SIGTERM first: on one, `ray start
+    --block` never ends by itself (its children's SIGTERM exits are the expected ones, which it does not act on),
+    and the GCS and raylet of a head or node that had run a test were all still up three seconds after it (the
+    pool's, the two-node cluster's, measured on the 2-core machine): its grace only waited before the SIGKILL."""
+    try:
+        os.killpg(leader.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + 30
+    while (left := session_processes(leader.pid, folder)) and time.monotonic() < deadline:
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    leader.wait()
+
 
 def _start_head(extra, env, port):
     """One `ray start --head --block` with free ports and a Ray folder of its own: (process, folder, gcs address,
