@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import QUICKSTART, ROOT
+from tests.conftest import LEAN_EXTRACT_ROWS, QUICKSTART, ROOT, first_rows, lean_quickstart
 
 # `ray start` turns token authentication on; clients only read ~/.ray/auth_token in token mode
 TOKEN_AUTH = {"RAY_AUTH_MODE": "token"}
@@ -81,23 +81,44 @@ def ray_head(*extra: str, env: dict | None = None, port: int | None = None):
 
 
 def _end_head(head: subprocess.Popen, folder: str) -> None:
-    """SIGTERM ends the GCS and the workers within a second or two, but `ray start --block` then waits on a child
-    that never ends (measured: the head's process still up at 40 s, the raylet ending at 15 s): waiting for it
-    cost each test 30 s. Three seconds of grace, then the group is killed."""
-    try:
-        os.killpg(head.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        head.wait(timeout=3)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(head.pid, signal.SIGKILL)  # anything of the group still alive
-    except ProcessLookupError:
-        pass
-    head.wait()
+    """Every process of the head killed (end_session), then its folder removed."""
+    end_session(head, folder)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def session_processes(leader: int, folder: str) -> dict[int, str]:
+    """{pid: args} of a Ray node's processes: those of the session its `ray start` (`leader`) leads (its GCS, raylet
+    and agents, and its workers, which lead process groups of their own but stay in the session), and any other
+    naming its Ray folder. A zombie has ended: its parent has not reaped it yet."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,sid,stat,args"], capture_output=True, text=True).stdout
+    found = {}
+    for line in out.splitlines()[1:]:
+        pid, sid, stat, args = (line.strip().split(None, 3) + [""])[:4]
+        if (int(sid) == leader or folder in args) and int(pid) != os.getpid() and "Z" not in stat:
+            found[int(pid)] = args
+    return found
+
+
+def end_session(leader: subprocess.Popen, folder: str) -> None:
+    """SIGKILL to a `ray start --block` and every process of its node (session_processes), until none is left (a
+    worker its raylet forked meanwhile; 30 s at most), then `leader` reaped. No SIGTERM first: on one, `ray start
+    --block` never ends by itself (its children's SIGTERM exits are the expected ones, which it does not act on),
+    and the GCS and raylet of a head or node that had run a test were all still up three seconds after it (the
+    pool's, the two-node cluster's, measured on the 2-core machine): its grace only waited before the SIGKILL."""
+    try:
+        os.killpg(leader.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + 30
+    while (left := session_processes(leader.pid, folder)) and time.monotonic() < deadline:
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    leader.wait()
+
 
 def _start_head(extra, env, port):
     """One `ray start --head --block` with free ports and a Ray folder of its own: (process, folder, gcs address,
@@ -117,16 +138,18 @@ def _start_head(extra, env, port):
 @pytest.mark.slow
 def test_ray_job_submit_runs_a_sweep_and_ray_job_stop_ends_it_in_one_line(tmp_path):
     """The README's job, with the spec's own relative output (no --output): the results must outlast the
-    job's temporary copy of its working dir, and the run says where they are."""
+    job's temporary copy of its working dir, and the run says where they are. Its working dir is a lean copy of
+    the repository's (job_working_dir)."""
     out = tmp_path / "kept" / "results" / "quickstart"  # RAYSWEEP_RESULTS + the spec's `output`
     env_json = json.dumps({"env_vars": {"RAYSWEEP_RESULTS": str(tmp_path / "kept")}})
+    working_dir = str(job_working_dir(tmp_path / "job"))
     with ray_head("--num-cpus=2") as (_, dashboard):
-        stopped = _stopped_mid_shards(dashboard, {"working_dir": str(ROOT), **json.loads(env_json)})
+        stopped = _stopped_mid_shards(dashboard, {"working_dir": working_dir, **json.loads(env_json)})
         assert stopped.count("[raysweep] stopped by SIGTERM: ") == 1, stopped[-3000:]
         assert "; the same command resumes the rest" in stopped and "Traceback" not in stopped, stopped[-3000:]
         try:
             proc = subprocess.run(
-                ["ray", "job", "submit", "--address", dashboard, "--working-dir", str(ROOT), "--runtime-env-json",
+                ["ray", "job", "submit", "--address", dashboard, "--working-dir", working_dir, "--runtime-env-json",
                  env_json, "--", "python", "-m", "jobs.sweep", "sweeps/quickstart.yaml"],
                 env=os.environ | TOKEN_AUTH, capture_output=True, text=True, timeout=400)
         except subprocess.TimeoutExpired as e:  # what the job printed, not only that it did not end
@@ -143,14 +166,32 @@ def test_ray_job_submit_runs_a_sweep_and_ray_job_stop_ends_it_in_one_line(tmp_pa
     assert "already committed)" in logs and " 0 already committed)" not in logs, logs[-3000:]  # it resumed
     assert f"the relative output results/quickstart goes to {out}" in logs, logs[-3000:]
     assert f"[raysweep] results: {out}" in logs, logs[-3000:]
-    assert pq.read_table(out / "results").num_rows == 350
+    assert pq.read_table(out / "results").num_rows == QUICKSTART_SAMPLES
+
+
+QUICKSTART_SAMPLES = 150 + 100 + LEAN_EXTRACT_ROWS  # a lean quickstart's, its extract task cut (tests/conftest.py)
+
+
+def job_working_dir(folder: Path) -> Path:
+    """A job's working dir: the repository's packages and its quickstart as they are, but the quickstart's extract
+    data cut to its first LEAN_EXTRACT_ROWS rows (tests/conftest.py says why; tests/test_sweep.py runs the whole
+    quickstart). Its paths stay relative, as in the repository."""
+    for package in ("actors", "cluster", "jobs"):
+        shutil.copytree(ROOT / package, folder / package, ignore=shutil.ignore_patterns("__pycache__"))
+    data = folder / "sweeps" / "data"
+    data.mkdir(parents=True)
+    shutil.copy(QUICKSTART, folder / "sweeps")
+    for name in ("arithmetic", "choice"):
+        shutil.copy(QUICKSTART.parent / "data" / f"{name}.jsonl", data)
+    first_rows(QUICKSTART.parent / "data" / "extract.jsonl", LEAN_EXTRACT_ROWS, data / "extract.jsonl")
+    return folder
 
 
 STOP_MID_SHARDS = """
 import json, re, sys, time
 from ray.job_submission import JobStatus, JobSubmissionClient
 
-dashboard, runtime_env = sys.argv[1], json.loads(sys.argv[2])
+dashboard, runtime_env, samples = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 client = JobSubmissionClient(dashboard)
 deadline = time.time() + 300
 while True:  # a head just started may have its dashboard up before its agent: "No available agent"
@@ -160,7 +201,7 @@ while True:  # a head just started may have its dashboard up before its agent: "
     except RuntimeError as e:
         assert "No available agent" in str(e) and time.time() < deadline, e
         time.sleep(1)
-while not re.search(r"\\[raysweep\\] [1-9]\\d*/350 samples \\(", client.get_job_logs(job)):
+while not re.search(rf"\\[raysweep\\] [1-9]\\d*/{samples} samples \\(", client.get_job_logs(job)):
     assert time.time() < deadline and not client.get_job_status(job).is_terminal(), client.get_job_logs(job)[-3000:]
     time.sleep(0.3)
 client.stop_job(job)
@@ -186,7 +227,8 @@ def _stopped_mid_shards(dashboard: str, runtime_env: dict) -> str:
     """`ray job stop` (Ray's job supervisor sends the driver SIGTERM, then SIGKILL after 3 s) once the job's
     logs show samples done; the job's final status and logs (the same one line as any SIGTERM). In a
     process of its own, as the `ray job` CLI: this one may hold a Ray connection made without token auth."""
-    done = subprocess.run([sys.executable, "-c", STOP_MID_SHARDS, dashboard, json.dumps(runtime_env)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", STOP_MID_SHARDS, dashboard, json.dumps(runtime_env),
+                           str(QUICKSTART_SAMPLES)], cwd=ROOT,
                           env=os.environ | TOKEN_AUTH, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     status, _, logs = done.stdout.partition("\n")
@@ -219,12 +261,10 @@ def test_autoscaling_l4_group_from_zero_to_two(tmp_path):
     config = tmp_path / "fake-cluster.yaml"
     provider = dict(FAKE_CLUSTER["provider"], gcs_address=f"{get_node_ip_address()}:{port}")  # else :6379
     config.write_text(yaml.safe_dump(dict(FAKE_CLUSTER, provider=provider)))
-    raw = yaml.safe_load(QUICKSTART.read_text())
+    # 28 shards: work left for the second node's actor when it comes up
+    spec = lean_quickstart(tmp_path, "l4", shards={"max_samples": 10})
+    raw = yaml.safe_load(spec.read_text())
     raw["actors"] = {"count": 2, "num_gpus": 1, "num_cpus": 1, "accelerator_type": "L4"}
-    raw["shards"] = {"max_samples": 10}  # 35 shards: work left for the second node's actor when it comes up
-    for task in raw["tasks"]:
-        task["data"] = str(QUICKSTART.parent / task["data"])
-    spec = tmp_path / "l4.yaml"
     spec.write_text(yaml.safe_dump(raw))
     out = tmp_path / "out"
     with ray_head(f"--autoscaling-config={config}", "--num-cpus=1", "--num-gpus=0",
@@ -238,7 +278,7 @@ def test_autoscaling_l4_group_from_zero_to_two(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # a hang: run's timeout, not a stopwatch
     results = pq.read_table(out / "results").to_pandas()
     keys = list(zip(results["task"].astype(str), results["sample_id"]))
-    assert len(keys) == len(set(keys)) == 350
+    assert len(keys) == len(set(keys)) == QUICKSTART_SAMPLES
     assert l4_nodes == 2
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     assert len(actors) >= 1 and set(actors["engine"]) == {"hf"}  # no CUDA on the fake nodes: the CPU engine ran

@@ -9,7 +9,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import QUICKSTART, ROOT
+from tests.conftest import LEAN_EXTRACT_ROWS, ROOT, lean_quickstart
 
 
 @pytest.fixture
@@ -25,16 +25,17 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
-def _sweep(out) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jobs.sweep", str(QUICKSTART), "--output", str(out)], cwd=ROOT,
+def _sweep(spec, out) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
                           env=os.environ | {"PYTHONUNBUFFERED": "1", "RAY_ADDRESS": ""})
 
 
 @pytest.mark.slow
-def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes_once_there_is_room(small_disk):
+def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes_once_there_is_room(small_disk, tmp_path):
     out = small_disk / "out"
-    full = _sweep(out)
+    spec = lean_quickstart(tmp_path)  # its output over 100 KiB: the 60 KiB disk fills mid-run
+    full = _sweep(spec, out)
     assert full.returncode == 1, full.stdout[-2000:] + full.stderr[-2000:]
     ours = [line for line in full.stderr.splitlines() if line.startswith("raysweep:")]  # beside Ray's own lines
     assert len(ours) == 1 and "Traceback" not in full.stderr + full.stdout, full.stderr[-3000:]
@@ -47,11 +48,11 @@ def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes_once_there
 
     committed = sum(s["state"] == "committed" for s in read_manifest(str(out))["shards"].values())
     subprocess.run(["mount", "-o", "remount,size=16m", str(small_disk)], check=True)
-    again = _sweep(out)
+    again = _sweep(spec, out)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert f"{committed} already committed" in again.stdout
     rows = pq.read_table(out / "results", columns=["task", "sample_id"]).to_pylist()
-    assert len(rows) == len({(r["task"], r["sample_id"]) for r in rows}) == 350
+    assert len(rows) == len({(r["task"], r["sample_id"]) for r in rows}) == 250 + LEAN_EXTRACT_ROWS
 
 
 def test_a_journal_line_refused_by_a_full_disk_does_not_fail_the_close(small_disk):

@@ -29,7 +29,7 @@ import yaml
 from actors.engine_factory import cuda_and_vllm_available
 from cluster.store.manifest import read_manifest
 from tests.conftest import QUICKSTART, ROOT
-from tests.test_cluster import TOKEN_AUTH, free_port, ray_head
+from tests.test_cluster import TOKEN_AUTH, end_session, free_port, ray_head, session_processes
 
 pytestmark = pytest.mark.slow
 
@@ -48,16 +48,8 @@ class Node:
 
 
 def _node_processes(node: "Node") -> dict[int, str]:
-    """{pid: args} of the node's processes: those of the session its `ray start` leads (its raylet, agents and
-    workers; a worker leads a process group of its own and renames itself `ray::Class`, but stays in the
-    session), and any other naming its Ray folder."""
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,sid,stat,args"], capture_output=True, text=True).stdout
-    found = {}
-    for line in out.splitlines()[1:]:
-        pid, sid, stat, args = (line.strip().split(None, 3) + [""])[:4]
-        if (int(sid) == node.process.pid or node.folder in args) and int(pid) != os.getpid() and "Z" not in stat:
-            found[int(pid)] = args  # a zombie is dead: its parent has not reaped it yet
-    return found
+    """{pid: args} of the node's processes (tests/test_cluster.py session_processes)."""
+    return session_processes(node.process.pid, node.folder)
 
 
 def start_node(gcs: str, *extra: str, env: dict | None = None) -> Node:
@@ -88,29 +80,10 @@ def start_node(gcs: str, *extra: str, env: dict | None = None) -> Node:
     return node
 
 
-def stop_node(node: Node, kill: bool = False) -> None:
-    """The node's process group, then the rest of its processes (its workers, in groups of their own), killed:
-    SIGKILL at once where `kill` (a node lost), else SIGTERM and three seconds' grace (tests/test_cluster.py
-    _end_head says why no longer). Its folder is removed only at the end (the test may still read its logs)."""
-    if not kill:
-        try:
-            os.killpg(node.process.pid, signal.SIGTERM)
-            node.process.wait(timeout=3)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-    try:
-        os.killpg(node.process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    deadline = time.time() + 30
-    while (left := _node_processes(node)) and time.time() < deadline:  # a worker its raylet forked meanwhile
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
-    node.process.wait()
+def stop_node(node: Node) -> None:
+    """The node's processes killed at once, as a machine gone (tests/test_cluster.py end_session, which says why a
+    SIGTERM first only waited). Its folder is removed only at the end (the test may still read its logs)."""
+    end_session(node.process, node.folder)
 
 
 PROBE = """
@@ -143,7 +116,7 @@ class TwoNodes:
 
     def lose_node(self) -> None:
         """The second node's processes killed at once (SIGKILL: as a machine gone)."""
-        stop_node(self.node, kill=True)
+        stop_node(self.node)
         self.gone.append(self.node)
         assert not _node_processes(self.node), "a process of the lost node is still alive"
 
