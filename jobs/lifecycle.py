@@ -193,11 +193,12 @@ class SweepRun:
             return
         self._early_asked = True
         from cluster.inputs.builtin_model import built_path
-        from cluster.plan.early_engines import local_gpus, plan_early
+        from cluster.plan.early_engines import local_gpu_bytes, local_gpus, plan_early
         from cluster.plan.engines_per_gpu import model_weights
 
         path = built_path(spec.model_path(spec.models[0])) if len(spec.models) == 1 else None
-        plan = path and plan_early(spec, path, local_gpus(), model_weights(spec)[spec.models[0].name])
+        gpus = local_gpus()
+        plan = path and plan_early(spec, path, gpus, model_weights(spec)[spec.models[0].name], local_gpu_bytes(gpus))
         if not plan:
             return
         try:

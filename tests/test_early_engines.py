@@ -52,6 +52,14 @@ def test_no_early_engine_where_an_actors_first_engine_is_not_known_before_ray(sp
     assert plan_early(spec, "/models/m", gpus, weights) is None
 
 
+def test_a_large_model_on_gpus_the_rule_shares_between_two_engines_gets_no_early_engine():
+    # 8B (13 GiB) on an H200's 140 GiB: two engines per GPU once Ray is up (cluster/plan/engines_per_gpu.py)
+    h200, h100 = 143771 << 20, 81559 << 20
+    assert plan_early(_spec(), "/models/m", ["0", "1"], 13 << 30, h200) is None
+    assert plan_early(_spec(), "/models/m", ["0", "1"], 13 << 30, h100).count == 2
+    assert plan_early(_spec(num_gpus=1), "/models/m", ["0", "1"], 13 << 30, h200).count == 2  # as the spec asks
+
+
 def test_whole_gpus_as_the_spec_asks_them_and_one_cpu_actor_get_early_engines():
     assert plan_early(_spec(num_gpus=1, count=2), "/m", ["0", "1"], SMALL_WEIGHTS_BYTES).count == 2
     cpu = plan_early(_spec(num_cpus=2), "/m", [], None)

@@ -38,9 +38,23 @@ def test_the_largest_model_decides_and_every_gpu_of_the_cluster_is_used():
     spec = _spec({"a": "builtin:small", "b": "builtin:large"})
     assert choose(spec, H100 | {"GPU": 4.0}, model_weights(spec)).record() == {
         "count": 4, "num_gpus": 1.0, "engines_per_gpu": 1,
-        "reason": "one engine per GPU: model b's weights take 13.0 GiB, over 2 GiB; 4 actor(s) per model for 4 GPU(s)"}
+        "reason": "one engine per GPU: model b's weights take 13.0 GiB, over 2 GiB, and two engines would keep 17 GiB "
+                  "each for their KV cache on a H100 (under 40 GiB); 4 actor(s) per model for 4 GPU(s)"}
     small = _spec({"a": "builtin:small"})
     assert choose(small, H100 | {"GPU": 4.0}, model_weights(small)).count == 8
+
+
+def test_a_large_model_gets_two_engines_per_gpu_where_each_keeps_a_large_kv_cache():
+    # 8B on an H200: each of two engines keeps 44 GiB for its KV cache (measured faster than one engine there)
+    spec = _spec({"m": "builtin:large"})
+    h200 = {"CPU": 64.0, "GPU": 4.0, "accelerator_type:H200": 4.0}
+    assert choose(spec, h200, model_weights(spec)).record() == {
+        "count": 8, "num_gpus": 0.5, "engines_per_gpu": 2,
+        "reason": "two engines per GPU: model m's weights take 13.0 GiB, and a H200 of 140 GiB leaves each of two "
+                  "engines 45 GiB for its KV cache (at least 40 GiB); 8 actor(s) per model for 4 GPU(s)"}
+    # a larger model on the same GPU, and the same model on GPUs of 80 GiB: one engine each
+    assert choose(spec, h200, {"m": 24 * GIB}).engines_per_gpu == 1
+    assert choose(spec, {"CPU": 8.0, "GPU": 1.0, "accelerator_type:A100-80G": 1.0}, model_weights(spec)).engines_per_gpu == 1
 
 
 def test_a_value_the_spec_gives_is_kept():

@@ -8,9 +8,10 @@ construction are done, whatever Ray does meanwhile.
 
 Only where the first engine of every actor is known without Ray, so that no early engine is built for nothing:
 - one model, whose engine spans one GPU, not reproducible (its actors keep their engines: cluster/launch.py);
-- on GPUs: each actor a whole GPU (the spec's `num_gpus: 1`, or left out for a model over SMALL_WEIGHTS_BYTES,
-  where the rule gives one engine per GPU whatever the GPU: cluster/plan/engines_per_gpu.py), as many actors as
-  this machine's GPUs; each actor's key is its GPU (Ray gives a local run's actors the GPUs this process sees);
+- on GPUs: each actor a whole GPU (the spec's `num_gpus: 1`, or left out for a model over SMALL_WEIGHTS_BYTES
+  where the rule gives one engine per GPU for this machine's GPUs: cluster/plan/engines_per_gpu.py
+  `large_model_engines`; where it gives two, none is built early), as many actors as this machine's GPUs; each
+  actor's key is its GPU (Ray gives a local run's actors the GPUs this process sees);
 - without GPUs: one actor (the default), keyed CPU_KEY.
 Its first engine is the model's, of the default (short) profile, with the actor's CPU threads and share of a GPU, as
 actors/evaluator.py starts it. Once Ray is up and the fleet is sized, `EarlyPlan.holds` says whether the actors are
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 from cluster.contracts.engine_host import CPU_KEY
 from cluster.contracts.spec import SweepSpec
-from cluster.plan.engines_per_gpu import SMALL_WEIGHTS_BYTES
+from cluster.plan.engines_per_gpu import SMALL_WEIGHTS_BYTES, large_model_engines
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,18 @@ class EarlyPlan:
                 and shape.num_gpus == self.num_gpus and shape.num_cpus == self.num_cpus)
 
 
-def plan_early(spec: SweepSpec, model_path: str, gpus: list[str], weight_bytes: int | None) -> EarlyPlan | None:
-    """The early engines of `spec` on a machine of `gpus` (local_gpus()), its one model at `model_path` (resolved)
-    with weights of `weight_bytes` (None: unknown); None where the actors' first engines are not known yet."""
+def plan_early(spec: SweepSpec, model_path: str, gpus: list[str], weight_bytes: int | None,
+               gpu_bytes: int | None = None) -> EarlyPlan | None:
+    """The early engines of `spec` on a machine of `gpus` (local_gpus()) of `gpu_bytes` each (local_gpu_bytes(); None:
+    unknown), its one model at `model_path` (resolved) with weights of `weight_bytes` (None: unknown); None where the
+    actors' first engines are not known yet."""
     if spec.reproducible or len(spec.models) != 1 or spec.models[0].gpus_per_engine != 1:
         return None
     model, actors = spec.models[0], spec.actors
     if gpus:
-        whole = actors.num_gpus == 1 or (actors.num_gpus is None and (weight_bytes or 0) > SMALL_WEIGHTS_BYTES)
+        large = (weight_bytes or 0) > SMALL_WEIGHTS_BYTES
+        whole = actors.num_gpus == 1 or (actors.num_gpus is None and large
+                                         and (gpu_bytes is None or large_model_engines(weight_bytes, gpu_bytes) == 1))
         if not whole or actors.count not in (None, len(gpus)):
             return None
         keys, num_gpus = [(gpu, {"CUDA_VISIBLE_DEVICES": gpu}) for gpu in gpus], 1.0
@@ -71,6 +76,22 @@ def plan_early(spec: SweepSpec, model_path: str, gpus: list[str], weight_bytes: 
              "gpu_fraction": num_gpus or 1.0, "sleep_mode": False, "reproducible": False}
     engines = tuple(EarlyEngine(key, env, start, (actors.num_cpus, num_gpus, len(gpus))) for key, env in keys)
     return EarlyPlan(model.name, len(engines), num_gpus, actors.num_cpus, engines)
+
+
+def local_gpu_bytes(gpus: list[str]) -> int | None:
+    """The memory NVML reports for the first of `gpus` (local_gpus()), None where NVML cannot say."""
+    if not gpus or not gpus[0].isdigit():
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(int(gpus[0]))).total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001  (no NVML library or driver: unknown, and the rule decides once Ray is up)
+        return None
 
 
 def local_gpus() -> list[str]:

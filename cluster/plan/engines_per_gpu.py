@@ -14,8 +14,15 @@ tasks, 1.27x at 5,248 prompts), because a small model's one engine leaves the GP
   35.2 s on four and 33.7 s on two: four engines start as fast, but a small sweep's tail idles more of them
   (bench/records/h200-engines-per-gpu-and-pool-planning.md); on four H200s with the same model, 10,496 prompts
   (0.67M per GPU) ran in 48.9 s on four engines per GPU against 57.5 s on two (bench/records/4xh200-scale-out.md);
-- one engine per GPU otherwise: a large model (`builtin:large`, 8B) is compute-bound, and sharing halves its
-  KV cache for nothing measured; a GPU of unknown memory is not shared;
+- for a larger model, two engines per GPU where each keeps at least PAIRED_KV_MIN_BYTES for its KV cache (half of
+  90% of the GPU, less its weights with a fifth more and 3 GiB, as actors/vllm_args.py sizes a shared engine's
+  cache): on one H200 with a model of Llama-3-8B's shape (13.2 GiB), 1,312 prompts of 256 new tokens took 71.3 s on
+  two engines against 80.4 s on one (the plain script: 91.5 s). The two generated no faster (24.0 s against 23.8 s
+  from first shard to last: one engine at a batch of 1,024 is bound by its CPU work at 67% of the GPU, two at 256
+  each keep it busy at the same rate), but each started in 22-24 s against 31 s for one engine with the whole GPU
+  (bench/records/4xh200-8b-two-engines-and-loglikelihood.md). An H100 80GB would leave each of two engines
+  17 GiB: one engine there, not measured;
+- one engine per GPU otherwise; a GPU of unknown memory is not shared;
 - actors per model: engines per GPU x the GPUs the cluster has now, over the GPUs one engine spans (at least
   one: an autoscaled group at zero nodes starts with one);
 - without GPUs (the CPU engine): one actor per model, as before;
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from cluster.contracts.model_memory import GIB, accelerator_memory, weights
+from cluster.contracts.model_memory import DEFAULT_UTILIZATION, GIB, accelerator_memory, weights
 from cluster.contracts.spec import ActorSpec, SweepSpec
 
 SMALL_WEIGHTS_BYTES = 2 * GIB  # about 1B parameters in bf16: the largest model measured to gain is 254M
@@ -34,6 +41,9 @@ SHARED_GPU_MIN_BYTES = 40 * GIB  # a GPU two engines share: an A100-40G or large
 TINY_WEIGHTS_BYTES = GIB // 2  # about 250M parameters in bf16: four engines measured on a 136M model
 FOUR_ENGINES_MIN_BYTES = 64 * GIB  # an H100 80GB or larger: each of four engines keeps over 15 GiB
 MANY_TOKENS_PER_GPU = 500_000  # between 0.34M (four engines lost) and 0.67M (they won) measured
+PAIRED_KV_MIN_BYTES = 40 * GIB  # a larger model's two engines on one GPU: each keeps this for its KV cache (44 GiB
+# each for 8B on an H200 measured faster than one engine)
+PAIRED_MARGIN_BYTES = 3 * GIB  # as actors/vllm_args.py SHARED_MARGIN_BYTES
 
 
 @dataclass(frozen=True)
@@ -112,8 +122,14 @@ def _engines_per_gpu(spec: SweepSpec, cluster_resources: dict, model_bytes: dict
     large = {name: size for name, size in model_bytes.items() if size > SMALL_WEIGHTS_BYTES}
     if large:
         name, size = max(large.items(), key=lambda item: item[1])
+        kv = paired_kv_bytes(size, memory)
+        if large_model_engines(size, memory) == 2:
+            return 2, (f"two engines per GPU: model {name}'s weights take {size / GIB:.1f} GiB, and a {kind} of "
+                       f"{memory / GIB:.0f} GiB leaves each of two engines {kv / GIB:.0f} GiB for its KV cache (at least "
+                       f"{PAIRED_KV_MIN_BYTES / GIB:.0f} GiB)")
         return 1, (f"one engine per GPU: model {name}'s weights take {size / GIB:.1f} GiB, over "
-                   f"{SMALL_WEIGHTS_BYTES / GIB:.0f} GiB")
+                   f"{SMALL_WEIGHTS_BYTES / GIB:.0f} GiB, and two engines would keep {max(kv, 0) / GIB:.0f} GiB each "
+                   f"for their KV cache on a {kind} (under {PAIRED_KV_MIN_BYTES / GIB:.0f} GiB)")
     largest = max(model_bytes.values(), default=0)
     per_gpu_tokens = None if new_tokens is None else new_tokens / max(int(cluster_resources.get("GPU", 0)), 1)
     if largest <= TINY_WEIGHTS_BYTES and memory >= FOUR_ENGINES_MIN_BYTES and per_gpu_tokens is not None \
@@ -123,6 +139,17 @@ def _engines_per_gpu(spec: SweepSpec, cluster_resources: dict, model_bytes: dict
                    f"up to {per_gpu_tokens / 1e6:.2f}M new tokens per GPU (at least {MANY_TOKENS_PER_GPU / 1e6:g}M)")
     return 2, (f"two engines per GPU: the largest model's weights take {largest / GIB:.2f} GiB (at most "
                f"{SMALL_WEIGHTS_BYTES / GIB:.0f} GiB) on a {kind} of {memory / GIB:.0f} GiB")
+
+
+def paired_kv_bytes(weight_bytes: int, memory: int) -> int:
+    """Each engine's KV cache where two share a GPU of `memory` bytes, as actors/vllm_args.py sizes it."""
+    return int(DEFAULT_UTILIZATION * memory / 2 - 1.2 * weight_bytes - PAIRED_MARGIN_BYTES)
+
+
+def large_model_engines(weight_bytes: int, memory: int) -> int:
+    """Engines per GPU for a model over SMALL_WEIGHTS_BYTES on a GPU of `memory` bytes (also read by
+    cluster/plan/early_engines.py, which builds engines only for one engine per GPU)."""
+    return 2 if paired_kv_bytes(weight_bytes, memory) >= PAIRED_KV_MIN_BYTES else 1
 
 
 def _accelerator(cluster_resources: dict) -> str | None:
