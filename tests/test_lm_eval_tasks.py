@@ -643,6 +643,29 @@ def test_building_requests_skips_what_only_lm_evals_results_record(include_path,
     assert evaluator.add_env_info is refused
 
 
+def test_the_scoring_pass_loads_the_datasets_again_without_asking_the_hub_to_count_them(monkeypatch):
+    """`datasets` sends the hub a HEAD request for each load (its download count); the scoring pass loads what the
+    building pass loaded, and on a machine that cannot reach the hub that request waited 5.6 s for its name lookup
+    at the end of a suite's sweep (2-core CPU machine). The building pass counts the load as lm-eval's own does."""
+    import datasets.config
+    import datasets.load
+    import lm_eval.evaluator as evaluator
+
+    from cluster.contracts.lm_eval_task import LmEvalSettings
+    from cluster.lm_eval.run import run_lm_eval
+
+    asked = []
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS", True)
+    monkeypatch.setattr(datasets.load, "get_session", lambda: SimpleNamespace(head=lambda url, **kw: asked.append(url)))
+    monkeypatch.setattr(evaluator, "simple_evaluate", lambda **kw: datasets.load.increase_load_count("json"))
+    settings = LmEvalSettings(tasks=("rs_mc",))
+    run_lm_eval(settings, None, None, log_samples=False, bootstrap_iters=0)  # the scoring pass
+    assert asked == [] and datasets.config.HF_UPDATE_DOWNLOAD_COUNTS is True  # the setting is back after it
+    run_lm_eval(settings, None, None, log_samples=False, bootstrap_iters=0, requests_only=True)  # the building pass
+    assert len(asked) == 1
+
+
 def test_a_model_folders_files_say_whether_it_has_a_chat_template_without_loading_its_tokenizer(tmp_path, tiny_path):
     from jobs.lm_eval_model import _LoadedOnUse, has_chat_template
 

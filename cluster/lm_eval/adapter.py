@@ -82,6 +82,23 @@ def without_run_record():
 
 
 @contextlib.contextmanager
+def downloads_not_counted_again():
+    """The `datasets` library without its download count: each `load_dataset` of a task's documents otherwise sends
+    the Hugging Face hub a HEAD request (`datasets.load.increase_load_count`, unless HF_HUB_OFFLINE is set). For
+    lm-eval's scoring pass, which loads every dataset the building pass loaded already: on a machine that cannot
+    reach the hub the request waits for its name lookup, 5.6 s at the end of a sweep of lm-eval's suite on the 2-core
+    CPU machine. `datasets.config.HF_UPDATE_DOWNLOAD_COUNTS` is read at each load; it is back when the call ends."""
+    import datasets.config as config
+
+    saved = config.HF_UPDATE_DOWNLOAD_COUNTS
+    config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    try:
+        yield
+    finally:
+        config.HF_UPDATE_DOWNLOAD_COUNTS = saved
+
+
+@contextlib.contextmanager
 def templates_compiled_once():
     """lm-eval's `utils.apply_template` with each template string compiled once: lm-eval compiles a task's
     `doc_to_text`/`doc_to_target`/`doc_to_choice` again for every document and every few-shot example (18,004
