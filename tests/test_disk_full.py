@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import LEAN_EXTRACT_ROWS, ROOT, lean_quickstart
+from tests.test_reliability import wait_for
 
 
 @pytest.fixture
@@ -25,17 +26,23 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
-def _sweep(spec, out) -> subprocess.CompletedProcess:
+def _sweep(spec, out, ray) -> subprocess.CompletedProcess:
+    """The command, joined to the session's local Ray (`ray`, tests/conftest.py ray_local): what fills here is the
+    output's disk, not Ray's, and a local Ray of its own for each of the two runs was two starts of Ray (with its
+    reaper and early engine host) on the 2-core CI machine. A command's own local Ray is tested where it is the
+    point (tests/test_signals.py, tests/test_reliability.py's kill -9, tests/test_sweep.py's quickstart)."""
     return subprocess.run([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
-                          env=os.environ | {"PYTHONUNBUFFERED": "1", "RAY_ADDRESS": ""})
+                          env=os.environ | {"PYTHONUNBUFFERED": "1",
+                                            "RAY_ADDRESS": ray.get_runtime_context().gcs_address})
 
 
 @pytest.mark.slow
-def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes_once_there_is_room(small_disk, tmp_path):
+def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes_once_there_is_room(small_disk, tmp_path,
+                                                                                       ray_local):
     out = small_disk / "out"
     spec = lean_quickstart(tmp_path)  # its output over 100 KiB: the 60 KiB disk fills mid-run
-    full = _sweep(spec, out)
+    full = _sweep(spec, out, ray_local)
     assert full.returncode == 1, full.stdout[-2000:] + full.stderr[-2000:]
     ours = [line for line in full.stderr.splitlines() if line.startswith("raysweep:")]  # beside Ray's own lines
     assert len(ours) == 1 and "Traceback" not in full.stderr + full.stdout, full.stderr[-3000:]
@@ -48,7 +55,11 @@ def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes_once_there
 
     committed = sum(s["state"] == "committed" for s in read_manifest(str(out))["shards"].values())
     subprocess.run(["mount", "-o", "remount,size=16m", str(small_disk)], check=True)
-    again = _sweep(spec, out)
+    # the failed run's actors go with its driver, as Ray notices it gone: the resume takes their names once they are
+    assert wait_for(lambda: not any(a.get("namespace") == "raysweep-quickstart"
+                                     for a in ray_local.util.list_named_actors(all_namespaces=True))), \
+        "the failed run's actors stayed"
+    again = _sweep(spec, out, ray_local)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert f"{committed} already committed" in again.stdout
     rows = pq.read_table(out / "results", columns=["task", "sample_id"]).to_pylist()

@@ -82,12 +82,12 @@ def _stopped(include_path: Path, tmp: Path, marker: str | None, pauses: list[flo
         assert not [p.name for p in tmp.iterdir() if p.name.startswith("raysweep-")]
 
 
-def test_a_samples_index_past_the_tasks_documents_is_one_line(include_path):
+def test_a_samples_index_past_the_tasks_documents_is_one_line(include_path, ray_local):
     """`--samples '{"rs_mc":[50]}'` past the task's documents was lm-eval's AssertionError traceback."""
     proc = subprocess.run([sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
                            f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=1", "--include_path",
                            str(include_path), "--tasks", "rs_mc", "--samples", '{"rs_mc": [50]}'],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=_env(ray_local), capture_output=True, text=True, timeout=300)
     said = [line for line in proc.stderr.splitlines() if line.startswith("raysweep: error:")]
     assert proc.returncode == 2 and said == [
         "raysweep: error: lm-eval: --samples: task rs_mc: Elements of --samples should be in the interval [0,k-1] "
@@ -96,14 +96,14 @@ def test_a_samples_index_past_the_tasks_documents_is_one_line(include_path):
 
 
 @pytest.mark.slow
-def test_a_generation_setting_raysweep_refuses_is_one_line(include_path):
+def test_a_generation_setting_raysweep_refuses_is_one_line(include_path, ray_local):
     """Beam search in the task's settings (here through --gen_kwargs; a generation argument raysweep does not
     pass, `repetition_penalty`, goes the same way: test_lm_eval_tasks.py has both messages): the right message
     after a 50-line traceback; now one line, exit 2, as a spec's entry says it."""
     proc = subprocess.run([sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
                            f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=1", "--include_path",
                            str(include_path), "--tasks", "rs_gen", "--limit", "2", "--gen_kwargs", "num_beams=2"],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=_env(ray_local), capture_output=True, text=True, timeout=300)
     said = [line for line in proc.stderr.splitlines() if line.startswith("raysweep: error:")]
     assert proc.returncode == 2 and len(said) == 1 and \
         said[0].startswith("raysweep: error: task rs_gen: generation argument num_beams: 2: beam search"), \

@@ -178,7 +178,7 @@ def with_perplexity_task(folder) -> str:
 
 @pytest.mark.slow
 def test_reproducible_log_likelihoods_are_lm_evals_hf_batch_1_bit_for_bit_and_the_run_prints_only_its_own_lines(
-        tmp_path, tiny_path):
+        tmp_path, tiny_path, ray_local):
     """`reproducible: true` on the CPU: every log-likelihood lm-eval's records hold (multiple choice, rolling
     windows, a single continuation) is bit-equal to `lm_eval --model hf --batch_size 1` in float32, and so are
     the metrics and their stderr. The run's stdout is raysweep's lines and its table only: lm-eval's
@@ -192,7 +192,7 @@ def test_reproducible_log_likelihoods_are_lm_evals_hf_batch_1_bit_for_bit_and_th
                                 "models": [{"name": "tiny", "path": "builtin:tiny",
                                             "engine": {"max_model_len": MAX_MODEL_LEN}}],
                                 "tasks": [{"lm_eval": {"tasks": tasks, "include_path": include, "num_fewshot": 2}}]}))
-    run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+    run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(ray_local),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     strays = [line for line in run.stdout.splitlines() if line.strip() and not line.startswith(("[raysweep] ", "|"))]

@@ -160,12 +160,14 @@ def test_use_cache_answers_what_it_holds_and_keeps_what_the_rows_answer(tmp_path
         assert db[hash_args("loglikelihood", ("Q:", " c"))] == (-3.0, False) and len(db) == 5
 
 
-def _run_both(include_path: Path, tmp_path: Path, predict_only: bool) -> tuple[Path, Path, subprocess.CompletedProcess]:
-    """The entry run from a spec and `raysweep lm-eval` with the same settings; their lm-eval folders."""
+def _run_both(include_path: Path, tmp_path: Path, predict_only: bool,
+              ray) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """The entry run from a spec and `raysweep lm-eval` with the same settings, both on the session's Ray (`ray`,
+    tests/test_lm_eval_tasks.py _env); their lm-eval folders."""
     entry = {"tasks": list(TASKS), "include_path": str(include_path), "num_fewshot": 2, "seed": [7, None, 8, 52],
              "predict_only": predict_only, "samples": SAMPLES, "use_cache": str(tmp_path / "cache-spec")}
     run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(write_spec(tmp_path, entry))], cwd=ROOT,
-                         env=_env(), capture_output=True, text=True, timeout=600)
+                         env=_env(ray), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     cli = subprocess.run(
         [sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
@@ -173,7 +175,7 @@ def _run_both(include_path: Path, tmp_path: Path, predict_only: bool) -> tuple[P
          "--tasks", ",".join(TASKS), "--include_path", str(include_path), "--num_fewshot", "2", "--seed", "7,None,8,52",
          *(["--predict_only"] if predict_only else []), "--samples", json.dumps(SAMPLES),
          "--use_cache", str(tmp_path / "cache-cli"), "--output_path", str(tmp_path / "via-cli"), "--log_samples"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+        cwd=ROOT, env=_env(ray), capture_output=True, text=True, timeout=600)
     assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
     return tmp_path / "out" / "lm_eval" / "tiny", tmp_path / "via-cli" / "builtin__tiny", run
 
@@ -181,13 +183,13 @@ def _run_both(include_path: Path, tmp_path: Path, predict_only: bool) -> tuple[P
 @pytest.mark.slow
 @pytest.mark.parametrize("predict_only", [False, True])
 def test_a_spec_entry_and_the_command_line_with_the_same_settings_write_the_same_records(include_path, tmp_path,
-                                                                                          predict_only):
+                                                                                          predict_only, ray_local):
     """seed (four values, one of them unset), samples, use_cache and predict_only in a spec's entry and on
     `raysweep lm-eval`'s command line: lm-eval's per-document records byte for byte, its results and seeds the
     same, both caches holding the same answers; under predict_only no metric, and the summary no score."""
     from sqlitedict import SqliteDict
 
-    spec_dir, cli_dir, run = _run_both(include_path, tmp_path, predict_only)
+    spec_dir, cli_dir, run = _run_both(include_path, tmp_path, predict_only, ray_local)
     ours, theirs = (json.loads(Path(glob.glob(f"{d}/results_*.json")[0]).read_text()) for d in (spec_dir, cli_dir))
     for task in TASKS:
         records = [Path(glob.glob(f"{d}/samples_{task}_*.jsonl")[0]).read_bytes() for d in (spec_dir, cli_dir)]

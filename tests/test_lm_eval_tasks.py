@@ -120,8 +120,18 @@ def include_path(tmp_path_factory) -> Path:
     return write_tasks(tmp_path_factory.mktemp("lm-eval-tasks"))
 
 
-def _env() -> dict:
-    return {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+def _env(ray=None) -> dict:
+    """A command's environment: lm-eval offline. With `ray` (tests/conftest.py ray_local) the command joins the
+    session's local Ray instead of starting one with its reaper and early engine host: 4-5 CPU-seconds less a
+    command (10.4-11.5 against 14.5-16.2 for this file's three tasks, idle 2-core machine), which the suite's other
+    worker has to itself. Tests of lm-eval's side join; a command's own local Ray with lm-eval is tested where it is
+    the point: the first run of test_lm_eval_tasks_give_lm_evals_own_numbers, the test of Ray starting while
+    lm-eval builds its tasks, tests/test_lifecycle.py's, and tests/test_lm_eval_command.py's Ctrl-C and hub
+    dataset tests."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if ray is not None:
+        env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    return env
 
 
 def compare(reference: Path, ours: Path, tasks=("rs_mc", "rs_gen", "rs_ppl")) -> dict:
@@ -165,7 +175,7 @@ def lm_eval_reference(include_path: Path, out: Path, tiny_path: str) -> Path:
 
 
 @pytest.mark.slow
-def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_path):
+def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_path, ray_local):
     # beside the lm_eval: entry, a native multiple-choice task over rs_mc0's documents, written as a user
     # would write it (bare choices, the default target_delimiter)
     native = {"name": "mc_native", "type": "loglikelihood", "data": str(include_path.parent / "data" / "mc_test.jsonl"),
@@ -215,7 +225,7 @@ def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_pa
     assert summary["mc_native"]["score"] == pytest.approx(ref_mc0["acc,none"])
     assert native_metrics == pytest.approx({"acc_norm": ref_mc0["acc_norm,none"], "acc_bytes": ref_mc0["acc_bytes,none"]})
 
-    again = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+    again = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(ray_local),
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "0 shards run, 4 already committed" in again.stdout, again.stdout[-1500:]
 
@@ -225,7 +235,7 @@ def test_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_pa
          f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=2,output={tmp_path / 'lm-eval-runs'}",
          "--tasks", "rs_mc,rs_gen,rs_ppl", "--include_path", str(include_path), "--num_fewshot", "2",
          "--output_path", str(tmp_path / "via-cli"), "--log_samples"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+        cwd=ROOT, env=_env(ray_local), capture_output=True, text=True, timeout=600)
     assert cli.returncode == 0, cli.stdout[-1500:] + cli.stderr[-1500:]
     assert compare(reference, tmp_path / "via-cli" / "builtin__tiny") == counts
     assert f"planned tiny/rs_mc: {MC_DOCS} samples" in cli.stderr
@@ -250,7 +260,7 @@ def process_results(doc, results):
 
 
 @pytest.mark.slow
-def test_a_task_whose_process_results_raises_fails_alone_and_a_fixed_one_scores_without_engines(tmp_path):
+def test_a_task_whose_process_results_raises_fails_alone_and_a_fixed_one_scores_without_engines(tmp_path, ray_local):
     """A `process_results` that raises on real answers ended the run in a traceback, rc 1, no summary and no lm-eval
     files, and every re-run the same. The task is failed alone (one line naming it and the exception, its summary
     row's error, rc 1); its neighbour's lm-eval files and summary are written; once the task is fixed, the same
@@ -263,7 +273,7 @@ def test_a_task_whose_process_results_raises_fails_alone_and_a_fixed_one_scores_
                                        .split("metric_list:")[0] + "process_results: !function utils.process_results\n"
                                        "metric_list:\n  - {metric: acc, aggregation: mean, higher_is_better: true}\n")
     spec = write_spec(tmp_path, {"tasks": ["rs_mc", "rs_bad"], "include_path": str(tasks), "limit": 6})
-    run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+    run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(ray_local),
                          capture_output=True, text=True, timeout=600)
     said = run.stdout + run.stderr
     assert run.returncode == 1, said[-3000:]
@@ -277,7 +287,7 @@ def test_a_task_whose_process_results_raises_fails_alone_and_a_fixed_one_scores_
     assert "rs_mc" in results and "rs_bad" not in results and (ours / "samples_rs_mc.parquet").exists()
 
     (tasks / "utils.py").write_text(FIXED)
-    again = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+    again = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(ray_local),
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert "(0 shards run, 2 already committed)" in again.stdout and "engine up:" not in again.stdout + again.stderr
@@ -405,13 +415,13 @@ def test_rolling_windows_are_lm_evals():
 
 
 @pytest.mark.slow
-def test_chat_templated_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_path):
+def test_chat_templated_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tmp_path, tiny_path, ray_local):
     """apply_chat_template with few-shot examples as turns and a system instruction: the requests rendered by
     builtin:tiny's chat template as lm-eval's HF model renders them, the same records and metrics."""
     spec = write_spec(tmp_path, {"tasks": ["rs_mc", "rs_gen"], "include_path": str(include_path), "num_fewshot": 2,
                                  "apply_chat_template": True, "fewshot_as_multiturn": True,
                                  "system_instruction": "Be brief."})
-    run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+    run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(ray_local),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     subprocess.run(
@@ -455,7 +465,7 @@ def test_a_group_gets_a_summary_row_with_lm_evals_aggregate():
 
 
 @pytest.mark.slow
-def test_a_multiple_choice_context_too_long_is_cut_as_lm_eval_cuts_it(include_path, tmp_path, tiny_path):
+def test_a_multiple_choice_context_too_long_is_cut_as_lm_eval_cuts_it(include_path, tmp_path, tiny_path, ray_local):
     """3-shot contexts over a max_model_len of 300: each choice is scored on the context's last tokens that fit,
     as lm-eval's HF model keeps (context + choice)[-(max_length + 1):] (max_length = 300 - 2, raysweep's window);
     the rows are `truncated`, and the records and metrics are lm-eval's."""
@@ -464,7 +474,7 @@ def test_a_multiple_choice_context_too_long_is_cut_as_lm_eval_cuts_it(include_pa
                                 "models": [{"name": "tiny", "path": "builtin:tiny", "engine": {"max_model_len": 300}}],
                                 "tasks": [{"lm_eval": {"tasks": ["rs_mc"], "include_path": str(include_path),
                                                        "num_fewshot": 3, "limit": 10}}]}))
-    run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+    run = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(ray_local),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     subprocess.run(
@@ -548,7 +558,7 @@ def _lm_eval_cli(*args: str, env: dict | None = None) -> subprocess.CompletedPro
 
 
 @pytest.mark.slow
-def test_lm_eval_command_line_errors_are_one_line_with_advice_it_can_follow(include_path, tmp_path):
+def test_lm_eval_command_line_errors_are_one_line_with_advice_it_can_follow(include_path, tmp_path, ray_local):
     """`--tasks ht_nope` ended in lm-eval's ValueError traceback; another spec's output advised `--new-run`, which
     `raysweep lm-eval` does not have."""
     proc = _lm_eval_cli("--model_args", "pretrained=builtin:tiny", "--tasks", "ht_nope")
@@ -560,7 +570,7 @@ def test_lm_eval_command_line_errors_are_one_line_with_advice_it_can_follow(incl
         "tiny/rs_mc/00000": {"state": "committed", "file": "results/tiny/rs_mc/shard-00000.parquet", "rows": 1}}}))
     proc = _lm_eval_cli("--model_args", f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=1,"
                         f"output={tmp_path / 'runs'}", "--tasks", "rs_mc", "--include_path", str(include_path),
-                        "--limit", "2")
+                        "--limit", "2", env=_env(ray_local))
     said = [line for line in proc.stderr.splitlines() if line.startswith("raysweep: error:")]
     assert len(said) == 1, proc.stderr[-2000:]
     last = said[0]
@@ -571,13 +581,13 @@ def test_lm_eval_command_line_errors_are_one_line_with_advice_it_can_follow(incl
 
 
 @pytest.mark.slow
-def test_lm_eval_without_output_removes_its_temporary_folder(include_path, tmp_path):
+def test_lm_eval_without_output_removes_its_temporary_folder(include_path, tmp_path, ray_local):
     """Each `raysweep lm-eval` without output= left a /tmp/raysweep-lm-eval-* folder behind."""
     tmp = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))  # short: Ray's sockets go under TMPDIR too
     try:
         proc = _lm_eval_cli("--model_args", f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=1",
                             "--tasks", "rs_mc", "--include_path", str(include_path), "--limit", "2",
-                            env={**_env(), "TMPDIR": str(tmp), "RAYSWEEP_ENGINE_HOST": "0"})
+                            env={**_env(ray_local), "TMPDIR": str(tmp), "RAYSWEEP_ENGINE_HOST": "0"})
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "rs_mc" in proc.stdout and "planned tiny/rs_mc: 2 samples" in proc.stderr
         assert not list(tmp.glob("raysweep-lm-eval-*"))
@@ -771,13 +781,13 @@ def test_a_resume_after_a_tasks_documents_changed_is_refused_naming_them(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_run_resumed_after_a_label_changed_is_refused_in_one_line(tmp_path):
+def test_a_run_resumed_after_a_label_changed_is_refused_in_one_line(tmp_path, ray_local):
     """End to end through `raysweep run`: the manifest records each lm-eval task's documents, so a second run
     after a label was edited is refused in one line (it re-scored the old answers against the new label, exit 0,
     before); with --new-run it runs again."""
     tasks = write_tasks(tmp_path / "lm")
     spec = write_spec(tmp_path, {"tasks": ["rs_mc0"], "include_path": str(tasks), "limit": 6})
-    first = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+    first = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(ray_local),
                            capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
@@ -785,7 +795,7 @@ def test_a_run_resumed_after_a_label_changed_is_refused_in_one_line(tmp_path):
     data = tasks.parent / "data" / "mc_test.jsonl"
     docs = [json.loads(line) for line in data.read_text().splitlines()]
     data.write_text("".join(json.dumps(dict(d, label=(d["label"] + 1) % 4)) + "\n" for d in docs))
-    again = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(),
+    again = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(spec)], cwd=ROOT, env=_env(ray_local),
                            capture_output=True, text=True, timeout=600)
     said = again.stdout + again.stderr
     assert again.returncode == 2 and "the documents of lm-eval task rs_mc0" in said and "Traceback" not in said, said

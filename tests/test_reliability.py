@@ -78,12 +78,14 @@ def reference(ray_local, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_driver_kill9_then_rerun_completes_identically(reference, tmp_path):
+def test_driver_kill9_then_rerun_completes_identically(ray_local, reference, tmp_path):
+    """kill -9 of the driver and the local Ray it started, mid-run; the rerun joins the session's local Ray
+    (ray_local, up for `reference`) rather than starting one of its own: what it resumes from is the output the
+    killed run left, and a command's own local Ray after a kill is tests/test_signals.py's (its resumes)."""
     spec, out = small_shard_spec(tmp_path), tmp_path / "out"
     cmd = [sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(out)]
-    env = os.environ | {"RAY_ADDRESS": "local"}
-    driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    driver = subprocess.Popen(cmd, cwd=ROOT, env=os.environ | {"RAY_ADDRESS": "local"}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         assert wait_for(lambda: committed(out) >= 3), "the sweep never committed a shard"
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
@@ -93,7 +95,8 @@ def test_driver_kill9_then_rerun_completes_identically(reference, tmp_path):
     assert 3 <= interrupted_at < N_SHARDS
     killed_actors = _actors_with_commits(out, read_manifest(str(out))["shards"])  # of the killed run's commits
     assert killed_actors
-    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    joined = os.environ | {"RAY_ADDRESS": ray_local.get_runtime_context().gcs_address}
+    again = subprocess.run(cmd, cwd=ROOT, env=joined, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming: {interrupted_at} of {N_SHARDS} shards already committed" in again.stdout
     assert outputs(out) == reference  # every sample once, greedy and seeded outputs identical
