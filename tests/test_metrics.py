@@ -1,10 +1,12 @@
 """Ray metrics: a local sweep, scraped from the node's Prometheus endpoint (what a Prometheus server and
 the Ray dashboard's Metrics view read) while it runs and after; every metric is there, tagged, non-zero."""
 
+import os
 import re
 import threading
 import time
 import urllib.request
+from dataclasses import replace
 
 import pyarrow.parquet as pq
 import pytest
@@ -77,7 +79,9 @@ class MetricsWatcher:
 
 @pytest.mark.slow
 def test_sweep_metrics_on_the_prometheus_endpoint(ray_local, tmp_path):
-    spec = load_spec(lean_quickstart(tmp_path))  # 150 + 100 + 30 samples in 3 + 2 + 1 shards
+    # 150 + 100 + 30 samples in 3 + 2 + 1 shards; a name of its own: other tests' quickstarts on this session's
+    # Ray leave their series in the same endpoint
+    spec = replace(load_spec(lean_quickstart(tmp_path)), name=f"metrics-{os.getpid()}-{time.time_ns()}")
     samples = 250 + LEAN_EXTRACT_ROWS
     with MetricsWatcher(spec.name) as watcher:
         report = run_sweep(spec, output=str(tmp_path / "out"), log=lambda line: None)
