@@ -41,7 +41,9 @@ def _sweep(spec, out, ray) -> subprocess.CompletedProcess:
 def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes_once_there_is_room(small_disk, tmp_path,
                                                                                        ray_local):
     out = small_disk / "out"
-    spec = lean_quickstart(tmp_path)  # its output over 100 KiB: the 60 KiB disk fills mid-run
+    # its output over 100 KiB: the 60 KiB disk fills mid-run. A name of its own on the session's Ray, whose
+    # metrics endpoint tests/test_metrics.py reads by sweep name
+    spec = lean_quickstart(tmp_path, "full-disk")
     full = _sweep(spec, out, ray_local)
     assert full.returncode == 1, full.stdout[-2000:] + full.stderr[-2000:]
     ours = [line for line in full.stderr.splitlines() if line.startswith("raysweep:")]  # beside Ray's own lines
@@ -56,7 +58,7 @@ def test_a_full_disk_mid_run_is_one_line_and_the_same_command_resumes_once_there
     committed = sum(s["state"] == "committed" for s in read_manifest(str(out))["shards"].values())
     subprocess.run(["mount", "-o", "remount,size=16m", str(small_disk)], check=True)
     # the failed run's actors go with its driver, as Ray notices it gone: the resume takes their names once they are
-    assert wait_for(lambda: not any(a.get("namespace") == "raysweep-quickstart"
+    assert wait_for(lambda: not any(a.get("namespace") == "raysweep-full-disk"
                                      for a in ray_local.util.list_named_actors(all_namespaces=True))), \
         "the failed run's actors stayed"
     again = _sweep(spec, out, ray_local)

@@ -347,12 +347,14 @@ def _code_spec(folder, sleep_s: float, timeout_s: float = 10, program: str | Non
     return spec
 
 
-def _driver(spec, code: str = "") -> subprocess.Popen:
-    """`python -m jobs.sweep SPEC` in a process group of its own, after `code` (a test's hook) ran in it."""
+def _driver(spec, code: str = "", ray=None) -> subprocess.Popen:
+    """`python -m jobs.sweep SPEC` in a process group of its own, after `code` (a test's hook) ran in it; on a local
+    Ray of its own, or joined to the session's (`ray`, tests/conftest.py ray_local)."""
     script = f"{code}\nfrom jobs.sweep import exit_now, main\nexit_now(main([{str(spec)!r}]))"
+    address = ray.get_runtime_context().gcs_address if ray is not None else ""
     return subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=os.environ | {"PYTHONUNBUFFERED": "1", "RAY_ADDRESS": ""})
+                            env=os.environ | {"PYTHONUNBUFFERED": "1", "RAY_ADDRESS": address})
 
 
 def _interrupted_at(sweep: subprocess.Popen, marker: str, delay_s: float = 0.0) -> str:
@@ -377,16 +379,18 @@ def _assert_one_stop_line(sweep: subprocess.Popen, text: str) -> str:
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_code_exec_scoring_is_one_line_and_the_run_resumes(tmp_path):
+def test_ctrl_c_during_code_exec_scoring_is_one_line_and_the_run_resumes(tmp_path, ray_local):
     """Ctrl-C while code_exec programs run: one line, not chained tracebacks (a CancelledError from each
-    sandbox batch the closing pool cancelled)."""
+    sandbox batch the closing pool cancelled). The interrupted run has a local Ray of its own; the resume joins
+    the session's (a local Ray's start was most of its time; the resume of a run on its own local Ray is the
+    signal tests' above)."""
     # 20 programs of 0.5 s, two at a time (the sandbox pool's threads on a 2-core machine): 5 s of programs at
     # least, so the Ctrl-C 1 s after they began finds most still to run; the resume runs the rest (1 s each took
     # twice as long for nothing more)
     spec = _code_spec(tmp_path, 0.5)
     sweep = _driver(spec)
     _assert_one_stop_line(sweep, _interrupted_at(sweep, "code_exec programs run sandboxed", delay_s=1.0))
-    again = _driver(spec)
+    again = _driver(spec, ray=ray_local)
     text, _ = again.communicate(timeout=180)
     assert again.returncode == 0, text[-3000:]
     ids = pq.read_table(tmp_path / "out" / "results", columns=["sample_id"])["sample_id"].to_pylist()
@@ -433,9 +437,10 @@ def test_ctrl_c_during_long_code_exec_programs_kills_them_and_ends_in_seconds(tm
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_finish_is_one_line_and_the_next_run_writes_the_summary(tmp_path):
+def test_ctrl_c_during_finish_is_one_line_and_the_next_run_writes_the_summary(tmp_path, ray_local):
     """Ctrl-C while the run writes its telemetry and summary (a hook holds `finish` open): every shard is
-    committed, the line says so, and the same command then runs nothing and writes the summary."""
+    committed, the line says so, and the same command then runs nothing and writes the summary (joined to the
+    session's local Ray, as the resume of the test above)."""
     spec = _code_spec(tmp_path, 0.0)
     hook = ("import time\nfrom cluster.store import sink\nfinish = sink.ResultSink.finish\n"
             "def held(self, log=print):\n    print('[test] finishing', flush=True)\n    time.sleep(30)\n"
@@ -444,7 +449,7 @@ def test_ctrl_c_during_finish_is_one_line_and_the_next_run_writes_the_summary(tm
     line = _assert_one_stop_line(sweep, _interrupted_at(sweep, "[test] finishing"))
     assert ": 4 of 4 shard(s) committed in " in line
     assert not (tmp_path / "out" / "summary.parquet").exists()
-    again = _driver(spec)
+    again = _driver(spec, ray=ray_local)
     text, _ = again.communicate(timeout=180)
     assert again.returncode == 0 and "(0 shards run, 4 already committed)" in text, text[-3000:]
     assert pq.read_table(tmp_path / "out" / "summary.parquet").column("n").to_pylist() == [20]
