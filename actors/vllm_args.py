@@ -9,19 +9,19 @@ from pathlib import Path
 
 from actors.engine import EngineProfile
 from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS, shared_starts_together
+from cluster.contracts.model_memory import shared_kv_cache_bytes
 from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
-SHARED_MARGIN_BYTES = 3 << 30  # beside the weights: CUDA context, activations, graphs, sampler (small models)
 MIN_SHARED_KV_BYTES = 1 << 30
 
 
 def shared_kv_bytes(model: ModelSpec, model_path: str, gpu_fraction: float, total_bytes: int | None) -> int | None:
     """On a GPU shared with other engines, the KV cache's size in bytes, from the engine's share: the spec's
     `gpu_memory_utilization` of the GPU, or else 90% of its fraction, less its weights (the model folder's
-    weight files) with a fifth more, less SHARED_MARGIN_BYTES. vLLM otherwise sizes the cache from the free
-    memory it measures before and after a test pass, which a neighbour starting or closing meanwhile falsifies
-    (seen on an H100: "Error in memory profiling", or a cache sized wrong; on an H200, two engines of
+    weight files) with a fifth more, less SHARED_MARGIN_BYTES (cluster/contracts/model_memory.py). vLLM otherwise
+    sizes the cache from the free memory it measures before and after a test pass, which a neighbour starting or
+    closing meanwhile falsifies (seen on an H100: "Error in memory profiling", or a cache sized wrong; on an H200, two engines of
     `gpu_memory_utilization: 0.3` started together: "No available memory for the cache blocks"). None where
     the spec sets `kv_cache_memory_bytes`, the GPU is whole, starts are serial, NVML cannot say the GPU's size,
     or the share leaves less than 1 GiB (then vLLM measures)."""
@@ -30,7 +30,7 @@ def shared_kv_bytes(model: ModelSpec, model_path: str, gpu_fraction: float, tota
     share = float(model.engine.get("gpu_memory_utilization", 0.9 * gpu_fraction))
     weights = sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt")
                   for f in Path(model_path).glob(pattern)) if os.path.isdir(model_path) else 0
-    kv = int(share * total_bytes - 1.2 * weights - SHARED_MARGIN_BYTES)
+    kv = shared_kv_cache_bytes(share * total_bytes, weights)
     return kv if kv >= MIN_SHARED_KV_BYTES else None
 
 

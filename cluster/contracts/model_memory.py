@@ -25,6 +25,7 @@ MIB = 1 << 20
 RESERVE_BYTES = 1 * GIB  # beside the weights: CUDA context, activations, the smallest useful KV cache
 DEFAULT_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization when the spec gives none
 MAX_TP = 16
+SHARED_MARGIN_BYTES = 3 * GIB  # beside a shared engine's weights: CUDA context, activations, graphs, sampler
 # total memory as NVML reports it, by Ray's accelerator type names (ray.util.accelerators)
 ACCELERATOR_MEMORY = {
     "T4": 15360 * MIB, "L4": 23034 * MIB, "A10G": 23028 * MIB, "L40S": 46068 * MIB, "V100": 16384 * MIB,
@@ -126,6 +127,13 @@ def config_parameters(config: dict) -> int | None:
         mlp = 3 * hidden * inter
     head = 0 if config.get("tie_word_embeddings", False) else vocab * hidden
     return vocab * hidden + layers * (attention + mlp + 2 * hidden) + hidden + head
+
+
+def shared_kv_cache_bytes(share_bytes: float, weight_bytes: int) -> int:
+    """The KV cache of an engine that shares its GPU, sized from its share of the GPU's memory in bytes: less its
+    weights with a fifth more and SHARED_MARGIN_BYTES (actors/vllm_args.py gives it to the engine; the planner's
+    engines-per-GPU rule reads it)."""
+    return int(share_bytes - 1.2 * weight_bytes - SHARED_MARGIN_BYTES)
 
 
 def accelerator_memory(accelerator_type: str | None) -> int | None:

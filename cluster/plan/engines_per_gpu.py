@@ -33,7 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from cluster.contracts.model_memory import DEFAULT_UTILIZATION, GIB, accelerator_memory, weights
+from cluster.contracts.model_memory import (DEFAULT_UTILIZATION, GIB, accelerator_memory, shared_kv_cache_bytes,
+                                            weights)
 from cluster.contracts.spec import ActorSpec, SweepSpec
 
 SMALL_WEIGHTS_BYTES = 2 * GIB  # about 1B parameters in bf16: the largest model measured to gain is 254M
@@ -43,7 +44,6 @@ FOUR_ENGINES_MIN_BYTES = 64 * GIB  # an H100 80GB or larger: each of four engine
 MANY_TOKENS_PER_GPU = 500_000  # between 0.34M (four engines lost) and 0.67M (they won) measured
 PAIRED_KV_MIN_BYTES = 40 * GIB  # a larger model's two engines on one GPU: each keeps this for its KV cache (44 GiB
 # each for 8B on an H200 measured faster than one engine)
-PAIRED_MARGIN_BYTES = 3 * GIB  # as actors/vllm_args.py SHARED_MARGIN_BYTES
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def _engines_per_gpu(spec: SweepSpec, cluster_resources: dict, model_bytes: dict
 
 def paired_kv_bytes(weight_bytes: int, memory: int) -> int:
     """Each engine's KV cache where two share a GPU of `memory` bytes, as actors/vllm_args.py sizes it."""
-    return int(DEFAULT_UTILIZATION * memory / 2 - 1.2 * weight_bytes - PAIRED_MARGIN_BYTES)
+    return shared_kv_cache_bytes(DEFAULT_UTILIZATION * memory / 2, weight_bytes)
 
 
 def large_model_engines(weight_bytes: int, memory: int) -> int:
