@@ -19,7 +19,8 @@ from multiprocessing.connection import Client, Connection
 from multiprocessing.reduction import send_handle
 
 from actors.engine import EngineProfile
-from cluster.contracts.engine_host import CALL, READY, RUN_ROWS, START, EngineHostAddress, early_path
+from cluster.contracts.engine_host import (CALL, READY, RUN_ROWS, START, EngineHostAddress, claim_early,
+                                           early_paths)
 
 HOST_WAIT_S = 600.0  # the host's imports (vLLM: 10-25 s measured; a cold disk and no bytecode: more) at most
 
@@ -114,21 +115,23 @@ class HostedEngine:
 
 
 def connect(address: EngineHostAddress | None, key: str | None = None) -> EngineProcess | None:
-    """An engine process for this actor: the early engine's of its `key` (cluster/contracts/engine_host.py
-    engine_key) where the driver asked for one, else one forked from the host at `address`; None where there is no
-    host on this machine (an actor on another node) or it cannot fork one (its imports failed: it is gone).
-    Waits while the host still imports."""
+    """An engine process for this actor: an early engine of its `key` (cluster/contracts/engine_host.py
+    engine_key) that no other actor claimed, where the driver asked for one, else one forked from the host at
+    `address`; None where there is no host on this machine (an actor on another node) or it cannot fork one (its
+    imports failed: it is gone). Waits while the host still imports."""
     if address is None or not os.path.exists(address.path):
         return None
-    early = early_path(address, key) if key else None
-    if early and os.path.exists(early):
+    for early in early_paths(address, key) if key else []:
+        if not claim_early(early):
+            continue  # another actor of the same GPU's
         try:
             return _hello(Client(early, "AF_UNIX"), address.host_pid)
-        except FileNotFoundError:  # another actor of the same key took it meanwhile: gone from there
-            pass
+        except FileNotFoundError:  # the driver let go of it meanwhile
+            break
         except (OSError, EOFError) as e:
             print(f"[raysweep] the early engine at {early} did not answer ({type(e).__name__}: {e}); this actor "
                   "asks the engine host for an engine process", file=sys.stderr, flush=True)
+            break
     try:
         return _hello(Client(address.path, "AF_UNIX"), address.host_pid)
     except (OSError, EOFError) as e:

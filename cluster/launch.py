@@ -119,7 +119,7 @@ class EngineHost:
         from cluster.contracts.engine_host import EARLY, early_path
 
         for engine in engines:
-            path = early_path(self.address, engine.key)
+            path = early_path(self.address, engine.key, engine.slot)
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
                 listener.bind(path)
                 listener.listen(1)

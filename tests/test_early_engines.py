@@ -42,7 +42,8 @@ def test_an_8b_model_on_four_gpus_gets_one_early_engine_per_gpu_as_its_actors_wi
 @pytest.mark.parametrize("spec, gpus, weights", [
     (_spec(), ["0", "1"], SMALL_WEIGHTS_BYTES),  # a small model: the GPU's memory decides, once Ray says the GPU
     (_spec(), ["0", "1"], None),  # a size not known
-    (_spec(num_gpus=0.5), ["0", "1"], LARGE),  # a shared GPU
+    (_spec(num_gpus=0.3), ["0", "1"], LARGE),  # a share that is no whole fraction of a GPU
+    (_spec(num_gpus=0.5, count=3), ["0", "1"], LARGE),  # fewer actors than the GPUs' shares
     (_spec(count=1), ["0", "1"], LARGE),  # fewer actors than GPUs: which GPU Ray gives is not known
     (_spec([ModelSpec("a", "/a"), ModelSpec("b", "/b")]), ["0"], LARGE),  # which model an actor starts first
     (_spec([ModelSpec("m", "/m", engine={"tensor_parallel_size": 2})]), ["0", "1"], LARGE),  # one engine, two GPUs
@@ -52,12 +53,16 @@ def test_no_early_engine_where_an_actors_first_engine_is_not_known_before_ray(sp
     assert plan_early(spec, "/models/m", gpus, weights) is None
 
 
-def test_a_large_model_on_gpus_the_rule_shares_between_two_engines_gets_no_early_engine():
+def test_a_large_model_on_gpus_the_rule_shares_between_two_engines_gets_an_early_engine_per_actor():
     # 8B (13 GiB) on an H200's 140 GiB: two engines per GPU once Ray is up (cluster/plan/engines_per_gpu.py)
     h200, h100 = 143771 << 20, 81559 << 20
-    assert plan_early(_spec(), "/models/m", ["0", "1"], 13 << 30, h200) is None
+    plan = plan_early(_spec(), "/models/m", ["0", "1"], 13 << 30, h200)
+    assert (plan.count, plan.num_gpus) == (4, 0.5)
+    assert [(e.key, e.slot) for e in plan.engines] == [("0", 0), ("0", 1), ("1", 0), ("1", 1)]
+    assert {e.start["gpu_fraction"] for e in plan.engines} == {0.5} and plan.engines[0].threads == (1.0, 0.5, 2)
     assert plan_early(_spec(), "/models/m", ["0", "1"], 13 << 30, h100).count == 2
     assert plan_early(_spec(num_gpus=1), "/models/m", ["0", "1"], 13 << 30, h200).count == 2  # as the spec asks
+    assert plan_early(_spec(num_gpus=0.25), "/models/m", ["0"], SMALL_WEIGHTS_BYTES).count == 4  # as the spec asks
 
 
 def test_whole_gpus_as_the_spec_asks_them_and_one_cpu_actor_get_early_engines():
@@ -89,12 +94,20 @@ def test_the_early_engines_are_kept_only_for_the_fleet_they_were_planned_for():
     assert not plan.holds(size(4, 1.0, num_cpus=2.0), frozenset())
 
 
-def test_an_actors_key_is_its_gpus_and_the_early_engine_of_a_key_listens_beside_the_host():
-    from cluster.contracts.engine_host import EngineHostAddress
+def test_an_actors_key_is_its_gpus_and_the_early_engines_of_a_key_listen_beside_the_host(tmp_path):
+    from cluster.contracts.engine_host import EngineHostAddress, claim_early, early_paths
 
     assert (engine_key(["3"]), engine_key(["0", "1"]), engine_key([])) == ("3", "0,1", CPU_KEY)
     address = EngineHostAddress("/tmp/raysweep-engine-host-1-x/host.sock", 1)
-    assert early_path(address, "0,1") == "/tmp/raysweep-engine-host-1-x/early-0-1.sock"
+    assert early_path(address, "0,1") == "/tmp/raysweep-engine-host-1-x/early-0-1.0.sock"
+    assert early_path(address, "0,1", 1) == "/tmp/raysweep-engine-host-1-x/early-0-1.1.sock"
+    here = EngineHostAddress(str(tmp_path / "host.sock"), 1)
+    for key, slot in [("0", 1), ("0", 0), ("0,1", 0), ("1", 0)]:
+        open(early_path(here, key, slot), "w").close()
+    assert early_paths(here, "0") == [early_path(here, "0", 0), early_path(here, "0", 1)]
+    first = early_paths(here, "0")[0]
+    assert claim_early(first) and not claim_early(first)  # the actor that claims it first takes it, no other
+    assert early_paths(here, "0") == [early_path(here, "0", 0), early_path(here, "0", 1)]
 
 
 def test_the_gpus_a_local_ray_would_give_are_those_cuda_visible_devices_names(monkeypatch):
@@ -126,18 +139,31 @@ print(json.dumps({"where": engine.where, "pid": process.pid, "status": done.rows
 """
 
 
-def _early(tiny_path) -> EarlyEngine:
+def _early(tiny_path, slot: int = 0) -> EarlyEngine:
     start = {"model": ModelSpec("tiny", "builtin:tiny", backend="hf"), "model_path": tiny_path, "num_threads": 1,
              "gpu_fraction": 1.0, "sleep_mode": False, "reproducible": False}
-    return EarlyEngine(CPU_KEY, {}, start, (1.0, 0.0, 0))
+    return EarlyEngine(CPU_KEY, {}, start, (1.0, 0.0, 0), slot)
+
+
+def _actor_process(host, tiny_path, tokens: int, threads: int = 1) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", ACTOR, host.address.path, str(host.address.host_pid), tiny_path,
+                             str(threads), str(tokens)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=os.environ | {"PYTHONPATH": str(ROOT)})
+
+
+def _finished(process: subprocess.Popen) -> str:
+    """The actor's stdout once it exited 0 (a bound that catches a hang, not a speed)."""
+    try:
+        out, err = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    assert process.returncode == 0, err[-3000:]
+    return out
 
 
 def _actor(host, tiny_path, tokens: int, threads: int = 1) -> dict:
-    done = subprocess.run([sys.executable, "-c", ACTOR, host.address.path, str(host.address.host_pid), tiny_path,
-                           str(threads), str(tokens)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=os.environ | {"PYTHONPATH": str(ROOT)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(_finished(_actor_process(host, tiny_path, tokens, threads)).strip().splitlines()[-1])
 
 
 def _forked(host, timeout_s: float = 120) -> set[int]:
@@ -168,6 +194,18 @@ def test_the_actor_that_asks_for_the_early_engine_gets_it_and_the_next_actor_a_p
     assert not os.path.exists(path)  # taken: the next actor of the key gets a process of its own from the host
     second = _actor(host, tiny_path, tokens)
     assert second["where"] == "host" and second["pid"] != first["pid"]
+
+
+def test_two_actors_of_one_gpu_at_once_take_its_two_early_engines_one_each(host, tiny_path, hf_engine):
+    """Actors that share a GPU share its key: each takes an engine no other has claimed, whatever their order."""
+    tokens = len(hf_engine.tokenizer("2+2=")["input_ids"])
+    host.start_early([_early(tiny_path, slot) for slot in (0, 1)])
+    both = [_actor_process(host, tiny_path, tokens) for _ in range(2)]
+    done = [json.loads(_finished(p).strip().splitlines()[-1]) for p in both]
+    assert [(d["where"], d["status"]) for d in done] == [("early", "ok")] * 2
+    assert done[0]["pid"] != done[1]["pid"]
+    assert not os.path.exists(early_path(host.address, CPU_KEY, 0))
+    assert not os.path.exists(early_path(host.address, CPU_KEY, 1))
 
 
 def test_an_actor_that_asks_for_another_engine_gets_that_one_in_the_early_engines_process(host, tiny_path,

@@ -178,11 +178,13 @@ def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host
 
 
 @pytest.mark.slow
-def test_a_local_sweep_of_whole_gpus_runs_on_engines_built_before_ray_was_up(tmp_path, tiny_path):
-    """`raysweep run` with a new local Ray, one model and `actors: {num_gpus: 1}` (one actor per visible GPU): the
+@pytest.mark.parametrize("num_gpus", [1, 0.5])
+def test_a_local_sweep_of_whole_or_half_gpus_runs_on_engines_built_before_ray_was_up(tmp_path, tiny_path, num_gpus):
+    """`raysweep run` with a new local Ray, one model and `actors: {num_gpus: N}` (1/N actors per visible GPU): the
     driver asks the engine host for each actor's engine before Ray is up (cluster/plan/early_engines.py), and each
-    actor's first engine is that one, forked as outside Ray with CUDA graphs; every row once, structured outputs
-    valid, and nothing of the host or its engines left once the command exits."""
+    actor's first engine is one of those of its GPU, no two actors the same, forked as outside Ray with CUDA
+    graphs; every row once, structured outputs valid, and nothing of the host or its engines left once the
+    command exits."""
     import pyarrow.parquet as pq
 
     (tmp_path / "early.yaml").write_text(f"""
@@ -190,14 +192,14 @@ name: gpu-early
 models:
   - {{name: tiny, path: 'builtin:tiny', engine: {{backend: vllm}}}}
 tasks:
-{CHOICE_TASK}actors: {{num_gpus: 1}}
+{CHOICE_TASK}actors: {{num_gpus: {num_gpus}}}
 """)
     out = tmp_path / "out"
     run = _local_command(tmp_path / "early.yaml", out)
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     print(actors[["actor_id", "gpu_ids", "reason", "engine_process", "engine_core", "imports_s", "engine_init_s",
                   "startup_s", "graph_mode"]].to_string())
-    assert len(actors) == gpu_count() and set(actors["engine_process"]) == {"early"}
+    assert len(actors) == gpu_count() * round(1 / num_gpus) and set(actors["engine_process"]) == {"early"}
     assert set(actors["engine_core"]) == {"forked"} and (actors["graph_mode"] != "NONE").all()
     results = pq.read_table(out / "results").to_pandas()
     rows = [line for line in (ROOT / "sweeps" / "data" / "choice.jsonl").read_text().splitlines() if line.strip()]

@@ -9,15 +9,17 @@ each actor on the driver's machine then gets an engine process forked from it, i
 
 Early engines: where the driver knows before Ray is up which engine each actor will start first (cluster/plan/
 early_engines.py), it asks the host for them at once, one per actor, each under the GPUs that actor will be given
-(its key); each is built in an engine process forked for it that listens at `early_path(address, key)`, a socket
-the driver bound before it asked and sent with its message, so that an actor that comes while the host still
-imports finds it and waits there. An actor whose key has one takes it (its first `start_engine` with the same arguments gets that engine, as soon as it is
-built); the driver lets go of one no actor will take, and it ends. The engines' construction then overlaps Ray's
-start and the actors' own, instead of following them.
+(its key: actors that share a GPU share one, and their engines are told apart by slot); each is built in an engine
+process forked for it that listens at `early_path(address, key, slot)`, a socket the driver bound before it asked
+and sent with its message, so that an actor that comes while the host still imports finds it and waits there. An
+actor takes the first engine of its key that no other actor has claimed (`claim_early`): its first `start_engine`
+with the same arguments gets that engine, as soon as it is built. The driver lets go of one no actor will take, and
+it ends. The engines' construction then overlaps Ray's start and the actors' own, instead of following them.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 from dataclasses import dataclass
 
@@ -57,6 +59,22 @@ def engine_key(gpu_ids) -> str:
     return ",".join(gpu_ids) if gpu_ids else CPU_KEY
 
 
-def early_path(address: EngineHostAddress, key: str) -> str:
-    """Where the early engine of `key` listens, beside the host's socket, until its actor takes it."""
-    return os.path.join(os.path.dirname(address.path), f"early-{key.replace(',', '-')}.sock")
+def early_path(address: EngineHostAddress, key: str, slot: int = 0) -> str:
+    """Where the early engine `slot` of `key` listens, beside the host's socket, until its actor takes it (a GPU
+    that engines share has one early engine per actor of that GPU, slot 0, 1, ...)."""
+    return os.path.join(os.path.dirname(address.path), f"early-{key.replace(',', '-')}.{slot}.sock")
+
+
+def early_paths(address: EngineHostAddress, key: str) -> list[str]:
+    """The early engines of `key` still listening (none taken yet), by slot."""
+    return sorted(glob.glob(glob.escape(early_path(address, key, 0)[:-len("0.sock")]) + "*.sock"))
+
+
+def claim_early(path: str) -> bool:
+    """Whether this process is the first to claim the early engine at `path` (an atomic file beside its socket):
+    actors that share a GPU share its key, and each takes an engine no other actor of the key has claimed."""
+    try:
+        os.close(os.open(path + ".claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True

@@ -8,10 +8,12 @@ construction are done, whatever Ray does meanwhile.
 
 Only where the first engine of every actor is known without Ray, so that no early engine is built for nothing:
 - one model, whose engine spans one GPU, not reproducible (its actors keep their engines: cluster/launch.py);
-- on GPUs: each actor a whole GPU (the spec's `num_gpus: 1`, or left out for a model over SMALL_WEIGHTS_BYTES
-  where the rule gives one engine per GPU for this machine's GPUs: cluster/plan/engines_per_gpu.py
-  `large_model_engines`; where it gives two, none is built early), as many actors as this machine's GPUs; each
-  actor's key is its GPU (Ray gives a local run's actors the GPUs this process sees);
+- on GPUs: each GPU held by a known number of actors: whole GPUs or a whole fraction of one as the spec says
+  (`num_gpus: 1`, `0.5`, `0.25`), or, where it leaves that out, a model over SMALL_WEIGHTS_BYTES, which the rule
+  gives one or two engines per GPU by this machine's GPUs' memory (cluster/plan/engines_per_gpu.py
+  `large_model_engines`); as many actors as that makes on this machine's GPUs. Each actor's key is its GPU (Ray
+  gives a local run's actors the GPUs this process sees); the engines of a GPU that actors share are told apart
+  by slot, and each of its actors takes one (cluster/contracts/engine_host.py `claim_early`);
 - without GPUs: one actor (the default), keyed CPU_KEY.
 Its first engine is the model's, of the default (short) profile, with the actor's CPU threads and share of a GPU, as
 actors/evaluator.py starts it. Once Ray is up and the fleet is sized, `EarlyPlan.holds` says whether the actors are
@@ -35,6 +37,7 @@ class EarlyEngine:
     env: dict[str, str]  # what its environment adds to the driver's: the key's GPUs
     start: dict  # the actor's `start_engine` keyword arguments, but the profile (the default one)
     threads: tuple[float, float, int]  # (num_cpus, num_gpus, the machine's GPUs): its engine's CPU threads
+    slot: int = 0  # which of its GPU's engines (engines that share a GPU share its key)
 
 
 @dataclass(frozen=True)
@@ -62,19 +65,19 @@ def plan_early(spec: SweepSpec, model_path: str, gpus: list[str], weight_bytes: 
         return None
     model, actors = spec.models[0], spec.actors
     if gpus:
-        large = (weight_bytes or 0) > SMALL_WEIGHTS_BYTES
-        whole = actors.num_gpus == 1 or (actors.num_gpus is None and large
-                                         and (gpu_bytes is None or large_model_engines(weight_bytes, gpu_bytes) == 1))
-        if not whole or actors.count not in (None, len(gpus)):
+        per_gpu = _engines_per_gpu(actors.num_gpus, weight_bytes, gpu_bytes)
+        if per_gpu is None or actors.count not in (None, per_gpu * len(gpus)):
             return None
-        keys, num_gpus = [(gpu, {"CUDA_VISIBLE_DEVICES": gpu}) for gpu in gpus], 1.0
+        keys = [(gpu, {"CUDA_VISIBLE_DEVICES": gpu}, slot) for gpu in gpus for slot in range(per_gpu)]
+        num_gpus = actors.num_gpus or 1.0 / per_gpu
     else:
         if actors.count not in (None, 1) or actors.accelerator_type is not None:
             return None
-        keys, num_gpus = [(CPU_KEY, {})], 0.0
+        keys, num_gpus = [(CPU_KEY, {}, 0)], 0.0
     start = {"model": model, "model_path": model_path, "num_threads": max(1, int(actors.num_cpus)),
              "gpu_fraction": num_gpus or 1.0, "sleep_mode": False, "reproducible": False}
-    engines = tuple(EarlyEngine(key, env, start, (actors.num_cpus, num_gpus, len(gpus))) for key, env in keys)
+    engines = tuple(EarlyEngine(key, env, start, (actors.num_cpus, num_gpus, len(gpus)), slot)
+                    for key, env, slot in keys)
     return EarlyPlan(model.name, len(engines), num_gpus, actors.num_cpus, engines)
 
 
@@ -112,3 +115,16 @@ def local_gpus() -> list[str]:
     except Exception:  # noqa: BLE001  (no NVML library or driver: the device files say)
         count = len([p for p in glob.glob("/dev/nvidia[0-9]*") if p[len("/dev/nvidia"):].isdigit()])
     return [str(i) for i in range(count)]
+
+
+def _engines_per_gpu(num_gpus: float | None, weight_bytes: int | None, gpu_bytes: int | None) -> int | None:
+    """How many actors each GPU will hold, where that is known before Ray is up: the spec's share of a GPU
+    (`num_gpus: 1`, or a whole fraction of one: 0.5, 0.25), or, where the spec leaves it out, a model over
+    SMALL_WEIGHTS_BYTES by the rule for this machine's GPUs (`large_model_engines`; one per GPU where their
+    memory is not known, as the rule decides then). None where not known (a small model: Ray's view decides)."""
+    if num_gpus is not None:
+        per_gpu = round(1 / num_gpus) if 0 < num_gpus <= 1 else 0
+        return per_gpu if per_gpu and abs(per_gpu * num_gpus - 1) < 1e-9 else None
+    if (weight_bytes or 0) <= SMALL_WEIGHTS_BYTES:
+        return None
+    return 1 if gpu_bytes is None else large_model_engines(weight_bytes, gpu_bytes)
