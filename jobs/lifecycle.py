@@ -22,11 +22,13 @@ Each sweep goes through the same steps, each once, in this order (`Phase`, the r
 is a bug, raised as one):
 1. `read` (a spec file) or `adopt` (a spec already loaded): the spec read once;
 2. `check`: every input checked once (cluster/inputs/checks.py), before the output is touched;
-3. `open`: the output opened, the plan ready to stream (cluster/schedule/run.py `prepare`);
-4. `start_ray`: Ray started or joined (once, by the first sweep: a later one's finds it up);
-5. `execute`: the sweep, watched for a lost head.
+3. `open`: the output opened, the plan ready to stream (cluster/schedule/run.py `prepare`), or nothing left to run
+   (an earlier run committed every shard);
+4. `start_ray`: Ray started or joined (once, by the first sweep: a later one's finds it up); none for a sweep with
+   nothing left to run;
+5. `execute`: the sweep, watched for a lost head; with nothing left to run, its report from the output alone.
 A bad input before the first sweep's step 4 leaves its output untouched and stops a Ray started early; no engine
-has started.
+has started. Nor has one for a sweep with nothing left to run: no early engine is asked for, no actor started.
 """
 
 from __future__ import annotations
@@ -186,12 +188,14 @@ class SweepRun:
             check_ray_address(self.address, self.named)
 
     def _ask_early(self, spec) -> None:
-        """The early engines of the run's first sweep asked of the engine host, where the actors' first engines are
-        known before Ray is up (cluster/plan/early_engines.py), and the model is on disk (a builtin model not built
-        yet is built by the planner: none then)."""
+        """The early engines of the run's first sweep asked of the engine host, where it has shards left to run, the
+        actors' first engines are known before Ray is up (cluster/plan/early_engines.py), and the model is on disk (a
+        builtin model not built yet is built by the planner: none then)."""
         if self._early_asked or self.host is None:
             return
         self._early_asked = True
+        if self.sweep.prepared.nothing_left:  # none built for nothing; a later sweep's engines start with its actors
+            return
         from cluster.inputs.builtin_model import built_path
         from cluster.plan.early_engines import local_gpu_bytes, local_gpus, plan_early
         from cluster.plan.engines_per_gpu import model_weights
@@ -248,11 +252,12 @@ class SweepRun:
         self.clock.mark("ray_start")  # when it came up, also where it started early (on a thread of its own)
 
     def start_ray(self) -> None:
-        """Ray started or joined (or its early start waited for), by the first sweep; a later sweep finds it up."""
+        """Ray started or joined (or its early start waited for), by the first sweep; a later sweep finds it up.
+        None for a sweep with nothing left to run (a start begun early is stopped at close)."""
         from jobs.interrupts import Interrupted, reclaim
 
         self._step(Phase.RAY_UP)
-        if self._ray_started:
+        if self._ray_started or self.sweep.prepared.nothing_left:
             return
         if not self.ray_begun:
             self._held.callback(self._stop_ray)
@@ -273,7 +278,8 @@ class SweepRun:
 
     def execute(self, say_stopped):
         """The sweep on the started Ray, its head watched (lost: `say_stopped`'s line, exit 1, in about a
-        second): the report, and the driver's node where a local output sits on one node of several."""
+        second): the report, and the driver's node where a local output sits on one node of several. With nothing
+        left to run, the report alone (no Ray: no node)."""
         import ray
 
         from cluster.schedule.run import execute
@@ -285,6 +291,8 @@ class SweepRun:
 
             self.kept = KeptActors()
         self.sweep.executed = True
+        if self.sweep.prepared.nothing_left:
+            return execute(self.sweep.prepared, log=self.log, clock=self._sweep_clock()), None
         with head_watched(say_stopped):
             report = execute(self.sweep.prepared, log=self.log, max_attempts=self.args.max_attempts,
                              clock=self._sweep_clock(), kept=self.kept,

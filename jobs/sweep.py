@@ -109,8 +109,9 @@ def _shown_path(path: str) -> str:
 
 def _print_report(report, node, output_kept: bool = True, verbose: bool = False) -> int:
     print(format_summary(report.summary))
-    print(f"\n[raysweep] {report.samples} samples in {report.wall_s:.1f}s once Ray was up, "
-          f"{report.command_s:.1f}s after the command started ({report.shards_run} shards run, "
+    ran = "nothing run" if report.wall_s is None else \
+        f"{report.samples} samples in {report.wall_s:.1f}s once Ray was up"  # None: nothing was left to run
+    print(f"\n[raysweep] {ran}, {report.command_s:.1f}s after the command started ({report.shards_run} shards run, "
           f"{report.shards_skipped} already committed)")
     if report.gpu_samples:
         print(f"[raysweep] GPU telemetry: {report.gpu_samples} NVML samples in telemetry/gpu.parquet")

@@ -257,9 +257,11 @@ tasks:
 
 
 @pytest.mark.slow
-def test_a_local_sweep_of_one_model_and_one_actor_runs_on_the_engine_built_before_ray_was_up(tmp_path, tiny_path):
+def test_a_local_sweep_of_one_model_and_one_actor_runs_on_the_engine_built_before_ray_was_up(tmp_path, tiny_path,
+                                                                                              monkeypatch):
     """The command as a user runs it: the spec leaves `actors:` out (one CPU actor), the model is on disk; the
-    actor's first engine is the early one, every row once, and the command exits 0."""
+    actor's first engine is the early one, every row once, and the command exits 0. Run again into its complete
+    output, the same sweep asks its engine host for no early engine and starts no Ray."""
     import pyarrow.parquet as pq
 
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps({"id": f"r{i}", "question": f"{i}+{i}"}) + "\n"
@@ -274,6 +276,47 @@ def test_a_local_sweep_of_one_model_and_one_actor_runs_on_the_engine_built_befor
     assert list(actors["engine_process"]) == ["early"], actors[["actor_id", "reason", "engine_process"]]
     results = pq.read_table(out / "results").to_pandas()
     assert sorted(results["sample_id"]) == sorted(f"r{i}" for i in range(12))
+    _rerun_asks_for_nothing(tmp_path / "sweep.yaml", out, monkeypatch)
+
+
+def _rerun_asks_for_nothing(spec_path, out, monkeypatch) -> None:
+    """The sweep of `spec_path` again into its complete output `out`, through the command's lifecycle in this
+    process, its engine host a stand-in that records what it is asked: no early engine, no Ray start."""
+    import argparse
+
+    from cluster.contracts.timing import RunClock
+    from jobs.lifecycle import SweepRun
+
+    class Host:
+        address = None
+
+        def __init__(self):
+            self.asked, self.stopped = [], 0
+
+        def start_early(self, engines):
+            self.asked.extend(engines)
+
+        def stop(self):
+            self.stopped += 1
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started for a sweep with nothing left to run")
+
+    host = Host()
+    monkeypatch.setattr("cluster.launch.start_engine_host", lambda backends: host)
+    monkeypatch.setattr("cluster.plan.early_engines.local_gpus", lambda: [])  # as on a CPU machine: one early engine
+    monkeypatch.setattr("jobs.ray_start.start_ray", no_ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    args = argparse.Namespace(spec=str(spec_path), output=str(out), address=None, max_attempts=3, dashboard=False,
+                              new_run=False, verbose=False)
+    with SweepRun(args, RunClock(0.0), log=lambda line: None) as run:
+        run.read(str(spec_path))
+        run.check()
+        run.open(str(out))
+        run.start_ray()
+        report, node = run.execute(say_stopped=None)
+    assert host.asked == [] and host.stopped == 1
+    assert (report.shards_run, report.shards_skipped, report.wall_s, node) == (0, 1, None, None)
 
 
 def test_early_engines_that_cannot_be_asked_for_leave_the_run_to_its_actors(tmp_path, tiny_path, monkeypatch):
@@ -301,7 +344,8 @@ def test_early_engines_that_cannot_be_asked_for_leave_the_run_to_its_actors(tmp_
     host = Host()
     monkeypatch.setattr("cluster.launch.start_engine_host", lambda backends: host)
     monkeypatch.setattr("cluster.inputs.checks.check_inputs", lambda spec: [])
-    monkeypatch.setattr("cluster.schedule.run.prepare", lambda *a, **k: SimpleNamespace(sink=SimpleNamespace(close=lambda: None)))
+    prepared = SimpleNamespace(sink=SimpleNamespace(close=lambda: None), nothing_left=False)
+    monkeypatch.setattr("cluster.schedule.run.prepare", lambda *a, **k: prepared)
     monkeypatch.setattr("cluster.plan.early_engines.local_gpus", lambda: [])
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     (tmp_path / "qa.jsonl").write_text(json.dumps({"id": "r0", "question": "1+1"}) + "\n")

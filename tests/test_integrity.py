@@ -15,7 +15,7 @@ import pytest
 
 from cluster.inputs.spec_file import load_spec
 from cluster.schedule.run import run_sweep
-from cluster.store.manifest import read_manifest
+from cluster.store.manifest import SUMMARIZED, read_manifest
 from cluster.store.output_files import SinkError
 from tests.conftest import ROOT, replay_spec
 
@@ -207,10 +207,15 @@ def test_a_manifest_whose_data_entry_is_null_is_one_line_in_run_verify_and_repor
 
 @pytest.mark.slow
 def test_a_dead_runs_temporary_files_are_removed_and_the_summary_is_written_by_rename(ray_local, tmp_path):
+    """A run killed after its last commit, before its summary: its temporary files and a summary made from fewer
+    shards than are committed. The same command, with nothing left to run, removes the files and writes the summary
+    again."""
     spec, out, files = _replay_output(tmp_path)
     leftovers = [out / ".manifest.0123abcd.tmp", (out / files[sorted(files)[0]]).parent / ".shard-00000.parquet.aa.tmp"]
     for path in leftovers:
         path.write_bytes(b"half")
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, SUMMARIZED: len(files) - 1}))
     inode = (out / "summary.parquet").stat().st_ino
     assert not run_sweep(spec, log=lambda line: None).failed
     assert not any(path.exists() for path in leftovers)

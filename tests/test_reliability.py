@@ -381,7 +381,7 @@ def test_a_row_that_breaks_its_shard_every_time_is_an_error_row_and_the_others_r
 
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "resuming: 1 of 1 shards already committed" in again.stdout
+    assert "nothing left to run: all 1 shard(s) of this sweep, 12 samples, were committed" in again.stdout
     assert f"[raysweep] FAILED shard tiny/p/00000: {failure}" in again.stdout  # the output still breaks the policy
     assert {p: p.read_bytes() for p in (out / "results").rglob("*.parquet")} == result_bytes
     assert len(pq.read_table(out / "telemetry" / "shards.parquet")) == len(shards)  # nothing ran

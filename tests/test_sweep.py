@@ -152,6 +152,30 @@ def test_rerun_skips_committed_shards_and_changed_spec_is_refused(quickstart, ra
         run_sweep(changed, output=str(out), log=lambda line: None)
 
 
+def output_files(folder) -> dict:
+    """Every file under an output, by its path there, with its bytes and modification time."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_rerun_into_a_complete_output_starts_no_ray_and_leaves_the_output_as_it_was(quickstart):
+    """The README's command again into its complete output: every shard found committed before Ray, an actor or an
+    engine is started; one line says so, the summary is the one written, and no file of the output is touched."""
+    spec, out = quickstart[:2]
+    before = output_files(out)
+    again = subprocess.run([sys.executable, "-m", "jobs.cli", "run", str(QUICKSTART), "--output", str(out)], cwd=ROOT,
+                           capture_output=True, text=True, env=os.environ | {"RAY_ADDRESS": "local"}, timeout=300)
+    said = again.stdout + again.stderr
+    assert again.returncode == 0, said[-3000:]
+    assert ("[raysweep] nothing left to run: all 7 shard(s) of this sweep, 350 samples, were committed by an earlier "
+            "run\n") in again.stdout, said[-3000:]
+    assert "(0 shards run, 7 already committed)" in again.stdout and "| tiny | choice | 100 | 0.240 |" in again.stdout
+    for started in ("starting a local Ray", "Ray is up", "planned ", "engine up"):
+        assert started not in said, said[-3000:]
+    assert output_files(out) == before
+
+
 def test_cli_run_exits_on_bad_spec_with_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nmodels: []\ntasks: []\n")

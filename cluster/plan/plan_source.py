@@ -63,10 +63,16 @@ def plan_events(spec: SweepSpec, data: list[TaskData], strict: bool = True) -> I
             yield plan
 
 
+def planned_pairs(spec: SweepSpec) -> set[tuple[str, str]]:
+    """The (model, task) names of the plans `plan_events` makes: every task for every model, a replay task once,
+    under its replay.model."""
+    replayed = {(t.replay.model, t.name) for t in spec.tasks if t.replay is not None}
+    return replayed | {(m.name, t.name) for m in spec.models for t in spec.tasks if t.replay is None}
+
+
 def pair_count(spec: SweepSpec) -> int:
-    """How many (model, task) plans `plan_events` makes: every task for every model, a replay task once."""
-    replayed = sum(t.replay is not None for t in spec.tasks)
-    return len(spec.models) * (len(spec.tasks) - replayed) + replayed
+    """How many (model, task) plans `plan_events` makes."""
+    return len(planned_pairs(spec))
 
 
 def preflight(spec: SweepSpec, strict: bool = True, data: list[TaskData] | None = None,

@@ -1,7 +1,7 @@
 """One sweep, end to end, on a Ray cluster that is connected (jobs/ calls ray.init), or still starting:
 
 1. preflight and planning (cluster/inputs/checks.py): checks first, then each task's plan as it is made;
-2. the output is opened: committed shards of an earlier run of the same spec are skipped;
+2. the output is opened: committed shards of an earlier run of the same spec are skipped (all: no Ray, `_finished`);
 3. the fleet is sized (cluster/schedule/fleet_size.py) and one scheduler over every model
    (cluster/schedule/scheduler.py) starts its actors (cluster/schedule/fleet.py), gives them models once they
    are checked, or sends a model's shards to engines already up (cluster/schedule/engine_sources.py), and fans each
@@ -25,9 +25,10 @@ from cluster.contracts.pool_protocol import SweepState
 from cluster.contracts.spec import SweepSpec
 from cluster.contracts.timing import RunClock
 from cluster.plan.placement import requested_capacity
-from cluster.plan.plan_source import ModelReady, PlanSource
+from cluster.plan.plan_source import ModelReady, PlanSource, planned_pairs
 from cluster.plan.planner import TaskPlan
 from cluster.schedule.commit import Commits
+from cluster.schedule.ending import complete_summary, samples_of, write_summary
 from cluster.schedule.fleet import KeptActors
 from cluster.schedule.fleet_size import FleetSize, size_fleet
 from cluster.schedule.progress import SweepMetrics, Ticks, make_progress
@@ -46,7 +47,7 @@ class SweepReport:
     output: str
     summary: pa.Table
     failed: dict = field(default_factory=dict)  # shard_id -> manifest entry with errors
-    wall_s: float = 0.0  # from Ray up (the scheduler's start) to the last commit
+    wall_s: float | None = 0.0  # from Ray up (the scheduler's start) to the last commit; None: nothing left to run
     command_s: float = 0.0  # from the command's start (the clock's) to the same
     samples: int = 0
     gpu_samples: int = 0  # NVML readings in telemetry/gpu.parquet from this run
@@ -60,19 +61,20 @@ class SweepReport:
 class Prepared:
     """A sweep with its output opened and locked, and its plans coming (or made); no Ray needed here."""
     spec: SweepSpec
-    plans: PlanSource
+    plans: PlanSource | None  # None where nothing is left to run
     sink: ResultSink
     output: str
     new_tokens: int | None = None  # the most new tokens asked of each model (cluster/inputs/data.py generation_budget)
     rows: int | None = None  # the rows each model runs (its tasks' rows; replayed tasks run none)
+    nothing_left: bool = False  # an earlier run committed every shard (cluster/store/sink.py nothing_left)
 
 
 def prepare(spec: SweepSpec, data: list, output: str | None = None, new_run: bool = False,
             background: bool = False) -> Prepared:
     """`data`: the task data `check_inputs` returned (each file read once; not read again here).
     `background=False`: every plan made now, so any bad input raises here. `True`: the output is opened now,
-    and planning runs on a thread from `execute` on, while the actors start. `output` defaults to the spec's,
-    from its folder."""
+    and planning runs on a thread from `execute` on, while the actors start (with nothing left to run, none).
+    `output` defaults to the spec's, from its folder."""
     from cluster.inputs.data import checked_hashes, generation_budget
 
     out = output or spec.output_path()
@@ -81,25 +83,29 @@ def prepare(spec: SweepSpec, data: list, output: str | None = None, new_run: boo
     sink = ResultSink(out, spec, new_run=new_run, data_hashes=hashes)  # an lm-eval task's documents too
     try:
         spec = as_made(spec, sink.manifest)  # an output made before a setting existed goes on as it was made
-        plans = PlanSource(spec, data, background=background)
+        nothing_left = sink.nothing_left(planned_pairs(spec))
+        plans = None if nothing_left else PlanSource(spec, data, background=background)
     except BaseException:
         sink.close()
         raise
-    return Prepared(spec, plans, sink, out, new_tokens, rows)
+    return Prepared(spec, plans, sink, out, new_tokens, rows, nothing_left)
 
 
 def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts: int = 3,
             progress_bar: bool | None = None, clock: RunClock | None = None, kept: KeptActors | None = None,
             engine_host: EngineHostAddress | None = None,
             fleet_sized: Callable[[FleetSize, frozenset], None] | None = None) -> SweepReport:
-    """Run what is not committed yet on the connected Ray cluster; releases the output's lock.
+    """Run what is not committed yet on the connected Ray cluster (none needed where nothing is); releases the
+    output's lock.
     `progress_bar`: a bar (True), log lines (False), or a bar only when stdout is a terminal (None).
     `kept`: actors whose engines run on after the sweep, and that a later sweep of the same model runs on
     (`KeptActors`, cluster/schedule/fleet.py); the caller closes them. `engine_host`: a local run's engine host
     (cluster/launch.py EngineHost), whose engine processes the actors on its machine use. `fleet_sized(size, lent)`:
     told the fleet's size and the models lent engines, before any actor starts (the early engines' check)."""
-    started = time.perf_counter()
     clock = clock or RunClock(time.time())
+    if prepared.nothing_left:
+        return _finished(prepared, log, clock)
+    started = time.perf_counter()
     prepared.plans.start()  # a background plan starts now, with Ray up
     if any(t.lm_eval is not None for t in prepared.spec.tasks):
         from cluster.lm_eval.run import score_ahead
@@ -115,10 +121,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
             if not isinstance(sys.exc_info()[1], OutputWriteError):  # else the output takes nothing more now
                 engines = {"engines": run.size.engines.record()} if run.size else {}
                 sink.add_run({**clock.record(), **run.tail_record(), **engines})
-                run.report.summary = sink.finish(_scored(prepared.spec, sink, log))
-                for name in sink.set_aside:
-                    log(f"[raysweep] {name} could not be read (torn or replaced): set aside as {name}.unreadable-*, "
-                        "and this run's telemetry written anew")
+                run.report.summary = write_summary(prepared.spec, sink, log)
                 ended = SweepState.FAILED if sink.failed() else SweepState.DONE
                 run.status.record(ended, run.report.summary.to_pylist())
         run.report.failed = sink.failed()
@@ -128,15 +131,15 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
     return run.report
 
 
-def _scored(spec: SweepSpec, sink, log: Callable[[str], None]):
-    """The run's summary, with lm-eval's own scores of its `lm_eval:` tasks (cluster/lm_eval/scores.py)."""
-    summary = sink.summary()
-    if not any(t.lm_eval is not None for t in spec.tasks):
-        return summary
-    from cluster.inputs.model_files import chat_tokenizer
-    from cluster.lm_eval.scores import scored_summary
-
-    return scored_summary(spec, sink, summary, log, lambda: chat_tokenizer(spec.models, spec.base_dir))
+def _finished(prepared: Prepared, log: Callable[[str], None], clock: RunClock) -> SweepReport:
+    """The report of a sweep whose every shard an earlier run committed, from its output (its summary:
+    cluster/schedule/ending.py complete_summary), said in one line: no plan, no Ray, no actor."""
+    with prepared.sink as sink:
+        committed, summary = len(sink.committed()), complete_summary(prepared.spec, sink, log)
+        log(f"[raysweep] nothing left to run: all {committed} shard(s) of this sweep, "
+            f"{samples_of(prepared.spec, summary)} samples, were committed by an earlier run")
+        return SweepReport(output=prepared.output, summary=summary, failed=sink.failed(), wall_s=None,
+                           command_s=time.time() - clock.started_at, shards_skipped=committed)
 
 
 def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], None] = print,

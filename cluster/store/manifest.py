@@ -129,6 +129,9 @@ def _check_data(output: str, manifest: dict, data_hashes: dict) -> None:
 
 # in the manifests of outputs made since loglikelihood tasks had a target_delimiter (lm-eval's default " ")
 DELIMITER_DEFAULT = "target_delimiter_default"
+# how many committed shards the summary.parquet that `finish` wrote was made from: a summary that counts fewer is
+# older than the output's last commits (a run killed between them and its summary); none in outputs made before
+SUMMARIZED = "summary_shards"
 
 
 def as_made(spec: SweepSpec, manifest: dict) -> SweepSpec:

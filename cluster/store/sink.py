@@ -30,8 +30,8 @@ from cluster.contracts.spec import SweepSpec
 from cluster.score.summary import COLUMNS as SUMMARY_COLUMNS
 from cluster.score.summary import SummaryAccumulator
 from cluster.store.integrity import check_committed, checksum, table_bytes
-from cluster.store.manifest import (ManifestWriter, discard_earlier_run, is_committed, load_manifest, now,
-                                    refuse_foreign)
+from cluster.store.manifest import (SUMMARIZED, ManifestWriter, discard_earlier_run, is_committed, load_manifest,
+                                    now, refuse_foreign)
 from cluster.store.output_files import (OutputWriteError, SinkError, join, lock, open_output, plain_strings,
                                         remove_leftover_tmp, result_file, unlock, write_bytes_renamed, write_table)
 from cluster.store.telemetry_store import DURABLE_TELEMETRY, TelemetryStore
@@ -110,6 +110,29 @@ class ResultSink:
     def committed(self) -> set[str]:
         return {sid for sid, s in self.manifest["shards"].items() if s["state"] == ShardState.COMMITTED}
 
+    def nothing_left(self, pairs: set[tuple[str, str]]) -> bool:
+        """Whether an earlier run committed every shard of the sweep's (model, task) `pairs`
+        (cluster/plan/plan_source.py planned_pairs): each pair's plan recorded (`plan` records a plan's shards
+        together) and every shard recorded committed. A shard's id is stable for the same spec and data, which the
+        resume checks held, so planning again would find nothing to run."""
+        shards = self.manifest["shards"]
+        planned = {sid.rpartition("/")[0] for sid in shards}  # "<model>/<task>" of "<model>/<task>/<index>"
+        return all(f"{model}/{task}" in planned for model, task in pairs) and all(map(is_committed, shards.values()))
+
+    def written_summary(self) -> pa.Table | None:
+        """summary.parquet as the last `finish` wrote it, where it was made from every shard committed now; None
+        where there is none, it cannot be read (torn, replaced), or it is older than the last commits (or from before
+        the manifest counted them): a summary made again replaces it."""
+        path = join(self.root, "summary.parquet")
+        if self.manifest.get(SUMMARIZED) != len(self.committed()) or \
+                self.fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        try:
+            with self.fs.open_input_file(path) as f:
+                return pq.read_table(f)
+        except (OSError, pa.ArrowInvalid):
+            return None
+
     def failed(self) -> dict[str, dict]:
         """Shards that fail the sweep, each entry with its `errors`: those that failed (none of their rows is
         committed; a re-run tries them again), and committed ones whose error rows are more than their task's
@@ -177,6 +200,7 @@ class ResultSink:
         run's end recorded."""
         summary = self.summary() if summary is None else summary
         write_table(self.fs, join(self.root, "summary.parquet"), summary)  # by rename: a reader never sees half
+        self.manifest[SUMMARIZED] = len(self.committed())
         self.manifest["finished_at"] = now()
         self._save_manifest()
         return summary
