@@ -1,7 +1,7 @@
 """Bench part (n): one sweep on the N GPUs of one host against the usual ways to spread it, whole processes.
 
     python -m benchmarks.scale_out --gpus 4 --prompts 10496 --out DIR [--model builtin:small] [--variants ...]
-                                   [--engine JSON]
+                                   [--engine JSON] [--raysweep-engine JSON]
 
 Every variant is timed from just before its first process starts to just after its last one exits, over the
 same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tokens` new tokens, in one call:
@@ -16,7 +16,8 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
 - `lm_eval`: `lm_eval --model vllm --model_args pretrained=PATH,data_parallel_size=N` over a local generate_until
   task of the same prompts (`max_gen_toks`, greedy; lm-eval adds the end-of-text string as its stop).
 `--engine JSON` is added to raysweep's model `engine:` and so to the plain script's arguments (not to
-`plain_defaults`'s). The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
+`plain_defaults`'s); `--raysweep-engine JSON` to raysweep's alone (a setting of raysweep's tried against the same
+plain script). The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
 Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts, filling vLLM's compile cache: the
 plain script on one GPU (where `plain`, `split` or `ray_data` run), `plain_defaults`, raysweep on one GPU (where
 `raysweep_1` runs), each of `raysweep`, `raysweep_two` and `raysweep_four` that runs with its own actors (the
@@ -50,9 +51,10 @@ class ScaleOut:
     """`runner` starts and times one child (`run_process`), `popen` starts one of the hand split's: tests stub them."""
 
     def __init__(self, bench: Bench, gpus: int, prompts: int, max_tokens: int, runner=run_process,
-                 popen=subprocess.Popen, engine: dict | None = None):
+                 popen=subprocess.Popen, engine: dict | None = None, raysweep_engine: dict | None = None):
         self.bench, self.gpus, self.max_tokens, self.out = bench, gpus, max_tokens, Path(bench.out)
         self.engine = dict(engine or {})
+        self.raysweep_engine = {**self.engine, **(raysweep_engine or {})}
         visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         if visible and len(visible) < gpus:
             raise ValueError(f"--gpus {gpus}: CUDA_VISIBLE_DEVICES lists {len(visible)} ({','.join(visible)})")
@@ -63,7 +65,7 @@ class ScaleOut:
         self.warm = write_prompts(self.out / "n_warm.jsonl", texts[:WARM_PROMPTS])
         self.parts = [write_prompts(self.out / f"n_part{i}.jsonl", texts[i::gpus]) for i in range(gpus)]
         self.figures: dict = {"gpus": gpus, "prompts": prompts, "max_tokens": max_tokens, "engine": self.engine,
-                              "devices": self.devices, "walls": {}}
+                              "raysweep_engine": self.raysweep_engine, "devices": self.devices, "walls": {}}
 
     # -- the variants -----------------------------------------------------------------------------------
     def plain(self, stem: str, data: Path, engine_args: dict | None = None) -> float:
@@ -96,7 +98,7 @@ class ScaleOut:
     def raysweep(self, stem: str, data: Path, actors: dict, env: dict) -> float:
         output, spec = self.out / stem, self.out / f"{stem}.yaml"
         spec.write_text(json.dumps(sweep_spec(stem, output, [("m", self.bench.model_path)], [("t", data)],
-                                              self.engine, self.max_tokens, actors), indent=1))
+                                              self.raysweep_engine, self.max_tokens, actors), indent=1))
         wall, _ = self.runner([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(output), "--new-run"],
                               env, self.out / stem)
         rows, _tokens = result_counts(output)
@@ -235,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"some of {', '.join(VARIANTS)}, in order")
     parser.add_argument("--no-warm", action="store_true", help="no untimed warm-up runs (caches already warm)")
     parser.add_argument("--engine", default="{}", help="JSON added to raysweep's engine arguments (both tools')")
+    parser.add_argument("--raysweep-engine", default="{}", help="JSON added to raysweep's engine arguments alone")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -247,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(resolve_model_path(args.model), out, 0)
     bench.record("-", "model", None, args.model)
     try:
-        ScaleOut(bench, args.gpus, args.prompts, args.max_tokens, engine=json.loads(args.engine)).run(
-            variants, warm=not args.no_warm)
+        ScaleOut(bench, args.gpus, args.prompts, args.max_tokens, engine=json.loads(args.engine),
+                 raysweep_engine=json.loads(args.raysweep_engine)).run(variants, warm=not args.no_warm)
     finally:
         bench.save()
     return 0
