@@ -65,6 +65,12 @@ def test_a_large_model_on_gpus_the_rule_shares_between_two_engines_gets_an_early
     assert plan_early(_spec(num_gpus=0.25), "/models/m", ["0"], SMALL_WEIGHTS_BYTES).count == 4  # as the spec asks
 
 
+def test_engines_that_share_a_gpu_and_start_one_at_a_time_are_not_built_early(monkeypatch):
+    monkeypatch.setenv("RAYSWEEP_SHARED_GPU_START", "serial")  # vLLM measures free memory: no neighbour may move it
+    assert plan_early(_spec(num_gpus=0.5), "/models/m", ["0"], LARGE) is None
+    assert plan_early(_spec(num_gpus=1), "/models/m", ["0"], LARGE).count == 1
+
+
 def test_whole_gpus_as_the_spec_asks_them_and_one_cpu_actor_get_early_engines():
     assert plan_early(_spec(num_gpus=1, count=2), "/m", ["0", "1"], SMALL_WEIGHTS_BYTES).count == 2
     cpu = plan_early(_spec(num_cpus=2), "/m", [], None)

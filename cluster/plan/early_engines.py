@@ -26,6 +26,7 @@ import glob
 import os
 from dataclasses import dataclass
 
+from cluster.contracts.engine_defaults import shared_starts_together
 from cluster.contracts.engine_host import CPU_KEY
 from cluster.contracts.spec import SweepSpec
 from cluster.plan.engines_per_gpu import SMALL_WEIGHTS_BYTES, large_model_engines
@@ -66,7 +67,8 @@ def plan_early(spec: SweepSpec, model_path: str, gpus: list[str], weight_bytes: 
     model, actors = spec.models[0], spec.actors
     if gpus:
         per_gpu = _engines_per_gpu(actors.num_gpus, weight_bytes, gpu_bytes)
-        if per_gpu is None or actors.count not in (None, per_gpu * len(gpus)):
+        if per_gpu is None or actors.count not in (None, per_gpu * len(gpus)) or \
+                (per_gpu > 1 and not shared_starts_together()):  # serial starts: each after its neighbour's
             return None
         keys = [(gpu, {"CUDA_VISIBLE_DEVICES": gpu}, slot) for gpu in gpus for slot in range(per_gpu)]
         num_gpus = actors.num_gpus or 1.0 / per_gpu
