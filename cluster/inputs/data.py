@@ -7,7 +7,8 @@ placeholder's column, the target column: a null answer would be scored 0, a null
 "None"), a `messages` value that is not a non-empty list of {role, content} strings, a duplicate id, a
 row the prompt template or a code_exec program template cannot render. A UTF-8 byte order mark at the
 start of a JSONL file is skipped.
-Prompts are rendered once per model (chat templates differ between models) by `render_prompts`.
+Prompts are rendered once per model (chat templates differ between models) by `render_prompts`; planning reads
+each batch with its prompts, targets and extras at once (`TaskData.rendered`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ class RowBatch:
 
 
 @dataclass(frozen=True)
+class RenderedBatch:
+    """A batch as planning stages it: each row's prompt rendered for one model, its target and its extras."""
+    rows: RowBatch
+    prompts: list[str]
+    add_special: bool  # whether the tokenizer adds its special tokens (False for chat-rendered text)
+    targets: list  # each row's reference answer (None where the task has no target column)
+    extras: list[dict | None]  # what each row carries beside its prompt and target (`row_extra`)
+
+
+@dataclass(frozen=True)
 class TaskData:
     """A task's data file, checked: every row parses, has the columns the task reads and a unique id.
     Rows are not held: `batches()` streams them again (once per model, whose chat template differs)."""
@@ -53,6 +64,18 @@ class TaskData:
     def batches(self) -> Iterator[RowBatch]:
         for rows, where, first in _read_batches(self.path):
             yield RowBatch(_ids(self.task, rows, first), rows, where)
+
+    def rendered(self, tokenizer) -> Iterator[RenderedBatch]:
+        """The batches again, each with its prompts rendered for the model of `tokenizer` (`render_prompts`), its
+        targets and extras. A replay task's (`tokenizer` None: no model runs it) is its template as written."""
+        for batch in self.batches():
+            if self.task.replay is not None:
+                prompts, add_special = [self.task.prompt.format(**row) if self.task.prompt else ""
+                                        for row in batch.rows], True
+            else:
+                prompts, add_special = render_prompts(self.task, batch, tokenizer, self.path)
+            yield RenderedBatch(batch, prompts, add_special, [self.target_of(row) for row in batch.rows],
+                                [self.extra_of(row) for row in batch.rows])
 
     def target_of(self, row: dict) -> Any:
         return row.get(self.task.target) if self.task.target else None

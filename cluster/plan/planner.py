@@ -24,7 +24,7 @@ import numpy as np
 from cluster.contracts.errors import PreflightError
 from cluster.contracts.shard import LONG, SHORT, Shard
 from cluster.contracts.tokens import count_tokens, tokenize
-from cluster.inputs.data import RENDER_ERRORS, DataError, RowBatch, TaskData, render_prompts
+from cluster.inputs.data import RENDER_ERRORS, DataError, RowBatch, TaskData
 from cluster.contracts.loglikelihood import continuations, encode_pairs, pair_lengths, rolling_length, row_choices
 from cluster.contracts.spec import ModelSpec, ShardLimits, TaskSpec
 from cluster.contracts.task_spec import no_room
@@ -83,9 +83,8 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
     lengths, status, over_list, empty_list = [], [], [], []
     add_special = True
     with _read_again(data):
-        for batch in data.batches():
-            prompts, add_special = render_prompts(task, batch, tokenizer, data.path)
-            extras = [data.extra_of(row) for row in batch.rows]
+        for rendered in data.rendered(tokenizer):
+            batch, prompts, extras, add_special = rendered.rows, rendered.prompts, rendered.extras, rendered.add_special
             counts = _token_counts(model, data, batch, prompts, extras, tokenizer, add_special, max_model_len, cache)
             codes = np.zeros(len(prompts), dtype=np.uint8)
             truncated: dict[int, list[int]] = {}
@@ -105,7 +104,7 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
             if len(empty):  # no engine runs an empty prompt: an error row now, not a shard failing three times
                 codes[empty] = 3
                 empty_list.extend((batch.ids[k], batch.where[k]) for k in empty)
-            staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], truncated, extras)
+            staged.append(batch.ids, prompts, rendered.targets, truncated, extras)
             lengths.append(counts.astype(np.int32))
             status.append(codes)
     staged.close()
@@ -135,10 +134,8 @@ def plan_replay(data: TaskData, limits: ShardLimits, staging: StagingFolder | No
     model = ModelSpec(task.replay.model, "replay")
     staged = StagedRows(staging or StagingFolder(), f"{model.name}+{task.name}")
     with _read_again(data):
-        for batch in data.batches():
-            prompts = [task.prompt.format(**row) if task.prompt else "" for row in batch.rows]
-            staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], {},
-                          [data.extra_of(row) for row in batch.rows])
+        for rendered in data.rendered(None):
+            staged.append(rendered.rows.ids, rendered.prompts, rendered.targets, {}, rendered.extras)
     staged.close()
     n = data.n_rows
     zeros = np.zeros(n, np.int32)
