@@ -132,9 +132,10 @@ def load_task(spec: SweepSpec, task: TaskSpec) -> TaskData:
         raise DataError(f"{spec.source}: tasks.{task.name}.{e}") from None
     digest = content_hash(path)  # before the checks' read: planning's later read is compared with it
     hashes, n, needed = [], 0, task.columns_read()
+    program_columns = task.scorer.columns() if task.scorer is not None else []  # parsed once, not per row
     for rows, where, first in _read_batches(path):
         _check_columns(task, needed, path, rows, where)
-        _check_rendering(task, path, rows, where)
+        _check_rendering(task, program_columns, path, rows, where)
         hashes.append(np.fromiter((_id_hash(sid) for sid in _ids(task, rows, first)), dtype=np.uint64, count=len(rows)))
         n += len(rows)
     if n == 0:
@@ -197,11 +198,11 @@ def _raise_duplicate(task: TaskSpec, path: str, suspects: set[int]) -> None:
                 seen[sid] = w
 
 
-def _check_rendering(task: TaskSpec, path: str, rows: list[dict], where: list[str]) -> None:
+def _check_rendering(task: TaskSpec, program_columns: list[str], path: str, rows: list[dict], where: list[str]) -> None:
     """Render the prompt template on every row, as planning will, and a code_exec program as scoring will
-    (with an empty completion, which a model may return): a format spec or an index the row's value does
-    not take ("{question:d}" on text, "{question[999]}", "{meta[fn]}" where a row's meta has no fn) fails
-    here, naming the row, not at scoring time after the GPU work."""
+    (with an empty completion, which a model may return; `program_columns`: ScorerSpec.columns): a format spec or
+    an index the row's value does not take ("{question:d}" on text, "{question[999]}", "{meta[fn]}" where a row's
+    meta has no fn) fails here, naming the row, not at scoring time after the GPU work."""
     program = task.scorer.args["program"] if task.scorer is not None and task.scorer.name == "code_exec" else None
     for row, w in zip(rows, where):
         try:
@@ -213,7 +214,7 @@ def _check_rendering(task: TaskSpec, path: str, rows: list[dict], where: list[st
         if program is None:
             continue
         try:  # the mapping cluster/score/shard_scoring.py formats it from
-            program.format(**{c: row[c] for c in task.scorer.columns()}, **{COMPLETION: ""})
+            program.format(**{c: row[c] for c in program_columns}, **{COMPLETION: ""})
         except RENDER_ERRORS as e:
             raise DataError(f"{path}:{w}: tasks.{task.name}.scorer.program {program!r} cannot be rendered from "
                             f"this row and an empty completion: {type(e).__name__}: {_first_line(e)}") from None
