@@ -14,6 +14,7 @@ each batch with its prompts, targets and extras at once (`TaskData.rendered`).
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -60,6 +61,18 @@ class TaskData:
         if self.digest is not None and content_hash(self.path) != self.digest:
             raise DataError(f"{self.path}: changed while the sweep read it (after its checks, before task "
                             f"{self.task.name}'s shards were cut); nothing of the task ran: run the sweep again")
+
+    @contextmanager
+    def read_again(self) -> Iterator[None]:
+        """Planning reads the file again. The checks rendered every row, so a row that no longer renders there
+        (a column gone, a line that no longer parses) means the file changed after them: that is what is said
+        (`check_unchanged`), not a KeyError from the planner's thread. Where the file is the same, the error is
+        raised as it came."""
+        try:
+            yield
+        except (DataError, *RENDER_ERRORS):
+            self.check_unchanged()
+            raise
 
     def batches(self) -> Iterator[RowBatch]:
         for rows, where, first in _read_batches(self.path):
