@@ -74,7 +74,7 @@ def part_o(bench: Bench) -> None:
                 "actors": {"count": 2, "num_cpus": 1}}))
             started = time.perf_counter()
             spec = load_spec(spec_path)
-            prepared = prepare(spec, check_inputs(spec), new_run=True)
+            prepared = prepare(spec, check_inputs(spec).data, new_run=True)
             planned = time.perf_counter()
             before = _status_mib("VmRSS")
             _reset_peak_rss()

@@ -29,7 +29,7 @@ def plan(args: argparse.Namespace) -> int:
     with watched(lambda line: print(line, file=sys.stderr, flush=True), "the spec read (lm-eval's tasks, if it names "
                  "some, indexed and loaded, and their requests built)"):
         spec = load_spec(args.spec)
-    data = check_inputs(spec)
+    data = check_inputs(spec).data
     with PlanTicker(spec) as ticker:  # stdout holds the table (or the JSON) alone: the ticker's lines go to stderr
         plans = preflight(spec, strict=False, data=data, planned=ticker.planned)
     rows = []

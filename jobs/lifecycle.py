@@ -67,6 +67,7 @@ class _Sweep:
     """One sweep's own state, from its spec to its end."""
     spec: object  # its SweepSpec
     data: list | None = None  # its inputs, as `check` read them
+    models: dict | None = None  # its models, as `check` found them (cluster/inputs/checks.py FoundModel, by name)
     prepared: object = None  # its output opened (cluster/schedule/run.py Prepared)
     executed: bool = False  # it ran: it closed its output's sink itself
 
@@ -180,7 +181,8 @@ class SweepRun:
 
         self._step(Phase.CHECKED)
         spec = self.sweep.spec
-        self.sweep.data = check_inputs(spec)
+        checked = check_inputs(spec)
+        self.sweep.data, self.sweep.models = checked.data, checked.models
         self.log(f"[raysweep] inputs checked: {len(self.sweep.data)} task(s), "
                  f"{sum(d.n_rows for d in self.sweep.data)} rows, {len(spec.models)} model(s) "
                  f"({time.time() - self.clock.started_at:.1f}s after the command started)")
@@ -190,19 +192,18 @@ class SweepRun:
     def _ask_early(self, spec) -> None:
         """The early engines of the run's first sweep asked of the engine host, where it has shards left to run, the
         actors' first engines are known before Ray is up (cluster/plan/early_engines.py), and the model is on disk (a
-        builtin model not built yet is built by the planner: none then)."""
+        builtin model not built yet is built by the planner: none then), as the checks found it."""
         if self._early_asked or self.host is None:
             return
         self._early_asked = True
         if self.sweep.prepared.nothing_left:  # none built for nothing; a later sweep's engines start with its actors
             return
-        from cluster.inputs.builtin_model import built_path
         from cluster.plan.early_engines import local_gpu_bytes, local_gpus, plan_early
-        from cluster.plan.engines_per_gpu import model_weights
 
-        path = built_path(spec.model_path(spec.models[0])) if len(spec.models) == 1 else None
+        found = self.sweep.models[spec.models[0].name] if len(spec.models) == 1 else None
         gpus = local_gpus()
-        plan = path and plan_early(spec, path, gpus, model_weights(spec)[spec.models[0].name], local_gpu_bytes(gpus))
+        plan = found and found.on_disk and plan_early(spec, found.on_disk, gpus, found.weight_bytes,
+                                                      local_gpu_bytes(gpus))
         if not plan:
             return
         try:

@@ -54,7 +54,7 @@ def prepare_file(path, **options):
     from cluster.schedule.run import prepare
 
     spec = load_spec(path)
-    return prepare(spec, check_inputs(spec), **options)
+    return prepare(spec, check_inputs(spec).data, **options)
 
 
 # The groups that take longest on the 2-core machine, longest first (pytest --durations): handed out first, so

@@ -542,7 +542,7 @@ def test_planning_prompts_measured_before_loads_no_tokenizer_and_a_changed_token
     probe = ("import json, sys\nfrom cluster.inputs.spec_file import load_spec\nfrom cluster.plan.plan_source import plan_events\n"
              "from cluster.inputs.checks import check_inputs\n"
              f"spec = load_spec({str(spec)!r})\n"
-             "plans = [e for e in plan_events(spec, check_inputs(spec)) if hasattr(e, 'shards')]\n"
+             "plans = [e for e in plan_events(spec, check_inputs(spec).data) if hasattr(e, 'shards')]\n"
              "print(json.dumps(['transformers' in sys.modules, [p.lengths.tolist() for p in plans]]))")
 
     def plan() -> tuple[bool, list]:

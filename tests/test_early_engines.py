@@ -349,7 +349,6 @@ def test_early_engines_that_cannot_be_asked_for_leave_the_run_to_its_actors(tmp_
 
     host = Host()
     monkeypatch.setattr("cluster.launch.start_engine_host", lambda backends: host)
-    monkeypatch.setattr("cluster.inputs.checks.check_inputs", lambda spec: [])
     prepared = SimpleNamespace(sink=SimpleNamespace(close=lambda: None), nothing_left=False)
     monkeypatch.setattr("cluster.schedule.run.prepare", lambda *a, **k: prepared)
     monkeypatch.setattr("cluster.plan.early_engines.local_gpus", lambda: [])

@@ -126,5 +126,5 @@ def test_the_generation_budget_counts_rows_max_tokens_and_completions_of_generat
     from cluster.inputs.spec_file import load_spec
     from cluster.inputs.data import generation_budget
 
-    data = check_inputs(load_spec(QUICKSTART))  # 150 rows x 8 + 100 x 4 + 100 x 96 new tokens at most
+    data = check_inputs(load_spec(QUICKSTART)).data  # 150 rows x 8 + 100 x 4 + 100 x 96 new tokens at most
     assert generation_budget(data) == 150 * 8 + 100 * 4 + 100 * 96

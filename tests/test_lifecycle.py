@@ -199,7 +199,6 @@ def test_steps_go_in_order_and_close_releases_what_was_taken_once_the_last_first
 
     released = []
     sink = SimpleNamespace(close=lambda: released.append("sink"))
-    monkeypatch.setattr("cluster.inputs.checks.check_inputs", lambda spec: [])
     monkeypatch.setattr("cluster.schedule.run.prepare", lambda *a, **k: SimpleNamespace(sink=sink, nothing_left=False))
     monkeypatch.setattr("jobs.ray_start.start_ray", lambda *a, **k: None)
     monkeypatch.setattr("jobs.local_ray.reaper", lambda: SimpleNamespace(release=lambda: released.append("reaper")))

@@ -401,7 +401,7 @@ def test_every_arrow_type_that_reaches_a_prompt_or_target_is_rendered_as_written
                     for name in cases)
     (tmp_path / "s.yaml").write_text(f"name: types\noutput: out\nmodels: [{{name: tiny, path: builtin:tiny}}]\n"
                                      f"tasks:\n{tasks}")
-    for data in check_inputs(load_spec(tmp_path / "s.yaml")):
+    for data in check_inputs(load_spec(tmp_path / "s.yaml")).data:
         batch = next(data.batches())
         prompts, _ = render_prompts(data.task, batch, None, data.path)
         expected = cases[data.task.name][1]

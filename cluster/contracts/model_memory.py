@@ -72,6 +72,16 @@ def weights(path: str | None, config: dict, engine: dict) -> Weights | None:
     return Weights(count, count * DTYPE_BYTES[dtype], dtype)
 
 
+def weight_bytes(path: str | None, config: dict | None, engine: dict) -> int | None:
+    """`weights`' bytes where only a size is wanted (the engines per GPU, the early engines): None where its
+    files or config do not say, or cannot be read (`path` None: no files, as for a builtin model)."""
+    try:
+        counted = config and weights(path, config, engine)
+    except (OSError, ValueError):
+        counted = None
+    return counted.bytes if counted else None
+
+
 def weight_files(path: str) -> list[Path]:
     """The safetensors files vLLM loads from a model folder: those its index names where there is one
     (Mistral's folders hold `consolidated.safetensors` beside the same weights in shards: one set is loaded),

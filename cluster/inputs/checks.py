@@ -4,7 +4,8 @@
 1. Checks that need no tokenizer (`check_inputs`, cheap: jobs/sweep.py runs them before Ray starts):
    every task's data file streamed once (rows, columns, ids, the prompt rendered), every structured spec
    parsed, every model found (a local directory, the hub cache, or a hub that can be reached; vLLM
-   importable where a model asks for it) and its max_model_len left room for max_tokens where known.
+   importable where a model asks for it) and its max_model_len left room for max_tokens where known; what was
+   found of each model (where it is on disk, its weights' size) is kept for the early engines (`FoundModel`).
    Then the expensive ones: every model loads (config, tokenizer) and compiles every structured spec.
    A problem here is one line naming the file, task, model or field, before any actor starts.
 """
@@ -19,17 +20,32 @@ from typing import Any
 from cluster.contracts.errors import PreflightError
 from cluster.contracts.task_spec import no_room
 from cluster.contracts.model_paths import is_builtin
-from cluster.inputs.builtin_model import find_model, resolve_model_path
+from cluster.inputs.builtin_model import built_path, find_model, resolve_model_path
 from cluster.inputs.data import TaskData, load_task
-from cluster.contracts.model_memory import accelerator_memory, refusal, weights
+from cluster.contracts.model_memory import accelerator_memory, refusal, weight_bytes, weights
 from cluster.contracts.spec import ModelSpec, SweepSpec
 from cluster.contracts.structured import check as check_structured
 from cluster.contracts.structured import xgrammar_message
 
 
-def check_inputs(spec: SweepSpec) -> list[TaskData]:
-    """The checks that need no tokenizer and no model loaded, in one pass over each data file; the
-    checked data, for `plan_events` to plan from without reading the files again for checking."""
+@dataclass(frozen=True)
+class FoundModel:
+    """A model the checks found without loading it: what is known of it before Ray is up (the early engines)."""
+    model: ModelSpec
+    on_disk: str | None  # where its engines load it from (a hub id as named); None: a builtin model not built yet
+    weight_bytes: int | None  # its weights at the dtype vLLM loads them in, where its files or config say
+
+
+@dataclass(frozen=True)
+class CheckedInputs:
+    """What `check_inputs` read: each task's data (for `plan_events` to plan from without reading the files again
+    for checking) and each model found, by name."""
+    data: list[TaskData]
+    models: dict[str, FoundModel]
+
+
+def check_inputs(spec: SweepSpec) -> CheckedInputs:
+    """The checks that need no tokenizer and no model loaded, in one pass over each data file."""
     data = []
     for task in spec.tasks:
         if task.structured is not None:
@@ -40,9 +56,7 @@ def check_inputs(spec: SweepSpec) -> list[TaskData]:
         data.append(load_task(spec, task))
         if task.scorer is not None and task.scorer.name == "code_exec":
             check_sandbox(spec, task)
-    for model in spec.models:
-        check_model(spec, model)
-    return data
+    return CheckedInputs(data, {model.name: check_model(spec, model) for model in spec.models})
 
 
 def check_sandbox(spec: SweepSpec, task) -> None:
@@ -133,7 +147,7 @@ def check_memory(spec: SweepSpec, model: ModelSpec, path: str, config: dict | No
         raise PreflightError(f"{spec.source}: {why}")
 
 
-def check_model(spec: SweepSpec, model: ModelSpec) -> None:
+def check_model(spec: SweepSpec, model: ModelSpec) -> FoundModel:
     """A model found without loading it, and max_tokens against its length where that is known now."""
     if model.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise PreflightError(f"{spec.source}: model {model.name}: engine backend vllm needs vLLM, which is not "
@@ -152,6 +166,7 @@ def check_model(spec: SweepSpec, model: ModelSpec) -> None:
     for task in spec.tasks:
         if task.replay is None and isinstance(max_len, int) and task.sampling.max_tokens >= max_len:
             raise PreflightError(f"{spec.source}: {no_room(model, task, max_len)}")
+    return FoundModel(model, built_path(path), weight_bytes(None if is_builtin(path) else path, config, model.engine))
 
 
 def compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:

@@ -7,12 +7,14 @@ placeholder's column, the target column: a null answer would be scored 0, a null
 "None"), a `messages` value that is not a non-empty list of {role, content} strings, a duplicate id, a
 row the prompt template or a code_exec program template cannot render. A UTF-8 byte order mark at the
 start of a JSONL file is skipped.
-Prompts are rendered once per model (chat templates differ between models) by `render_prompts`.
+Prompts are rendered once per model (chat templates differ between models) by `render_prompts`; planning reads
+each batch with its prompts, targets and extras at once (`TaskData.rendered`).
 """
 
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -35,6 +37,16 @@ class RowBatch:
 
 
 @dataclass(frozen=True)
+class RenderedBatch:
+    """A batch as planning stages it: each row's prompt rendered for one model, its target and its extras."""
+    rows: RowBatch
+    prompts: list[str]
+    add_special: bool  # whether the tokenizer adds its special tokens (False for chat-rendered text)
+    targets: list  # each row's reference answer (None where the task has no target column)
+    extras: list[dict | None]  # what each row carries beside its prompt and target (`row_extra`)
+
+
+@dataclass(frozen=True)
 class TaskData:
     """A task's data file, checked: every row parses, has the columns the task reads and a unique id.
     Rows are not held: `batches()` streams them again (once per model, whose chat template differs)."""
@@ -50,9 +62,33 @@ class TaskData:
             raise DataError(f"{self.path}: changed while the sweep read it (after its checks, before task "
                             f"{self.task.name}'s shards were cut); nothing of the task ran: run the sweep again")
 
+    @contextmanager
+    def read_again(self) -> Iterator[None]:
+        """Planning reads the file again. The checks rendered every row, so a row that no longer renders there
+        (a column gone, a line that no longer parses) means the file changed after them: that is what is said
+        (`check_unchanged`), not a KeyError from the planner's thread. Where the file is the same, the error is
+        raised as it came."""
+        try:
+            yield
+        except (DataError, *RENDER_ERRORS):
+            self.check_unchanged()
+            raise
+
     def batches(self) -> Iterator[RowBatch]:
         for rows, where, first in _read_batches(self.path):
             yield RowBatch(_ids(self.task, rows, first), rows, where)
+
+    def rendered(self, tokenizer) -> Iterator[RenderedBatch]:
+        """The batches again, each with its prompts rendered for the model of `tokenizer` (`render_prompts`), its
+        targets and extras. A replay task's (`tokenizer` None: no model runs it) is its template as written."""
+        for batch in self.batches():
+            if self.task.replay is not None:
+                prompts, add_special = [self.task.prompt.format(**row) if self.task.prompt else ""
+                                        for row in batch.rows], True
+            else:
+                prompts, add_special = render_prompts(self.task, batch, tokenizer, self.path)
+            yield RenderedBatch(batch, prompts, add_special, [self.target_of(row) for row in batch.rows],
+                                [self.extra_of(row) for row in batch.rows])
 
     def target_of(self, row: dict) -> Any:
         return row.get(self.task.target) if self.task.target else None
@@ -109,9 +145,10 @@ def load_task(spec: SweepSpec, task: TaskSpec) -> TaskData:
         raise DataError(f"{spec.source}: tasks.{task.name}.{e}") from None
     digest = content_hash(path)  # before the checks' read: planning's later read is compared with it
     hashes, n, needed = [], 0, task.columns_read()
+    program_columns = task.scorer.columns() if task.scorer is not None else []  # parsed once, not per row
     for rows, where, first in _read_batches(path):
         _check_columns(task, needed, path, rows, where)
-        _check_rendering(task, path, rows, where)
+        _check_rendering(task, program_columns, path, rows, where)
         hashes.append(np.fromiter((_id_hash(sid) for sid in _ids(task, rows, first)), dtype=np.uint64, count=len(rows)))
         n += len(rows)
     if n == 0:
@@ -174,11 +211,11 @@ def _raise_duplicate(task: TaskSpec, path: str, suspects: set[int]) -> None:
                 seen[sid] = w
 
 
-def _check_rendering(task: TaskSpec, path: str, rows: list[dict], where: list[str]) -> None:
+def _check_rendering(task: TaskSpec, program_columns: list[str], path: str, rows: list[dict], where: list[str]) -> None:
     """Render the prompt template on every row, as planning will, and a code_exec program as scoring will
-    (with an empty completion, which a model may return): a format spec or an index the row's value does
-    not take ("{question:d}" on text, "{question[999]}", "{meta[fn]}" where a row's meta has no fn) fails
-    here, naming the row, not at scoring time after the GPU work."""
+    (with an empty completion, which a model may return; `program_columns`: ScorerSpec.columns): a format spec or
+    an index the row's value does not take ("{question:d}" on text, "{question[999]}", "{meta[fn]}" where a row's
+    meta has no fn) fails here, naming the row, not at scoring time after the GPU work."""
     program = task.scorer.args["program"] if task.scorer is not None and task.scorer.name == "code_exec" else None
     for row, w in zip(rows, where):
         try:
@@ -190,7 +227,7 @@ def _check_rendering(task: TaskSpec, path: str, rows: list[dict], where: list[st
         if program is None:
             continue
         try:  # the mapping cluster/score/shard_scoring.py formats it from
-            program.format(**{c: row[c] for c in task.scorer.columns()}, **{COMPLETION: ""})
+            program.format(**{c: row[c] for c in program_columns}, **{COMPLETION: ""})
         except RENDER_ERRORS as e:
             raise DataError(f"{path}:{w}: tasks.{task.name}.scorer.program {program!r} cannot be rendered from "
                             f"this row and an empty completion: {type(e).__name__}: {_first_line(e)}") from None

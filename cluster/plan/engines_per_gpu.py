@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cluster.contracts.model_memory import (DEFAULT_UTILIZATION, GIB, accelerator_memory, shared_kv_cache_bytes,
-                                            weights)
+                                            weight_bytes)
 from cluster.contracts.spec import ActorSpec, SweepSpec
 
 SMALL_WEIGHTS_BYTES = 2 * GIB  # about 1B parameters in bf16: the largest model measured to gain is 254M
@@ -98,10 +98,9 @@ def model_weights(spec: SweepSpec) -> dict[str, int | None]:
         path = spec.model_path(model)
         try:
             config = find_model(path)
-            counted = config and weights(None if is_builtin(path) else path, config, model.engine)
         except (OSError, ValueError):  # checked before Ray started: here only a size is wanted
-            counted = None
-        found[model.name] = counted.bytes if counted else None
+            config = None
+        found[model.name] = weight_bytes(None if is_builtin(path) else path, config, model.engine)
     return found
 
 

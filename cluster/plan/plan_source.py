@@ -82,7 +82,7 @@ def preflight(spec: SweepSpec, strict: bool = True, data: list[TaskData] | None 
     number made so far."""
     plans: dict[str, ModelPlan] = {}
     made = 0
-    for event in plan_events(spec, check_inputs(spec) if data is None else data, strict):
+    for event in plan_events(spec, check_inputs(spec).data if data is None else data, strict):
         if isinstance(event, ModelReady):
             plans[event.model.name] = ModelPlan(event.model, event.path, [])
             continue

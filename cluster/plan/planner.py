@@ -16,7 +16,6 @@ count), so the driver never holds every token id of a sweep. Only truncated rows
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +23,7 @@ import numpy as np
 from cluster.contracts.errors import PreflightError
 from cluster.contracts.shard import LONG, SHORT, Shard
 from cluster.contracts.tokens import count_tokens, tokenize
-from cluster.inputs.data import RENDER_ERRORS, DataError, RowBatch, TaskData, render_prompts
+from cluster.inputs.data import RowBatch, TaskData
 from cluster.contracts.loglikelihood import continuations, encode_pairs, pair_lengths, rolling_length, row_choices
 from cluster.contracts.spec import ModelSpec, ShardLimits, TaskSpec
 from cluster.contracts.task_spec import no_room
@@ -82,10 +81,9 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
     staged = StagedRows(staging or StagingFolder(), f"{model.name}+{task.name}")
     lengths, status, over_list, empty_list = [], [], [], []
     add_special = True
-    with _read_again(data):
-        for batch in data.batches():
-            prompts, add_special = render_prompts(task, batch, tokenizer, data.path)
-            extras = [data.extra_of(row) for row in batch.rows]
+    with data.read_again():
+        for rendered in data.rendered(tokenizer):
+            batch, prompts, extras, add_special = rendered.rows, rendered.prompts, rendered.extras, rendered.add_special
             counts = _token_counts(model, data, batch, prompts, extras, tokenizer, add_special, max_model_len, cache)
             codes = np.zeros(len(prompts), dtype=np.uint8)
             truncated: dict[int, list[int]] = {}
@@ -105,7 +103,7 @@ def plan_task(model: ModelSpec, data: TaskData, tokenizer, max_model_len: int | 
             if len(empty):  # no engine runs an empty prompt: an error row now, not a shard failing three times
                 codes[empty] = 3
                 empty_list.extend((batch.ids[k], batch.where[k]) for k in empty)
-            staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], truncated, extras)
+            staged.append(batch.ids, prompts, rendered.targets, truncated, extras)
             lengths.append(counts.astype(np.int32))
             status.append(codes)
     staged.close()
@@ -134,11 +132,9 @@ def plan_replay(data: TaskData, limits: ShardLimits, staging: StagingFolder | No
     task = data.task
     model = ModelSpec(task.replay.model, "replay")
     staged = StagedRows(staging or StagingFolder(), f"{model.name}+{task.name}")
-    with _read_again(data):
-        for batch in data.batches():
-            prompts = [task.prompt.format(**row) if task.prompt else "" for row in batch.rows]
-            staged.append(batch.ids, prompts, [data.target_of(row) for row in batch.rows], {},
-                          [data.extra_of(row) for row in batch.rows])
+    with data.read_again():
+        for rendered in data.rendered(None):
+            staged.append(rendered.rows.ids, rendered.prompts, rendered.targets, {}, rendered.extras)
     staged.close()
     n = data.n_rows
     zeros = np.zeros(n, np.int32)
@@ -201,19 +197,6 @@ def _rolling_lengths(model: ModelSpec, task: TaskSpec, extras: list[dict], token
         extra["window"] = window
     return [rolling_length(len(ids), window)
             for ids in tokenize([e["choices"][0] for e in extras], tokenizer, add_special)]
-
-
-@contextmanager
-def _read_again(data: TaskData):
-    """Planning reads the data file again. The checks rendered every row, so a row that no longer renders here
-    (a column gone, a line that no longer parses) means the file changed after them: that is what is said
-    (`check_unchanged`), not a KeyError from the planner's thread. Where the file is the same, the error is
-    raised as it came."""
-    try:
-        yield
-    except (DataError, *RENDER_ERRORS):
-        data.check_unchanged()
-        raise
 
 
 def _threshold(task: TaskSpec, lengths: np.ndarray) -> int | None:

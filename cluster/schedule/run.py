@@ -146,7 +146,7 @@ def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], N
               max_attempts: int = 3, new_run: bool = False) -> SweepReport:
     from cluster.inputs.checks import check_inputs
 
-    return execute(prepare(spec, check_inputs(spec), output, new_run), log=log, max_attempts=max_attempts)
+    return execute(prepare(spec, check_inputs(spec).data, output, new_run), log=log, max_attempts=max_attempts)
 
 
 class _Run:
