@@ -136,6 +136,22 @@ def test_a_folder_with_two_copies_of_its_weights_is_counted_once(tmp_path, model
     assert weights(str(tmp_path), config, {}).parameters == once
 
 
+@pytest.mark.parametrize("content", [b"not a safetensors file", b"\x07", (10**12).to_bytes(8, "little") + b"{}",
+                                     (2).to_bytes(8, "little") + b"[]"],
+                         ids=["text", "shorter-than-a-length", "length-past-the-end", "no-tensor-table"])
+def test_weight_files_that_are_not_safetensors_leave_the_size_unknown_without_reading_their_claimed_length(
+        tmp_path, content):
+    """A broken weight file (its engine will say why at its start) is no size, not a MemoryError at the checks:
+    the header length it claims is checked against the file before anything is read."""
+    from cluster.contracts.model_memory import weight_bytes
+
+    config = json.loads((Path(resolve_model_path("builtin:tiny")) / "config.json").read_text())
+    (tmp_path / "model.safetensors").write_bytes(content)
+    with pytest.raises(ValueError, match="not a safetensors"):
+        weights(str(tmp_path), config, {})
+    assert weight_bytes(str(tmp_path), config, {}) is None
+
+
 @pytest.mark.parametrize("engine, message", [
     ({"tensor_parallel_size": 3}, "engine.tensor_parallel_size 3 does not divide the model's 64 attention heads "
                                   "(vLLM refuses it): use one of 1, 2, 4, 8, 16"),

@@ -98,12 +98,23 @@ def weight_files(path: str) -> list[Path]:
     return sharded or files
 
 
+SAFETENSORS_HEADER_MAX = 100_000_000  # the format's own bound on its JSON header (safetensors' MAX_HEADER_SIZE)
+
+
 def _safetensors_parameters(path: Path) -> int:
-    """Parameters in one safetensors file, from its JSON header (8 bytes of length, then the header)."""
+    """Parameters in one safetensors file, from its JSON header (8 bytes of length, then the header). A file that
+    is not one (a header length past the file's end or the format's bound, a header that is no tensor table)
+    raises ValueError, before anything of that length is read."""
     with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
+        start = f.read(8)
+        length = struct.unpack("<Q", start)[0] if len(start) == 8 else -1
+        if not 0 < length <= min(SAFETENSORS_HEADER_MAX, os.fstat(f.fileno()).st_size - 8):
+            raise ValueError(f"{path}: not a safetensors file (header length {length})")
         header = json.loads(f.read(length))
-    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    try:
+        return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    except (AttributeError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a safetensors header ({type(e).__name__}: {e})") from None
 
 
 # config keys of shapes the formula does not know (DeepSeek's latent attention and routed experts, among
