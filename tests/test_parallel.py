@@ -86,6 +86,20 @@ def test_a_model_too_big_for_its_gpus_is_refused_before_ray_naming_the_smallest_
         "1 GiB for activations and the KV cache: 19.2 GiB. engine.tensor_parallel_size 8 is the smallest that fits")
 
 
+def test_a_model_whose_weight_file_is_broken_is_refused_in_one_line_where_its_gpus_memory_is_checked(tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(resolve_model_path("builtin:tiny"), broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    spec = write_spec(tmp_path, [{"name": "b", "path": str(broken)}],
+                      actors={"count": 1, "num_cpus": 1, "accelerator_type": "L4"})
+    with pytest.raises(PreflightError) as err:
+        check_inputs(load_spec(spec))
+    assert str(err.value).startswith(f"{spec}: model b: its weights cannot be sized for the L4 memory check: "
+                                     f"{broken / 'model.safetensors'}: not a safetensors file")
+
+
 def test_the_same_model_at_the_tp_that_fits_passes_and_a_gpu_share_counts(tmp_path):
     found = weights(None, LLAMA_70B, {})
     assert refusal("big", {"tensor_parallel_size": 8}, found, ACCELERATOR_MEMORY["L4"], "an L4") is None

@@ -139,7 +139,11 @@ def check_memory(spec: SweepSpec, model: ModelSpec, path: str, config: dict | No
     gpu_bytes = accelerator_memory(spec.actors.accelerator_type)
     if gpu_bytes is None or config is None or model.backend in ("hf", "fake"):
         return
-    found = weights(None if is_builtin(path) else path, config, model.engine)
+    try:
+        found = weights(None if is_builtin(path) else path, config, model.engine)
+    except (OSError, ValueError) as e:
+        raise PreflightError(f"{spec.source}: model {model.name}: its weights cannot be sized for the "
+                             f"{spec.actors.accelerator_type} memory check: {e}") from None
     why = found and refusal(model.name, model.engine, found, gpu_bytes, f"one {spec.actors.accelerator_type}",
                             1.0 if spec.actors.num_gpus is None else spec.actors.num_gpus,  # auto shares only what fits
                             config.get("num_attention_heads"))
