@@ -42,7 +42,7 @@ def test_an_8b_model_on_four_gpus_gets_one_early_engine_per_gpu_as_its_actors_wi
 @pytest.mark.parametrize("spec, gpus, weights", [
     (_spec(), ["0", "1"], SMALL_WEIGHTS_BYTES),  # a small model: the GPU's memory decides, once Ray says the GPU
     (_spec(), ["0", "1"], None),  # a size not known
-    (_spec(num_gpus=0.3), ["0", "1"], LARGE),  # a share that is no whole fraction of a GPU
+    (_spec(num_gpus=2), ["0", "1"], LARGE),  # an actor of two GPUs
     (_spec(num_gpus=0.5, count=3), ["0", "1"], LARGE),  # fewer actors than the GPUs' shares
     (_spec(count=1), ["0", "1"], LARGE),  # fewer actors than GPUs: which GPU Ray gives is not known
     (_spec([ModelSpec("a", "/a"), ModelSpec("b", "/b")]), ["0"], LARGE),  # which model an actor starts first
@@ -63,6 +63,7 @@ def test_a_large_model_on_gpus_the_rule_shares_between_two_engines_gets_an_early
     assert plan_early(_spec(), "/models/m", ["0", "1"], 13 << 30, h100).count == 2
     assert plan_early(_spec(num_gpus=1), "/models/m", ["0", "1"], 13 << 30, h200).count == 2  # as the spec asks
     assert plan_early(_spec(num_gpus=0.25), "/models/m", ["0"], SMALL_WEIGHTS_BYTES).count == 4  # as the spec asks
+    assert plan_early(_spec(num_gpus=0.3), "/models/m", ["0"], LARGE).count == 3  # as many as fit, as Ray packs them
 
 
 def test_engines_that_share_a_gpu_and_start_one_at_a_time_are_not_built_early(monkeypatch):

@@ -22,7 +22,7 @@ from cluster.contracts.task_spec import no_room
 from cluster.contracts.model_paths import is_builtin
 from cluster.inputs.builtin_model import built_path, find_model, resolve_model_path
 from cluster.inputs.data import TaskData, load_task
-from cluster.contracts.model_memory import accelerator_memory, refusal, weight_bytes, weights
+from cluster.contracts.model_memory import Weights, accelerator_memory, refusal, weight_bytes, weights
 from cluster.contracts.spec import ModelSpec, SweepSpec
 from cluster.contracts.structured import check as check_structured
 from cluster.contracts.structured import xgrammar_message
@@ -132,13 +132,14 @@ def check_parallel(spec: SweepSpec, model: ModelSpec, config: dict | None) -> No
                                "drop the field")
 
 
-def check_memory(spec: SweepSpec, model: ModelSpec, path: str, config: dict | None) -> None:
+def check_memory(spec: SweepSpec, model: ModelSpec, path: str, config: dict | None) -> Weights | None:
     """A model whose weights cannot fit the GPUs of the spec's `accelerator_type`, at its tensor- and
     pipeline-parallel sizes: one line now, with the smallest tensor_parallel_size that fits (each actor
-    checks its own GPU again before its engine starts: actors/evaluator.py)."""
+    checks its own GPU again before its engine starts: actors/evaluator.py). The weights it sized (None: not
+    sized here)."""
     gpu_bytes = accelerator_memory(spec.actors.accelerator_type)
     if gpu_bytes is None or config is None or model.backend in ("hf", "fake"):
-        return
+        return None
     try:
         found = weights(None if is_builtin(path) else path, config, model.engine)
     except (OSError, ValueError) as e:
@@ -149,6 +150,7 @@ def check_memory(spec: SweepSpec, model: ModelSpec, path: str, config: dict | No
                             config.get("num_attention_heads"))
     if why:
         raise PreflightError(f"{spec.source}: {why}")
+    return found
 
 
 def check_model(spec: SweepSpec, model: ModelSpec) -> FoundModel:
@@ -165,12 +167,13 @@ def check_model(spec: SweepSpec, model: ModelSpec) -> FoundModel:
         where = f" ({path})" if path != model.path else ""
         raise PreflightError(f"{spec.source}: model {model.name}: cannot load {model.path!r}{where}: {e}") from None
     check_parallel(spec, model, config)
-    check_memory(spec, model, path, config)
+    sized = check_memory(spec, model, path, config)
     max_len = model.engine.get("max_model_len") or (config or {}).get("max_position_embeddings")
     for task in spec.tasks:
         if task.replay is None and isinstance(max_len, int) and task.sampling.max_tokens >= max_len:
             raise PreflightError(f"{spec.source}: {no_room(model, task, max_len)}")
-    return FoundModel(model, built_path(path), weight_bytes(None if is_builtin(path) else path, config, model.engine))
+    size = sized.bytes if sized is not None else weight_bytes(None if is_builtin(path) else path, config, model.engine)
+    return FoundModel(model, built_path(path), size)
 
 
 def compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:

@@ -8,8 +8,8 @@ construction are done, whatever Ray does meanwhile.
 
 Only where the first engine of every actor is known without Ray, so that no early engine is built for nothing:
 - one model, whose engine spans one GPU, not reproducible (its actors keep their engines: cluster/launch.py);
-- on GPUs: each GPU held by a known number of actors: whole GPUs or a whole fraction of one as the spec says
-  (`num_gpus: 1`, `0.5`, `0.25`), or, where it leaves that out, a model over SMALL_WEIGHTS_BYTES, which the rule
+- on GPUs: each GPU held by a known number of actors: whole GPUs or a fraction of one as the spec says
+  (`num_gpus: 1`, `0.5`, `0.25`, ...), or, where it leaves that out, a model over SMALL_WEIGHTS_BYTES, which the rule
   gives one or two engines per GPU by this machine's GPUs' memory (cluster/plan/engines_per_gpu.py
   `large_model_engines`); as many actors as that makes on this machine's GPUs. Each actor's key is its GPU (Ray
   gives a local run's actors the GPUs this process sees); the engines of a GPU that actors share are told apart
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from cluster.contracts.engine_defaults import shared_starts_together
 from cluster.contracts.engine_host import CPU_KEY
 from cluster.contracts.spec import SweepSpec
-from cluster.plan.engines_per_gpu import SMALL_WEIGHTS_BYTES, large_model_engines
+from cluster.plan.engines_per_gpu import SMALL_WEIGHTS_BYTES, large_model_engines, shares_per_gpu
 
 
 @dataclass(frozen=True)
@@ -120,13 +120,12 @@ def local_gpus() -> list[str]:
 
 
 def _engines_per_gpu(num_gpus: float | None, weight_bytes: int | None, gpu_bytes: int | None) -> int | None:
-    """How many actors each GPU will hold, where that is known before Ray is up: the spec's share of a GPU
-    (`num_gpus: 1`, or a whole fraction of one: 0.5, 0.25), or, where the spec leaves it out, a model over
+    """How many actors each GPU will hold, where that is known before Ray is up: by the spec's share of a GPU
+    (`num_gpus: 1`, 0.5, 0.25, ...), or, where the spec leaves it out, a model over
     SMALL_WEIGHTS_BYTES by the rule for this machine's GPUs (`large_model_engines`; one per GPU where their
     memory is not known, as the rule decides then). None where not known (a small model: Ray's view decides)."""
-    if num_gpus is not None:
-        per_gpu = round(1 / num_gpus) if 0 < num_gpus <= 1 else 0
-        return per_gpu if per_gpu and abs(per_gpu * num_gpus - 1) < 1e-9 else None
+    if num_gpus is not None:  # as the fleet will be sized (engines_per_gpu.choose); over one GPU: not planned here
+        return shares_per_gpu(num_gpus) if 0 < num_gpus <= 1 else None
     if (weight_bytes or 0) <= SMALL_WEIGHTS_BYTES:
         return None
     return 1 if gpu_bytes is None else large_model_engines(weight_bytes, gpu_bytes)

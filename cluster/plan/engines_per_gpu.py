@@ -20,8 +20,10 @@ tasks, 1.27x at 5,248 prompts), because a small model's one engine leaves the GP
   two engines against 80.4 s on one (the plain script: 91.5 s). The two generated no faster (24.0 s against 23.8 s
   from first shard to last: one engine at a batch of 1,024 is bound by its CPU work at 67% of the GPU, two at 256
   each keep it busy at the same rate), but each started in 22-24 s against 31 s for one engine with the whole GPU
-  (bench/records/4xh200-8b-two-engines-and-loglikelihood.md). An H100 80GB would leave each of two engines
-  17 GiB: one engine there, not measured;
+  (bench/records/4xh200-8b-two-engines-and-loglikelihood.md). On another H200 host, whose plain script
+  generated faster, the two engines' whole command was 1.04x the plain script's, not more
+  (bench/records/2xh200-gpu-tests-and-8b-defaults.md). An H100 80GB would leave each of two engines 17 GiB: one
+  engine there, not measured;
 - one engine per GPU otherwise; a GPU of unknown memory is not shared;
 - actors per model: engines per GPU x the GPUs the cluster has now, over the GPUs one engine spans (at least
   one: an autoscaled group at zero nodes starts with one);
@@ -68,7 +70,7 @@ def choose(spec: SweepSpec, cluster_resources: dict, model_bytes=None, new_token
     if not gpus and actors.accelerator_type is None:
         return _kept(actors, 1, "no GPU in the cluster: one CPU engine per actor")
     if actors.num_gpus is not None:
-        per_gpu = max(1, int(1 / actors.num_gpus)) if 0 < actors.num_gpus < 1 else 1
+        per_gpu = shares_per_gpu(actors.num_gpus)
         why = f"actors.num_gpus {actors.num_gpus:g} set in the spec"
         if actors.count is not None or not gpus:
             return _kept(actors, per_gpu, why)
@@ -145,9 +147,14 @@ def paired_kv_bytes(weight_bytes: int, memory: int) -> int:
     return shared_kv_cache_bytes(DEFAULT_UTILIZATION * memory / 2, weight_bytes)
 
 
+def shares_per_gpu(num_gpus: float) -> int:
+    """Actors per GPU where the spec gives each `num_gpus` (a fraction: as many as fit one GPU; else one)."""
+    return max(1, int(1 / num_gpus)) if 0 < num_gpus < 1 else 1
+
+
 def large_model_engines(weight_bytes: int, memory: int) -> int:
     """Engines per GPU for a model over SMALL_WEIGHTS_BYTES on a GPU of `memory` bytes (also read by
-    cluster/plan/early_engines.py, which builds engines only for one engine per GPU)."""
+    cluster/plan/early_engines.py, which builds as many early engines per GPU before Ray is up)."""
     return 2 if paired_kv_bytes(weight_bytes, memory) >= PAIRED_KV_MIN_BYTES else 1
 
 
