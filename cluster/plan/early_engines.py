@@ -66,7 +66,7 @@ def plan_early(spec: SweepSpec, model_path: str, gpus: list[str], weight_bytes: 
         return None
     model, actors = spec.models[0], spec.actors
     if gpus:
-        per_gpu = _engines_per_gpu(actors.num_gpus, weight_bytes, gpu_bytes)
+        per_gpu = _actors_per_gpu(actors.num_gpus, weight_bytes, gpu_bytes)
         if per_gpu is None or actors.count not in (None, per_gpu * len(gpus)) or \
                 (per_gpu > 1 and not shared_starts_together()):  # serial starts: each after its neighbour's
             return None
@@ -119,7 +119,7 @@ def local_gpus() -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def _engines_per_gpu(num_gpus: float | None, weight_bytes: int | None, gpu_bytes: int | None) -> int | None:
+def _actors_per_gpu(num_gpus: float | None, weight_bytes: int | None, gpu_bytes: int | None) -> int | None:
     """How many actors each GPU will hold, where that is known before Ray is up: by the spec's share of a GPU
     (`num_gpus: 1`, 0.5, 0.25, ...), or, where the spec leaves it out, a model over
     SMALL_WEIGHTS_BYTES by the rule for this machine's GPUs (`large_model_engines`; one per GPU where their
