@@ -156,8 +156,9 @@ def _nothing_left(run: str) -> None:
 def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host(tmp_path):
     """`raysweep run` with a new local Ray: two half-GPU actors run their vLLM engines in processes forked from
     the run's engine host (imported before Ray started), with vLLM's engine core forked from there as outside
-    Ray; CUDA graphs captured; a long shard's profile restart starts a second engine in the same engine
-    process; structured outputs valid; nothing of the host or its engines is left once the command exits."""
+    Ray: their first engines are the ones the host built before Ray was up ("early"), and a long shard's profile
+    restart asks the host for a new one ("host"); CUDA graphs captured; structured outputs valid; nothing of the
+    host or its engines is left once the command exits."""
     import pyarrow.parquet as pq
 
     mixed_spec(tmp_path / "host.yaml", "gpu-host", rows=24, seed=1)
@@ -166,7 +167,9 @@ def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     print(actors[["actor_id", "reason", "profile", "engine_process", "engine_core", "imports_s", "engine_init_s",
                   "graph_mode", "fallback_reason"]].to_string())
-    assert set(actors["engine_process"]) == {"host"} and set(actors["engine_core"]) == {"forked"}
+    first, restarts = actors[actors["reason"] == "first"], actors[actors["reason"] == "profile"]
+    assert set(first["engine_process"]) == {"early"} and set(restarts["engine_process"]) == {"host"}
+    assert set(actors["engine_core"]) == {"forked"}
     assert actors["fallback_reason"].isna().all() and (actors["graph_mode"] != "NONE").all()
     assert set(actors["profile"]) == {"short", "long"}
     results = pq.read_table(out / "results").to_pandas()
