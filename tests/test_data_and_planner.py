@@ -356,7 +356,7 @@ def test_a_model_that_fails_after_the_checks_names_the_spec_and_the_whole_reason
     import shutil
 
     from cluster.contracts.errors import PreflightError
-    from cluster.inputs.checks import load_model_meta
+    from cluster.plan.plan_source import load_model_meta
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "m").mkdir()
@@ -493,7 +493,7 @@ def test_the_drivers_tokenizer_is_autotokenizers_without_torch(model_cache, tmp_
     assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
         auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert context_length(str(folder)) == AutoConfig.from_pretrained(str(folder)).max_position_embeddings
-    probe = ("import sys\nfrom cluster.contracts.spec import ModelSpec\nfrom cluster.inputs.checks import load_model_meta\n"
+    probe = ("import sys\nfrom cluster.contracts.spec import ModelSpec\nfrom cluster.plan.plan_source import load_model_meta\n"
              f"load_model_meta(ModelSpec(name='m', path={str(folder)!r}), {str(folder)!r})\nprint('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     generic = named in (None, "TokenizersBackend")

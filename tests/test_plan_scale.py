@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 
-import cluster.inputs.checks as checks
 import cluster.plan.plan_source as plan_source
 from cluster.inputs.spec_file import load_spec
 from cluster.plan.plan_source import pair_count, preflight
@@ -30,8 +29,8 @@ def _spec(tmp_path, models: int, replay: bool = False):
 
 def test_models_of_one_folder_share_one_load_and_one_token_cache(tmp_path, monkeypatch):
     loads, caches = [], []
-    load, cache = checks.load_model_meta, plan_source.TokenCache
-    monkeypatch.setattr(checks, "load_model_meta", lambda *a: loads.append(a) or load(*a))
+    load, cache = plan_source.load_model_meta, plan_source.TokenCache
+    monkeypatch.setattr(plan_source, "load_model_meta", lambda *a: loads.append(a) or load(*a))
     monkeypatch.setattr(plan_source, "TokenCache", lambda tok: caches.append(tok) or cache(tok))
     spec = load_spec(_spec(tmp_path, MODELS))
     counts = []

@@ -6,26 +6,24 @@
    parsed, every model found (a local directory, the hub cache, or a hub that can be reached; vLLM
    importable where a model asks for it) and its max_model_len left room for max_tokens where known; what was
    found of each model (where it is on disk, its weights' size) is kept for the early engines (`FoundModel`).
-   Then the expensive ones: every model loads (config, tokenizer) and compiles every structured spec.
    A problem here is one line naming the file, task, model or field, before any actor starts.
+2. The expensive ones are planning's first step (cluster/plan/plan_source.py `load_models`): every model loads
+   its tokenizer and length, and compiles every structured spec, on the planner's thread once Ray is up.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass
-from typing import Any
 
 from cluster.contracts.errors import PreflightError
 from cluster.contracts.task_spec import no_room
 from cluster.contracts.model_paths import is_builtin
-from cluster.inputs.builtin_model import built_path, find_model, resolve_model_path
+from cluster.inputs.builtin_model import built_path, find_model
 from cluster.inputs.data import TaskData, load_task
 from cluster.contracts.model_memory import Weights, accelerator_memory, refusal, weight_bytes, weights
 from cluster.contracts.spec import ModelSpec, SweepSpec
 from cluster.contracts.structured import check as check_structured
-from cluster.contracts.structured import xgrammar_message
 
 
 @dataclass(frozen=True)
@@ -174,84 +172,3 @@ def check_model(spec: SweepSpec, model: ModelSpec) -> FoundModel:
             raise PreflightError(f"{spec.source}: {no_room(model, task, max_len)}")
     size = sized.bytes if sized is not None else weight_bytes(None if is_builtin(path) else path, config, model.engine)
     return FoundModel(model, built_path(path), size)
-
-
-def compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
-    """Compile each structured spec once against this model's tokenizer, as the engines will."""
-    structured = [t for t in spec.tasks if t.structured is not None]
-    if not structured:
-        return
-    import xgrammar as xgr
-
-    from cluster.contracts.structured import to_grammar
-
-    from cluster.inputs.model_files import unwrapped
-
-    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(unwrapped(tokenizer)), max_threads=1)
-    for task in structured:
-        try:
-            compiler.compile_grammar(to_grammar(task.structured))
-        except Exception as e:  # xgrammar's own error types; the message is what matters
-            raise PreflightError(f"{spec.source}: tasks.{task.name}.structured: does not compile for model "
-                                   f"{model.name}: {xgrammar_message(e)}") from None
-
-
-def one_line(e: BaseException, limit: int = 400) -> str:
-    """An error's message as one line: transformers breaks a sentence over lines ("Couldn't instantiate the
-    backend tokenizer from one of: \n(1) ..."), so the non-blank lines are joined, and a long one cut."""
-    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
-    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
-
-
-def load_model_meta(model: ModelSpec, path: str, source: str = "<spec>"):
-    """The model's resolved path, its tokenizer and the length its files give (engine.max_model_len aside).
-    A tokenizer known by its files that counted prompts into the token cache before (so it loaded then) is
-    loaded only if planning needs it: a sweep whose prompts were all measured before loads none
-    (cluster/inputs/model_files.py)."""
-    from cluster.inputs.model_files import LazyTokenizer, context_length, files_fingerprint, load_tokenizer
-    from cluster.inputs.token_cache import measured_before
-
-    def cannot_load(e: BaseException) -> PreflightError:  # OSError, ValueError, hub errors: all mean this
-        return PreflightError(f"{source}: model {model.name}: cannot load {model.path!r}: {one_line(e)}")
-
-    try:
-        path = resolve_model_path(path)
-        known = files_fingerprint(path) if os.path.isdir(path) else None
-        if known is not None and measured_before(known):
-            tokenizer = LazyTokenizer(path, known, on_error=cannot_load)
-        else:
-            tokenizer = load_tokenizer(path)
-            tokenizer = LazyTokenizer(path, known, loaded=tokenizer) if known is not None else tokenizer
-        length = context_length(path)
-    except Exception as e:
-        raise cannot_load(e) from None
-    return path, tokenizer, length
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """What planning needs of a model that passed every check: its resolved path, tokenizer and length."""
-    model: ModelSpec
-    path: str
-    tokenizer: Any
-    max_len: int | None
-
-
-def load_models(spec: SweepSpec) -> list[LoadedModel]:
-    """The expensive checks, once per model folder: its tokenizer and length loaded, every structured spec
-    compiled against that tokenizer. Models of one folder (one model under several engine settings, or a
-    sweep of thousands of names) share the load and the compile."""
-    loaded: dict[str, tuple] = {}
-    models = []
-    for model in spec.models:
-        where = spec.model_path(model)
-        if where not in loaded:
-            loaded[where] = load_model_meta(model, where, spec.source)
-            compile_for(model, loaded[where][1], spec)
-        path, tokenizer, length = loaded[where]
-        max_len = model.engine.get("max_model_len") or length
-        for task in spec.tasks:  # a length known only now (a hub id's, a tokenizer's): checked here, once
-            if task.replay is None and max_len is not None and task.sampling.max_tokens >= max_len:
-                raise PreflightError(f"{spec.source}: {no_room(model, task, max_len)}")
-        models.append(LoadedModel(model, path, tokenizer, max_len))
-    return models
