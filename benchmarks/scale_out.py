@@ -1,7 +1,7 @@
 """Bench part (n): one sweep on the N GPUs of one host against the usual ways to spread it, whole processes.
 
     python -m benchmarks.scale_out --gpus 4 --prompts 10496 --out DIR [--model builtin:small] [--variants ...]
-                                   [--engine JSON] [--raysweep-engine JSON]
+                                   [--engine JSON] [--raysweep-engine JSON] [--rounds N]
 
 Every variant is timed from just before its first process starts to just after its last one exits, over the
 same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tokens` new tokens, in one call:
@@ -17,7 +17,9 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
   task of the same prompts (`max_gen_toks`, greedy; lm-eval adds the end-of-text string as its stop).
 `--engine JSON` is added to raysweep's model `engine:` and so to the plain script's arguments (not to
 `plain_defaults`'s); `--raysweep-engine JSON` to raysweep's alone (a setting of raysweep's tried against the same
-plain script). The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
+plain script). `--rounds N` runs the variants N times in turn (a later round's prints end in `_r2`, ...): each
+variant's wall is the median of its rounds, and each round's ratio to `plain_defaults` is said beside the
+median's (a host whose plain script moves by seconds between calls). The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
 Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts, filling vLLM's compile cache: the
 plain script on one GPU (where `plain`, `split` or `ray_data` run), `plain_defaults`, raysweep on one GPU (where
 `raysweep_1` runs), each of `raysweep`, `raysweep_two` and `raysweep_four` that runs with its own actors (the
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -51,8 +54,10 @@ class ScaleOut:
     """`runner` starts and times one child (`run_process`), `popen` starts one of the hand split's: tests stub them."""
 
     def __init__(self, bench: Bench, gpus: int, prompts: int, max_tokens: int, runner=run_process,
-                 popen=subprocess.Popen, engine: dict | None = None, raysweep_engine: dict | None = None):
+                 popen=subprocess.Popen, engine: dict | None = None, raysweep_engine: dict | None = None,
+                 rounds: int = 1):
         self.bench, self.gpus, self.max_tokens, self.out = bench, gpus, max_tokens, Path(bench.out)
+        self.rounds = rounds
         self.engine = dict(engine or {})
         self.raysweep_engine = {**self.engine, **(raysweep_engine or {})}
         visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
@@ -148,22 +153,34 @@ class ScaleOut:
             for wanted, label, go in warm_ups:
                 if set(wanted) & set(variants):
                     self._note(f"warm {label}", go())
-        runs = {"plain": lambda: self.plain("n_plain", self.data), "split": lambda: self.split("n_split"),
-                "plain_defaults": lambda: self.plain("n_plain_defaults", self.data, self._model_only()),
-                "raysweep_1": lambda: self.raysweep("n_raysweep_1", self.data, {}, self._one_gpu()),
-                "lm_eval": lambda: self.lm_eval("n_lm_eval", None), "ray_data": lambda: self.ray_data("n_ray_data"),
-                **{name: lambda name=name: self.raysweep(f"n_{name}", self.data, actors[name], every) for name in actors}}
-        for variant in variants:
-            try:
-                self.figures["walls"][variant] = self._note(variant, runs[variant]())
-            except Exception as e:  # noqa: BLE001  (said, and the next variant runs: one call, many figures)
-                self.figures.setdefault("failed", {})[variant] = f"{type(e).__name__}: {e}"[:2000]
-                print(f"[bench] {variant} FAILED: {type(e).__name__}: {str(e)[:500]}", flush=True)
+        runs = {"plain": lambda r: self.plain(f"n_plain{r}", self.data), "split": lambda r: self.split(f"n_split{r}"),
+                "plain_defaults": lambda r: self.plain(f"n_plain_defaults{r}", self.data, self._model_only()),
+                "raysweep_1": lambda r: self.raysweep(f"n_raysweep_1{r}", self.data, {}, self._one_gpu()),
+                "lm_eval": lambda r: self.lm_eval(f"n_lm_eval{r}", None),
+                "ray_data": lambda r: self.ray_data(f"n_ray_data{r}"),
+                **{name: lambda r, name=name: self.raysweep(f"n_{name}{r}", self.data, actors[name], every)
+                   for name in actors}}
+        rounds: dict[str, list[float]] = {}
+        for k in range(1, self.rounds + 1):  # round 1's stems as ever; a later round's end in _r2, _r3, ...
+            suffix = "" if k == 1 else f"_r{k}"
+            for variant in (v for v in variants if v not in self.figures.get("failed", {})):
+                try:
+                    rounds.setdefault(variant, []).append(self._note(variant + suffix, runs[variant](suffix)))
+                except Exception as e:  # noqa: BLE001  (said, and the next variant runs: one call, many figures)
+                    self.figures.setdefault("failed", {})[variant] = f"{type(e).__name__}: {e}"[:2000]
+                    print(f"[bench] {variant}{suffix} FAILED: {type(e).__name__}: {str(e)[:500]}", flush=True)
+                    rounds.pop(variant, None)
+        self.figures["rounds"] = rounds
+        self.figures["walls"].update({v: statistics.median(w) for v, w in rounds.items()})  # one round: its wall
         walls = self.figures["walls"]
         for variant, wall in walls.items():
             if "plain" in walls:
                 self.bench.record("n", f"RATIO plain/{variant}", walls["plain"] / wall,
                                   "x (whole process; the plain script on one GPU over it)")
+            if "plain_defaults" in walls and self.rounds > 1:  # the rounds' medians, and each round's own ratio
+                each = ", ".join(f"{a / b:.2f}" for a, b in zip(rounds["plain_defaults"], rounds[variant]))
+                self.bench.record("n", f"RATIO plain_defaults/{variant}", walls["plain_defaults"] / wall,
+                                  f"x (median of {self.rounds} rounds' whole processes; each round: {each})")
         spans = {v: self.figures.get(f"n_{v}", {}).get("shards_span_s") for v in ("raysweep", "raysweep_1")}
         if all(spans.values()):
             self.figures["span_ratio"] = spans["raysweep_1"] / spans["raysweep"]
@@ -238,11 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-warm", action="store_true", help="no untimed warm-up runs (caches already warm)")
     parser.add_argument("--engine", default="{}", help="JSON added to raysweep's engine arguments (both tools')")
     parser.add_argument("--raysweep-engine", default="{}", help="JSON added to raysweep's engine arguments alone")
+    parser.add_argument("--rounds", type=int, default=1, help="the variants run this many times in turn; medians")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
-    if unknown or args.gpus < 1 or args.prompts < args.gpus:
-        parser.error(f"variants {unknown} unknown, or --gpus < 1, or fewer prompts than GPUs")
+    if unknown or args.gpus < 1 or args.prompts < args.gpus or args.rounds < 1:
+        parser.error(f"variants {unknown} unknown, or --gpus < 1, or fewer prompts than GPUs, or --rounds < 1")
     from cluster.inputs.builtin_model import resolve_model_path
 
     out = Path(args.out).resolve()
@@ -251,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.record("-", "model", None, args.model)
     try:
         ScaleOut(bench, args.gpus, args.prompts, args.max_tokens, engine=json.loads(args.engine),
-                 raysweep_engine=json.loads(args.raysweep_engine)).run(variants, warm=not args.no_warm)
+                 raysweep_engine=json.loads(args.raysweep_engine), rounds=args.rounds).run(
+            variants, warm=not args.no_warm)
     finally:
         bench.save()
     return 0

@@ -86,3 +86,25 @@ def test_the_plain_script_takes_raysweeps_arguments_or_only_the_model_and_the_gp
 def test_a_variant_that_misses_outputs_fails_the_bench(tmp_path):
     with pytest.raises(RuntimeError, match="11 outputs for 12 prompts"):
         ScaleOut(Bench("/m", tmp_path, 0), 2, 12, 8, runner=StubRunner(short_by=1)).run(["raysweep"], warm=False)
+
+
+def test_rounds_run_every_variant_in_turn_and_the_walls_are_their_medians(tmp_path, monkeypatch):
+    """`--rounds 3`: plain_defaults and raysweep alternate three times (a later round's prints named _r2, _r3),
+    each wall is the median of its three, and each round's own ratio is said beside the medians'."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    walls = iter([30.0, 10.0, 20.0, 12.0, 25.0, 11.0])
+
+    class Timed(Runner):
+        def __call__(self, argv, env, stem):
+            _, stdout = super().__call__(argv, env, stem)
+            return next(walls), stdout
+
+    bench, runner = Bench("/m", tmp_path, 0), Timed()
+    ScaleOut(bench, 1, 12, 8, runner=runner, popen=Child, rounds=3).run(["plain_defaults", "raysweep"], warm=False)
+    assert [name for name, _ in runner.calls] == ["n_plain_defaults", "n_raysweep", "n_plain_defaults_r2",
+                                                  "n_raysweep_r2", "n_plain_defaults_r3", "n_raysweep_r3"]
+    figures = json.loads((tmp_path / "n.json").read_text())
+    assert figures["rounds"] == {"plain_defaults": [30.0, 20.0, 25.0], "raysweep": [10.0, 12.0, 11.0]}
+    assert figures["walls"] == {"plain_defaults": 25.0, "raysweep": 11.0}
+    ratio = next(r for r in bench.rows if r["metric"] == "RATIO plain_defaults/raysweep")
+    assert ratio["value"] == pytest.approx(25 / 11) and "each round: 3.00, 1.67, 2.27" in ratio["unit"]
