@@ -202,7 +202,7 @@ class SweepRun:
 
         found = self.sweep.models[spec.models[0].name] if len(spec.models) == 1 else None
         gpus = local_gpus()
-        plan = found and found.on_disk and plan_early(spec, found.on_disk, gpus, found.weight_bytes,
+        plan = found and found.on_disk and plan_early(spec, found.on_disk, gpus, found.weight_bytes(),
                                                       local_gpu_bytes(gpus))
         if not plan:
             return

@@ -31,7 +31,16 @@ class FoundModel:
     """A model the checks found without loading it: what is known of it before Ray is up (the early engines)."""
     model: ModelSpec
     on_disk: str | None  # where its engines load it from (a hub id as named); None: a builtin model not built yet
-    weight_bytes: int | None  # its weights at the dtype vLLM loads them in, where its files or config say
+    path: str  # as the spec resolves it (`spec.model_path`)
+    config: dict | None  # its config.json, as found
+    sized: int | None = None  # its weights' bytes where the memory check sized them
+
+    def weight_bytes(self) -> int | None:
+        """Its weights at the dtype vLLM loads them in, where its files or config say: the memory check's size,
+        else read now (only the early engines of a one-model sweep ask: not every model of every sweep)."""
+        if self.sized is not None:
+            return self.sized
+        return weight_bytes(None if is_builtin(self.path) else self.path, self.config, self.model.engine)
 
 
 @dataclass(frozen=True)
@@ -170,5 +179,4 @@ def check_model(spec: SweepSpec, model: ModelSpec) -> FoundModel:
     for task in spec.tasks:
         if task.replay is None and isinstance(max_len, int) and task.sampling.max_tokens >= max_len:
             raise PreflightError(f"{spec.source}: {no_room(model, task, max_len)}")
-    size = sized.bytes if sized is not None else weight_bytes(None if is_builtin(path) else path, config, model.engine)
-    return FoundModel(model, built_path(path), size)
+    return FoundModel(model, built_path(path), path, config, sized.bytes if sized is not None else None)
