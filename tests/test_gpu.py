@@ -153,12 +153,13 @@ def _nothing_left(run: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host(tmp_path):
+def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host(tmp_path, tiny_path):
     """`raysweep run` with a new local Ray: two half-GPU actors run their vLLM engines in processes forked from
     the run's engine host (imported before Ray started), with vLLM's engine core forked from there as outside
     Ray: their first engines are the ones the host built before Ray was up ("early"), and a long shard's profile
     restart asks the host for a new one ("host"); CUDA graphs captured; structured outputs valid; nothing of the
-    host or its engines is left once the command exits."""
+    host or its engines is left once the command exits. The built-in model is built first (`tiny_path`), as a
+    user's later runs find it: one not built yet is built by the planner, once Ray is up, and gets no early engine."""
     import pyarrow.parquet as pq
 
     mixed_spec(tmp_path / "host.yaml", "gpu-host", rows=24, seed=1)
