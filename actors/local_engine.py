@@ -10,7 +10,10 @@ The engine process runs its engines through `InProcess` too.
 
 from __future__ import annotations
 
+import time
+
 from actors.engine import Engine
+from cluster.contracts.timing import utc
 
 
 class LocalEngine:
@@ -18,8 +21,8 @@ class LocalEngine:
 
     where = "actor"  # the telemetry's engine_process: an engine of the actor's own process
 
-    def __init__(self, engine: Engine, tokenizer):
-        self.engine, self.tokenizer = engine, tokenizer
+    def __init__(self, engine: Engine, tokenizer, built_at: float | None = None):
+        self.engine, self.tokenizer, self.built_at = engine, tokenizer, built_at
         self.kind, self.profile = engine.kind, engine.profile
         counters = getattr(engine, "batch_counters", None)  # vLLM only: how full the engine's batch was
         if callable(counters):
@@ -31,7 +34,7 @@ class LocalEngine:
         return run_rows(self.engine, rows, task, self.tokenizer, add_special_tokens)
 
     def startup(self) -> dict:
-        return self.engine.startup()
+        return {**self.engine.startup(), "built_at": utc(self.built_at)}
 
     def sleep(self) -> None:
         self.engine.sleep()
@@ -58,7 +61,7 @@ class InProcess:
         from actors.engine_factory import engine_tokenizer, make_engine
 
         engine = make_engine(**kwargs)
-        return LocalEngine(engine, engine_tokenizer(engine, kwargs["model_path"]))
+        return LocalEngine(engine, engine_tokenizer(engine, kwargs["model_path"]), time.time())
 
     def close(self, engines: list) -> None:
         """Each engine shut down (vLLM's engine-core process with it)."""

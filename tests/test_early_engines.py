@@ -281,6 +281,8 @@ def test_a_local_sweep_of_one_model_and_one_actor_runs_on_the_engine_built_befor
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     assert list(actors["engine_process"]) == ["early"], actors[["actor_id", "reason", "engine_process"]]
+    assert actors["built_at"].notna().all() and (actors["built_at"] <= actors["ready_at"]).all(), \
+        actors[["built_at", "requested_at", "ready_at"]]  # the timeline: built by the host, then taken
     results = pq.read_table(out / "results").to_pandas()
     assert sorted(results["sample_id"]) == sorted(f"r{i}" for i in range(12))
     _rerun_asks_for_nothing(tmp_path / "sweep.yaml", out, monkeypatch)

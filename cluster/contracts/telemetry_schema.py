@@ -95,6 +95,8 @@ ACTORS: tuple[Column, ...] = (
     _c("startup_s", pa.float64(), "actor", S, "requested_at -> ready_at"),
     _c("first_token_s", pa.float64(), "driver", S, "ready_at -> the engine's earliest first token (folded in)"),
     _c("engine_init_s", pa.float64(), "engine", S, "the engine's construction"),
+    _c("built_at", TS, "engine", S,
+       "when its construction ended: an early engine's can precede its actor's request, the rest end at ready_at"),
     _c("warmup_s", pa.float64(), "engine", S, "the engine's warm-up"),
     _c("load_s", pa.float64(), "engine", S, "weights loading (vLLM's report; hf: init + warm-up)"),
     _c("compile_s", pa.float64(), "engine", S, "vLLM: torch.compile seconds; null elsewhere"),
