@@ -653,6 +653,47 @@ def test_building_requests_skips_what_only_lm_evals_results_record(include_path,
     assert evaluator.add_env_info is refused
 
 
+def test_the_scoring_pass_takes_lm_evals_environment_record_while_it_scores(monkeypatch):
+    """lm-eval's environment record (torch's collect_env: pip list, nvidia-smi, CUDA's start) is taken on a thread
+    from the scoring pass's start, by lm-eval's own function, and lands in the results where lm-eval puts it; a
+    record that failed on the thread is taken again in place. lm-eval's function is back after the pass."""
+    import threading
+
+    import lm_eval.evaluator as evaluator
+
+    from cluster.contracts.lm_eval_task import LmEvalSettings
+    from cluster.lm_eval.run import run_lm_eval
+
+    taken, started = [], threading.Event()
+
+    def add_env_info(storage: dict) -> None:  # lm-eval's, as slow as its subprocesses make it
+        taken.append(threading.current_thread().name)
+        started.set()
+        storage.update(pretty_env_info="torch ...", lm_eval_version="0.4.13")
+
+    def simple_evaluate(**kw) -> dict:
+        assert started.wait(30)  # begun before lm-eval made its results
+        results = {"results": {}}
+        evaluator.add_env_info(results)  # where evaluator.py adds it
+        return results
+
+    monkeypatch.setattr(evaluator, "add_env_info", add_env_info)
+    monkeypatch.setattr(evaluator, "simple_evaluate", simple_evaluate)
+    settings = LmEvalSettings(tasks=("rs_mc",))
+    results = run_lm_eval(settings, None, None, log_samples=False, bootstrap_iters=0)
+    assert results["pretty_env_info"] == "torch ..." and results["lm_eval_version"] == "0.4.13"
+    assert taken == ["raysweep-run-record"] and evaluator.add_env_info is add_env_info
+
+    def fails_on_the_thread(storage: dict) -> None:
+        if threading.current_thread().name == "raysweep-run-record":
+            started.set()
+            raise RuntimeError("no nvidia-smi")
+        storage.update(pretty_env_info="in place")
+
+    monkeypatch.setattr(evaluator, "add_env_info", fails_on_the_thread)
+    assert run_lm_eval(settings, None, None, log_samples=False, bootstrap_iters=0)["pretty_env_info"] == "in place"
+
+
 def test_the_scoring_pass_loads_the_datasets_again_without_asking_the_hub_to_count_them(monkeypatch):
     """`datasets` sends the hub a HEAD request for each load (its download count); the scoring pass loads what the
     building pass loaded, and on a machine that cannot reach the hub that request waited 5.6 s for its name lookup

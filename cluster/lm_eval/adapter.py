@@ -3,6 +3,7 @@ against (cluster/contracts/lm_eval_task.py VERSION): `require_version` stops on 
 lm-eval is used. Each replacement is a context manager or a subclass that puts lm-eval's own back:
 - `with_chat_template`: an lm-eval model rendering chat templates as lm-eval's HF model does;
 - `without_run_record`: `simple_evaluate` without its environment record (a pass whose results nobody reads);
+- `run_record_ahead`: `simple_evaluate`'s environment record taken on a thread while it evaluates;
 - `templates_compiled_once`: `utils.apply_template` with each template compiled once;
 - `own_request_cache`: lm-eval's request cache in a temporary folder of this process's own;
 - `own_tasks_indexed`: lm-eval's command line indexing only an include_path that holds every task named;
@@ -79,6 +80,41 @@ def without_run_record():
         yield
     finally:
         evaluator.add_env_info, evaluator.get_git_commit_hash = saved
+
+
+@contextlib.contextmanager
+def run_record_ahead():
+    """lm-eval's `simple_evaluate` with its environment record (`add_env_info`: torch's `collect_env`, which runs
+    `pip list`, nvidia-smi and others and initialises CUDA, and `git describe`) taken on a thread from the call's
+    start, while lm-eval scores, rather than after: stands in for `evaluator.py`'s `add_env_info(results)` once
+    the results are made. The same fields, lm-eval's own function; on one H200 `collect_env` took 1.5 s with
+    torch imported. lm-eval's own function is back when the call ends."""
+    import threading
+
+    import lm_eval.evaluator as evaluator
+
+    saved, record = evaluator.add_env_info, {}
+
+    def take() -> None:
+        try:
+            saved(record)
+        except Exception:  # noqa: BLE001 - taken again in place, where lm-eval's own error is lm-eval's to raise
+            record.clear()
+
+    taking = threading.Thread(target=take, name="raysweep-run-record", daemon=True)
+    taking.start()
+
+    def add_env_info(results: dict) -> None:
+        taking.join()
+        if not record:  # lm-eval's own function failed on the thread: it runs here, as lm-eval runs it
+            saved(record)
+        results.update(record)
+
+    evaluator.add_env_info = add_env_info
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = saved
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ request's answer. lm-eval is imported only inside these functions: it is an opti
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -15,7 +16,7 @@ from typing import Iterable
 
 from cluster.contracts.lm_eval_task import EXTRA, LmEvalSettings
 from cluster.lm_eval.adapter import (downloads_not_counted_again, own_request_cache, require_version,
-                                     templates_compiled_once, without_run_record)
+                                     run_record_ahead, templates_compiled_once, without_run_record)
 from cluster.lm_eval.quiet import quiet
 
 
@@ -40,7 +41,8 @@ def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, b
     neither the limit nor the samples). `requests_only` (the building pass, whose results are thrown away):
     without what only the results record (`without_run_record`), without seeding torch (a model's sampling; no
     request depends on it): torch is not imported for it; and without predict_only (which changes only the
-    metrics). The scoring pass loads each dataset again without `datasets`' download count (adapter.py). The answers
+    metrics). The scoring pass loads each dataset again without `datasets`' download count, and takes lm-eval's
+    environment record on a thread while it scores (adapter.py). The answers
     cache (`use_cache`) is the scoring model's own (cluster/lm_eval/scores.py)."""
     import lm_eval.evaluator
 
@@ -48,7 +50,10 @@ def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, b
     random_seed, numpy_seed, torch_seed, fewshot_seed = settings.seeds
     if not requests_only and _AHEAD["thread"] is not None:
         _AHEAD["thread"].join()
-    with templates_compiled_once(), (without_run_record() if requests_only else downloads_not_counted_again()):
+    passes = (without_run_record(),) if requests_only else (downloads_not_counted_again(), run_record_ahead())
+    with contextlib.ExitStack() as patched:
+        for patch in (templates_compiled_once(), *passes):
+            patched.enter_context(patch)
         return lm_eval.evaluator.simple_evaluate(
             # with a limit lm-eval's request cache would build every document; its key names no samples
             cache_requests=settings.limit is None and settings.samples is None,
