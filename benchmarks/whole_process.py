@@ -140,12 +140,29 @@ def raysweep_figures(output: Path) -> dict:
         if ready:
             figures["engines_ready_spread_s"] = ((max(ready) - min(ready)).total_seconds(),
                                                  f"s (first to last of {len(ready)} engine starts ready)")
+        figures.update(_after_start(table, runs[-1].get("started_at")))
     shards = output / "telemetry" / "shards.parquet"
     if shards.exists():  # first shard's start to last shard's end: comparable to the plain script's generate_s
         times = pq.read_table(shards, columns=["started_at", "finished_at"]).drop_null()
         if times.num_rows:
             span = max(times["finished_at"].to_pylist()) - min(times["started_at"].to_pylist())
             figures["shards_span_s"] = (span.total_seconds(), "s (first shard start to last shard end)")
+    return figures
+
+
+def _after_start(table, started_at: str | None) -> dict:
+    """When the engines were built (`built_at`) and ready for their actors (`ready_at`), the last of each, in
+    seconds after the command started: against the plain script's `import_s + init_s`."""
+    from datetime import datetime
+
+    if started_at is None:
+        return {}
+    start, figures = datetime.fromisoformat(started_at), {}
+    for column in ("built_at", "ready_at"):
+        times = [t for t in table[column].to_pylist() if t is not None] if column in table.column_names else []
+        if times:
+            figures[f"engines_{column[:-3]}_after_start_s"] = (
+                (max(times) - start).total_seconds(), f"s (the last of {len(times)} engine starts, {column})")
     return figures
 
 

@@ -126,3 +126,24 @@ def test_a_raysweep_variant_can_have_its_own_actors(tmp_path):
     assert (actors["e_raysweep_two_n6"].count, actors["e_raysweep_two_n6"].num_gpus) == (2, 0.5)
     with pytest.raises(ValueError, match="e_raysweep_actors"):
         E2EConfig(raysweep_actors={"raysweep_nope": {"count": 2}})
+
+
+def test_raysweeps_figures_say_when_its_engines_were_built_and_ready_after_the_command_started(tmp_path):
+    """The figures set beside the plain script's `import_s + init_s`: the last engine's `built_at` and `ready_at`,
+    in seconds after the command started (the manifest's last run), each start's values read from
+    telemetry/actors.parquet."""
+    from datetime import datetime, timedelta, timezone
+
+    from benchmarks.whole_process import raysweep_figures
+
+    start = datetime(2026, 11, 29, 6, 0, tzinfo=timezone.utc)
+    (tmp_path / "manifest.json").write_text(json.dumps({"shards": {}, "runs": [{"started_at": start.isoformat(),
+                                                                                 "ray_start_s": 19.5}]}))
+    (tmp_path / "telemetry").mkdir()
+    at = [start + timedelta(seconds=s) for s in (56.0, 58.5, 60.0, 61.0)]
+    pq.write_table(pa.table({"built_at": [at[0], at[1]], "ready_at": [at[2], at[3]],
+                             "engine_init_s": [31.0, 33.5]}), tmp_path / "telemetry" / "actors.parquet")
+    figures = {name: value for name, (value, _) in raysweep_figures(tmp_path).items()}
+    assert figures["engines_built_after_start_s"] == pytest.approx(58.5)
+    assert figures["engines_ready_after_start_s"] == pytest.approx(61.0)
+    assert figures["ray_start_s"] == 19.5 and figures["actor_engine_init_s_max"] == 33.5
