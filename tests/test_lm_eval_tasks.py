@@ -656,17 +656,22 @@ def test_building_requests_skips_what_only_lm_evals_results_record(include_path,
 def test_the_scoring_pass_takes_lm_evals_environment_record_while_it_scores(monkeypatch):
     """lm-eval's environment record (torch's collect_env: pip list, nvidia-smi, CUDA's start) is taken on a thread
     from the scoring pass's start, by lm-eval's own function, and lands in the results where lm-eval puts it; a
-    record that failed on the thread is taken again in place. lm-eval's function is back after the pass."""
+    record that failed on the thread is taken again in place. lm-eval's function is back after the pass. torch is
+    imported whole before that thread starts, also in a pass that no sweep's shards preceded (a complete resume):
+    two threads importing torch at once left it half initialised for one."""
     import threading
 
     import lm_eval.evaluator as evaluator
 
+    import cluster.lm_eval.run as run
     from cluster.contracts.lm_eval_task import LmEvalSettings
     from cluster.lm_eval.run import run_lm_eval
 
     taken, started = [], threading.Event()
+    monkeypatch.setattr(run, "_AHEAD", {"thread": None})  # no sweep's shards ran before this pass
 
     def add_env_info(storage: dict) -> None:  # lm-eval's, as slow as its subprocesses make it
+        assert run._AHEAD["thread"] is not None and not run._AHEAD["thread"].is_alive()  # torch's import done
         taken.append(threading.current_thread().name)
         started.set()
         storage.update(pretty_env_info="torch ...", lm_eval_version="0.4.13")

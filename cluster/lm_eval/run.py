@@ -48,7 +48,10 @@ def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, b
 
     own_request_cache()
     random_seed, numpy_seed, torch_seed, fewshot_seed = settings.seeds
-    if not requests_only and _AHEAD["thread"] is not None:
+    if not requests_only:
+        # torch imported whole before lm-eval seeds it and before its environment record's thread imports it: two
+        # threads importing torch at once left it half initialised for one (a complete resume's scoring pass)
+        score_ahead()
         _AHEAD["thread"].join()
     passes = (without_run_record(),) if requests_only else (downloads_not_counted_again(), run_record_ahead())
     with contextlib.ExitStack() as patched:
@@ -74,7 +77,7 @@ def score_ahead() -> None:
     """While a sweep's shards run, once per process: torch imported on a daemon thread. lm-eval's scoring pass
     seeds torch first (`set_torch_seed`); on the 2-core CPU machine torch's import was 2.8 s of a 4.7 s scoring
     pass after the last result (300 + 300 documents, builtin:tiny). The scoring pass waits for the thread
-    (`run_lm_eval`). lm-eval's environment record stays in the scoring pass, inside `quiet()` and after the
+    (`run_lm_eval`, which starts it where no sweep's shards did). lm-eval's environment record stays in the scoring pass, inside `quiet()` and after the
     engines have closed: torch's collect_env initialises CUDA and prints what it warns of."""
     def take() -> None:
         try:
