@@ -235,9 +235,19 @@ def telemetry(out: Path, table: str):
 
 
 def test_a_sweep_spreads_over_two_nodes(cluster, tmp_path):
-    """One actor per node, both with shards; no engine host on a cluster: each actor runs its engine itself."""
-    spec, total = small_spec(tmp_path, "two-nodes", rows=150, shard=5)
+    """One actor per node, both with shards; no engine host on a cluster: each actor runs its engine itself. The
+    fake engine holds every shard until both engines are up: with builtin:tiny's engine on a busy machine the head's
+    actor had run every shard before the second node's actor was up."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    spec, total = small_spec(tmp_path, "two-nodes", rows=150, shard=5,
+                             engine={"backend": "fake", "delay_s": 0.05, "hold_file": str(hold)})
     sweep = Sweep(spec, tmp_path / "out", cluster.gcs)
+    deadline = time.time() + sweep.hang_s
+    while sweep.text.count("[raysweep] engine up: ") < 2:
+        assert sweep.process.poll() is None and time.time() < deadline, sweep.text[-4000:]
+        time.sleep(0.1)
+    hold.unlink()
     rc = sweep.wait()
     assert rc == 0, sweep.text[-5000:]
     exactly_once(tmp_path / "out", total)
