@@ -1,7 +1,7 @@
 """Bench part (n): one sweep on the N GPUs of one host against the usual ways to spread it, whole processes.
 
     python -m benchmarks.scale_out --gpus 4 --prompts 10496 --out DIR [--model builtin:small] [--variants ...]
-                                   [--engine JSON] [--raysweep-engine JSON] [--rounds N]
+                                   [--engine JSON] [--raysweep-engine JSON] [--tried-engine JSON] [--rounds N]
 
 Every variant is timed from just before its first process starts to just after its last one exits, over the
 same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tokens` new tokens, in one call:
@@ -12,6 +12,8 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
 - `raysweep`: the same spec on all N GPUs;
 - `raysweep_two`: the same on N GPUs with `actors: {num_gpus: 0.5}` (two engines per GPU, whatever the rule says);
 - `raysweep_four`: the same with `actors: {num_gpus: 0.25}` (four engines per GPU);
+- `raysweep_tried`: `raysweep` with `--tried-engine JSON` added to its engine arguments (a setting tried against
+  raysweep's own choice and the plain script in the same rounds);
 - `ray_data`: Ray Data LLM (benchmarks/ray_data_llm.py) with `concurrency=N`;
 - `lm_eval`: `lm_eval --model vllm --model_args pretrained=PATH,data_parallel_size=N` over a local generate_until
   task of the same prompts (`max_gen_toks`, greedy; lm-eval adds the end-of-text string as its stop).
@@ -22,7 +24,7 @@ variant's wall is the median of its rounds, and each round's ratio to `plain_def
 median's (a host whose plain script moves by seconds between calls). The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
 Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts, filling vLLM's compile cache: the
 plain script on one GPU (where `plain`, `split` or `ray_data` run), `plain_defaults`, raysweep on one GPU (where
-`raysweep_1` runs), each of `raysweep`, `raysweep_two` and `raysweep_four` that runs with its own actors (the
+`raysweep_1` runs), each of `raysweep`, `raysweep_two`, `raysweep_four` and `raysweep_tried` that runs with its own actors (the
 engine arguments of a whole GPU and of a shared one differ, and so do their compiled graphs), and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
 with one output per prompt; one that fails is said, the others run, and the call fails at the end. Figures go to
 OUT/n.json after each variant (a call cut short keeps those done) and to OUT/bench.parquet; each process's
@@ -45,8 +47,8 @@ from benchmarks.common import (REPO, Bench, count_lines, prompts_of, result_coun
                                sweep_spec, vllm_args, write_prompts)
 from benchmarks.whole_process import raysweep_figures
 
-VARIANTS = ("plain", "plain_defaults", "split", "raysweep", "raysweep_1", "raysweep_two", "raysweep_four", "lm_eval",
-            "ray_data")
+VARIANTS = ("plain", "plain_defaults", "split", "raysweep", "raysweep_1", "raysweep_two", "raysweep_four",
+            "raysweep_tried", "lm_eval", "ray_data")
 WARM_PROMPTS = 256
 
 
@@ -55,11 +57,12 @@ class ScaleOut:
 
     def __init__(self, bench: Bench, gpus: int, prompts: int, max_tokens: int, runner=run_process,
                  popen=subprocess.Popen, engine: dict | None = None, raysweep_engine: dict | None = None,
-                 rounds: int = 1):
+                 rounds: int = 1, tried_engine: dict | None = None):
         self.bench, self.gpus, self.max_tokens, self.out = bench, gpus, max_tokens, Path(bench.out)
         self.rounds = rounds
         self.engine = dict(engine or {})
         self.raysweep_engine = {**self.engine, **(raysweep_engine or {})}
+        self.tried_engine = tried_engine or {}
         visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         if visible and len(visible) < gpus:
             raise ValueError(f"--gpus {gpus}: CUDA_VISIBLE_DEVICES lists {len(visible)} ({','.join(visible)})")
@@ -100,10 +103,11 @@ class ScaleOut:
             self._expect(path.name, _outputs(Path(f"{path}.stdout").read_text(), path.name), count_lines(part))
         return wall
 
-    def raysweep(self, stem: str, data: Path, actors: dict, env: dict) -> float:
+    def raysweep(self, stem: str, data: Path, actors: dict, env: dict, tried: bool = False) -> float:
         output, spec = self.out / stem, self.out / f"{stem}.yaml"
+        engine = {**self.raysweep_engine, **self.tried_engine} if tried else self.raysweep_engine
         spec.write_text(json.dumps(sweep_spec(stem, output, [("m", self.bench.model_path)], [("t", data)],
-                                              self.raysweep_engine, self.max_tokens, actors), indent=1))
+                                              engine, self.max_tokens, actors), indent=1))
         wall, _ = self.runner([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(output), "--new-run"],
                               env, self.out / stem)
         rows, _tokens = result_counts(output)
@@ -138,7 +142,8 @@ class ScaleOut:
     # -- the call ---------------------------------------------------------------------------------------
     def run(self, variants: list[str], warm: bool) -> None:
         every = self._all_gpus()
-        actors = {"raysweep": {}, "raysweep_two": {"num_gpus": 0.5}, "raysweep_four": {"num_gpus": 0.25}}
+        actors = {"raysweep": {}, "raysweep_two": {"num_gpus": 0.5}, "raysweep_four": {"num_gpus": 0.25},
+                  "raysweep_tried": {}}
         if warm:
             warm_ups = [(("plain", "split", "ray_data"), "plain", lambda: self.plain("n_warm_plain", self.warm)),
                         (("plain_defaults",), "plain_defaults",
@@ -147,7 +152,8 @@ class ScaleOut:
                          lambda: self.raysweep("n_warm_raysweep_1", self.warm, {}, self._one_gpu()))]
             # each raysweep variant warms its own actors' engines: a whole GPU's engine arguments (vLLM's batch
             # limit) differ from a shared GPU's, and so does what vLLM's compile cache holds for them
-            warm_ups += [((name,), name, lambda name=name: self.raysweep(f"n_warm_{name}", self.warm, actors[name], every))
+            warm_ups += [((name,), name, lambda name=name: self.raysweep(f"n_warm_{name}", self.warm, actors[name],
+                                                                           every, tried=name == "raysweep_tried"))
                          for name in actors]
             warm_ups.append((("lm_eval",), "lm_eval", lambda: self.lm_eval("n_warm_lm_eval", WARM_PROMPTS)))
             for wanted, label, go in warm_ups:
@@ -158,7 +164,8 @@ class ScaleOut:
                 "raysweep_1": lambda r: self.raysweep(f"n_raysweep_1{r}", self.data, {}, self._one_gpu()),
                 "lm_eval": lambda r: self.lm_eval(f"n_lm_eval{r}", None),
                 "ray_data": lambda r: self.ray_data(f"n_ray_data{r}"),
-                **{name: lambda r, name=name: self.raysweep(f"n_{name}{r}", self.data, actors[name], every)
+                **{name: lambda r, name=name: self.raysweep(f"n_{name}{r}", self.data, actors[name], every,
+                                                            tried=name == "raysweep_tried")
                    for name in actors}}
         rounds: dict[str, list[float]] = {}
         for k in range(1, self.rounds + 1):  # round 1's stems as ever; a later round's end in _r2, _r3, ...
@@ -255,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-warm", action="store_true", help="no untimed warm-up runs (caches already warm)")
     parser.add_argument("--engine", default="{}", help="JSON added to raysweep's engine arguments (both tools')")
     parser.add_argument("--raysweep-engine", default="{}", help="JSON added to raysweep's engine arguments alone")
+    parser.add_argument("--tried-engine", default="{}", help="JSON added to raysweep_tried's engine arguments")
     parser.add_argument("--rounds", type=int, default=1, help="the variants run this many times in turn; medians")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -269,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.record("-", "model", None, args.model)
     try:
         ScaleOut(bench, args.gpus, args.prompts, args.max_tokens, engine=json.loads(args.engine),
-                 raysweep_engine=json.loads(args.raysweep_engine), rounds=args.rounds).run(
+                 raysweep_engine=json.loads(args.raysweep_engine), rounds=args.rounds,
+                 tried_engine=json.loads(args.tried_engine)).run(
             variants, warm=not args.no_warm)
     finally:
         bench.save()

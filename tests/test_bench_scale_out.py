@@ -48,8 +48,8 @@ def test_every_variant_runs_once_after_the_warm_ups_and_the_split_takes_one_gpu_
     Child.started = []
     ScaleOut(bench, 4, 12, 8, runner=runner, popen=Child).run(list(VARIANTS), warm=True)
     names = [name for name, _ in runner.calls]
-    assert names[:7] == ["n_warm_plain", "n_warm_plain_defaults", "n_warm_raysweep_1", "n_warm_raysweep",
-                         "n_warm_raysweep_two", "n_warm_raysweep_four", "n_warm_lm_eval"]
+    assert names[:8] == ["n_warm_plain", "n_warm_plain_defaults", "n_warm_raysweep_1", "n_warm_raysweep",
+                         "n_warm_raysweep_two", "n_warm_raysweep_four", "n_warm_raysweep_tried", "n_warm_lm_eval"]
     assert sorted(Child.started) == [("0", 3), ("1", 3), ("2", 3), ("3", 3)]
     envs = dict(runner.calls)
     assert envs["n_plain"] == envs["n_raysweep_1"] == {"CUDA_VISIBLE_DEVICES": "0"}
@@ -108,3 +108,22 @@ def test_rounds_run_every_variant_in_turn_and_the_walls_are_their_medians(tmp_pa
     assert figures["walls"] == {"plain_defaults": 25.0, "raysweep": 11.0}
     ratio = next(r for r in bench.rows if r["metric"] == "RATIO plain_defaults/raysweep")
     assert ratio["value"] == pytest.approx(25 / 11) and "each round: 3.00, 1.67, 2.27" in ratio["unit"]
+
+
+def test_a_tried_engine_setting_runs_beside_raysweeps_own_in_the_same_rounds(tmp_path, monkeypatch):
+    """`--tried-engine JSON`: `raysweep_tried` is `raysweep`'s spec (the rule chooses its actors) with the setting
+    on top of raysweep's engine arguments, warmed on its own (its compiled graphs are its own) and run in turn with
+    the others; `raysweep` keeps its own arguments."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    runner = Runner()
+    ScaleOut(Bench("/m", tmp_path, 0), 1, 12, 8, runner=runner, popen=Child, raysweep_engine={"max_num_seqs": 256},
+             tried_engine={"compilation_config": {"mode": 0}}, rounds=2).run(
+        ["plain_defaults", "raysweep", "raysweep_tried"], warm=True)
+    assert [name for name, _ in runner.calls] == [
+        "n_warm_plain_defaults", "n_warm_raysweep", "n_warm_raysweep_tried", "n_plain_defaults", "n_raysweep",
+        "n_raysweep_tried", "n_plain_defaults_r2", "n_raysweep_r2", "n_raysweep_tried_r2"]
+    tried, own = (load_spec(tmp_path / f"n_{v}_r2.yaml").models[0].engine for v in ("raysweep_tried", "raysweep"))
+    assert tried["compilation_config"] == {"mode": 0} and tried["max_num_seqs"] == own["max_num_seqs"] == 256
+    assert "compilation_config" not in own
+    assert load_spec(tmp_path / "n_warm_raysweep_tried.yaml").models[0].engine["compilation_config"] == {"mode": 0}
+    assert "actors" not in json.loads((tmp_path / "n_raysweep_tried.yaml").read_text())
