@@ -6,6 +6,7 @@ processes that do what EvalActor does with the host."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -281,6 +282,8 @@ def test_a_local_sweep_of_one_model_and_one_actor_runs_on_the_engine_built_befor
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     assert list(actors["engine_process"]) == ["early"], actors[["actor_id", "reason", "engine_process"]]
+    assert re.search(r"\[raysweep\] engine up: model tiny \(hf\) on actor \w{8}, [\d.]+s after it was asked for, "
+                     r"built before Ray was up\n", done.stdout), done.stdout[-3000:]
     assert actors["built_at"].notna().all() and (actors["built_at"] <= actors["ready_at"]).all(), \
         actors[["built_at", "requested_at", "ready_at"]]  # the timeline: built by the host, then taken
     results = pq.read_table(out / "results").to_pandas()

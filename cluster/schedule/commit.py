@@ -70,8 +70,9 @@ class Commits:
             self.sink.add_telemetry("actors", row)
             self.sink.flush_telemetry(("actors",))  # on disk as it starts: a driver killed later keeps it
             if row.get("reason") != "profile":
+                early = ", built before Ray was up" if row.get("engine_process") == "early" else ""
                 self.progress.log(f"[raysweep] engine up: model {row['model']} ({row['engine']}) on actor "
-                                  f"{row['actor_id'][:8]}, {row['startup_s']:.1f}s after it was asked for")
+                                  f"{row['actor_id'][:8]}, {row['startup_s']:.1f}s after it was asked for{early}")
 
     def on_result(self, job: Job, table: pa.Table, telemetry: dict) -> None:
         model, task = job.shard.model, job.task.name
