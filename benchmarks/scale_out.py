@@ -269,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or args.gpus < 1 or args.prompts < args.gpus or args.rounds < 1:
         parser.error(f"variants {unknown} unknown, or --gpus < 1, or fewer prompts than GPUs, or --rounds < 1")
+    if ("raysweep_tried" in variants) != (json.loads(args.tried_engine) != {}):  # else it is `raysweep` again
+        parser.error("--tried-engine JSON and the variant raysweep_tried go together")
     from cluster.inputs.builtin_model import resolve_model_path
 
     out = Path(args.out).resolve()

@@ -127,3 +127,12 @@ def test_a_tried_engine_setting_runs_beside_raysweeps_own_in_the_same_rounds(tmp
     assert "compilation_config" not in own
     assert load_spec(tmp_path / "n_warm_raysweep_tried.yaml").models[0].engine["compilation_config"] == {"mode": 0}
     assert "actors" not in json.loads((tmp_path / "n_raysweep_tried.yaml").read_text())
+
+
+def test_a_tried_variant_without_a_setting_or_a_setting_without_the_variant_is_refused(tmp_path, capsys):
+    from benchmarks.scale_out import main
+
+    for argv in (["--variants", "raysweep,raysweep_tried"], ["--variants", "raysweep", "--tried-engine", '{"a": 1}']):
+        with pytest.raises(SystemExit):
+            main(["--out", str(tmp_path), "--gpus", "1", *argv])
+        assert "--tried-engine JSON and the variant raysweep_tried go together" in capsys.readouterr().err
