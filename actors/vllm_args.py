@@ -9,7 +9,7 @@ from pathlib import Path
 
 from actors.engine import EngineProfile
 from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS, shared_starts_together
-from cluster.contracts.model_memory import shared_kv_cache_bytes
+from cluster.contracts.model_memory import GIB, shared_kv_cache_bytes
 from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
@@ -28,10 +28,26 @@ def shared_kv_bytes(model: ModelSpec, model_path: str, gpu_fraction: float, tota
     if gpu_fraction >= 1 or not total_bytes or not shared_starts_together() or "kv_cache_memory_bytes" in model.engine:
         return None
     share = float(model.engine.get("gpu_memory_utilization", 0.9 * gpu_fraction))
-    weights = sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt")
-                  for f in Path(model_path).glob(pattern)) if os.path.isdir(model_path) else 0
-    kv = shared_kv_cache_bytes(share * total_bytes, weights)
+    kv = shared_kv_cache_bytes(share * total_bytes, weight_file_bytes(model_path))
     return kv if kv >= MIN_SHARED_KV_BYTES else None
+
+
+def weight_file_bytes(model_path: str) -> int:
+    """The bytes of the model folder's weight files (0 where `model_path` is no folder)."""
+    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt")
+               for f in Path(model_path).glob(pattern)) if os.path.isdir(model_path) else 0
+
+
+# A large model's engine starts without torch.compile and captures full CUDA graphs for its decode steps only
+# (vLLM's compilation mode 0 with cudagraph_mode FULL_DECODE_ONLY; prefill and mixed steps run eager, with vLLM's
+# own kernels). On one H200, a model of Llama-3-8B's shape, two engines on the GPU: ready in 17-20 s against 24-29 s
+# compiled from vLLM's compile cache, and 28 s against 48 s with the cache empty; generation as fast (first shard to
+# last 22.9-24.2 s against 23.1-24.0 s); the whole command a median of 62.4 s against 68.8 s over three rounds
+# (bench/records/h200-8b-start-without-compile.md). Smaller models keep vLLM's compiled default (not measured
+# without). Not where the spec sets compilation_config's mode or cudagraph_mode, enforce_eager or
+# optimization_level, nor in reproducible mode (measured batch-invariant compiled).
+UNCOMPILED_MIN_WEIGHT_BYTES = 2 * GIB
+UNCOMPILED = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
 
 
 # `reproducible: true` (with VLLM_BATCH_INVARIANT=1): on an H100, vLLM 0.26 repeated greedy outputs across batch
@@ -63,8 +79,8 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
     """vLLM `LLM(...)` arguments: the spec's `engine` mapping as is, the profile's scheduling on top; the
     batch limit (`max_num_seqs`) is the spec's, the long profile's, DEFAULT_MAX_SEQS on a shared GPU or in
     reproducible mode, or else vLLM's own for a whole GPU, as a plain `LLM(...)` gets it (docs/gpu.md);
-    `kv_bytes` (shared_kv_bytes) fixes the KV cache's size on a shared GPU; `reproducible`: REPRODUCIBLE_ARGS
-    on top of all (preflight refused a spec that asks otherwise: cluster/inputs/checks.py check_batch_invariant)."""
+    `kv_bytes` (shared_kv_bytes) fixes the KV cache's size on a shared GPU; a large model starts UNCOMPILED;
+    `reproducible`: REPRODUCIBLE_ARGS on top of all (preflight refused a spec that asks otherwise: cluster/inputs/checks.py check_batch_invariant)."""
     args = {"model": model_path, "tokenizer": model_path, "seed": 0,
             "gpu_memory_utilization": round(0.9 * min(gpu_fraction, 1.0), 3),  # actors sharing a GPU split it
             "disable_log_stats": False,  # per-request metrics (TTFT) exist only with stats on
@@ -92,12 +108,22 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
         args.update(REPRODUCIBLE_ARGS, attention_config={**(args.get("attention_config") or {}),
                                                          **REPRODUCIBLE_ARGS["attention_config"]})
     compilation = dict(args.pop("compilation_config", None) or {})
+    if _starts_uncompiled(model, model_path, compilation, reproducible):
+        compilation.update(UNCOMPILED)
     if "max_num_seqs" in args:  # else vLLM sizes both for the GPU (get_batch_defaults) and captures to match
         compilation.setdefault("max_cudagraph_capture_size", args["max_num_seqs"])
     if model.engine.get("tensor_parallel_size", 1) > 1:
         compilation["pass_config"] = {**NO_MULTICAST_PASSES, **(compilation.get("pass_config") or {})}
     args["compilation_config"] = compilation
     return args
+
+
+def _starts_uncompiled(model: ModelSpec, model_path: str, compilation: dict, reproducible: bool) -> bool:
+    """UNCOMPILED's rule (above): a model whose weight files take over UNCOMPILED_MIN_WEIGHT_BYTES, where neither
+    the spec nor reproducible mode decides compilation or graphs."""
+    decided = {"mode", "level", "cudagraph_mode"} & set(compilation) or \
+        {"enforce_eager", "optimization_level"} & set(model.engine)
+    return not reproducible and not decided and weight_file_bytes(model_path) > UNCOMPILED_MIN_WEIGHT_BYTES
 
 
 def sampling_kwargs(sampling: SamplingSpec, seed: int, structured: StructuredSpec | None) -> dict:

@@ -166,6 +166,40 @@ def test_the_batch_limit_is_vllms_own_on_a_whole_gpu_and_raysweeps_on_a_share_of
     assert batch({"max_num_seqs": 512, "compilation_config": {"max_cudagraph_capture_size": 128}}, 1.0) == (512, 128)
 
 
+def test_a_large_models_engine_starts_uncompiled_with_full_decode_graphs_unless_the_spec_or_reproducible_decides(
+        tmp_path):
+    """Weight files over UNCOMPILED_MIN_WEIGHT_BYTES: vLLM's compilation mode 0 and full CUDA graphs for decode steps
+    (on a shared GPU with its capture size: the arguments measured on an H200); a smaller model, a spec that sets the
+    mode, the graph mode, enforce_eager or an optimization level, and reproducible mode keep what they had."""
+    from actors.engine import EngineProfile
+    from actors.vllm_args import UNCOMPILED, UNCOMPILED_MIN_WEIGHT_BYTES, engine_args
+    from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS
+    from cluster.contracts.spec import ModelSpec
+
+    large, small = tmp_path / "large", tmp_path / "small"
+    large.mkdir(), small.mkdir()
+    with open(large / "model-00001-of-00002.safetensors", "wb") as f:
+        f.truncate(UNCOMPILED_MIN_WEIGHT_BYTES // 2 + 1)  # sparse: its size without its bytes
+    with open(large / "model-00002-of-00002.safetensors", "wb") as f:
+        f.truncate(UNCOMPILED_MIN_WEIGHT_BYTES // 2)
+    (small / "model.safetensors").write_bytes(b"\0" * 4096)
+
+    def compilation(path, engine=None, fraction=1.0, reproducible=False) -> dict:
+        model = ModelSpec("m", str(path), engine=engine or {})
+        return engine_args(model, str(path), EngineProfile(), fraction, reproducible=reproducible)["compilation_config"]
+
+    assert compilation(large) == UNCOMPILED == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert compilation(large, fraction=0.5) == {**UNCOMPILED, "max_cudagraph_capture_size": DEFAULT_MAX_SEQS}
+    assert compilation(large, {"compilation_config": {"pass_config": {"eliminate_noops": False}}}) == \
+        {**UNCOMPILED, "pass_config": {"eliminate_noops": False}}
+    assert compilation(small) == {} and compilation(tmp_path / "absent") == {}
+    assert compilation(large, {"compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}}) == \
+        {"cudagraph_mode": "FULL_AND_PIECEWISE"}
+    assert compilation(large, {"compilation_config": {"mode": 3}}) == {"mode": 3}
+    assert compilation(large, {"enforce_eager": True}) == compilation(large, {"optimization_level": 2}) == {}
+    assert "mode" not in compilation(large, reproducible=True)
+
+
 def test_every_engine_process_gets_vllms_symmetric_memory_all_reduce_off_unless_set():
     """Set before vLLM is imported, so the engine core and its workers read it; a value the user set is kept."""
     import subprocess

@@ -4,8 +4,9 @@ engines"): one per actor, each the engine that actor will start first, built whi
 On four H200s with a model of Llama-3-8B's shape, Ray was up 20 s after the command started and the host had
 imported vLLM at 23 s; built early from then, the four engines were ready 52-59 s after the command started,
 against about 72 s for four plain scripts started at once (bench/records/4xh200-early-engines.md). On one H200
-the same model's two engines (two actors sharing the GPU), built early and at once, were ready 60-65 s after the
-command started, against 56-64 s for a plain script's one (bench/records/h200-8b-three-rounds.md). An engine
+the same model's two engines (two actors sharing the GPU), built early and at once (and uncompiled:
+actors/vllm_args.py UNCOMPILED), were ready 36-42 s after the command started, against 38-40 s for a plain script's
+one (bench/records/h200-8b-start-without-compile.md). An engine
 built early is ready once the host's imports and its own construction are done, whatever Ray does meanwhile.
 
 Only where the first engine of every actor is known without Ray, so that no early engine is built for nothing:

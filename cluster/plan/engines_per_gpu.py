@@ -21,8 +21,10 @@ tasks, 1.27x at 5,248 prompts), because a small model's one engine leaves the GP
   from first shard to last: one engine at a batch of 1,024 is bound by its CPU work at 67% of the GPU, two at 256
   each keep it busy at the same rate), but each started in 22-24 s against 31 s for one engine with the whole GPU
   (bench/records/4xh200-8b-two-engines-and-loglikelihood.md). With both engines built before Ray is up
-  (early engines), another H200 gave a median of 1.02x the plain script's whole command over three rounds: the two
-  are ready when the plain script's one is (bench/records/h200-8b-three-rounds.md); a batch limit of 512 for the
+  (early engines) and uncompiled (actors/vllm_args.py UNCOMPILED), another H200 gave a median of 1.01x the plain
+  script's whole command over three rounds: the two are ready when the plain script's one is, but on that host's
+  faster CPUs they generated in 22.9-24.2 s against the plain script's 19.2-20.0 s
+  (bench/records/h200-8b-start-without-compile.md; one uncompiled engine with the whole GPU not measured); a batch limit of 512 for the
   two started them slower than it sped their generation (bench/records/h200-shared-early-engines-and-8b.md). An
   H100 80GB would leave each of two engines 17 GiB: one engine there, not measured;
 - one engine per GPU otherwise; a GPU of unknown memory is not shared;
