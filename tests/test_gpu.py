@@ -474,6 +474,54 @@ def test_loglikelihood_reads_each_context_once_with_the_numbers_of_computing_it_
 
 
 @pytest.mark.slow
+def test_an_uncompiled_engine_scores_as_the_compiled_one_and_generates_in_its_graphs(vllm_engine, tiny_path):
+    """The start a model over 2 GiB gets by itself (actors/vllm_args.py UNCOMPILED: no torch.compile, full CUDA
+    graphs for decode steps only), asked of builtin:tiny by its spec, beside the compiled engine: its graphs
+    captured (FULL), no torch.compile seconds; the multiple-choice rows' log-likelihoods within bf16 rounding of the
+    compiled engine's (the tolerance of the tests above) and the same choice except where the compiled engine's two
+    best are within 0.05 nats; greedy generation of every request to its length."""
+    from transformers import AutoTokenizer
+
+    from actors.engine import EngineProfile, GenRequest, LoglikRequest
+    from actors.vllm_args import UNCOMPILED
+    from actors.vllm_engine import VllmEngine
+    from cluster.contracts.loglikelihood import encode_pairs
+    from cluster.contracts.spec import ModelSpec, SamplingSpec
+
+    engine = VllmEngine(ModelSpec("tiny", "builtin:tiny", engine={"gpu_memory_utilization": 0.3,
+                                                                  "compilation_config": dict(UNCOMPILED)}),
+                        tiny_path, EngineProfile(), exit_on_error=False)
+    try:
+        info = engine.startup()
+        print("uncompiled engine start:", json.dumps(info))
+        assert info["cuda_graphs"] and info["graph_mode"] == "FULL" and info["fallback_reason"] is None
+        assert info["compile_s"] is None and info["graph_capture_s"] is not None
+        rows = [json.loads(line) for line in open(ROOT / "sweeps" / "data" / "mc.jsonl")]
+        contexts = [f"Question: {r['question']}\nAnswer:" for r in rows]
+        encoded = encode_pairs(contexts, [r["choices"] for r in rows], AutoTokenizer.from_pretrained(tiny_path), True)
+        requests = [LoglikRequest(str(i), ctx, conts) for i, (ctx, conts) in enumerate(encoded)]
+        ours, compiled = engine.loglikelihood(requests), vllm_engine.loglikelihood(requests)
+        per_token, differ = [], []
+        for got, ref, (_, conts) in zip(ours, compiled, encoded):
+            per_token += [abs(a - b) / len(c) for a, b, c in zip(got.logprobs, ref.logprobs, conts)]
+            best = sorted(range(len(conts)), key=lambda j: -ref.logprobs[j])
+            if max(range(len(conts)), key=got.logprobs.__getitem__) != best[0]:
+                differ.append(ref.logprobs[best[0]] - ref.logprobs[best[1]])
+        print(f"loglikelihood uncompiled vs compiled over {len(rows)} rows: max {max(per_token):.4f} mean "
+              f"{sum(per_token) / len(per_token):.4f} nats per token; choice differs in {len(differ)} (margins {differ})")
+        assert sum(per_token) / len(per_token) <= 0.05 and max(per_token) <= 0.25
+        assert all(margin < 0.05 for margin in differ)
+        reqs = [GenRequest(str(i), list(f"Question {i}: what?".encode()), i) for i in range(32)]
+        out = engine.generate(reqs, SamplingSpec(max_tokens=16), None)
+        same = sum(a.output_text == b.output_text
+                   for a, b in zip(out, vllm_engine.generate(reqs, SamplingSpec(max_tokens=16), None)))
+        print(f"greedy outputs equal to the compiled engine's: {same} of {len(reqs)}")
+        assert all(r.output_tokens == 16 and r.finish_reason == "length" for r in out)
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
 def test_scoring_sweep_on_vllm(ray_local, tmp_path):
     """sweeps/scoring.yaml with vLLM: loglikelihood, four sampled completions per problem run in the
     sandbox, and the replayed task; every row once, every completion with its own seed."""
