@@ -10,6 +10,7 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
 - `split`: the plain script as N processes started together, one GPU and 1/N of the prompts each (a hand split);
 - `raysweep_1`: `python -m jobs.sweep` over a spec with no `actors:` section, on the first GPU;
 - `raysweep`: the same spec on all N GPUs;
+- `raysweep_one`: the same on N GPUs with `actors: {num_gpus: 1}` (one engine per GPU, whatever the rule says);
 - `raysweep_two`: the same on N GPUs with `actors: {num_gpus: 0.5}` (two engines per GPU, whatever the rule says);
 - `raysweep_four`: the same with `actors: {num_gpus: 0.25}` (four engines per GPU);
 - `raysweep_tried`: `raysweep` with `--tried-engine JSON` added to its engine arguments (a setting tried against
@@ -24,7 +25,7 @@ variant's wall is the median of its rounds, and each round's ratio to `plain_def
 median's (a host whose plain script moves by seconds between calls). The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
 Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts, filling vLLM's compile cache: the
 plain script on one GPU (where `plain`, `split` or `ray_data` run), `plain_defaults`, raysweep on one GPU (where
-`raysweep_1` runs), each of `raysweep`, `raysweep_two`, `raysweep_four` and `raysweep_tried` that runs with its own actors (the
+`raysweep_1` runs), each of `raysweep`, `raysweep_one`, `raysweep_two`, `raysweep_four` and `raysweep_tried` that runs with its own actors (the
 engine arguments of a whole GPU and of a shared one differ, and so do their compiled graphs), and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
 with one output per prompt; one that fails is said, the others run, and the call fails at the end. Figures go to
 OUT/n.json after each variant (a call cut short keeps those done) and to OUT/bench.parquet; each process's
@@ -47,7 +48,8 @@ from benchmarks.common import (REPO, Bench, count_lines, prompts_of, result_coun
                                sweep_spec, vllm_args, write_prompts)
 from benchmarks.whole_process import raysweep_figures
 
-VARIANTS = ("plain", "plain_defaults", "split", "raysweep", "raysweep_1", "raysweep_two", "raysweep_four",
+VARIANTS = ("plain", "plain_defaults", "split", "raysweep", "raysweep_1", "raysweep_one", "raysweep_two",
+            "raysweep_four",
             "raysweep_tried", "lm_eval", "ray_data")
 WARM_PROMPTS = 256
 
@@ -142,8 +144,8 @@ class ScaleOut:
     # -- the call ---------------------------------------------------------------------------------------
     def run(self, variants: list[str], warm: bool) -> None:
         every = self._all_gpus()
-        actors = {"raysweep": {}, "raysweep_two": {"num_gpus": 0.5}, "raysweep_four": {"num_gpus": 0.25},
-                  "raysweep_tried": {}}
+        actors = {"raysweep": {}, "raysweep_one": {"num_gpus": 1}, "raysweep_two": {"num_gpus": 0.5},
+                  "raysweep_four": {"num_gpus": 0.25}, "raysweep_tried": {}}
         if warm:
             warm_ups = [(("plain", "split", "ray_data"), "plain", lambda: self.plain("n_warm_plain", self.warm)),
                         (("plain_defaults",), "plain_defaults",

@@ -48,14 +48,16 @@ def test_every_variant_runs_once_after_the_warm_ups_and_the_split_takes_one_gpu_
     Child.started = []
     ScaleOut(bench, 4, 12, 8, runner=runner, popen=Child).run(list(VARIANTS), warm=True)
     names = [name for name, _ in runner.calls]
-    assert names[:8] == ["n_warm_plain", "n_warm_plain_defaults", "n_warm_raysweep_1", "n_warm_raysweep",
-                         "n_warm_raysweep_two", "n_warm_raysweep_four", "n_warm_raysweep_tried", "n_warm_lm_eval"]
+    assert names[:9] == ["n_warm_plain", "n_warm_plain_defaults", "n_warm_raysweep_1", "n_warm_raysweep",
+                         "n_warm_raysweep_one", "n_warm_raysweep_two", "n_warm_raysweep_four", "n_warm_raysweep_tried",
+                         "n_warm_lm_eval"]
     assert sorted(Child.started) == [("0", 3), ("1", 3), ("2", 3), ("3", 3)]
     envs = dict(runner.calls)
     assert envs["n_plain"] == envs["n_raysweep_1"] == {"CUDA_VISIBLE_DEVICES": "0"}
     assert envs["n_raysweep"] == envs["n_ray_data"] == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     assert "actors" not in json.loads((tmp_path / "n_raysweep.yaml").read_text())  # the rule chooses
     assert load_spec(tmp_path / "n_raysweep_two.yaml").actors.num_gpus == 0.5
+    assert load_spec(tmp_path / "n_raysweep_one.yaml").actors.num_gpus == 1
     # each warm-up's engines are those of its variant: a whole GPU's engine arguments are not a shared one's
     assert "actors" not in json.loads((tmp_path / "n_warm_raysweep.yaml").read_text())
     assert load_spec(tmp_path / "n_warm_raysweep_four.yaml").actors.num_gpus == 0.25
