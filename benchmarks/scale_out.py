@@ -49,8 +49,7 @@ from benchmarks.common import (REPO, Bench, count_lines, prompts_of, result_coun
 from benchmarks.whole_process import raysweep_figures
 
 VARIANTS = ("plain", "plain_defaults", "split", "raysweep", "raysweep_1", "raysweep_one", "raysweep_two",
-            "raysweep_four",
-            "raysweep_tried", "lm_eval", "ray_data")
+            "raysweep_four", "raysweep_tried", "lm_eval", "ray_data")
 WARM_PROMPTS = 256
 
 
