@@ -80,7 +80,8 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
     batch limit (`max_num_seqs`) is the spec's, the long profile's, DEFAULT_MAX_SEQS on a shared GPU or in
     reproducible mode, or else vLLM's own for a whole GPU, as a plain `LLM(...)` gets it (docs/gpu.md);
     `kv_bytes` (shared_kv_bytes) fixes the KV cache's size on a shared GPU; a large model starts UNCOMPILED;
-    `reproducible`: REPRODUCIBLE_ARGS on top of all (preflight refused a spec that asks otherwise: cluster/inputs/checks.py check_batch_invariant)."""
+    `reproducible`: REPRODUCIBLE_ARGS on top of all (preflight refused a spec that asks otherwise:
+    cluster/inputs/checks.py check_batch_invariant)."""
     args = {"model": model_path, "tokenizer": model_path, "seed": 0,
             "gpu_memory_utilization": round(0.9 * min(gpu_fraction, 1.0), 3),  # actors sharing a GPU split it
             "disable_log_stats": False,  # per-request metrics (TTFT) exist only with stats on
