@@ -4,12 +4,13 @@ arguments. Apart from actors/vllm_engine.py so the driver's tests and benchmarks
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from actors.engine import EngineProfile
 from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS, shared_starts_together
-from cluster.contracts.model_memory import GIB, shared_kv_cache_bytes
+from cluster.contracts.model_memory import GIB, shared_kv_cache_bytes, weight_bytes
 from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
@@ -28,24 +29,21 @@ def shared_kv_bytes(model: ModelSpec, model_path: str, gpu_fraction: float, tota
     if gpu_fraction >= 1 or not total_bytes or not shared_starts_together() or "kv_cache_memory_bytes" in model.engine:
         return None
     share = float(model.engine.get("gpu_memory_utilization", 0.9 * gpu_fraction))
-    kv = shared_kv_cache_bytes(share * total_bytes, weight_file_bytes(model_path))
+    weights = sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt")
+                  for f in Path(model_path).glob(pattern)) if os.path.isdir(model_path) else 0
+    kv = shared_kv_cache_bytes(share * total_bytes, weights)
     return kv if kv >= MIN_SHARED_KV_BYTES else None
 
 
-def weight_file_bytes(model_path: str) -> int:
-    """The bytes of the model folder's weight files (0 where `model_path` is no folder)."""
-    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt")
-               for f in Path(model_path).glob(pattern)) if os.path.isdir(model_path) else 0
-
-
-# A large model's engine starts without torch.compile and captures full CUDA graphs for its decode steps only
-# (vLLM's compilation mode 0 with cudagraph_mode FULL_DECODE_ONLY; prefill and mixed steps run eager, with vLLM's
-# own kernels). On one H200, a model of Llama-3-8B's shape, two engines on the GPU: ready in 17-20 s against 24-29 s
-# compiled from vLLM's compile cache, and 28 s against 48 s with the cache empty; generation as fast (first shard to
-# last 22.9-24.2 s against 23.1-24.0 s); the whole command a median of 62.4 s against 68.8 s over three rounds
-# (bench/records/h200-8b-start-without-compile.md). Smaller models keep vLLM's compiled default (not measured
-# without). Not where the spec sets compilation_config's mode or cudagraph_mode, enforce_eager or
-# optimization_level, nor in reproducible mode (measured batch-invariant compiled).
+# A large model's engine (its weights over UNCOMPILED_MIN_WEIGHT_BYTES as vLLM loads them, counted as the planner
+# counts them: cluster/contracts/model_memory.py) starts without torch.compile and captures full CUDA graphs for its
+# decode steps only (vLLM's compilation mode 0 with cudagraph_mode FULL_DECODE_ONLY; prefill and mixed steps run
+# eager, with vLLM's own kernels). On one H200, a model of Llama-3-8B's shape, two engines on the GPU: ready in
+# 17-20 s against 24-29 s compiled from vLLM's compile cache, and 28 s against 48 s with nothing of theirs in that
+# cache; generation as fast (first shard to last 22.9-24.2 s against 23.1-24.0 s); the whole command a median of
+# 62.4 s against 68.8 s over three rounds (bench/records/h200-8b-start-without-compile.md). Smaller models keep
+# vLLM's compiled default (not measured without). Not where the spec sets compilation_config's mode or
+# cudagraph_mode, enforce_eager or optimization_level, nor in reproducible mode (measured batch-invariant compiled).
 UNCOMPILED_MIN_WEIGHT_BYTES = 2 * GIB
 UNCOMPILED = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
 
@@ -120,11 +118,19 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
 
 
 def _starts_uncompiled(model: ModelSpec, model_path: str, compilation: dict, reproducible: bool) -> bool:
-    """UNCOMPILED's rule (above): a model whose weight files take over UNCOMPILED_MIN_WEIGHT_BYTES, where neither
-    the spec nor reproducible mode decides compilation or graphs."""
+    """UNCOMPILED's rule (above): a model whose weights take over UNCOMPILED_MIN_WEIGHT_BYTES as vLLM loads them,
+    where neither the spec nor reproducible mode decides compilation or graphs. A folder whose config.json cannot
+    be read, or whose weights cannot be counted, keeps vLLM's default."""
     decided = {"mode", "level", "cudagraph_mode"} & set(compilation) or \
         {"enforce_eager", "optimization_level"} & set(model.engine)
-    return not reproducible and not decided and weight_file_bytes(model_path) > UNCOMPILED_MIN_WEIGHT_BYTES
+    if reproducible or decided:
+        return False
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    counted = weight_bytes(model_path, config, model.engine) if isinstance(config, dict) else None
+    return (counted or 0) > UNCOMPILED_MIN_WEIGHT_BYTES
 
 
 def sampling_kwargs(sampling: SamplingSpec, seed: int, structured: StructuredSpec | None) -> dict:

@@ -25,8 +25,8 @@ variant's wall is the median of its rounds, and each round's ratio to `plain_def
 median's (a host whose plain script moves by seconds between calls). The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
 Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts, filling vLLM's compile cache: the
 plain script on one GPU (where `plain`, `split` or `ray_data` run), `plain_defaults`, raysweep on one GPU (where
-`raysweep_1` runs), each of `raysweep`, `raysweep_one`, `raysweep_two`, `raysweep_four` and `raysweep_tried` that runs with its own actors (the
-engine arguments of a whole GPU and of a shared one differ, and so do their compiled graphs), and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
+`raysweep_1` runs), each of `raysweep`, `raysweep_one`, `raysweep_two`, `raysweep_four` and `raysweep_tried`
+that runs with its own actors (the engine arguments of a whole GPU and of a shared one differ, and so do their compiled graphs), and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
 with one output per prompt; one that fails is said, the others run, and the call fails at the end. Figures go to
 OUT/n.json after each variant (a call cut short keeps those done) and to OUT/bench.parquet; each process's
 command and prints are kept beside them (`n_*.cmd`, `.stdout`, `.stderr`).

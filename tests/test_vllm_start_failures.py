@@ -168,21 +168,34 @@ def test_the_batch_limit_is_vllms_own_on_a_whole_gpu_and_raysweeps_on_a_share_of
 
 def test_a_large_models_engine_starts_uncompiled_with_full_decode_graphs_unless_the_spec_or_reproducible_decides(
         tmp_path):
-    """Weight files over UNCOMPILED_MIN_WEIGHT_BYTES: vLLM's compilation mode 0 and full CUDA graphs for decode steps
-    (on a shared GPU with its capture size: the arguments measured on an H200); a smaller model, a spec that sets the
-    mode, the graph mode, enforce_eager or an optimization level, and reproducible mode keep what they had."""
+    """Weights over UNCOMPILED_MIN_WEIGHT_BYTES as vLLM loads them (parameters from the safetensors headers, at
+    the config's dtype, float32 loaded as bfloat16: as the planner counts them): vLLM's compilation mode 0 and full
+    CUDA graphs for decode steps (on a shared GPU with its capture size: the arguments measured on an H200); a
+    smaller model (a float32 checkpoint whose files alone are over the bound among them), a folder without a
+    config, a spec that sets the mode, the graph mode, enforce_eager or an optimization level, and reproducible
+    mode keep what they had."""
+    import json
+    import struct
+
     from actors.engine import EngineProfile
     from actors.vllm_args import UNCOMPILED, UNCOMPILED_MIN_WEIGHT_BYTES, engine_args
     from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS
     from cluster.contracts.spec import ModelSpec
 
-    large, small = tmp_path / "large", tmp_path / "small"
-    large.mkdir(), small.mkdir()
-    with open(large / "model-00001-of-00002.safetensors", "wb") as f:
-        f.truncate(UNCOMPILED_MIN_WEIGHT_BYTES // 2 + 1)  # sparse: its size without its bytes
-    with open(large / "model-00002-of-00002.safetensors", "wb") as f:
-        f.truncate(UNCOMPILED_MIN_WEIGHT_BYTES // 2)
-    (small / "model.safetensors").write_bytes(b"\0" * 4096)
+    def model(name: str, parameters: int, dtype: str, config: bool = True):
+        """A folder of two safetensors files of `parameters` in all, headers only (their tensors' bytes unread)."""
+        folder = tmp_path / name
+        folder.mkdir()
+        for i, n in enumerate((parameters // 2, parameters - parameters // 2)):
+            head = json.dumps({"w": {"dtype": "BF16", "shape": [n], "data_offsets": [0, 2 * n]}}).encode()
+            (folder / f"model-0000{i + 1}-of-00002.safetensors").write_bytes(struct.pack("<Q", len(head)) + head)
+        if config:
+            (folder / "config.json").write_text(json.dumps({"torch_dtype": dtype}))
+        return folder
+
+    over = UNCOMPILED_MIN_WEIGHT_BYTES // 2 + 1024  # parameters: over the bound at two bytes each
+    large, small = model("large", over, "bfloat16"), model("small", over // 2, "bfloat16")
+    float32 = model("float32", over * 3 // 4, "float32")  # files over the bound at four bytes; loaded as bf16, under
 
     def compilation(path, engine=None, fraction=1.0, reproducible=False) -> dict:
         model = ModelSpec("m", str(path), engine=engine or {})
@@ -192,7 +205,9 @@ def test_a_large_models_engine_starts_uncompiled_with_full_decode_graphs_unless_
     assert compilation(large, fraction=0.5) == {**UNCOMPILED, "max_cudagraph_capture_size": DEFAULT_MAX_SEQS}
     assert compilation(large, {"compilation_config": {"pass_config": {"eliminate_noops": False}}}) == \
         {**UNCOMPILED, "pass_config": {"eliminate_noops": False}}
-    assert compilation(small) == {} and compilation(tmp_path / "absent") == {}
+    assert compilation(small) == compilation(float32) == compilation(tmp_path / "absent") == {}
+    assert compilation(model("unconfigured", over, "bfloat16", config=False)) == {}
+    assert compilation(float32, {"dtype": "float32"}) == UNCOMPILED  # loaded as stored: four bytes each
     assert compilation(large, {"compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}}) == \
         {"cudagraph_mode": "FULL_AND_PIECEWISE"}
     assert compilation(large, {"compilation_config": {"mode": 3}}) == {"mode": 3}
