@@ -26,7 +26,7 @@ tasks, 1.27x at 5,248 prompts), because a small model's one engine leaves the GP
   faster CPUs they generated in 22.9-24.2 s against the plain script's 19.2-20.0 s
   (bench/records/h200-8b-start-without-compile.md); on a third, 1.11x with two engines and 1.13x with one uncompiled
   engine for the whole GPU, within the rounds' spread (bench/records/h200-8b-one-engine-or-two.md); a batch
-  limit of 512 for the two started them slower than it sped their generation (bench/records/h200-shared-early-engines-and-8b.md). An
+  limit of 512 for the two started them slower than it sped their generation (bench/records/h200-8b-two-engines-batch-limit.md). An
   H100 80GB would leave each of two engines 17 GiB: one engine there, not measured;
 - one engine per GPU otherwise; a GPU of unknown memory is not shared;
 - actors per model: engines per GPU x the GPUs the cluster has now, over the GPUs one engine spans (at least
