@@ -699,6 +699,36 @@ def test_the_scoring_pass_takes_lm_evals_environment_record_while_it_scores(monk
     assert run_lm_eval(settings, None, None, log_samples=False, bootstrap_iters=0)["pretty_env_info"] == "in place"
 
 
+def test_transformers_is_imported_whole_before_the_environment_records_thread_starts():
+    """lm-eval's environment record names transformers' version, and its thread may be the first to import it.
+    transformers swaps its module for a lazy one at the end of its import, and the scoring pass's thread, hashing
+    a dataset's config meanwhile (`datasets` looks for `transformers.PreTrainedTokenizerBase`), was handed the
+    module being swapped: "module 'transformers' has no attribute 'PreTrainedTokenizerBase'", a traceback instead
+    of the summary, in 6 of 16 scoring passes of a complete output on the 2-core machine without this import
+    (0 of 16 with it). In a fresh
+    process with no transformers imported (a driver that loaded no tokenizer), entering the pass's record leaves
+    transformers whole on the caller's thread before the record's thread runs."""
+    probe = textwrap.dedent("""
+        import json, sys, threading
+        import lm_eval.evaluator as evaluator
+        from cluster.lm_eval.adapter import run_record_ahead
+        before = "transformers" in sys.modules
+        gate = threading.Event()
+        evaluator.add_env_info = lambda storage: gate.wait(60)  # the record's thread holds still: no import there
+        with run_record_ahead():
+            module = sys.modules.get("transformers")
+            whole = module is not None and not module.__spec__._initializing
+            found = whole and module.PreTrainedTokenizerBase.__name__
+            gate.set()
+        print(json.dumps({"before": before, "whole": whole, "found": found}))
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"before": False, "whole": True, "found": "PreTrainedTokenizerBase"}
+
+
 def test_the_scoring_pass_loads_the_datasets_again_without_asking_the_hub_to_count_them(monkeypatch):
     """`datasets` sends the hub a HEAD request for each load (its download count); the scoring pass loads what the
     building pass loaded, and on a machine that cannot reach the hub that request waited 5.6 s for its name lookup

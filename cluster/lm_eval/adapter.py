@@ -88,11 +88,20 @@ def run_record_ahead():
     `pip list`, nvidia-smi and others and initialises CUDA, and `git describe`) taken on a thread from the call's
     start, while lm-eval scores, rather than after: stands in for `evaluator.py`'s `add_env_info(results)` once
     the results are made. The same fields, lm-eval's own function; on one H200 `collect_env` took 1.5 s with
-    torch imported. lm-eval's own function is back when the call ends."""
+    torch imported. lm-eval's own function is back when the call ends.
+
+    The record names transformers' version, so its first import may happen there. transformers replaces its
+    module in `sys.modules` with a lazy one at the end of its import, and a thread that imports it meanwhile is
+    handed the module being replaced: `datasets`, hashing a task's dataset config on the caller's thread, then
+    failed with "module 'transformers' has no attribute 'PreTrainedTokenizerBase'" (6 of 16 scoring passes of a
+    complete output, whose driver had imported no transformers before, on the 2-core machine; 0 of 16 with this
+    import). So transformers is imported here, on the caller's thread, before the record's thread starts
+    (`imported_whole`): 0.4 s there with torch imported."""
     import threading
 
     import lm_eval.evaluator as evaluator
 
+    imported_whole("transformers")
     saved, record = evaluator.add_env_info, {}
 
     def take() -> None:
@@ -115,6 +124,17 @@ def run_record_ahead():
         yield
     finally:
         evaluator.add_env_info = saved
+
+
+def imported_whole(name: str) -> None:
+    """`name` imported on this thread where it is installed and not yet imported (a thread started later then finds
+    it whole in `sys.modules`); nothing where it is not installed."""
+    import importlib
+    import importlib.util
+    import sys
+
+    if name not in sys.modules and importlib.util.find_spec(name) is not None:
+        importlib.import_module(name)
 
 
 @contextlib.contextmanager
