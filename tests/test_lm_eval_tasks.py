@@ -705,9 +705,8 @@ def test_transformers_is_imported_whole_before_the_environment_records_thread_st
     a dataset's config meanwhile (`datasets` looks for `transformers.PreTrainedTokenizerBase`), was handed the
     module being swapped: "module 'transformers' has no attribute 'PreTrainedTokenizerBase'", a traceback instead
     of the summary, in 6 of 16 scoring passes of a complete output on the 2-core machine without this import
-    (0 of 16 with it). In a fresh
-    process with no transformers imported (a driver that loaded no tokenizer), entering the pass's record leaves
-    transformers whole on the caller's thread before the record's thread runs."""
+    (0 of 16 with it). In a fresh process with no transformers imported (a driver that loaded no tokenizer),
+    entering the pass's record leaves transformers whole on the caller's thread before the record's thread runs."""
     probe = textwrap.dedent("""
         import json, sys, threading
         import lm_eval.evaluator as evaluator
