@@ -43,7 +43,12 @@ def shared_kv_bytes(model: ModelSpec, model_path: str, gpu_fraction: float, tota
 # cache; generation as fast (first shard to last 22.9-24.2 s against 23.1-24.0 s); the whole command a median of
 # 62.4 s against 68.8 s over three rounds (bench/records/h200-8b-start-without-compile.md). Smaller models keep
 # vLLM's compiled default (not measured without). Not where the spec sets compilation_config's mode or
-# cudagraph_mode, enforce_eager or optimization_level, nor in reproducible mode (measured batch-invariant compiled).
+# cudagraph_mode, enforce_eager or optimization_level, nor in reproducible mode (measured batch-invariant compiled),
+# nor for a model whose engines may be asked for log-likelihoods (ModelSpec.loglikelihood): its numbers are to be
+# lm-eval's vLLM backend's, which runs compiled, and uncompiled engines' are not: over lm-eval's suite on the same
+# model, against `lm_eval --model vllm`, choices' log-likelihoods differed by up to 1.82 nats (HellaSwag, mean 0.26)
+# and 11 of 1,330 documents' decisions differed where lm-eval's margin was 0.05-0.34 nats; compiled engines had
+# made all 1,330 decisions the same, within 0.078 nats (bench/records/h200-suite-8b-uncompiled.md).
 UNCOMPILED_MIN_WEIGHT_BYTES = 2 * GIB
 UNCOMPILED = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
 
@@ -119,11 +124,11 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
 
 def _starts_uncompiled(model: ModelSpec, model_path: str, compilation: dict, reproducible: bool) -> bool:
     """UNCOMPILED's rule (above): a model whose weights take over UNCOMPILED_MIN_WEIGHT_BYTES as vLLM loads them,
-    where neither the spec nor reproducible mode decides compilation or graphs. A folder whose config.json cannot
-    be read, or whose weights cannot be counted, keeps vLLM's default."""
+    where neither the spec nor reproducible mode decides compilation or graphs and no log-likelihood is asked of
+    it. A folder whose config.json cannot be read, or whose weights cannot be counted, keeps vLLM's default."""
     decided = {"mode", "level", "cudagraph_mode"} & set(compilation) or \
         {"enforce_eager", "optimization_level"} & set(model.engine)
-    if reproducible or decided:
+    if reproducible or decided or model.loglikelihood:
         return False
     try:
         config = json.loads((Path(model_path) / "config.json").read_text())

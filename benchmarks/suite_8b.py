@@ -2,7 +2,7 @@
 
     python -m benchmarks.suite_8b --out DIR --fraction 0.05 [--gpus 4] [--shape large]
         [--variants lm_eval_1,raysweep_1,lm_eval_n,raysweep_n] [--checkpoints 4 --ckpt-fraction F]
-        [--tasks choice]
+        [--tasks choice] [--raysweep-engine JSON]
 
 1. The model and data (benchmarks/suite_tasks.py): a random-weight Llama of `--shape` (`large`: Llama-3-8B's
    shape) with a 32,000-token BPE vocabulary, and lm-eval 0.4.13's own task definitions for `mmlu`, `hellaswag`,
@@ -20,7 +20,8 @@
      `data_parallel_size=N`, once per checkpoint, one after another, as its users run it).
    vLLM's compile cache starts cold: the one-GPU pair each compile once, the N-GPU pair find their engine
    arguments compiled. `--tasks` runs some of the suite's tasks (`choice`: the log-likelihood ones alone), each
-   variant's name then ending in `_TASKS`.
+   variant's name then ending in `_TASKS`. `--raysweep-engine JSON` is added to raysweep's engine arguments (a
+   setting tried against lm-eval's own, e.g. the uncompiled start of actors/vllm_args.py UNCOMPILED).
 3. Agreement between `raysweep_1` and `lm_eval_1`, from the two runs' lm-eval sample files, per task: the
    documents whose `acc` / `acc_norm` decision differs, with each one's margin (the gap between the two choices
    in lm-eval's own values); each choice's log-likelihood difference; the aggregates and stderr side by side;
@@ -96,11 +97,12 @@ def lm_eval_argv(peer: str, model: Path, tasks: Path, dest: Path, gpus: int, nam
             str(dest), "--log_samples"]
 
 
-def spec_file(out: Path, name: str, models: list[Path], tasks: Path, names=tuple(SHOTS)) -> Path:
+def spec_file(out: Path, name: str, models: list[Path], tasks: Path, names=tuple(SHOTS), engine=None) -> Path:
     path = out / f"{name}.yaml"
     path.write_text(json.dumps({
         "name": name, "output": str(out / f"{name}_out"),
-        "models": [{"name": m.name, "path": str(m), "engine": {"max_model_len": MAX_MODEL_LEN}} for m in models],
+        "models": [{"name": m.name, "path": str(m), "engine": {"max_model_len": MAX_MODEL_LEN, **(engine or {})}}
+                   for m in models],
         "tasks": [{"lm_eval": {"tasks": list(names), "include_path": str(tasks)}}]}))
     return path
 
@@ -182,8 +184,8 @@ def token_counts(output: Path) -> dict:
 
 # -- the run -------------------------------------------------------------------------------------
 class Suite:
-    def __init__(self, out: Path, peer: str, names=tuple(SHOTS)):
-        self.out, self.peer, self.figures, self.names = out, peer, {}, tuple(names)
+    def __init__(self, out: Path, peer: str, names=tuple(SHOTS), engine: dict | None = None):
+        self.out, self.peer, self.figures, self.names, self.engine = out, peer, {}, tuple(names), engine or {}
 
     def save(self) -> None:
         (self.out / "s.json").write_text(json.dumps(self.figures, indent=2, default=str))
@@ -199,7 +201,7 @@ class Suite:
         return total
 
     def raysweep(self, name: str, models: list[Path], tasks: Path, gpus: int) -> float:
-        spec = spec_file(self.out, name, models, tasks, self.names)
+        spec = spec_file(self.out, name, models, tasks, self.names, self.engine)
         wall, stdout = run_process([sys.executable, "-m", "jobs.cli", "run", str(spec)], gpu_env(gpus), self.out / name)
         line = next((x for x in stdout.splitlines() if "samples in" in x and "shards run" in x), None)
         self.figures[f"{name}_line"] = line
@@ -233,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default=",".join(SHOTS),
                         help="some of the suite's tasks (`choice`: the log-likelihood ones); the variants' names then "
                              "end in _TASKS")
+    parser.add_argument("--raysweep-engine", default="{}", help="JSON added to raysweep's engine arguments")
     parser.add_argument("--build-only", action="store_true")
     args = parser.parse_args(argv)
     names = CHOICE_TASKS if args.tasks == "choice" else tuple(args.tasks.split(","))
@@ -242,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **MULTICAST_OFF})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    suite = Suite(out, args.peer, names)
+    suite = Suite(out, args.peer, names, json.loads(args.raysweep_engine))
     if args.checkpoints:  # every checkpoint built at once, before any clock starts
         ckpt_tasks, models = prepare(out, args.ckpt_fraction or args.fraction, list(range(1, args.checkpoints + 1)),
                                      args.shape)

@@ -63,7 +63,9 @@ class RaysweepLM(AnsweredLM):
         engine = {"max_model_len": length} if length is not None else {}
         name = re.sub(r"[^A-Za-z0-9._-]", "_", str(path).rstrip("/").split("/")[-1].split(":")[-1]).lstrip("._-")
         try:  # the specs' own checks, said with model_args' names (actors, not count; max_model_len)
-            self.model = ModelSpec(name=name or "model", path=str(path), backend=backend, engine=engine)
+            # one engine for both kinds of request (kept between their sweeps), and lm-eval's log-likelihoods
+            self.model = ModelSpec(name=name or "model", path=str(path), backend=backend, engine=engine,
+                                   loglikelihood=True)
             self.actors = ActorSpec(count=_auto(actors, int, "actors"), num_gpus=_auto(num_gpus, float, "num_gpus"))
         except LmEvalError:
             raise

@@ -443,6 +443,24 @@ def test_raysweep_plan_says_a_0_token_context_in_one_line(tmp_path, capsys, tiny
                           "tokens for model tiny") and len(err.splitlines()) == 1
 
 
+def test_a_sweep_with_loglikelihood_tasks_marks_its_models_and_keeps_its_hash(tmp_path):
+    """Their engines keep vLLM's compiled default (actors/vllm_args.py UNCOMPILED); the mark is derived from the
+    tasks, so a spec's hash is the same with it or without."""
+    from cluster.inputs.spec_file import parse_spec
+
+    (tmp_path / "d.jsonl").write_text(json.dumps({"q": "Q", "c": ["a", "b"], "a": 1}) + "\n")
+    models = [{"name": "a", "path": "builtin:tiny"}, {"name": "b", "path": "builtin:tiny"}]
+    generate = {"name": "g", "data": "d.jsonl", "prompt": "{q}"}
+    choose = {"name": "mc", "type": "loglikelihood", "data": "d.jsonl", "prompt": "{q}", "choices": "c", "target": "a"}
+    mixed = parse_spec({"name": "s", "models": models, "tasks": [generate, choose]}, base_dir=str(tmp_path))
+    alone = parse_spec({"name": "s", "models": models, "tasks": [generate]}, base_dir=str(tmp_path))
+    assert [m.loglikelihood for m in mixed.models] == [True, True]
+    assert [m.loglikelihood for m in alone.models] == [False, False]
+    unmarked = dataclasses.replace(mixed, models=alone.models)
+    assert unmarked.digest() == mixed.digest() and unmarked.digest(with_placement=True) == \
+        mixed.digest(with_placement=True)
+
+
 def test_an_output_made_before_target_delimiter_goes_on_without_one(tmp_path):
     """Outputs made before loglikelihood tasks had a target_delimiter were made with none: their manifest has
     no marker, and their tasks that leave the setting out go on with "" (the spec hash is the same)."""

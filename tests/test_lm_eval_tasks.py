@@ -528,6 +528,7 @@ def test_lm_eval_model_args_leave_the_engines_per_gpu_to_raysweep_unless_given(m
 
     RaysweepLM = models_without_ray
     assert RaysweepLM(pretrained="builtin:tiny").actors == ActorSpec()
+    assert RaysweepLM(pretrained="builtin:tiny").model.loglikelihood  # its engines keep vLLM's compiled default
     assert RaysweepLM(pretrained="builtin:tiny", actors="auto", num_gpus="AUTO").actors == ActorSpec()
     given = RaysweepLM(pretrained="builtin:tiny", actors="2", num_gpus="0.5").actors
     assert (given.count, given.num_gpus) == (2, 0.5)

@@ -172,8 +172,8 @@ def test_a_large_models_engine_starts_uncompiled_with_full_decode_graphs_unless_
     the config's dtype, float32 loaded as bfloat16: as the planner counts them): vLLM's compilation mode 0 and full
     CUDA graphs for decode steps (on a shared GPU with its capture size: the arguments measured on an H200); a
     smaller model (a float32 checkpoint whose files alone are over the bound among them), a folder without a
-    config, a spec that sets the mode, the graph mode, enforce_eager or an optimization level, and reproducible
-    mode keep what they had."""
+    config, a spec that sets the mode, the graph mode, enforce_eager or an optimization level, reproducible
+    mode, and a model asked for log-likelihoods keep what they had."""
     import json
     import struct
 
@@ -213,6 +213,8 @@ def test_a_large_models_engine_starts_uncompiled_with_full_decode_graphs_unless_
     assert compilation(large, {"compilation_config": {"mode": 3}}) == {"mode": 3}
     assert compilation(large, {"enforce_eager": True}) == compilation(large, {"optimization_level": 2}) == {}
     assert "mode" not in compilation(large, reproducible=True)
+    asked = engine_args(ModelSpec("m", str(large), loglikelihood=True), str(large), EngineProfile(), 1.0)
+    assert asked["compilation_config"] == {}  # log-likelihoods asked of it: vLLM's compiled default, as lm-eval's
 
 
 def test_every_engine_process_gets_vllms_symmetric_memory_all_reduce_off_unless_set():

@@ -38,6 +38,10 @@ class ModelSpec:
     path: str
     backend: str = "auto"  # auto: vLLM where CUDA and vLLM are present, else the CPU (transformers) engine
     engine: dict = field(default_factory=dict)  # passed to the engine as is (max_model_len, ...)
+    # its engines may be asked for log-likelihoods (a sweep with loglikelihood tasks, `raysweep lm-eval`, a pool,
+    # which serves any sweep): they keep vLLM's compiled default, as lm-eval's vLLM backend runs
+    # (actors/vllm_args.py UNCOMPILED). Not read from a spec file: set by its reader from the tasks; not hashed
+    loglikelihood: bool = False
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -174,6 +178,8 @@ class SweepSpec:
         body = dataclasses.asdict(self)
         for key in ("output", "source", "base_dir"):
             body.pop(key)
+        for model in body["models"]:  # derived from the tasks, which are hashed themselves
+            model.pop("loglikelihood")
         for key, default in (("count", 1), ("num_gpus", 1.0)):  # left out: the defaults they had then
             if body["actors"][key] is None:
                 body["actors"][key] = default

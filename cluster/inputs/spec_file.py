@@ -171,10 +171,13 @@ def parse_spec(raw: Any, source: str = "<spec>", base_dir: str = ".") -> SweepSp
         shards = _Fields(f.pop("shards") or {}, "shards", _names(ShardLimits))
         actors = _Fields(f.pop("actors") or {}, "actors", _names(ActorSpec))
         models = _listed(f.pop("models"), "models", _model)
+        tasks = _tasks(f.pop("tasks"), models, base_dir)
+        if any(task.loglikelihood for task in tasks):  # their engines keep vLLM's compiled default (ModelSpec)
+            models = tuple(dataclasses.replace(model, loglikelihood=True) for model in models)
         spec = _build(
             SweepSpec, "",
             name=f.pop("name"), output=_or(f.pop("output"), f"results/{raw.get('name', 'sweep')}"),
-            models=models, tasks=_tasks(f.pop("tasks"), models, base_dir),
+            models=models, tasks=tasks,
             shards=_build(ShardLimits, "shards", **{k: shards.pop(k) for k in _names(ShardLimits)}),
             actors=_build(ActorSpec, "actors", **{k: actors.pop(k) for k in _names(ActorSpec)}),
             reproducible=_or(f.pop("reproducible"), False),

@@ -20,6 +20,8 @@ so that they are ordered there, round robin between sweeps; Serve scales replica
 
 from __future__ import annotations
 
+import dataclasses
+
 from cluster.contracts.errors import RaysweepError
 from cluster.contracts.pool_protocol import APP, PROTOCOL, QUEUED_PER_SLOT, ROUTE, SHARED_DEPLOYMENT, INGRESS
 from cluster.inputs.builtin_model import resolve_model_path
@@ -87,8 +89,9 @@ def build_app(spec: SweepSpec, min_replicas: int = 1, switch: bool = False):
                                            "target_ongoing_requests": depth,
                                            "upscale_delay_s": 2.0, "downscale_delay_s": 600.0},
                        health_check_period_s=10.0, graceful_shutdown_timeout_s=5.0)
+        served = [dataclasses.replace(m, loglikelihood=True) for m in models]  # a pool serves any sweep's tasks
         deployments.append(serve.deployment(PoolReplica).options(**options).bind(
-            models, [i["path"] for i in infos], resources.num_cpus, resources.num_gpus, depth, spec.reproducible))
+            served, [i["path"] for i in infos], resources.num_cpus, resources.num_gpus, depth, spec.reproducible))
     ingress = serve.deployment(PoolIngress).options(name=INGRESS, ray_actor_options={"num_cpus": 0})
     return ingress.bind(description, *deployments), description
 
