@@ -316,6 +316,8 @@ class _Probe:
         return node
 
     def accepts(self, path: str, key: str, value) -> bool:
+        """Whether the loader takes `key` at `path`; a key inside a mapping (`engine.backend`) only where it is
+        taken out of the mapping, not passed on in it (any key of `engine` is, to the engine)."""
         raw = json.loads(json.dumps(MINIMAL))
         keys = key.split(".")
         target = self._at(raw, path)
@@ -323,9 +325,15 @@ class _Probe:
             target = target.setdefault(k, {})
         target.setdefault(keys[-1], value)
         try:
-            self._load(raw)
+            loaded = self._load(raw)
         except S.SpecError as e:
             return not ("unknown field" in str(e) and keys[-1] in str(e))
+        if len(keys) > 1:
+            node = loaded
+            for part in [*filter(None, path.split(".")), keys[0]]:
+                node = getattr(node, part.removesuffix("[]"))
+                node = node[0] if part.endswith("[]") else node
+            return keys[-1] not in node
         return True
 
     def key(self, path: str, cls: type, f: dataclasses.Field) -> str | None:
