@@ -92,20 +92,16 @@ def reproducible_refusal(backends) -> str | None:
 def check_gpus(model: ModelSpec, model_path: str, gpu_fraction: float) -> None:
     """Before vLLM starts: this actor sees the GPUs its model's engine spans (tensor x pipeline parallel),
     and the model's weights fit them (cluster/contracts/model_memory.py, against NVML's figure for this GPU)."""
-    import json
-
     from actors.telemetry import gpu_name, gpu_total_bytes
-    from cluster.contracts.model_memory import refusal, weights
+    from cluster.contracts.model_memory import folder_config, refusal, weights
 
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if model.gpus_per_engine > 1 and len(visible) < model.gpus_per_engine:
         raise RuntimeError(f"model {model.name}: its engine spans {model.gpus_per_engine} GPUs (tensor x pipeline "
                            f"parallel), and this actor was given {len(visible)} (CUDA_VISIBLE_DEVICES={','.join(visible)})")
     total = gpu_total_bytes()
-    try:
-        with open(os.path.join(model_path, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
+    config = folder_config(model_path)
+    if config is None:
         return  # vLLM says what is wrong with the model itself
     found = weights(model_path, config, model.engine)
     why = total and found and refusal(model.name, model.engine, found, total, f"this actor's {gpu_name() or 'GPU'}",

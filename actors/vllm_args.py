@@ -4,13 +4,12 @@ arguments. Apart from actors/vllm_engine.py so the driver's tests and benchmarks
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from actors.engine import EngineProfile
 from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS, shared_starts_together
-from cluster.contracts.model_memory import GIB, shared_kv_cache_bytes, weight_bytes
+from cluster.contracts.model_memory import GIB, folder_config, shared_kv_cache_bytes, weight_bytes
 from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
@@ -130,11 +129,7 @@ def _starts_uncompiled(model: ModelSpec, model_path: str, compilation: dict, rep
         {"enforce_eager", "optimization_level"} & set(model.engine)
     if reproducible or decided or model.loglikelihood:
         return False
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    counted = weight_bytes(model_path, config, model.engine) if isinstance(config, dict) else None
+    counted = weight_bytes(model_path, folder_config(model_path), model.engine)
     return (counted or 0) > UNCOMPILED_MIN_WEIGHT_BYTES
 
 

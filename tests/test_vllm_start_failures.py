@@ -217,6 +217,18 @@ def test_a_large_models_engine_starts_uncompiled_with_full_decode_graphs_unless_
     assert asked["compilation_config"] == {}  # log-likelihoods asked of it: vLLM's compiled default, as lm-eval's
 
 
+def test_a_model_folders_config_is_none_where_it_cannot_be_read(tmp_path):
+    """cluster/contracts/model_memory.py folder_config: what the engine's GPU check and its compile choice read."""
+    from cluster.contracts.model_memory import folder_config
+
+    for name, text in (("good", '{"torch_dtype": "bfloat16"}'), ("list", "[1]"), ("broken", "{")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(text)
+    assert folder_config(str(tmp_path / "good")) == {"torch_dtype": "bfloat16"}
+    assert folder_config(str(tmp_path / "list")) is folder_config(str(tmp_path / "broken")) is None
+    assert folder_config(str(tmp_path / "absent")) is None
+
+
 def test_every_engine_process_gets_vllms_symmetric_memory_all_reduce_off_unless_set():
     """Set before vLLM is imported, so the engine core and its workers read it; a value the user set is kept."""
     import subprocess

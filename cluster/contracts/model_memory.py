@@ -72,6 +72,16 @@ def weights(path: str | None, config: dict, engine: dict) -> Weights | None:
     return Weights(count, count * DTYPE_BYTES[dtype], dtype)
 
 
+def folder_config(path: str) -> dict | None:
+    """A model folder's config.json, None where it cannot be read or is no mapping (vLLM then says what is wrong
+    with the model itself)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
 def weight_bytes(path: str | None, config: dict | None, engine: dict) -> int | None:
     """`weights`' bytes where only a size is wanted (the engines per GPU, the early engines): None where its
     files or config do not say, or cannot be read (`path` None: no files, as for a builtin model)."""
