@@ -46,8 +46,9 @@ def shared_kv_bytes(model: ModelSpec, model_path: str, gpu_fraction: float, tota
 # nor for a model whose engines may be asked for log-likelihoods (ModelSpec.loglikelihood): its numbers are to be
 # lm-eval's vLLM backend's, which runs compiled, and uncompiled engines' are not: over lm-eval's suite on the same
 # model, against `lm_eval --model vllm`, choices' log-likelihoods differed by up to 1.82 nats (HellaSwag, mean 0.26)
-# and 11 of 1,330 documents' decisions differed where lm-eval's margin was 0.05-0.34 nats; compiled engines had
-# made all 1,330 decisions the same, within 0.078 nats (bench/records/h200-suite-8b-uncompiled.md).
+# and 11 of 1,330 documents' decisions differed where lm-eval's margin was 0.05-0.34 nats; compiled engines make
+# all 1,330 decisions the same, within 0.075 nats (bench/records/h200-suite-8b-uncompiled.md and
+# 2xh200-suite-8b-compiled.md).
 UNCOMPILED_MIN_WEIGHT_BYTES = 2 * GIB
 UNCOMPILED = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
 
