@@ -2,7 +2,7 @@
 
     python -m benchmarks.suite_8b --out DIR --fraction 0.05 [--gpus 4] [--shape large]
         [--variants lm_eval_1,raysweep_1,lm_eval_n,raysweep_n] [--checkpoints 4 --ckpt-fraction F]
-        [--tasks choice] [--raysweep-engine JSON]
+        [--tasks choice] [--raysweep-engine JSON] [--fresh-caches]
 
 1. The model and data (benchmarks/suite_tasks.py): a random-weight Llama of `--shape` (`large`: Llama-3-8B's
    shape) with a 32,000-token BPE vocabulary, and lm-eval 0.4.13's own task definitions for `mmlu`, `hellaswag`,
@@ -18,10 +18,12 @@
    - with `--checkpoints K`: `K` models of the same shape (other seeds) over the suite at `--ckpt-fraction`:
      `raysweep_ckpt` (one spec naming the K models, every GPU) against `lm_eval_ckpt` (lm-eval with
      `data_parallel_size=N`, once per checkpoint, one after another, as its users run it).
-   vLLM's compile cache starts cold: the one-GPU pair each compile once, the N-GPU pair find their engine
-   arguments compiled. `--tasks` runs some of the suite's tasks (`choice`: the log-likelihood ones alone), each
-   variant's name then ending in `_TASKS`. `--raysweep-engine JSON` is added to raysweep's engine arguments (a
-   setting tried against lm-eval's own, e.g. the uncompiled start of actors/vllm_args.py UNCOMPILED).
+   The variants share the machine's compile caches: on a fresh machine the first to run compiles, and a later one
+   with the same engine arguments finds them compiled. `--fresh-caches` gives every variant empty caches of its
+   own instead (vLLM's, Inductor's, Triton's, FlashInfer's: `fresh_caches`), as on a node new to the model.
+   `--tasks` runs some of the suite's tasks (`choice`: the log-likelihood ones alone), each variant's name then
+   ending in `_TASKS`. `--raysweep-engine JSON` is added to raysweep's engine arguments (a setting tried against
+   lm-eval's own, e.g. the uncompiled start of actors/vllm_args.py UNCOMPILED).
 3. Agreement between `raysweep_1` and `lm_eval_1`, from the two runs' lm-eval sample files, per task: the
    documents whose `acc` / `acc_norm` decision differs, with each one's margin (the gap between the two choices
    in lm-eval's own values); each choice's log-likelihood difference; the aggregates and stderr side by side;
@@ -36,6 +38,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -111,6 +114,18 @@ def gpu_env(gpus: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))), **MULTICAST_OFF}
 
 
+def fresh_caches(folder: Path) -> dict[str, str]:
+    """The environment that points every compile cache of a process and its children at empty folders under
+    `folder` (emptied first): vLLM's root (its torch.compile artefacts), Inductor's, Triton's and FlashInfer's JIT
+    workspace, each where the library reads its own variable."""
+    shutil.rmtree(folder, ignore_errors=True)
+    env = {"VLLM_CACHE_ROOT": folder / "vllm", "TORCHINDUCTOR_CACHE_DIR": folder / "inductor",
+           "TRITON_CACHE_DIR": folder / "triton", "FLASHINFER_WORKSPACE_BASE": folder / "flashinfer"}
+    for path in env.values():
+        path.mkdir(parents=True)
+    return {key: str(path) for key, path in env.items()}
+
+
 # -- agreement -----------------------------------------------------------------------------------
 def samples(folder: Path, task: str) -> dict[tuple, dict]:
     """lm-eval's per-document records of a task and, for a group (mmlu), of all its subtasks: (subtask, doc)."""
@@ -184,17 +199,23 @@ def token_counts(output: Path) -> dict:
 
 # -- the run -------------------------------------------------------------------------------------
 class Suite:
-    def __init__(self, out: Path, peer: str, names=tuple(SHOTS), engine: dict | None = None):
+    def __init__(self, out: Path, peer: str, names=tuple(SHOTS), engine: dict | None = None, fresh: bool = False):
         self.out, self.peer, self.figures, self.names, self.engine = out, peer, {}, tuple(names), engine or {}
+        self.fresh = fresh
+
+    def env(self, name: str, gpus: int) -> dict[str, str]:
+        """A variant's environment: its GPUs, and with `fresh` compile caches of its own, empty when it starts
+        (a checkpoint loop's processes share their variant's, as one tool run on one node would)."""
+        return {**gpu_env(gpus), **(fresh_caches(self.out / "caches" / name) if self.fresh else {})}
 
     def save(self) -> None:
         (self.out / "s.json").write_text(json.dumps(self.figures, indent=2, default=str))
 
     def lm_eval(self, name: str, models: list[Path], tasks: Path, gpus: int) -> float:
-        total = 0.0
+        total, env = 0.0, self.env(name, gpus)
         for k, model in enumerate(models):
             dest = self.out / (f"{name}_{k}" if len(models) > 1 else name)
-            wall, _ = run_process(lm_eval_argv(self.peer, model, tasks, dest, gpus, self.names), gpu_env(gpus),
+            wall, _ = run_process(lm_eval_argv(self.peer, model, tasks, dest, gpus, self.names), env,
                                   self.out / dest.name)
             total += wall
         self._say(name, total, f"lm_eval --model {self.peer}, {len(models)} model(s), {gpus} GPU(s)")
@@ -202,7 +223,8 @@ class Suite:
 
     def raysweep(self, name: str, models: list[Path], tasks: Path, gpus: int) -> float:
         spec = spec_file(self.out, name, models, tasks, self.names, self.engine)
-        wall, stdout = run_process([sys.executable, "-m", "jobs.cli", "run", str(spec)], gpu_env(gpus), self.out / name)
+        wall, stdout = run_process([sys.executable, "-m", "jobs.cli", "run", str(spec)], self.env(name, gpus),
+                                   self.out / name)
         line = next((x for x in stdout.splitlines() if "samples in" in x and "shards run" in x), None)
         self.figures[f"{name}_line"] = line
         self.figures[f"{name}_tokens"] = token_counts(self.out / f"{name}_out")
@@ -236,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="some of the suite's tasks (`choice`: the log-likelihood ones); the variants' names then "
                              "end in _TASKS")
     parser.add_argument("--raysweep-engine", default="{}", help="JSON added to raysweep's engine arguments")
+    parser.add_argument("--fresh-caches", action="store_true",
+                        help="each variant starts with empty compile caches of its own, as on a node new to the model")
     parser.add_argument("--build-only", action="store_true")
     args = parser.parse_args(argv)
     names = CHOICE_TASKS if args.tasks == "choice" else tuple(args.tasks.split(","))
@@ -245,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **MULTICAST_OFF})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    suite = Suite(out, args.peer, names, json.loads(args.raysweep_engine))
+    suite = Suite(out, args.peer, names, json.loads(args.raysweep_engine), args.fresh_caches)
     if args.checkpoints:  # every checkpoint built at once, before any clock starts
         ckpt_tasks, models = prepare(out, args.ckpt_fraction or args.fraction, list(range(1, args.checkpoints + 1)),
                                      args.shape)

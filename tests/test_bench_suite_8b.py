@@ -1,0 +1,47 @@
+"""Bench part (s) without a GPU: `--fresh-caches` starts each variant on empty compile caches of its own."""
+
+from pathlib import Path
+
+import benchmarks.suite_8b as suite_8b
+from benchmarks.suite_8b import Suite, fresh_caches, gpu_env
+
+CACHE_VARIABLES = {"VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"}
+
+
+def test_fresh_caches_are_empty_folders_of_their_own_even_after_an_earlier_run(tmp_path):
+    folder = tmp_path / "caches" / "raysweep_1"
+    left = folder / "vllm" / "torch_compile_cache" / "artefact"
+    left.parent.mkdir(parents=True)
+    left.write_text("compiled by an earlier run")
+
+    env = fresh_caches(folder)
+
+    assert set(env) == CACHE_VARIABLES
+    paths = [Path(value) for value in env.values()]
+    assert len(set(paths)) == len(paths)
+    assert all(path.is_dir() and not any(path.iterdir()) and path.parent == folder for path in paths)
+    assert not left.exists()
+
+
+def test_each_variant_gets_its_own_caches_and_a_checkpoint_loop_shares_its_variants(tmp_path, monkeypatch):
+    calls = []
+
+    def run_process(argv, env, stem):
+        calls.append((stem.name, env))
+        return 10.0, ""
+
+    monkeypatch.setattr(suite_8b, "run_process", run_process)
+    models, tasks = [tmp_path / "model-1", tmp_path / "model-2"], tmp_path / "tasks"
+
+    Suite(tmp_path, "vllm").lm_eval("lm_eval_1", models[:1], tasks, 1)
+    assert calls.pop()[1] == gpu_env(1)  # without the flag: the machine's own caches
+
+    suite = Suite(tmp_path, "vllm", fresh=True)
+    suite.lm_eval("lm_eval_1", models[:1], tasks, 1)
+    suite.lm_eval("lm_eval_ckpt", models, tasks, 4)
+
+    (_, one), (_, first), (_, second) = calls
+    assert one["CUDA_VISIBLE_DEVICES"] == "0" and first["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert first == second
+    assert {one[k] for k in CACHE_VARIABLES}.isdisjoint(first[k] for k in CACHE_VARIABLES)
+    assert Path(one["VLLM_CACHE_ROOT"]).is_relative_to(tmp_path / "caches" / "lm_eval_1")
