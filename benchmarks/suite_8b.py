@@ -24,10 +24,11 @@
    `--tasks` runs some of the suite's tasks (`choice`: the log-likelihood ones alone), each variant's name then
    ending in `_TASKS`. `--raysweep-engine JSON` is added to raysweep's engine arguments (a setting tried against
    lm-eval's own, e.g. the uncompiled start of actors/vllm_args.py UNCOMPILED).
-3. Agreement between `raysweep_1` and `lm_eval_1`, from the two runs' lm-eval sample files, per task: the
-   documents whose `acc` / `acc_norm` decision differs, with each one's margin (the gap between the two choices
-   in lm-eval's own values); each choice's log-likelihood difference; the aggregates and stderr side by side;
-   gsm8k's responses equal. And from raysweep's telemetry, the prompt tokens requested and computed.
+3. Agreement of each pair, once both its runs are done (`raysweep_1` and `lm_eval_1`: `agreement`; `raysweep_n`
+   and `lm_eval_n`: `agreement_n`), from the two runs' lm-eval sample files, per task: the documents whose
+   `acc` / `acc_norm` decision differs, with each one's margin (the gap between the two choices in lm-eval's own
+   values); each choice's log-likelihood difference; the aggregates and stderr side by side; gsm8k's responses
+   equal. And from raysweep's telemetry, the prompt tokens requested and computed.
 Prints `[bench] s ...` lines and writes OUT/s.json after each step (a call cut short keeps what was done).
 """
 
@@ -284,16 +285,19 @@ def main(argv: list[str] | None = None) -> int:
                       f"(each subject's for mmlu): mean {mean:.0f} tokens, max {longest}", flush=True)
         return 0
     variants = args.variants.split(",") if args.variants else []
-    ours, theirs = f"raysweep_1{suffix}", f"lm_eval_1{suffix}"
     for variant in variants:
         gpus = 1 if variant.endswith("_1") else args.gpus
         (suite.lm_eval if variant.startswith("lm_eval") else suite.raysweep)(variant + suffix, [model], tasks, gpus)
-        if variant in ("raysweep_1", "lm_eval_1") and {ours, theirs} <= set(suite.figures):
-            suite.figures["agreement"] = agreement(out / f"{ours}_out" / "lm_eval", out / theirs)
-            brief = {t: {k: v for k, v in f.items() if k != "differing"} for t, f in suite.figures["agreement"].items()
+        n = variant.rsplit("_", 1)[1]
+        ours, theirs = f"raysweep_{n}{suffix}", f"lm_eval_{n}{suffix}"
+        if {ours, theirs} <= set(suite.figures):  # the pair's second run: their agreement
+            key = "agreement" if n == "1" else "agreement_n"
+            suite.figures[key] = agreement(out / f"{ours}_out" / "lm_eval", out / theirs)
+            brief = {t: {k: v for k, v in f.items() if k != "differing"} for t, f in suite.figures[key].items()
                      if t != "metrics"}
             print(f"[bench] s agreement {ours} vs {theirs}: {json.dumps(brief)}", flush=True)
-            print(f"[bench] s metrics [raysweep, lm-eval]: {json.dumps(suite.figures['agreement']['metrics'])}", flush=True)
+            print(f"[bench] s metrics [raysweep, lm-eval]: {json.dumps(suite.figures[key]['metrics'])}", flush=True)
+            suite.save()
     for n in ("1", "n"):
         suite.ratio(f"lm_eval_{n}{suffix}/raysweep_{n}{suffix}", f"lm_eval_{n}{suffix}", f"raysweep_{n}{suffix}")
     if args.checkpoints:

@@ -1,5 +1,7 @@
-"""Bench part (s) without a GPU: `--fresh-caches` starts each variant on empty compile caches of its own."""
+"""Bench part (s) without a GPU: `--fresh-caches` starts each variant on empty compile caches of its own, and each
+pair of runs (one GPU, N GPUs) is compared with lm-eval once both are done."""
 
+import json
 from pathlib import Path
 
 import benchmarks.suite_8b as suite_8b
@@ -45,3 +47,35 @@ def test_each_variant_gets_its_own_caches_and_a_checkpoint_loop_shares_its_varia
     assert first == second
     assert {one[k] for k in CACHE_VARIABLES}.isdisjoint(first[k] for k in CACHE_VARIABLES)
     assert Path(one["VLLM_CACHE_ROOT"]).is_relative_to(tmp_path / "caches" / "lm_eval_1")
+
+
+def test_each_pair_is_compared_once_both_its_runs_are_done(tmp_path, monkeypatch):
+    runs, compared = [], []
+
+    def prepare(out, fraction, seeds, shape):
+        return out / "tasks", [out / f"model-{seed}" for seed in seeds]
+
+    def run(tool):
+        def record(self, name, models, tasks, gpus):
+            runs.append((name, gpus))
+            self.figures[name] = 10.0 if tool == "raysweep" else 30.0
+            return self.figures[name]
+        return record
+
+    def agreement(ours, theirs):
+        compared.append((ours.relative_to(tmp_path).as_posix(), theirs.name, [name for name, _ in runs]))
+        return {"mmlu": {"documents": 1}, "metrics": {}}
+
+    monkeypatch.setattr(suite_8b, "prepare", prepare)
+    monkeypatch.setattr(suite_8b, "agreement", agreement)
+    monkeypatch.setattr(Suite, "raysweep", run("raysweep"))
+    monkeypatch.setattr(Suite, "lm_eval", run("lm_eval"))
+
+    suite_8b.main(["--out", str(tmp_path), "--gpus", "2", "--variants", "raysweep_1,raysweep_n,lm_eval_1,lm_eval_n"])
+
+    assert runs == [("raysweep_1", 1), ("raysweep_n", 2), ("lm_eval_1", 1), ("lm_eval_n", 2)]
+    assert compared == [("raysweep_1_out/lm_eval", "lm_eval_1", ["raysweep_1", "raysweep_n", "lm_eval_1"]),
+                        ("raysweep_n_out/lm_eval", "lm_eval_n", ["raysweep_1", "raysweep_n", "lm_eval_1", "lm_eval_n"])]
+    figures = json.loads((tmp_path / "s.json").read_text())
+    assert figures["agreement"] == figures["agreement_n"] == {"mmlu": {"documents": 1}, "metrics": {}}
+    assert figures["lm_eval_1/raysweep_1"] == figures["lm_eval_n/raysweep_n"] == 3.0
