@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     names = CHOICE_TASKS if args.tasks == "choice" else tuple(args.tasks.split(","))
     if not names or not set(names) <= set(SHOTS):
         parser.error(f"--tasks: some of {', '.join(SHOTS)}, or `choice`; got {args.tasks!r}")
+    if args.variants and not set(args.variants.split(",")) <= set(VARIANTS):
+        parser.error(f"--variants: some of {', '.join(VARIANTS)}; got {args.variants!r}")
     suffix = "" if set(names) == set(SHOTS) else "_" + ("choice" if set(names) == set(CHOICE_TASKS) else "-".join(names))
     os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **MULTICAST_OFF})
     out = Path(args.out)

@@ -1,8 +1,10 @@
-"""Bench part (s) without a GPU: `--fresh-caches` starts each variant on empty compile caches of its own, and each
-pair of runs (one GPU, N GPUs) is compared with lm-eval once both are done."""
+"""Bench part (s) without a GPU: `--fresh-caches` starts each variant on empty compile caches of its own, each pair
+of runs (one GPU, N GPUs) is compared with lm-eval once both are done, and an unknown variant is refused first."""
 
 import json
 from pathlib import Path
+
+import pytest
 
 import benchmarks.suite_8b as suite_8b
 from benchmarks.suite_8b import Suite, fresh_caches, gpu_env
@@ -79,3 +81,11 @@ def test_each_pair_is_compared_once_both_its_runs_are_done(tmp_path, monkeypatch
     figures = json.loads((tmp_path / "s.json").read_text())
     assert figures["agreement"] == figures["agreement_n"] == {"mmlu": {"documents": 1}, "metrics": {}}
     assert figures["lm_eval_1/raysweep_1"] == figures["lm_eval_n/raysweep_n"] == 3.0
+
+
+def test_a_variant_it_does_not_know_is_refused_before_anything_is_built(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        suite_8b.main(["--out", str(tmp_path / "out"), "--variants", "raysweep_1,raysweep_4"])
+    assert "--variants: some of raysweep_1, lm_eval_1, raysweep_n, lm_eval_n; got 'raysweep_1,raysweep_4'" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
