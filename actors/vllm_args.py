@@ -75,6 +75,13 @@ NO_MULTICAST_PASSES = {"fuse_allreduce_rms": False}
 # skips it); raysweep says so rather than leave it to a probe. Set in every engine's process before vLLM starts
 # (actors/vllm_core_process.py); a value the user set is kept.
 NO_MULTICAST_ENV = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
+# vLLM 0.26 draws top-k/top-p samples with FlashInfer's sampler, except in a step where a request has a seed of its
+# own: then PyTorch's (v1/sample/ops/topk_topp_sampler.py, forward_cuda). raysweep seeds every sampled request
+# (sampling_kwargs), so FlashInfer's sampler never draws one of its tokens. An engine's warm-up still runs it, and on
+# a node where FlashInfer has not built its sampling module yet, that warm-up compiles it with nvcc first: 100 s of
+# an 8B engine's 162 s start on an H200 (docs/gpu.md). Off in every engine's process; a value the user set is kept.
+NO_FLASHINFER_SAMPLER_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+ENGINE_ENV = {**NO_MULTICAST_ENV, **NO_FLASHINFER_SAMPLER_ENV}
 
 
 def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float,

@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 
-from actors.vllm_args import NO_MULTICAST_ENV
+from actors.vllm_args import ENGINE_ENV
 
 MODES = ("forkserver", "fork", "spawn", "inprocess")
 CORE_MODULE = "vllm.v1.engine.core"  # what the forkserver imports: EngineCoreProc and all it needs
@@ -57,7 +57,7 @@ def start() -> str:
     if _state["mode"] is not None:
         return _state["mode"]
     mode = requested_mode()
-    for name, value in NO_MULTICAST_ENV.items():  # actors/vllm_args.py says why; read by vLLM's workers
+    for name, value in ENGINE_ENV.items():  # actors/vllm_args.py says why; read by vLLM's workers
         os.environ.setdefault(name, value)
     # a process that has touched CUDA cannot fork a working engine core, and vLLM forces spawn in Ray
     # actors itself: spawn is the method vLLM is told, whatever the forkserver then does instead; outside

@@ -229,22 +229,24 @@ def test_a_model_folders_config_is_none_where_it_cannot_be_read(tmp_path):
     assert folder_config(str(tmp_path / "absent")) is None
 
 
-def test_every_engine_process_gets_vllms_symmetric_memory_all_reduce_off_unless_set():
-    """Set before vLLM is imported, so the engine core and its workers read it; a value the user set is kept."""
+def test_every_engine_process_gets_raysweeps_vllm_settings_unless_set():
+    """Symmetric-memory all-reduce and FlashInfer's sampler off (actors/vllm_args.py ENGINE_ENV), set before vLLM
+    is imported, so the engine core and its workers read them; a value the user set is kept."""
     import subprocess
     import sys
 
+    names = ("VLLM_ALLREDUCE_USE_SYMM_MEM", "VLLM_USE_FLASHINFER_SAMPLER")
     probe = ("import os; from actors import vllm_core_process as v; os.environ['RAYSWEEP_VLLM_CORE'] = 'inprocess'; "
-             "v.start(); print(os.environ['VLLM_ALLREDUCE_USE_SYMM_MEM'])")
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ALLREDUCE_USE_SYMM_MEM"}
+             f"v.start(); print(*(os.environ[n] for n in {names!r}))")
+    env = {k: v for k, v in os.environ.items() if k not in names}
 
     def seen(env: dict) -> str:  # start() routes the process's stdout through its tee to stderr
         done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=ROOT,
                               timeout=120)
         return (done.stdout + done.stderr).strip().splitlines()[-1]
 
-    assert seen(env) == "0"
-    assert seen({**env, "VLLM_ALLREDUCE_USE_SYMM_MEM": "1"}) == "1"
+    assert seen(env) == "0 0"
+    assert seen({**env, "VLLM_ALLREDUCE_USE_SYMM_MEM": "1", "VLLM_USE_FLASHINFER_SAMPLER": "1"}) == "1 1"
 
 
 def test_an_engine_that_dies_without_closing_kills_its_engine_cores_first():
