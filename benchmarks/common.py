@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -144,6 +145,18 @@ def summary_line(stdout: str) -> dict | None:
 def count_lines(path: Path) -> int:
     with open(path) as f:
         return sum(1 for line in f if line.strip())
+
+
+def fresh_caches(folder: Path) -> dict[str, str]:
+    """The environment that points every compile cache of a process and its children at empty folders under
+    `folder` (emptied first): vLLM's root (its torch.compile artefacts), Inductor's, Triton's and FlashInfer's JIT
+    workspace, each where the library reads its own variable: a node new to the model and to vLLM."""
+    shutil.rmtree(folder, ignore_errors=True)
+    env = {"VLLM_CACHE_ROOT": folder / "vllm", "TORCHINDUCTOR_CACHE_DIR": folder / "inductor",
+           "TRITON_CACHE_DIR": folder / "triton", "FLASHINFER_WORKSPACE_BASE": folder / "flashinfer"}
+    for path in env.values():
+        path.mkdir(parents=True)
+    return {key: str(path) for key, path in env.items()}
 
 
 def run_process(argv: list[str], env: dict[str, str], stem: Path) -> tuple[float, str]:

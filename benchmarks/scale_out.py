@@ -2,6 +2,7 @@
 
     python -m benchmarks.scale_out --gpus 4 --prompts 10496 --out DIR [--model builtin:small] [--variants ...]
                                    [--engine JSON] [--raysweep-engine JSON] [--tried-engine JSON] [--rounds N]
+                                   [--fresh-caches]
 
 Every variant is timed from just before its first process starts to just after its last one exits, over the
 same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tokens` new tokens, in one call:
@@ -30,6 +31,9 @@ that runs with its own actors (the engine arguments of a whole GPU and of a shar
 with one output per prompt; one that fails is said, the others run, and the call fails at the end. Figures go to
 OUT/n.json after each variant (a call cut short keeps those done) and to OUT/bench.parquet; each process's
 command and prints are kept beside them (`n_*.cmd`, `.stdout`, `.stderr`).
+`--fresh-caches`: each variant's run starts on empty compile and JIT caches of its own (vLLM's, Inductor's,
+Triton's, FlashInfer's: benchmarks/common.py `fresh_caches`, under OUT/caches/STEM), shared by its processes, as on
+a node the autoscaler has just started; there is then nothing to warm, and no warm-up runs.
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from benchmarks.common import (REPO, Bench, count_lines, prompts_of, result_counts, run_process, summary_line,
-                               sweep_spec, vllm_args, write_prompts)
+from benchmarks.common import (REPO, Bench, count_lines, fresh_caches, prompts_of, result_counts, run_process,
+                               summary_line, sweep_spec, vllm_args, write_prompts)
 from benchmarks.whole_process import raysweep_figures
 
 VARIANTS = ("plain", "plain_defaults", "split", "raysweep", "raysweep_1", "raysweep_one", "raysweep_two",
@@ -58,9 +62,9 @@ class ScaleOut:
 
     def __init__(self, bench: Bench, gpus: int, prompts: int, max_tokens: int, runner=run_process,
                  popen=subprocess.Popen, engine: dict | None = None, raysweep_engine: dict | None = None,
-                 rounds: int = 1, tried_engine: dict | None = None):
+                 rounds: int = 1, tried_engine: dict | None = None, fresh: bool = False):
         self.bench, self.gpus, self.max_tokens, self.out = bench, gpus, max_tokens, Path(bench.out)
-        self.rounds = rounds
+        self.rounds, self.fresh = rounds, fresh
         self.engine = dict(engine or {})
         self.raysweep_engine = {**self.engine, **(raysweep_engine or {})}
         self.tried_engine = tried_engine or {}
@@ -79,21 +83,23 @@ class ScaleOut:
     # -- the variants -----------------------------------------------------------------------------------
     def plain(self, stem: str, data: Path, engine_args: dict | None = None) -> float:
         """The plain script on the first GPU: raysweep's engine arguments, or `engine_args` as given."""
-        wall, stdout = self.runner(self._script("benchmarks.plain_vllm", data, engine_args), self._one_gpu(),
-                                   self.out / stem)
+        wall, stdout = self.runner(self._script("benchmarks.plain_vllm", data, engine_args),
+                                   {**self._one_gpu(), **self._caches(stem)}, self.out / stem)
         self._expect(stem, _outputs(stdout, stem), count_lines(data))
         return wall
 
     def split(self, stem: str) -> float:
         """N plain scripts started together, one GPU each: the wall time of the slowest."""
+        caches = self._caches(stem)  # one node's: its processes share them
         children, started = [], time.perf_counter()
         for i, part in enumerate(self.parts):
             path = self.out / f"{stem}_{i}"
             device = self.devices[i]
-            path.with_name(path.name + ".cmd").write_text(f"CUDA_VISIBLE_DEVICES={device} " +
+            env = {"CUDA_VISIBLE_DEVICES": device, **caches}
+            path.with_name(path.name + ".cmd").write_text(" ".join(f"{k}={v}" for k, v in env.items()) + " " +
                                                           " ".join(self._script("benchmarks.plain_vllm", part)) + "\n")
             stdout, stderr = open(f"{path}.stdout", "w"), open(f"{path}.stderr", "w")
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": device, "PYTHONUNBUFFERED": "1"}
+            env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
             children.append((self.popen(self._script("benchmarks.plain_vllm", part), stdout=stdout,
                                               stderr=stderr, env=env, cwd=REPO), path, part))
         codes = [child.wait() for child, _, _ in children]
@@ -110,7 +116,7 @@ class ScaleOut:
         spec.write_text(json.dumps(sweep_spec(stem, output, [("m", self.bench.model_path)], [("t", data)],
                                               engine, self.max_tokens, actors), indent=1))
         wall, _ = self.runner([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(output), "--new-run"],
-                              env, self.out / stem)
+                              {**env, **self._caches(stem)}, self.out / stem)
         rows, _tokens = result_counts(output)
         self._expect(stem, rows, count_lines(data))
         self.figures[stem] = {name: value for name, (value, _unit) in raysweep_figures(output).items()}
@@ -121,7 +127,7 @@ class ScaleOut:
 
     def ray_data(self, stem: str) -> float:
         argv = self._script("benchmarks.ray_data_llm", self.data) + ["--concurrency", str(self.gpus)]
-        wall, stdout = self.runner(argv, self._all_gpus(), self.out / stem)
+        wall, stdout = self.runner(argv, {**self._all_gpus(), **self._caches(stem)}, self.out / stem)
         self._expect(stem, _outputs(stdout, stem), count_lines(self.data))
         return wall
 
@@ -131,8 +137,8 @@ class ScaleOut:
                 f"pretrained={self.bench.model_path},data_parallel_size={self.gpus}", "--tasks", "scale_gen",
                 "--include_path", str(tasks), "--batch_size", "auto", "--output_path", str(self.out / stem),
                 *(["--limit", str(limit)] if limit else [])]
-        wall, _ = self.runner(argv, {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **self._all_gpus()},
-                              self.out / stem)
+        wall, _ = self.runner(argv, {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **self._all_gpus(),
+                                     **self._caches(stem)}, self.out / stem)
         found = sorted((self.out / stem).rglob("results_*.json"))
         if not found:
             raise RuntimeError(f"{stem}: lm_eval wrote no results file")
@@ -145,7 +151,7 @@ class ScaleOut:
         every = self._all_gpus()
         actors = {"raysweep": {}, "raysweep_one": {"num_gpus": 1}, "raysweep_two": {"num_gpus": 0.5},
                   "raysweep_four": {"num_gpus": 0.25}, "raysweep_tried": {}}
-        if warm:
+        if warm and not self.fresh:  # fresh caches: each run starts on empty ones, nothing to warm
             warm_ups = [(("plain", "split", "ray_data"), "plain", lambda: self.plain("n_warm_plain", self.warm)),
                         (("plain_defaults",), "plain_defaults",
                          lambda: self.plain("n_warm_plain_defaults", self.warm, self._model_only())),
@@ -207,6 +213,10 @@ class ScaleOut:
     def _save(self) -> None:
         (self.out / "n.json").write_text(json.dumps(self.figures, indent=1, default=str))
 
+    def _caches(self, stem: str) -> dict:
+        """With --fresh-caches, the environment of empty caches for the run `stem`; else none (the machine's)."""
+        return fresh_caches(self.out / "caches" / stem) if self.fresh else {}
+
     def _model_only(self) -> dict:
         return {"model": self.bench.model_path}
 
@@ -265,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raysweep-engine", default="{}", help="JSON added to raysweep's engine arguments alone")
     parser.add_argument("--tried-engine", default="{}", help="JSON added to raysweep_tried's engine arguments")
     parser.add_argument("--rounds", type=int, default=1, help="the variants run this many times in turn; medians")
+    parser.add_argument("--fresh-caches", action="store_true",
+                        help="each run on empty compile caches of its own, as on a node new to the model; no warm-ups")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -281,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ScaleOut(bench, args.gpus, args.prompts, args.max_tokens, engine=json.loads(args.engine),
                  raysweep_engine=json.loads(args.raysweep_engine), rounds=args.rounds,
-                 tried_engine=json.loads(args.tried_engine)).run(
+                 tried_engine=json.loads(args.tried_engine), fresh=args.fresh_caches).run(
             variants, warm=not args.no_warm)
     finally:
         bench.save()

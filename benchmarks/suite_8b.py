@@ -39,13 +39,12 @@ import glob
 import json
 import os
 import re
-import shutil
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from benchmarks.common import run_process
+from benchmarks.common import fresh_caches, run_process
 
 SHOTS = {"mmlu": 5, "hellaswag": 10, "arc_challenge": 25, "winogrande": 5, "gsm8k": 5}
 CHOICE_TASKS = ("mmlu", "hellaswag", "arc_challenge", "winogrande")
@@ -113,18 +112,6 @@ def spec_file(out: Path, name: str, models: list[Path], tasks: Path, names=tuple
 
 def gpu_env(gpus: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))), **MULTICAST_OFF}
-
-
-def fresh_caches(folder: Path) -> dict[str, str]:
-    """The environment that points every compile cache of a process and its children at empty folders under
-    `folder` (emptied first): vLLM's root (its torch.compile artefacts), Inductor's, Triton's and FlashInfer's JIT
-    workspace, each where the library reads its own variable."""
-    shutil.rmtree(folder, ignore_errors=True)
-    env = {"VLLM_CACHE_ROOT": folder / "vllm", "TORCHINDUCTOR_CACHE_DIR": folder / "inductor",
-           "TRITON_CACHE_DIR": folder / "triton", "FLASHINFER_WORKSPACE_BASE": folder / "flashinfer"}
-    for path in env.values():
-        path.mkdir(parents=True)
-    return {key: str(path) for key, path in env.items()}
 
 
 # -- agreement -----------------------------------------------------------------------------------

@@ -131,6 +131,28 @@ def test_a_tried_engine_setting_runs_beside_raysweeps_own_in_the_same_rounds(tmp
     assert "actors" not in json.loads((tmp_path / "n_raysweep_tried.yaml").read_text())
 
 
+def test_fresh_caches_give_every_run_empty_caches_of_its_own_and_leave_nothing_to_warm(tmp_path, monkeypatch):
+    """`--fresh-caches`: each run, round after round, starts on empty caches under OUT/caches/STEM (a node new to
+    the model); the hand split's processes share their run's, as one node's would; no warm-up runs."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    runner, split = Runner(), []
+
+    class NodeChild(Child):
+        def __init__(self, argv, stdout, stderr, env, cwd):
+            super().__init__(argv, stdout, stderr, env, cwd)
+            split.append(env["VLLM_CACHE_ROOT"])
+
+    ScaleOut(Bench("/m", tmp_path, 0), 2, 12, 8, runner=runner, popen=NodeChild, rounds=2, fresh=True).run(
+        ["plain_defaults", "split", "raysweep"], warm=True)
+    assert [name for name, _ in runner.calls] == ["n_plain_defaults", "n_raysweep", "n_plain_defaults_r2",
+                                                  "n_raysweep_r2"]
+    roots = [Path(env["VLLM_CACHE_ROOT"]) for _, env in runner.calls]
+    assert roots[0] == tmp_path / "caches" / "n_plain_defaults" / "vllm" and len(set(roots)) == 4
+    assert all(root.is_dir() and not any(root.iterdir()) for root in roots)
+    assert len(split) == 4 and len(set(split)) == 2 and set(map(Path, split)).isdisjoint(roots)
+    assert all(env["CUDA_VISIBLE_DEVICES"] for _, env in runner.calls)
+
+
 def test_a_tried_variant_without_a_setting_or_a_setting_without_the_variant_is_refused(tmp_path, capsys):
     from benchmarks.scale_out import main
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import benchmarks.suite_8b as suite_8b
-from benchmarks.suite_8b import Suite, fresh_caches, gpu_env
+from benchmarks.common import fresh_caches
+from benchmarks.suite_8b import Suite, gpu_env
 
 CACHE_VARIABLES = {"VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"}
 
