@@ -2,7 +2,7 @@
 
     python -m benchmarks.suite_8b --out DIR --fraction 0.05 [--gpus 4] [--shape large]
         [--variants lm_eval_1,raysweep_1,lm_eval_n,raysweep_n] [--checkpoints 4 --ckpt-fraction F]
-        [--tasks choice] [--raysweep-engine JSON] [--fresh-caches]
+        [--tasks choice] [--raysweep-engine JSON] [--fresh-caches] [--peer-env JSON]
 
 1. The model and data (benchmarks/suite_tasks.py): a random-weight Llama of `--shape` (`large`: Llama-3-8B's
    shape) with a 32,000-token BPE vocabulary, and lm-eval 0.4.13's own task definitions for `mmlu`, `hellaswag`,
@@ -23,7 +23,8 @@
    own instead (vLLM's, Inductor's, Triton's, FlashInfer's: `fresh_caches`), as on a node new to the model.
    `--tasks` runs some of the suite's tasks (`choice`: the log-likelihood ones alone), each variant's name then
    ending in `_TASKS`. `--raysweep-engine JSON` is added to raysweep's engine arguments (a setting tried against
-   lm-eval's own, e.g. the uncompiled start of actors/vllm_args.py UNCOMPILED).
+   lm-eval's own, e.g. the uncompiled start of actors/vllm_args.py UNCOMPILED). `--peer-env JSON` is added to
+   lm-eval's environment alone: lm-eval given a setting raysweep's engines have (actors/vllm_args.py ENGINE_ENV).
 3. Agreement of each pair, once both its runs are done (`raysweep_1` and `lm_eval_1`: `agreement`; `raysweep_n`
    and `lm_eval_n`: `agreement_n`), from the two runs' lm-eval sample files, per task: the documents whose
    `acc` / `acc_norm` decision differs, with each one's margin (the gap between the two choices in lm-eval's own
@@ -187,9 +188,10 @@ def token_counts(output: Path) -> dict:
 
 # -- the run -------------------------------------------------------------------------------------
 class Suite:
-    def __init__(self, out: Path, peer: str, names=tuple(SHOTS), engine: dict | None = None, fresh: bool = False):
+    def __init__(self, out: Path, peer: str, names=tuple(SHOTS), engine: dict | None = None, fresh: bool = False,
+                 peer_env: dict[str, str] | None = None):
         self.out, self.peer, self.figures, self.names, self.engine = out, peer, {}, tuple(names), engine or {}
-        self.fresh = fresh
+        self.fresh, self.peer_env = fresh, dict(peer_env or {})
 
     def env(self, name: str, gpus: int) -> dict[str, str]:
         """A variant's environment: its GPUs, and with `fresh` compile caches of its own, empty when it starts
@@ -200,7 +202,7 @@ class Suite:
         (self.out / "s.json").write_text(json.dumps(self.figures, indent=2, default=str))
 
     def lm_eval(self, name: str, models: list[Path], tasks: Path, gpus: int) -> float:
-        total, env = 0.0, self.env(name, gpus)
+        total, env = 0.0, {**self.env(name, gpus), **self.peer_env}
         for k, model in enumerate(models):
             dest = self.out / (f"{name}_{k}" if len(models) > 1 else name)
             wall, _ = run_process(lm_eval_argv(self.peer, model, tasks, dest, gpus, self.names), env,
@@ -248,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raysweep-engine", default="{}", help="JSON added to raysweep's engine arguments")
     parser.add_argument("--fresh-caches", action="store_true",
                         help="each variant starts with empty compile caches of its own, as on a node new to the model")
+    parser.add_argument("--peer-env", default="{}",
+                        help="JSON of environment variables for lm-eval's processes alone, e.g. a vLLM setting "
+                             "raysweep sets in its own engines: '{\"VLLM_USE_FLASHINFER_SAMPLER\": \"0\"}'")
     parser.add_argument("--build-only", action="store_true")
     args = parser.parse_args(argv)
     names = CHOICE_TASKS if args.tasks == "choice" else tuple(args.tasks.split(","))
@@ -259,12 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **MULTICAST_OFF})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    suite = Suite(out, args.peer, names, json.loads(args.raysweep_engine), args.fresh_caches)
+    suite = Suite(out, args.peer, names, json.loads(args.raysweep_engine), args.fresh_caches, json.loads(args.peer_env))
     if args.checkpoints:  # every checkpoint built at once, before any clock starts
         ckpt_tasks, models = prepare(out, args.ckpt_fraction or args.fraction, list(range(1, args.checkpoints + 1)),
                                      args.shape)
     tasks, (model,) = prepare(out, args.fraction, [1], args.shape)
-    suite.figures.update({"fraction": args.fraction, "shape": args.shape, "gpus": args.gpus, "shots": SHOTS})
+    suite.figures.update({"fraction": args.fraction, "shape": args.shape, "gpus": args.gpus, "shots": SHOTS,
+                          "peer_env": suite.peer_env})
     if args.build_only:  # lm-eval loads every task's documents here: the datasets cache is warm for both tools
         from benchmarks.suite_tasks import prompt_lengths
 

@@ -52,6 +52,20 @@ def test_each_variant_gets_its_own_caches_and_a_checkpoint_loop_shares_its_varia
     assert Path(one["VLLM_CACHE_ROOT"]).is_relative_to(tmp_path / "caches" / "lm_eval_1")
 
 
+def test_the_peer_environment_goes_to_lm_eval_alone(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(suite_8b, "run_process", lambda argv, env, stem: calls.append(env) or (10.0, ""))
+    monkeypatch.setattr(suite_8b, "spec_file", lambda *args: tmp_path / "spec.yaml")
+    monkeypatch.setattr(suite_8b, "token_counts", lambda output: {})
+    suite = Suite(tmp_path, "vllm", peer_env={"VLLM_USE_FLASHINFER_SAMPLER": "0"})
+
+    suite.lm_eval("lm_eval_1", [tmp_path / "model-1"], tmp_path / "tasks", 1)
+    suite.raysweep("raysweep_1", [tmp_path / "model-1"], tmp_path / "tasks", 1)
+
+    theirs, ours = calls
+    assert theirs == {**gpu_env(1), "VLLM_USE_FLASHINFER_SAMPLER": "0"} and ours == gpu_env(1)
+
+
 def test_each_pair_is_compared_once_both_its_runs_are_done(tmp_path, monkeypatch):
     runs, compared = [], []
 
