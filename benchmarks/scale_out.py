@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -95,13 +96,12 @@ class ScaleOut:
         for i, part in enumerate(self.parts):
             path = self.out / f"{stem}_{i}"
             device = self.devices[i]
-            env = {"CUDA_VISIBLE_DEVICES": device, **caches}
-            path.with_name(path.name + ".cmd").write_text(" ".join(f"{k}={v}" for k, v in env.items()) + " " +
-                                                          " ".join(self._script("benchmarks.plain_vllm", part)) + "\n")
+            env, argv = {"CUDA_VISIBLE_DEVICES": device, **caches}, self._script("benchmarks.plain_vllm", part)
+            path.with_name(path.name + ".cmd").write_text(
+                " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv) + "\n")
             stdout, stderr = open(f"{path}.stdout", "w"), open(f"{path}.stderr", "w")
             env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-            children.append((self.popen(self._script("benchmarks.plain_vllm", part), stdout=stdout,
-                                              stderr=stderr, env=env, cwd=REPO), path, part))
+            children.append((self.popen(argv, stdout=stdout, stderr=stderr, env=env, cwd=REPO), path, part))
         codes = [child.wait() for child, _, _ in children]
         wall = time.perf_counter() - started
         for code, (_, path, part) in zip(codes, children):
