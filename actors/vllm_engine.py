@@ -1,9 +1,10 @@
 """VllmEngine: vLLM 0.26 on one GPU, behind the same interface as the CPU engine.
 
 - CUDA graphs: `enforce_eager=False`, captured up to the batch limit (`max_num_seqs`, actors/vllm_args.py).
-  The graph mode actually captured (vLLM may downgrade FULL to PIECEWISE for an attention backend),
-  the torch.compile time and the capture time are read from vLLM's own start-up reports; if the engine
-  cannot start with graphs it starts eager and `fallback_reason` says why.
+  The graph mode actually captured (vLLM may downgrade FULL to PIECEWISE for an attention backend) and the
+  seconds of the start's steps (weights, torch.compile, memory profile, capture, the engine core's whole init)
+  are read from vLLM's own start-up report; if the engine cannot start with graphs it starts eager and
+  `fallback_reason` says why.
 - Profiles (docs/design.md, Planning): `short` turns chunked prefill off (vLLM then sets max_num_batched_tokens =
   max_model_len, so no prompt is ever split); `long` turns it on with the chunk size from the plan.
 - Structured outputs: vLLM's `StructuredOutputsParams`, xgrammar backend forced, compact JSON.
@@ -43,8 +44,12 @@ from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 CORE_EXIT_S = 1.0  # an engine core still running this long after it was told to stop is killed
 CORE_GONE_S = 30.0  # ... and its exit awaited at most this long
 
-_COMPILE = re.compile(r"torch\.compile (?:takes|took) ([\d.]+) s in total")
-_CAPTURE = re.compile(r"Graph capturing finished in ([\d.]+) secs")
+# vLLM 0.26's start-up report, as its engine core logs it at INFO (one line each, the last one counts)
+_WEIGHTS = re.compile(r"Model loading took [\d.]+ GiB (?:memory )?and ([\d.]+) seconds")  # v1/worker/*model_runner.py
+_COMPILE = re.compile(r"torch\.compile (?:takes|took) ([\d.]+) s in total")  # compilation/monitor.py
+_PROFILE = re.compile(r"Initial profiling/warmup run took ([\d.]+) s")  # compilation/monitor.py
+_CAPTURE = re.compile(r"Graph capturing finished in ([\d.]+) secs")  # v1/worker/*model_runner.py
+_CORE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")  # v1/engine/core.py
 MEMORY_RACE_ATTEMPTS = 4
 MEMORY_RACE_WAIT_S = 5.0  # times the attempt number
 _MODE = re.compile(r"Capturing CUDA graphs \((?:[^()]*?, )?(FULL|PIECEWISE)\)")
@@ -140,14 +145,11 @@ class VllmEngine:
                           use_tqdm=False)
 
     def startup(self) -> dict:
-        modes = sorted(set(_MODE.findall(self._report)))
-        compile_s = _last_float(_COMPILE, self._report)
+        report = start_report(self._report)
         sched = self.llm.llm_engine.vllm_config.scheduler_config
-        return {"engine_init_s": self._init_s, "warmup_s": self._warmup_s, "load_s": self._load_s,
-                "compile_s": compile_s, "engine_core": self.engine_core,
-                "graph_capture_s": _last_float(_CAPTURE, self._report),
-                "cuda_graphs": bool(modes) and self._fallback_reason is None,
-                "graph_mode": "_AND_".join(modes) if modes else "NONE",  # FULL_AND_PIECEWISE, as vLLM names it
+        return {"engine_init_s": self._init_s, "warmup_s": self._warmup_s, "load_s": self._load_s, **report,
+                "engine_core": self.engine_core,
+                "cuda_graphs": report["graph_mode"] != "NONE" and self._fallback_reason is None,
                 "fallback_reason": self._fallback_reason,
                 "chunked_prefill": bool(sched.enable_chunked_prefill),
                 "max_num_batched_tokens": int(sched.max_num_batched_tokens),
@@ -313,6 +315,17 @@ class VllmEngine:
                 batch.done.set()
                 taken.discard(batch)
             block = False
+
+
+def start_report(text: str) -> dict:
+    """The seconds of an engine's start-up steps and the graph mode it captured, as vLLM's start-up report (the
+    engine core's INFO lines) gives them; a step the report does not name is None (no torch.compile in an
+    uncompiled engine), a mode none ("NONE": eager)."""
+    modes = sorted(set(_MODE.findall(text)))
+    return {"weights_s": _last_float(_WEIGHTS, text), "core_init_s": _last_float(_CORE_INIT, text),
+            "compile_s": _last_float(_COMPILE, text), "profile_run_s": _last_float(_PROFILE, text),
+            "graph_capture_s": _last_float(_CAPTURE, text),
+            "graph_mode": "_AND_".join(modes) if modes else "NONE"}  # FULL_AND_PIECEWISE, as vLLM names it
 
 
 def _last_float(pattern: re.Pattern, text: str) -> float | None:

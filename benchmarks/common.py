@@ -188,3 +188,24 @@ def result_counts(output: Path) -> tuple[int, int]:
             table = pq.read_table(path, columns=["output_tokens"])
             rows, tokens = rows + table.num_rows, tokens + (pc.sum(table["output_tokens"]).as_py() or 0)
     return rows, tokens
+
+
+# telemetry/actors.parquet's seconds of each engine start, step by step (cluster/contracts/telemetry_schema.py)
+ENGINE_START_COLUMNS = ("process_s", "imports_s", "engine_init_s", "weights_s", "core_init_s", "compile_s",
+                        "profile_run_s", "graph_capture_s", "warmup_s", "first_token_s", "startup_s")
+
+
+def engine_starts(output: Path) -> dict[str, list[float]]:
+    """Each measured column of ENGINE_START_COLUMNS over a sweep's engine starts, in their order; a column no
+    start measured (an engine without it, an output from before it) is left out."""
+    import pyarrow.parquet as pq
+
+    path = output / "telemetry" / "actors.parquet"
+    table = pq.read_table(path) if path.exists() else None
+    found = {}
+    for column in ENGINE_START_COLUMNS:
+        values = [v for v in table[column].to_pylist() if v is not None] \
+            if table is not None and column in table.column_names else []
+        if values:
+            found[column] = values
+    return found

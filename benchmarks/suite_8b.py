@@ -45,7 +45,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from benchmarks.common import fresh_caches, run_process
+from benchmarks.common import engine_starts, fresh_caches, run_process
 
 SHOTS = {"mmlu": 5, "hellaswag": 10, "arc_challenge": 25, "winogrande": 5, "gsm8k": 5}
 CHOICE_TASKS = ("mmlu", "hellaswag", "arc_challenge", "winogrande")
@@ -218,8 +218,11 @@ class Suite:
         line = next((x for x in stdout.splitlines() if "samples in" in x and "shards run" in x), None)
         self.figures[f"{name}_line"] = line
         self.figures[f"{name}_tokens"] = token_counts(self.out / f"{name}_out")
+        self.figures[f"{name}_engines"] = engine_starts(self.out / f"{name}_out")
+        starts = {k: [round(v, 1) for v in vs] for k, vs in self.figures[f"{name}_engines"].items()}
         self._say(name, wall, f"raysweep run, {len(models)} model(s), {gpus} GPU(s); {line}; "
-                              f"log-likelihood tokens {json.dumps(self.figures[f'{name}_tokens'])}")
+                              f"log-likelihood tokens {json.dumps(self.figures[f'{name}_tokens'])}; "
+                              f"engine starts (s) {json.dumps(starts)}")
         return wall
 
     def ratio(self, name: str, theirs: str, ours: str) -> None:

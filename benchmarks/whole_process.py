@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import (Runner, count_lines, prompts_of, result_counts, run_process, summary_line,
+from benchmarks.common import (Runner, count_lines, engine_starts, prompts_of, result_counts, run_process, summary_line,
                                sweep_spec, vllm_args, write_prompts)
 
 VARIANTS = ("raysweep", "plain", "ray_data", "multi")
@@ -39,7 +39,6 @@ MANIFEST_FIELDS = ("ray_start_s", "planning_s", "first_result_s", "last_result_s
 TAIL_FIELDS = {"tail_idle_share": "of the actors' GPU-seconds idle at the tail (manifest runs[-1])",
                "tail_idle_gpu_s": "GPU-seconds idle at the tail (manifest runs[-1])",
                "tail_splits": "shards cut at the model's tail (manifest runs[-1])"}
-ACTOR_COLUMNS = ("process_s", "imports_s", "engine_init_s", "warmup_s", "first_token_s", "startup_s")
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -129,12 +128,9 @@ def raysweep_figures(output: Path) -> dict:
     figures.update({f: (runs[-1][f], unit) for f, unit in TAIL_FIELDS.items() if runs[-1].get(f) is not None})
     actors = output / "telemetry" / "actors.parquet"
     table = pq.read_table(actors) if actors.exists() else None
-    for column in ACTOR_COLUMNS:
-        values = [v for v in table[column].to_pylist() if v is not None] if table is not None and \
-            column in table.column_names else []
-        if values:
-            figures[f"actor_{column}_median"] = (statistics.median(values), f"s (median of {len(values)} actors)")
-            figures[f"actor_{column}_max"] = (max(values), f"s (the most of {len(values)} actors)")
+    for column, values in engine_starts(output).items():
+        figures[f"actor_{column}_median"] = (statistics.median(values), f"s (median of {len(values)} actors)")
+        figures[f"actor_{column}_max"] = (max(values), f"s (the most of {len(values)} actors)")
     if table is not None and "ready_at" in table.column_names:  # engines side by side: first to last ready
         ready = [t for t in table["ready_at"].to_pylist() if t is not None]
         if ready:

@@ -142,8 +142,12 @@ def test_raysweeps_figures_say_when_its_engines_were_built_and_ready_after_the_c
     (tmp_path / "telemetry").mkdir()
     at = [start + timedelta(seconds=s) for s in (56.0, 58.5, 60.0, 61.0)]
     pq.write_table(pa.table({"built_at": [at[0], at[1]], "ready_at": [at[2], at[3]],
-                             "engine_init_s": [31.0, 33.5]}), tmp_path / "telemetry" / "actors.parquet")
+                             "engine_init_s": [31.0, 33.5], "weights_s": [7.9, 8.1],
+                             "compile_s": pa.array([None, None], pa.float64())}),
+                   tmp_path / "telemetry" / "actors.parquet")
     figures = {name: value for name, (value, _) in raysweep_figures(tmp_path).items()}
     assert figures["engines_built_after_start_s"] == pytest.approx(58.5)
     assert figures["engines_ready_after_start_s"] == pytest.approx(61.0)
     assert figures["ray_start_s"] == 19.5 and figures["actor_engine_init_s_max"] == 33.5
+    assert figures["actor_weights_s_median"] == pytest.approx(8.0)
+    assert not any(name.startswith("actor_compile_s") for name in figures)  # none measured: no figure

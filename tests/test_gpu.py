@@ -230,6 +230,8 @@ def test_cuda_graphs_captured(vllm_engine):
     print("engine start:", json.dumps(info))
     assert info["cuda_graphs"] and info["graph_mode"] in ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
     assert info["fallback_reason"] is None and info["graph_capture_s"] is not None
+    # vLLM's start-up report read step by step: the weights, then the engine core's init, which holds the rest
+    assert 0 < info["weights_s"] < info["engine_init_s"] and 0 < info["core_init_s"] < info["engine_init_s"]
     assert info["chunked_prefill"] is False  # short profile: off, vLLM took it
 
 
@@ -298,7 +300,8 @@ actors: {{count: 1, num_gpus: 1, num_cpus: 1}}
     assert len(results) == 200 and results["structured_valid"].all()
     starts = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
     columns = ["model", "reason", "engine_core", "process_s", "imports_s", "waiting_s", "engine_init_s",
-               "warmup_s", "startup_s", "first_token_s", "compile_s", "graph_capture_s", "graph_mode"]
+               "weights_s", "core_init_s", "warmup_s", "startup_s", "first_token_s", "compile_s", "profile_run_s",
+               "graph_capture_s", "graph_mode"]
     print(starts[columns].to_string())
     assert list(starts["reason"]) == ["first", "model"] and starts["actor_id"].nunique() == 1
     assert starts[["engine_init_s", "warmup_s", "startup_s", "first_token_s"]].notna().all().all()

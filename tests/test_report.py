@@ -432,12 +432,12 @@ def test_timeline_figure_draws_the_measured_intervals():
 def test_startup_shows_the_phase_columns(timeline_output):
     page = write_report(str(timeline_output)).read_text()
     phases = {r[0]: r[1:] for r in _table_rows(page, "startup-phases")}
-    # startup_s, process_s, imports_s, waiting_s, engine_init_s, load_s, compile_s, graph_capture_s, warmup_s,
-    # first_token_s
+    # startup_s, process_s, imports_s, waiting_s, engine_init_s, load_s, weights_s, core_init_s, compile_s,
+    # profile_run_s, graph_capture_s, warmup_s, first_token_s
     assert phases["tiny-a · a1a1a1a1 #1 (first)"] == ["30.000", "5.000", "10.000", "6.000", "6.000", "—", "—", "—",
-                                                       "2.000", "0.500"]
-    assert phases["tiny-a · a1a1a1a1 #2 (profile)"] == ["20.000", "—", "—", "—", "15.000", "—", "—", "—", "5.000",
-                                                         "—"]
+                                                       "—", "—", "—", "2.000", "0.500"]
+    assert phases["tiny-a · a1a1a1a1 #2 (profile)"] == ["20.000", "—", "—", "—", "15.000", "—", "—", "—", "—", "—",
+                                                         "—", "5.000", "—"]
     assert 'alt="engine start-up time by phase"' in _section_html(page, "startup")
     widths = _phase_widths(TIMELINE_STARTS[1:3])  # A's first start and its profile restart
     assert list(widths) == ["process", "imports", "waiting", "engine_init", "warmup",

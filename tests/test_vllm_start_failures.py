@@ -1,6 +1,7 @@
-"""How a failed vLLM engine start is read (actors/vllm_start_errors.py), on lines an H100 printed: a neighbour
-freeing GPU memory during vLLM's profiling is retried, a graph or compile failure falls back to eager, and
-anything else is the engine's own error, not hidden behind an eager start."""
+"""How a vLLM engine start is read, on lines vLLM printed on H100s and H200s: a failed one (actors/vllm_start_errors.py)
+— a neighbour freeing GPU memory during vLLM's profiling is retried, a graph or compile failure falls back to eager,
+and anything else is the engine's own error, not hidden behind an eager start — and a healthy one's steps
+(actors/vllm_engine.py `start_report`)."""
 
 import os
 from pathlib import Path
@@ -72,6 +73,41 @@ def test_a_failed_start_names_the_engine_cores_own_error_not_only_see_root_cause
     assert str(error).endswith("(vLLM: RuntimeError: Engine core initialization failed. See root cause above. "
                                "Failed core proc(s): {'EngineCore': 1})")
     assert with_root_cause(ENGINE_CORE_FAILED, START_REPORT) is ENGINE_CORE_FAILED  # nothing better: as it is
+
+
+# one engine core's start-up report on an H200 (bench/records/4xh200-8b-two-engines-and-loglikelihood.txt), every
+# cache empty: the 102 s between the capture and the end of "init engine" went to FlashInfer building its sampler;
+# with the capture's progress lines as vLLM 0.26 writes them (that record keeps none)
+COMPILED_START = """\
+(EngineCore pid=8448) INFO 11-28 22:02:50 [default_loader.py:430] Loading weights took 4.64 seconds
+(EngineCore pid=8448) INFO 11-28 22:02:51 [model_runner.py:305] Model loading took 13.25 GiB and 7.888397 seconds
+(EngineCore pid=8448) INFO 11-28 22:03:07 [backends.py:393] Compiling a graph for compile range (1, 16384) takes 8.28 s
+(EngineCore pid=8448) INFO 11-28 22:03:12 [monitor.py:53] torch.compile took 20.97 s in total
+(EngineCore pid=8448) INFO 11-28 22:03:13 [monitor.py:81] Initial profiling/warmup run took 0.41 s
+(EngineCore pid=8448) INFO 11-28 22:03:14 [gpu_worker.py:560] Available KV cache memory: 110.57 GiB
+(EngineCore pid=8448) Capturing CUDA graphs (PIECEWISE):   0%|          | 0/51 [00:00<?, ?it/s]
+(EngineCore pid=8448) Capturing CUDA graphs (FULL):   0%|          | 0/51 [00:00<?, ?it/s]
+(EngineCore pid=8448) INFO 11-28 22:03:19 [model_runner.py:747] Graph capturing finished in 5 secs, took 0.99 GiB
+(EngineCore pid=8448) INFO 11-28 22:05:01 [core.py:340] init engine (profile, create kv cache, warmup model) took 130.29 s (compilation: 20.97 s)
+"""
+
+
+def test_a_healthy_start_report_gives_each_steps_seconds_and_the_graph_mode():
+    from actors.vllm_engine import start_report
+
+    assert start_report(COMPILED_START) == {
+        "weights_s": 7.888397, "core_init_s": 130.29, "compile_s": 20.97, "profile_run_s": 0.41,
+        "graph_capture_s": 5.0, "graph_mode": "FULL_AND_PIECEWISE"}
+    # made-up lines of vLLM's forms: the other model runner's wording of the weights' line, and an uncompiled
+    # engine, which names no torch.compile
+    uncompiled = ("(EngineCore pid=7) INFO 11-22 09:14:10 [gpu_model_runner.py:5347] Model loading took 0.48 GiB memory "
+                  "and 1.250000 seconds\n(EngineCore pid=7) Capturing CUDA graphs (FULL):   0%|\n"
+                  "(EngineCore pid=7) INFO 11-22 09:14:20 [core.py:340] init engine (profile, create kv cache, warmup "
+                  "model) took 9.50 s\n")
+    assert start_report(uncompiled) == {"weights_s": 1.25, "core_init_s": 9.5, "compile_s": None,
+                                        "profile_run_s": None, "graph_capture_s": None, "graph_mode": "FULL"}
+    assert start_report("") == {"weights_s": None, "core_init_s": None, "compile_s": None, "profile_run_s": None,
+                                "graph_capture_s": None, "graph_mode": "NONE"}
 
 
 GIB = 1 << 30

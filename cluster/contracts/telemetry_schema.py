@@ -98,8 +98,17 @@ ACTORS: tuple[Column, ...] = (
     _c("built_at", TS, "engine", S,
        "when its construction ended: an early engine's can precede its actor's request, the rest end at ready_at"),
     _c("warmup_s", pa.float64(), "engine", S, "the engine's warm-up"),
-    _c("load_s", pa.float64(), "engine", S, "weights loading (vLLM's report; hf: init + warm-up)"),
+    _c("load_s", pa.float64(), "engine", S, "the engine's construction and warm-up (engine_init_s + warmup_s)"),
+    _c("weights_s", pa.float64(), "engine", S,
+       "vLLM: the model built and its weights loaded onto the GPU (its report's \"Model loading took\"); null "
+       "elsewhere"),
+    _c("core_init_s", pa.float64(), "engine", S,
+       "vLLM: the engine core's step after the weights: torch.compile, the memory profile, the KV cache, graph "
+       "capture and its own warm-up (its report's \"init engine ... took\"); null elsewhere"),
     _c("compile_s", pa.float64(), "engine", S, "vLLM: torch.compile seconds; null elsewhere and uncompiled"),
+    _c("profile_run_s", pa.float64(), "engine", S,
+       "vLLM: the memory-profiling forward pass (its report's \"Initial profiling/warmup run took\"); null "
+       "elsewhere"),
     _c("graph_capture_s", pa.float64(), "engine", S, "vLLM: CUDA graph capture seconds; null elsewhere"),
     _c("cuda_graphs", pa.bool_(), "engine", S, "the engine runs CUDA graphs"),
     _c("graph_mode", pa.string(), "engine", S, "vLLM's CUDA graph mode; null off vLLM"),

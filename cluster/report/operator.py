@@ -24,8 +24,8 @@ PROBLEM_COLUMNS = ["model", "task", "shard_id", "sample_id", "status", "finish_r
                    "output_tokens", "error", "output_text"]
 ACTOR_COLUMNS = ["actor_id", "reason", "model", "profile", "engine", "node_ip", "gpu_name", "cuda_graphs",
                  "graph_mode", "fallback_reason"]
-STARTUP_COLUMNS = ["startup_s", "process_s", "imports_s", "waiting_s", "engine_init_s", "load_s", "compile_s",
-                   "graph_capture_s", "warmup_s", "first_token_s"]
+STARTUP_COLUMNS = ["startup_s", "process_s", "imports_s", "waiting_s", "engine_init_s", "load_s", "weights_s",
+                   "core_init_s", "compile_s", "profile_run_s", "graph_capture_s", "warmup_s", "first_token_s"]
 # requested_at -> ready_at step by step; a later start of an actor has no process, imports or waiting step
 STARTUP_PHASES = ("process_s", "imports_s", "waiting_s", "engine_init_s", "warmup_s")
 OLD_STARTUP_PHASES = ("load_s", "compile_s", "graph_capture_s")  # outputs written before startup_s
