@@ -76,8 +76,9 @@ def test_a_failed_start_names_the_engine_cores_own_error_not_only_see_root_cause
 
 
 # one engine core's start-up report on an H200 (bench/records/4xh200-8b-two-engines-and-loglikelihood.txt), every
-# cache empty: the 102 s between the capture and the end of "init engine" went to FlashInfer building its sampler;
-# with the capture's progress lines as vLLM 0.26 writes them (that record keeps none)
+# cache empty, on the code from before FlashInfer's sampler was turned off: the 102 s between the capture and the end
+# of "init engine" are the span in which the fresh-node record (bench/records/h200-suite-8b-fresh-node.md) found
+# FlashInfer building its sampler; with the capture's progress lines as vLLM 0.26 writes them (that record keeps none)
 COMPILED_START = """\
 (EngineCore pid=8448) INFO 11-28 22:02:50 [default_loader.py:430] Loading weights took 4.64 seconds
 (EngineCore pid=8448) INFO 11-28 22:02:51 [model_runner.py:305] Model loading took 13.25 GiB and 7.888397 seconds
