@@ -20,7 +20,7 @@ import cluster.score.sandbox as sandbox
 import cluster.score.sandbox_pool as sandbox_pool
 import cluster.score.sandbox_launch as sandbox_launch
 import cluster.score.sandbox_probe as sandbox_probe
-from cluster.score.sandbox import NOBODY, SandboxLimits, SandboxPool, check_available, run_program
+from cluster.score.sandbox import ExecStatus, NOBODY, SandboxLimits, SandboxPool, check_available, run_program
 
 # programs that end at once: a limit only a hang reaches (2 s timed out a sandbox's start beside a second suite)
 QUICK = SandboxLimits(timeout_s=60)
@@ -66,9 +66,10 @@ def test_failing_assert_is_failed_with_its_line():
 
 
 def test_non_zero_exit_is_failed_and_other_exceptions_are_errors():
-    assert run_program("import sys; sys.exit(3)", QUICK).status == "failed"
+    assert run_program("import sys; sys.exit(3)", QUICK).status is ExecStatus.FAILED
     out = run_program("def f(:\n    pass", QUICK)
-    assert out.status == "error" and out.error.startswith("SyntaxError")
+    assert out.status is ExecStatus.ERROR and out.error.startswith("SyntaxError")
+    assert f"{out.status}" == str(out.status) == "error"  # written and printed as its value
     assert run_program("undefined_name", QUICK).error == "NameError: name 'undefined_name' is not defined"
 
 

@@ -46,10 +46,10 @@ plan), sandbox_probe (which plan applies: check_available, run_program), sandbox
 from __future__ import annotations
 
 from cluster.score.sandbox_bootstrap import BOOTSTRAP
-from cluster.score.sandbox_outcome import Outcome
+from cluster.score.sandbox_outcome import ExecStatus, Outcome
 from cluster.score.sandbox_pool import RETRY_PAUSES_S, SandboxPool
 from cluster.score.sandbox_probe import check_available, run_program
 from cluster.score.sandbox_types import ERROR_EXIT, NOBODY, SandboxError, SandboxLimits
 
-__all__ = ["BOOTSTRAP", "ERROR_EXIT", "NOBODY", "RETRY_PAUSES_S", "Outcome", "SandboxError", "SandboxLimits",
-           "SandboxPool", "check_available", "run_program"]
+__all__ = ["BOOTSTRAP", "ERROR_EXIT", "ExecStatus", "NOBODY", "RETRY_PAUSES_S", "Outcome", "SandboxError",
+           "SandboxLimits", "SandboxPool", "check_available", "run_program"]

@@ -10,14 +10,26 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+from enum import Enum
 
 from cluster.score.sandbox_types import ERROR_EXIT, SandboxLimits, _Plan
 
 
+class ExecStatus(str, Enum):
+    """How a program ended: a results row's `exec_status` (cluster/contracts/results_schema.py). A str: it is
+    stored and printed as its value."""
+    PASSED = "passed"  # its last statement ran
+    FAILED = "failed"  # AssertionError, a non-zero exit, left before its end
+    TIMEOUT = "timeout"  # its wall or CPU time ran out
+    ERROR = "error"  # raised else, was killed, or its sandbox never started
+
+    __str__ = str.__str__  # "passed", not "ExecStatus.PASSED" (as Python 3.11's StrEnum)
+    __format__ = str.__format__
+
+
 @dataclass
 class Outcome:
-    status: str            # passed | failed (AssertionError, non-zero exit) | timeout | error (raised else,
-                           # killed, or its sandbox never started)
+    status: ExecStatus
     error: str | None      # last non-empty stderr line, or why (timed out, killed by signal N); None if passed
     exit_code: int | None  # the program's exit status; -N when killed by signal N; None when timed out
     wall_s: float
@@ -48,15 +60,15 @@ def _classify(plan: _Plan, code: int, ended: str | None, timed_out: bool, limits
     where the program claimed completion with a wrong token, None where it never said (killed by a signal,
     or left by os._exit): then the exit status alone tells. Only a program that completed passes: one that
     left with code 0 before its end failed."""
-    def outcome(status: str, error: str | None, exit_code: int | None) -> Outcome:
+    def outcome(status: ExecStatus, error: str | None, exit_code: int | None) -> Outcome:
         return Outcome(status, error, exit_code, wall, stdout, stderr)
 
     if timed_out:
-        return outcome("timeout", f"timed out after {limits.timeout_s:g} s", None)
+        return outcome(ExecStatus.TIMEOUT, f"timed out after {limits.timeout_s:g} s", None)
     if ended == COMPLETED:
-        return outcome("passed", None, 0)
+        return outcome(ExecStatus.PASSED, None, 0)
     if ended == FORGED:
-        return outcome("failed", "claimed to have run to the end with a token the harness did not give it "
+        return outcome(ExecStatus.FAILED, "claimed to have run to the end with a token the harness did not give it "
                        "(a forged completion)", code)
     if ended is not None:  # the program's word wins over a status an atexit os._exit or a late signal changed
         code = int(ended.split()[1]) if ended.startswith("exit ") else 1 if ended == "raised assert" else ERROR_EXIT
@@ -64,16 +76,16 @@ def _classify(plan: _Plan, code: int, ended: str | None, timed_out: bool, limits
         code = 128 - code
     if code == 0:
         how = "sys.exit or SystemExit" if ended is not None else "os._exit, or its harness was ended"
-        return outcome("failed", f"left with exit code 0 before its last statement ran ({how})", 0)
+        return outcome(ExecStatus.FAILED, f"left with exit code 0 before its last statement ran ({how})", 0)
     if code == -signal.SIGXCPU:
         cpu = limits.timeout_s if limits.cpu_s is None else limits.cpu_s
-        return outcome("timeout", f"CPU time limit of {cpu:g} s exceeded", code)
+        return outcome(ExecStatus.TIMEOUT, f"CPU time limit of {cpu:g} s exceeded", code)
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else "unknown"
-        return outcome("error", f"killed by signal {-code} ({name})", code)
+        return outcome(ExecStatus.ERROR, f"killed by signal {-code} ({name})", code)
     if ended == "raised error" or (ended is None and code == ERROR_EXIT):
-        return outcome("error", _last_line(stderr) or "raised an exception", code)
-    return outcome("failed", _last_line(stderr) or f"exit code {code}", code)
+        return outcome(ExecStatus.ERROR, _last_line(stderr) or "raised an exception", code)
+    return outcome(ExecStatus.FAILED, _last_line(stderr) or f"exit code {code}", code)
 
 
 def _last_line(text: str) -> str | None:

@@ -13,7 +13,7 @@ import threading
 import time
 
 from cluster.score.sandbox_launch import Running
-from cluster.score.sandbox_outcome import Outcome
+from cluster.score.sandbox_outcome import ExecStatus, Outcome
 from cluster.score.sandbox_probe import check_available, run_program
 from cluster.score.sandbox_types import SandboxError, SandboxLimits
 
@@ -95,7 +95,7 @@ def _tries(source: str, limits: SandboxLimits, unsafe_fallback: bool, as_main: b
         except (SandboxError, OSError) as e:
             if pause is None or (running is not None and running.killed):
                 why = str(e) if isinstance(e, SandboxError) else f"{type(e).__name__}: {e}"
-                return Outcome("error", f"the sandbox failed on each of {len(RETRY_PAUSES_S) + 1} tries: {why}",
+                return Outcome(ExecStatus.ERROR, f"the sandbox failed on each of {len(RETRY_PAUSES_S) + 1} tries: {why}",
                                None, time.perf_counter() - start, started=False)
             time.sleep(pause)
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from cluster.score.sandbox_launch import Running, _ancestors, _python, _run
-from cluster.score.sandbox_outcome import Outcome
+from cluster.score.sandbox_outcome import ExecStatus, Outcome
 from cluster.score.sandbox_types import NOBODY, SandboxError, SandboxLimits, _Plan
 
 _NEWUSER, _NEWNET, _NEWIPC, _NEWUTS = 0x10000000, 0x40000000, 0x08000000, 0x04000000
@@ -93,8 +93,8 @@ def _plan(unsafe_fallback: bool) -> _Plan:
             reason = hidden if hidden and plan.nobody_reads_python() else str(e)
             why += [] if reason in why else [reason]
             continue
-        if out.status != "passed":
-            why.append(f"{plan.label}: the probe {out.status}: {out.error}")
+        if out.status is not ExecStatus.PASSED:
+            why.append(f"{plan.label}: the probe {out.status.value}: {out.error}")
             continue
         theirs = json.loads(out.stdout)
         new = tuple(n for n in _NAMESPACES if theirs[n] != mine[n])

@@ -88,7 +88,7 @@ class ShardScorer:
 
     def _programs(self, task: TaskSpec, driver: dict, table: pa.Table, outputs: list, generated: list,
                   extras: list) -> Future:
-        from cluster.score.sandbox import SandboxLimits, SandboxPool, check_available
+        from cluster.score.sandbox import ExecStatus, SandboxLimits, SandboxPool, check_available
 
         args = task.scorer.args
         unsafe = args.get("unsafe_fallback", False)
@@ -110,10 +110,10 @@ class ShardScorer:
                 outcomes = ran.result()
                 status, error, score = [None] * table.num_rows, [None] * table.num_rows, [None] * table.num_rows
                 for i, outcome in zip(todo, outcomes):
-                    status[i], error[i] = outcome.status, outcome.error
-                    score[i] = None if not outcome.started else 1.0 if outcome.status == "passed" else 0.0
+                    status[i], error[i] = outcome.status.value, outcome.error
+                    score[i] = None if not outcome.started else 1.0 if outcome.status is ExecStatus.PASSED else 0.0
                 for i, why in refused.items():
-                    status[i], error[i], score[i] = "failed", why, 0.0
+                    status[i], error[i], score[i] = ExecStatus.FAILED.value, why, 0.0
                 unrun = [i for i, outcome in zip(todo, outcomes) if not outcome.started]
                 scored.set_result(assemble(_error_rows(table, unrun, error),
                                            dict(driver, score=score, exec_status=status, exec_error=error)))
