@@ -444,6 +444,16 @@ def test_startup_shows_the_phase_columns(timeline_output):
                             "rest of startup_s (in no measured step)", "first token (after ready)"]  # no load_s etc.
     assert math.isnan(widths["process"][1]), "a later start has no process step: NaN (no bar), not 0"
     assert widths["rest of startup_s (in no measured step)"][0] == pytest.approx(1.0)  # 30 - (5 + 10 + 6 + 6 + 2)
+    # a vLLM engine whose start-up report gave its steps: its construction drawn as them, the other start's whole
+    vllm = [{**TIMELINE_STARTS[1], "engine_init_s": 84.5, "weights_s": 8.0, "core_init_s": 60.5},
+            TIMELINE_STARTS[2]]
+    steps = _phase_widths(vllm)
+    assert list(steps)[3:7] == ["engine_init", "engine_init: before the weights (config, engine core start)",
+                                "engine_init: weights", "engine_init: engine core's init (compile, profile, KV cache, "
+                                "graphs)"]
+    assert [steps[k][0] for k in list(steps)[4:7]] == pytest.approx([16.0, 8.0, 60.5])
+    assert math.isnan(steps["engine_init"][0]) and steps["engine_init"][1] == 15.0
+    assert math.isnan(steps["engine_init: weights"][1])
 
 
 def test_timeline_of_an_older_output_says_what_is_missing(sweep_output):

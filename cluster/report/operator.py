@@ -166,18 +166,35 @@ def _startup(root: Path, labels: dict) -> str:
 
 def _phase_widths(starts: list[dict]) -> dict[str, np.ndarray]:
     """Seconds per start-up phase, in order, NaN where not measured; a phase no start measured is left out.
-    Outputs written before startup_s have only load, compile and graph capture."""
+    Outputs written before startup_s have only load, compile and graph capture. A vLLM engine's construction whose
+    start-up report gave its steps is drawn as them (`_engine_steps`)."""
     def column(c):
-        return np.array([np.nan if r[c] is None else r[c] for r in starts], dtype=float)
+        return np.array([np.nan if r.get(c) is None else r[c] for r in starts], dtype=float)
 
     if all(r["startup_s"] is None for r in starts):
         widths = {c.removesuffix("_s"): column(c) for c in OLD_STARTUP_PHASES}
     else:
         widths = {c.removesuffix("_s"): column(c) for c in STARTUP_PHASES}
         rest = column("startup_s") - np.nansum(np.vstack(list(widths.values())), axis=0)
+        widths = _engine_steps(widths, column("weights_s"), column("core_init_s"))
         widths["rest of startup_s (in no measured step)"] = np.where(rest > 0, rest, np.nan)
         widths["first token (after ready)"] = column("first_token_s")
     return {k: v for k, v in widths.items() if not np.isnan(v).all()}
+
+
+def _engine_steps(widths: dict[str, np.ndarray], weights: np.ndarray, core: np.ndarray) -> dict[str, np.ndarray]:
+    """`widths` with engine_init split, where a start measured both vLLM steps, into what came before the weights
+    (the model's config, the engine core's start), the weights and the engine core's init, in that order."""
+    split = ~np.isnan(weights) & ~np.isnan(core)
+    whole = widths.pop("engine_init")
+    before = whole - np.where(split, weights + core, np.nan)
+    steps = {"engine_init": np.where(split, np.nan, whole),
+             "engine_init: before the weights (config, engine core start)": np.where(before > 0, before, np.nan),
+             "engine_init: weights": np.where(split, weights, np.nan),
+             "engine_init: engine core's init (compile, profile, KV cache, graphs)": np.where(split, core, np.nan)}
+    at = list(widths).index("warmup")
+    items = list(widths.items())
+    return dict(items[:at] + list(steps.items()) + items[at:])
 
 
 def _failures(root: Path, manifest: dict) -> str:
