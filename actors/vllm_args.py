@@ -78,8 +78,9 @@ NO_MULTICAST_ENV = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
 # vLLM 0.26 draws top-k/top-p samples with FlashInfer's sampler, except in a step where a request has a seed of its
 # own: then with PyTorch's (v1/sample/ops/topk_topp_sampler.py, forward_cuda). raysweep seeds every sampled request
 # (sampling_kwargs), so FlashInfer's sampler never draws one of its tokens. An engine's warm-up still runs it, and on
-# a node where FlashInfer has not built its sampling module yet, that warm-up compiles it with nvcc first: 100 s of
-# an 8B engine's 162 s start on an H200 (docs/gpu.md). Off in every engine's process; a value the user set is kept.
+# a node where FlashInfer has not built its sampling module yet, that warm-up compiles it with nvcc first: with every
+# cache empty, two 8B engines on an H200 built in 161.7 s with it on, 73.1-73.2 s with it off (docs/gpu.md). Off in
+# every engine's process; a value the user set is kept.
 NO_FLASHINFER_SAMPLER_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 ENGINE_ENV = {**NO_MULTICAST_ENV, **NO_FLASHINFER_SAMPLER_ENV}
 

@@ -30,8 +30,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import (Runner, count_lines, engine_starts, prompts_of, result_counts, run_process, summary_line,
-                               sweep_spec, vllm_args, write_prompts)
+from benchmarks.common import (Runner, count_lines, engine_starts, prompts_of, result_counts, run_process,
+                               summary_line, sweep_spec, vllm_args, write_prompts)
 
 VARIANTS = ("raysweep", "plain", "ray_data", "multi")
 WARM_PROMPTS = 256  # one shard: every code path runs once, the compile and page caches fill

@@ -95,8 +95,9 @@ def _tries(source: str, limits: SandboxLimits, unsafe_fallback: bool, as_main: b
         except (SandboxError, OSError) as e:
             if pause is None or (running is not None and running.killed):
                 why = str(e) if isinstance(e, SandboxError) else f"{type(e).__name__}: {e}"
-                return Outcome(ExecStatus.ERROR, f"the sandbox failed on each of {len(RETRY_PAUSES_S) + 1} tries: {why}",
-                               None, time.perf_counter() - start, started=False)
+                return Outcome(ExecStatus.ERROR,
+                               f"the sandbox failed on each of {len(RETRY_PAUSES_S) + 1} tries: {why}", None,
+                               time.perf_counter() - start, started=False)
             time.sleep(pause)
 
 
