@@ -37,6 +37,7 @@ from actors.engine import (EngineProfile, GenRequest, GenResult, LoglikRequest, 
 from actors.telemetry import gpu_total_bytes
 from actors.vllm_inbox import Batch, Call, Inbox
 from actors.vllm_prompt_logprobs import PromptTail, prompt_tail
+from actors.vllm_registry import inspect_here
 from actors.vllm_args import engine_args, sampling_kwargs, shared_kv_bytes
 from actors.vllm_start_errors import GRAPH_FAILURE, MEMORY_RACE, error_lines, failure_line, with_root_cause
 from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
@@ -80,6 +81,7 @@ class VllmEngine:
         self._tee = vllm_core_process.OutputTee.install()
         mark = self._tee.mark()
         started = time.perf_counter()
+        inspect_here(model_path)  # on a node new to vLLM: no new interpreter inside LLM(...) (actors/vllm_registry.py)
         # the start-up report read below (compile and capture times) is logged at INFO by the engine core
         # (forked: the forkserver started at INFO; spawned; or this process): keep that level for it,
         # whatever VLLM_LOGGING_LEVEL says here
