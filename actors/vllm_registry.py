@@ -6,7 +6,7 @@ the class's entry, `vllm/model_executor/models/registry.py` finds it by starting
 (`_run_in_subprocess`) that imports vLLM and the class, so as not to start CUDA in the caller. On a node new to vLLM
 every engine start pays for that fresh interpreter: on an H200 with every cache empty, 23 s went by between vLLM
 logging `builtin:tiny`'s arguments and resolving its architecture, out of a 67.5 s construction; with the cache
-holding the class, the two lines carry the same second.
+holding the class, the two lines carry the same second (bench/records/h200-engine-start-steps.md).
 
 An engine's process has imported vLLM already, and importing a model class starts no CUDA, so `inspect_here` asks
 vLLM's registry for the model's architectures in this process, with vLLM's subprocess step run as a plain call for
