@@ -235,30 +235,41 @@ def test_cuda_graphs_captured(vllm_engine):
     assert info["chunked_prefill"] is False  # short profile: off, vLLM took it
 
 
-def test_vllms_registry_inspects_the_models_class_in_this_process_and_writes_its_cache(tiny_path, tmp_path,
-                                                                                       monkeypatch):
-    """On a node new to vLLM (its cache empty), the model's class is inspected here, not in the new interpreter
-    vLLM's registry would start (actors/vllm_registry.py), and vLLM's cache entry is written for the next start."""
-    from vllm.model_executor.models import registry
+REGISTRY_PROBE = """
+import json, sys
+from vllm.model_executor.models import registry
+from actors.vllm_registry import inspect_here
+started = []
+def in_subprocess(fn):  # vLLM's own step, recorded: it must not be taken
+    started.append(fn)
+    return fn()
+registry._run_in_subprocess = in_subprocess
+first = inspect_here(sys.argv[1])
+put_back = registry._run_in_subprocess is in_subprocess
+registry._try_inspect_model_cls.cache_clear()  # as a later process would: vLLM's cache file answers
+again = registry.ModelRegistry._try_inspect_model_cls("LlamaForCausalLM") is not None
+print(json.dumps({"first": first, "started": len(started), "put_back": put_back, "again": again,
+                  "none": inspect_here(sys.argv[2])}))
+"""
 
-    from actors.vllm_registry import inspect_here
 
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
-    registry._try_inspect_model_cls.cache_clear()  # nothing this process inspected before counts
-    started = []
+@pytest.mark.slow
+def test_vllms_registry_inspects_the_models_class_in_this_process_and_writes_its_cache(tiny_path, tmp_path):
+    """On a node new to vLLM (a fresh interpreter, its cache empty), the model's class is inspected in the engine's
+    process, not in the new interpreter vLLM's registry would start (actors/vllm_registry.py), and vLLM's cache
+    entry is written for the next start."""
+    import os
+    import subprocess
+    import sys
 
-    def in_subprocess(fn):  # vLLM's step, recorded: it must not be taken
-        started.append(fn)
-        return fn()
-
-    monkeypatch.setattr(registry, "_run_in_subprocess", in_subprocess)
-    assert inspect_here(tiny_path) == ["LlamaForCausalLM"]
-    assert started == [] and registry._run_in_subprocess is in_subprocess  # vLLM's own step put back
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", REGISTRY_PROBE, tiny_path, str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found == {"first": ["LlamaForCausalLM"], "started": 0, "put_back": True, "again": True, "none": []}
     assert [p.name for p in (tmp_path / "vllm" / "modelinfos").iterdir()] == [
         "vllm-model_executor-models-llama-LlamaForCausalLM.json"]
-    registry._try_inspect_model_cls.cache_clear()  # a later process: vLLM's cache answers, no interpreter
-    assert registry.ModelRegistry._try_inspect_model_cls("LlamaForCausalLM") is not None and started == []
-    assert inspect_here(str(tmp_path)) == []  # no config.json: vLLM's own way
 
 
 @pytest.mark.slow
