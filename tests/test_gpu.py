@@ -186,9 +186,10 @@ def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host
 def test_a_local_sweep_of_whole_or_half_gpus_runs_on_engines_built_before_ray_was_up(tmp_path, tiny_path, num_gpus):
     """`raysweep run` with a new local Ray, one model and `actors: {num_gpus: N}` (1/N actors per visible GPU): the
     driver asks the engine host for each actor's engine before Ray is up (cluster/plan/early_engines.py), and each
-    actor's first engine is one of those of its GPU, no two actors the same, forked as outside Ray with CUDA
-    graphs; every row once, structured outputs valid, and nothing of the host or its engines left once the
-    command exits."""
+    actor's first engine is one of those of its GPU, forked as outside Ray with CUDA graphs; every row once,
+    structured outputs valid, and nothing of the host or its engines left once the command exits. The task is one
+    shard: an actor whose engine is not up when the first has done it starts none (the actors table has a row per
+    engine start), and its engine, still building, is ended with the rest."""
     import pyarrow.parquet as pq
 
     (tmp_path / "early.yaml").write_text(f"""
@@ -203,7 +204,8 @@ tasks:
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     print(actors[["actor_id", "gpu_ids", "reason", "engine_process", "engine_core", "imports_s", "engine_init_s",
                   "startup_s", "graph_mode"]].to_string())
-    assert len(actors) == gpu_count() * round(1 / num_gpus) and set(actors["engine_process"]) == {"early"}
+    assert 1 <= len(actors) <= gpu_count() * round(1 / num_gpus) and actors["actor_id"].is_unique
+    assert set(actors["engine_process"]) == {"early"} and set(actors["reason"]) == {"first"}
     assert set(actors["engine_core"]) == {"forked"} and (actors["graph_mode"] != "NONE").all()
     results = pq.read_table(out / "results").to_pandas()
     rows = [line for line in (ROOT / "sweeps" / "data" / "choice.jsonl").read_text().splitlines() if line.strip()]
@@ -262,7 +264,8 @@ def test_vllms_registry_inspects_the_models_class_in_this_process_and_writes_its
     import subprocess
     import sys
 
-    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # vLLM's, where set
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "PYTHONPATH": path}
     run = subprocess.run([sys.executable, "-c", REGISTRY_PROBE, tiny_path, str(tmp_path)], env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
