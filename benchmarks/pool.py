@@ -40,7 +40,20 @@ from benchmarks.whole_process import raysweep_figures
 NO_AUTH = {"RAY_AUTH_MODE": "disabled"}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _plain(model: str, data: Path, max_tokens: int, out: Path, record) -> None:
+    """The plain script over the prompts, once to warm up and once timed."""
+    script = [sys.executable, "-m", "benchmarks.plain_vllm", "--model", model, "--prompts", str(data),
+              "--engine-args", json.dumps(vllm_args(model, {})), "--max-tokens", str(max_tokens)]
+    run_process(script, NO_AUTH, out / "w_plain_warm")
+    wall, stdout = run_process(script, NO_AUTH, out / "w_plain")
+    summary = summary_line(stdout) or {}
+    if summary.get("outputs") != count_lines(data):
+        raise RuntimeError(f"plain script: {summary.get('outputs')} outputs for {count_lines(data)} prompts")
+    record("plain wall_s", wall)
+    record("plain output_tokens", summary["output_tokens"], "tokens")
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pool", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:small")
     parser.add_argument("--prompts", type=int, default=1312)
@@ -53,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--switch-model", default="builtin:medium", help="the second model of the switching pool")
     parser.add_argument("--switches", type=int, default=6, help="switches to measure (at least)")
     parser.add_argument("--switch-prompts", type=int, default=256, help="prompts per sweep of the switching part")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     steps = set(args.steps.split(","))
     if not steps or steps - {"warm", "kill", "switch"}:
@@ -76,15 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] w {name} = {value:.3f} {unit}", flush=True)
 
     if not args.cpu and "warm" in steps:  # first, while the GPU is free: the pool holds it once up
-        script = [sys.executable, "-m", "benchmarks.plain_vllm", "--model", model, "--prompts", str(data),
-                  "--engine-args", json.dumps(vllm_args(model, {})), "--max-tokens", str(args.max_tokens)]
-        run_process(script, NO_AUTH, out / "w_plain_warm")
-        wall, stdout = run_process(script, NO_AUTH, out / "w_plain")
-        summary = summary_line(stdout) or {}
-        if summary.get("outputs") != count_lines(data):
-            raise RuntimeError(f"plain script: {summary.get('outputs')} outputs for {args.prompts} prompts")
-        record("plain wall_s", wall)
-        record("plain output_tokens", summary["output_tokens"], "tokens")
+        _plain(model, data, args.max_tokens, out, record)
     port = _free_port()
     address = f"127.0.0.1:{port}"
     env = NO_AUTH | {"RAY_ADDRESS": address}

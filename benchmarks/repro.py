@@ -30,14 +30,34 @@ from pathlib import Path
 from benchmarks.common import prompts_of, run_process, sweep_spec, vllm_args, write_prompts
 
 
-def main(argv: list[str] | None = None) -> int:
+def _cost(sweep, record) -> None:
+    """Each mode twice, alternating: the second of each runs on warm compile caches. `sweep(label, reproducible)`:
+    one sweep's speed figures."""
+    runs = {}
+    for turn in (1, 2):
+        for reproducible in (False, True):
+            label = f"cost_{'repro' if reproducible else 'plain'}_{turn}"
+            runs[label] = sweep(label, reproducible)
+            record(f"cost: {'reproducible' if reproducible else 'not reproducible'}, run {turn}", runs[label])
+    for turn in (1, 2):
+        plain_run, repro_run = runs[f"cost_plain_{turn}"], runs[f"cost_repro_{turn}"]
+        record(f"RATIO cost run {turn}: reproducible/not output tok/s first to last result",
+               repro_run["tok_per_s_span"] / plain_run["tok_per_s_span"])
+        record(f"RATIO cost run {turn}: reproducible/not whole-process wall", repro_run["wall_s"] / plain_run["wall_s"])
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.repro", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:small")
     parser.add_argument("--prompts", type=int, default=1312)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--steps", default="identity,repro")
     parser.add_argument("--out", default="bench/out-r")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     from cluster.inputs.builtin_model import resolve_model_path
 
     out = Path(args.out).resolve()
@@ -89,18 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             record("RATIO reproducible/not, output tok/s first to last result",
                    speed["tok_per_s_span"] / plain_speed["tok_per_s_span"])
             record("RATIO reproducible/not, whole-process wall", speed["wall_s"] / plain_speed["wall_s"])
-    if "cost" in steps:  # each mode twice, alternating: the second of each runs on warm compile caches
-        runs = {}
-        for turn in (1, 2):
-            for reproducible in (False, True):
-                label = f"cost_{'repro' if reproducible else 'plain'}_{turn}"
-                runs[label] = sweep(label, reproducible, one, 256)[1]
-                record(f"cost: {'reproducible' if reproducible else 'not reproducible'}, run {turn}", runs[label])
-        for turn in (1, 2):
-            plain_run, repro_run = runs[f"cost_plain_{turn}"], runs[f"cost_repro_{turn}"]
-            record(f"RATIO cost run {turn}: reproducible/not output tok/s first to last result",
-                   repro_run["tok_per_s_span"] / plain_run["tok_per_s_span"])
-            record(f"RATIO cost run {turn}: reproducible/not whole-process wall", repro_run["wall_s"] / plain_run["wall_s"])
+    if "cost" in steps:
+        _cost(lambda label, reproducible: sweep(label, reproducible, one, 256)[1], record)
     (out / "r_figures.json").write_text(json.dumps(figures, indent=1, default=str))
     return 0
 

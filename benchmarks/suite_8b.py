@@ -237,7 +237,31 @@ class Suite:
         self.save()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _print_lengths(out: Path, folders: list[Path]) -> None:
+    from benchmarks.suite_tasks import prompt_lengths
+
+    for folder in dict.fromkeys(folders):
+        for task, (docs, mean, longest) in prompt_lengths(folder, out / "tokenizer").items():
+            print(f"[bench] s {folder.parent.name} {task}: {docs} documents, few-shot context of the first 20 "
+                  f"(each subject's for mmlu): mean {mean:.0f} tokens, max {longest}", flush=True)
+
+
+def _run_variant(suite: Suite, variant: str, suffix: str, model: Path, tasks: Path, gpus: int) -> None:
+    """One variant's whole process; after the second of a pair (raysweep_N and lm_eval_N), their agreement."""
+    (suite.lm_eval if variant.startswith("lm_eval") else suite.raysweep)(variant + suffix, [model], tasks, gpus)
+    n = variant.rsplit("_", 1)[1]
+    ours, theirs = f"raysweep_{n}{suffix}", f"lm_eval_{n}{suffix}"
+    if {ours, theirs} <= set(suite.figures):
+        key = "agreement" if n == "1" else "agreement_n"
+        suite.figures[key] = agreement(suite.out / f"{ours}_out" / "lm_eval", suite.out / theirs)
+        brief = {t: {k: v for k, v in f.items() if k != "differing"} for t, f in suite.figures[key].items()
+                 if t != "metrics"}
+        print(f"[bench] s agreement {ours} vs {theirs}: {json.dumps(brief)}", flush=True)
+        print(f"[bench] s metrics [raysweep, lm-eval]: {json.dumps(suite.figures[key]['metrics'])}", flush=True)
+        suite.save()
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.suite_8b", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--fraction", type=float, default=0.05, help="of each real split's document count")
@@ -257,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSON of environment variables for lm-eval's processes alone, e.g. a vLLM setting "
                              "raysweep sets in its own engines: '{\"VLLM_USE_FLASHINFER_SAMPLER\": \"0\"}'")
     parser.add_argument("--build-only", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     names = CHOICE_TASKS if args.tasks == "choice" else tuple(args.tasks.split(","))
     if not names or not set(names) <= set(SHOTS):
@@ -275,27 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     suite.figures.update({"fraction": args.fraction, "shape": args.shape, "gpus": args.gpus, "shots": SHOTS,
                           "peer_env": suite.peer_env})
     if args.build_only:  # lm-eval loads every task's documents here: the datasets cache is warm for both tools
-        from benchmarks.suite_tasks import prompt_lengths
-
-        for folder in {tasks, *([ckpt_tasks] if args.checkpoints else [])}:
-            for task, (docs, mean, longest) in prompt_lengths(folder, out / "tokenizer").items():
-                print(f"[bench] s {folder.parent.name} {task}: {docs} documents, few-shot context of the first 20 "
-                      f"(each subject's for mmlu): mean {mean:.0f} tokens, max {longest}", flush=True)
+        _print_lengths(out, [tasks, *([ckpt_tasks] if args.checkpoints else [])])
         return 0
-    variants = args.variants.split(",") if args.variants else []
-    for variant in variants:
-        gpus = 1 if variant.endswith("_1") else args.gpus
-        (suite.lm_eval if variant.startswith("lm_eval") else suite.raysweep)(variant + suffix, [model], tasks, gpus)
-        n = variant.rsplit("_", 1)[1]
-        ours, theirs = f"raysweep_{n}{suffix}", f"lm_eval_{n}{suffix}"
-        if {ours, theirs} <= set(suite.figures):  # the pair's second run: their agreement
-            key = "agreement" if n == "1" else "agreement_n"
-            suite.figures[key] = agreement(out / f"{ours}_out" / "lm_eval", out / theirs)
-            brief = {t: {k: v for k, v in f.items() if k != "differing"} for t, f in suite.figures[key].items()
-                     if t != "metrics"}
-            print(f"[bench] s agreement {ours} vs {theirs}: {json.dumps(brief)}", flush=True)
-            print(f"[bench] s metrics [raysweep, lm-eval]: {json.dumps(suite.figures[key]['metrics'])}", flush=True)
-            suite.save()
+    for variant in args.variants.split(",") if args.variants else []:
+        _run_variant(suite, variant, suffix, model, tasks, 1 if variant.endswith("_1") else args.gpus)
     for n in ("1", "n"):
         suite.ratio(f"lm_eval_{n}{suffix}/raysweep_{n}{suffix}", f"lm_eval_{n}{suffix}", f"raysweep_{n}{suffix}")
     if args.checkpoints:
