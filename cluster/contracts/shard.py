@@ -13,13 +13,18 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
-if TYPE_CHECKING:
-    from cluster.inputs.staging import StagedRows
+
+class RowRecords(Protocol):
+    """Rows staged on the driver's disk, read back by record position (cluster/inputs/staging.py StagedRows):
+    each record `[sample_id, prompt, target, truncated_token_ids | None, extra | None]`."""
+
+    def read(self, positions: np.ndarray) -> list[list]: ...
+
 
 class Profile(str, Enum):
     """A shard's engine profile: chunked prefill off (short prompts) or on (long ones, chunks of the shard's
@@ -89,7 +94,7 @@ class Shard:
     max_num_batched_tokens: int | None  # the chunk size for `long` shards
     add_special_tokens: bool  # how the prompts are tokenized (False for chat-rendered text)
     seed_base: int  # the task's sampling seed: per-sample seeds derive from it
-    source: StagedRows | pa.Table  # the driver's staged rows, or the rows themselves once shipped
+    source: RowRecords | pa.Table  # the driver's staged rows, or the rows themselves once shipped
     positions: np.ndarray | None = None  # record positions in `source` (staged rows only)
     prompt_tokens: np.ndarray | None = None  # measured lengths, in shard order (staged rows only)
     status: np.ndarray | None = None  # STATUSES codes, in shard order (staged rows only)
