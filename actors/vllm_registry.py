@@ -11,8 +11,8 @@ holding the class, the two lines carry the same second (bench/records/h200-engin
 An engine's process has imported vLLM already, and importing a model class starts no CUDA, so `inspect_here` asks
 vLLM's registry for the model's architectures in this process, with vLLM's subprocess step run as a plain call for
 that moment: vLLM's own code then writes its cache entry, which `LLM(...)` reads a moment later. Anything that does not
-go as planned (a hub id with no local config.json, a registry whose private names moved) leaves vLLM to do it its
-own way; nothing is raised.
+go as planned (a hub id with no local config.json, a registry whose private names moved, an inspection that raised)
+leaves vLLM to do it its own way; nothing is raised, and the last two are said in one line.
 """
 
 from __future__ import annotations
@@ -34,10 +34,14 @@ def inspect_here(model_path: str) -> list[str]:
     try:
         from vllm.model_executor.models import registry
         from vllm.plugins import load_general_plugins
-
+    except ImportError:  # no vLLM here: nothing to inspect
+        return []
+    try:
         in_subprocess = registry._run_in_subprocess
         models = registry.ModelRegistry.models
-    except (ImportError, AttributeError):
+    except AttributeError as e:
+        print(f"[raysweep] vLLM's model registry is not as vLLM 0.26 has it ({e}); vLLM inspects {architectures} in "
+              "a process of its own", file=sys.stderr)
         return []
     load_general_plugins()  # as vLLM's subprocess step does first (registry.py `_run`); LLM(...) loads them too
     registry._run_in_subprocess = _call
