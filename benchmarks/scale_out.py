@@ -2,7 +2,7 @@
 
     python -m benchmarks.scale_out --gpus 4 --prompts 10496 --out DIR [--model builtin:small] [--variants ...]
                                    [--engine JSON] [--raysweep-engine JSON] [--tried-engine JSON] [--rounds N]
-                                   [--fresh-caches]
+                                   [--tried-actors JSON] [--fresh-caches]
 
 Every variant is timed from just before its first process starts to just after its last one exits, over the
 same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tokens` new tokens, in one call:
@@ -14,8 +14,9 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
 - `raysweep_one`: the same on N GPUs with `actors: {num_gpus: 1}` (one engine per GPU, whatever the rule says);
 - `raysweep_two`: the same on N GPUs with `actors: {num_gpus: 0.5}` (two engines per GPU, whatever the rule says);
 - `raysweep_four`: the same with `actors: {num_gpus: 0.25}` (four engines per GPU);
-- `raysweep_tried`: `raysweep` with `--tried-engine JSON` added to its engine arguments (a setting tried against
-  raysweep's own choice and the plain script in the same rounds);
+- `raysweep_tried`: `raysweep` with `--tried-engine JSON` added to its engine arguments, and `--tried-actors JSON`
+  as its `actors:` section where given (a setting tried against raysweep's own choice and the plain script in the
+  same rounds);
 - `ray_data`: Ray Data LLM (benchmarks/ray_data_llm.py) with `concurrency=N`;
 - `lm_eval`: `lm_eval --model vllm --model_args pretrained=PATH,data_parallel_size=N` over a local generate_until
   task of the same prompts (`max_gen_toks`, greedy; lm-eval adds the end-of-text string as its stop).
@@ -63,12 +64,14 @@ class ScaleOut:
 
     def __init__(self, bench: Bench, gpus: int, prompts: int, max_tokens: int, runner=run_process,
                  popen=subprocess.Popen, engine: dict | None = None, raysweep_engine: dict | None = None,
-                 rounds: int = 1, tried_engine: dict | None = None, fresh: bool = False):
+                 rounds: int = 1, tried_engine: dict | None = None, fresh: bool = False,
+                 tried_actors: dict | None = None):
         self.bench, self.gpus, self.max_tokens, self.out = bench, gpus, max_tokens, Path(bench.out)
         self.rounds, self.fresh = rounds, fresh
         self.engine = dict(engine or {})
         self.raysweep_engine = {**self.engine, **(raysweep_engine or {})}
         self.tried_engine = tried_engine or {}
+        self.tried_actors = tried_actors or {}  # raysweep_tried's `actors:` (default: none, the rule's choice)
         visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         if visible and len(visible) < gpus:
             raise ValueError(f"--gpus {gpus}: CUDA_VISIBLE_DEVICES lists {len(visible)} ({','.join(visible)})")
@@ -150,7 +153,7 @@ class ScaleOut:
     def run(self, variants: list[str], warm: bool) -> None:
         every = self._all_gpus()
         actors = {"raysweep": {}, "raysweep_one": {"num_gpus": 1}, "raysweep_two": {"num_gpus": 0.5},
-                  "raysweep_four": {"num_gpus": 0.25}, "raysweep_tried": {}}
+                  "raysweep_four": {"num_gpus": 0.25}, "raysweep_tried": self.tried_actors}
         if warm and not self.fresh:  # fresh caches: each run starts on empty ones, nothing to warm
             warm_ups = [(("plain", "split", "ray_data"), "plain", lambda: self.plain("n_warm_plain", self.warm)),
                         (("plain_defaults",), "plain_defaults",
@@ -274,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="{}", help="JSON added to raysweep's engine arguments (both tools')")
     parser.add_argument("--raysweep-engine", default="{}", help="JSON added to raysweep's engine arguments alone")
     parser.add_argument("--tried-engine", default="{}", help="JSON added to raysweep_tried's engine arguments")
+    parser.add_argument("--tried-actors", default="{}", help="JSON: raysweep_tried's `actors:` section (default: "
+                                                             "none, the rule's choice)")
     parser.add_argument("--rounds", type=int, default=1, help="the variants run this many times in turn; medians")
     parser.add_argument("--fresh-caches", action="store_true",
                         help="each run on empty compile caches of its own, as on a node new to the model; no warm-ups")
@@ -293,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ScaleOut(bench, args.gpus, args.prompts, args.max_tokens, engine=json.loads(args.engine),
                  raysweep_engine=json.loads(args.raysweep_engine), rounds=args.rounds,
-                 tried_engine=json.loads(args.tried_engine), fresh=args.fresh_caches).run(
+                 tried_engine=json.loads(args.tried_engine), fresh=args.fresh_caches,
+                 tried_actors=json.loads(args.tried_actors)).run(
             variants, warm=not args.no_warm)
     finally:
         bench.save()

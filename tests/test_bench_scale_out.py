@@ -131,6 +131,17 @@ def test_a_tried_engine_setting_runs_beside_raysweeps_own_in_the_same_rounds(tmp
     assert "actors" not in json.loads((tmp_path / "n_raysweep_tried.yaml").read_text())
 
 
+def test_tried_actors_give_raysweep_tried_its_own_actors_section(tmp_path, monkeypatch):
+    """`--tried-actors JSON`: the tried setting may also choose the actors (one engine for the whole GPU with a
+    larger batch, say), where `raysweep` keeps the rule's choice."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    ScaleOut(Bench("/m", tmp_path, 0), 1, 12, 8, runner=Runner(), popen=Child, tried_engine={"max_num_seqs": 2048},
+             tried_actors={"num_gpus": 1}).run(["raysweep", "raysweep_tried"], warm=False)
+    tried, own = (json.loads((tmp_path / f"n_{v}.yaml").read_text()) for v in ("raysweep_tried", "raysweep"))
+    assert tried["actors"] == {"num_gpus": 1} and tried["models"][0]["engine"]["max_num_seqs"] == 2048
+    assert "actors" not in own
+
+
 def test_fresh_caches_give_every_run_empty_caches_of_its_own_and_leave_nothing_to_warm(tmp_path, monkeypatch):
     """`--fresh-caches`: each run, round after round, starts on empty caches under OUT/caches/STEM (a node new to
     the model); the hand split's processes share their run's, as one node's would; no warm-up runs."""
