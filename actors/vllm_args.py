@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from actors.engine import EngineProfile
-from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS, shared_starts_together
-from cluster.contracts.model_memory import GIB, folder_config, shared_kv_cache_bytes, weight_bytes
+from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS, shared_starts_together, starts_uncompiled
+from cluster.contracts.model_memory import folder_config, shared_kv_cache_bytes, weight_bytes
 from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
 LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
@@ -34,22 +34,21 @@ def shared_kv_bytes(model: ModelSpec, model_path: str, gpu_fraction: float, tota
     return kv if kv >= MIN_SHARED_KV_BYTES else None
 
 
-# A large model's engine (its weights over UNCOMPILED_MIN_WEIGHT_BYTES as vLLM loads them, counted as the planner
-# counts them: cluster/contracts/model_memory.py) starts without torch.compile and captures full CUDA graphs for its
-# decode steps only (vLLM's compilation mode 0 with cudagraph_mode FULL_DECODE_ONLY; prefill and mixed steps run
-# eager, with vLLM's own kernels). On one H200, a model of Llama-3-8B's shape, two engines on the GPU: ready in
-# 17-20 s against 24-29 s compiled from vLLM's compile cache, and 28 s against 48 s with nothing of theirs in that
-# cache; generation as fast (first shard to last 22.9-24.2 s against 23.1-24.0 s); the whole command a median of
-# 62.4 s against 68.8 s over three rounds (bench/records/h200-8b-start-without-compile.md). Smaller models keep
-# vLLM's compiled default (not measured without). Not where the spec sets compilation_config's mode or
-# cudagraph_mode, enforce_eager or optimization_level, nor in reproducible mode (measured batch-invariant compiled),
-# nor for a model whose engines may be asked for log-likelihoods (ModelSpec.loglikelihood): its numbers are to be
-# lm-eval's vLLM backend's, which runs compiled, and uncompiled engines' are not: over lm-eval's suite on the same
-# model, against `lm_eval --model vllm`, choices' log-likelihoods differed by up to 1.82 nats (HellaSwag, mean 0.26)
-# and 11 of 1,330 documents' decisions differed where lm-eval's margin was 0.05-0.34 nats; compiled engines make
+# A large model's engine (cluster/contracts/engine_defaults.py `starts_uncompiled`: its weights over
+# UNCOMPILED_MIN_WEIGHT_BYTES as vLLM loads them, counted as the planner counts them) starts without torch.compile and
+# captures full CUDA graphs for its decode steps only (vLLM's compilation mode 0 with cudagraph_mode FULL_DECODE_ONLY;
+# prefill and mixed steps run eager, with vLLM's own kernels). On one H200, a model of Llama-3-8B's shape, two
+# engines on the GPU: ready in 17-20 s against 24-29 s compiled from vLLM's compile cache, and 28 s against 48 s with
+# nothing of theirs in that cache; generation as fast (first shard to last 22.9-24.2 s against 23.1-24.0 s); the whole
+# command a median of 62.4 s against 68.8 s over three rounds (bench/records/h200-8b-start-without-compile.md).
+# Smaller models keep vLLM's compiled default (not measured without). Not where the spec sets compilation_config's
+# mode or cudagraph_mode, enforce_eager or optimization_level, nor in reproducible mode (measured batch-invariant
+# compiled), nor for a model whose engines may be asked for log-likelihoods (ModelSpec.loglikelihood): its numbers are
+# to be lm-eval's vLLM backend's, which runs compiled, and uncompiled engines' are not: over lm-eval's suite on the
+# same model, against `lm_eval --model vllm`, choices' log-likelihoods differed by up to 1.82 nats (HellaSwag, mean
+# 0.26) and 11 of 1,330 documents' decisions differed where lm-eval's margin was 0.05-0.34 nats; compiled engines make
 # all 1,330 decisions the same, within 0.075 nats (bench/records/h200-suite-8b-uncompiled.md and
 # 2xh200-suite-8b-compiled.md).
-UNCOMPILED_MIN_WEIGHT_BYTES = 2 * GIB
 UNCOMPILED = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
 
 
@@ -120,7 +119,7 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
         args.update(REPRODUCIBLE_ARGS, attention_config={**(args.get("attention_config") or {}),
                                                          **REPRODUCIBLE_ARGS["attention_config"]})
     compilation = dict(args.pop("compilation_config", None) or {})
-    if _starts_uncompiled(model, model_path, compilation, reproducible):
+    if starts_uncompiled(model, _weight_bytes(model_path, model), reproducible):
         compilation.update(UNCOMPILED)
     if "max_num_seqs" in args:  # else vLLM sizes both for the GPU (get_batch_defaults) and captures to match
         compilation.setdefault("max_cudagraph_capture_size", args["max_num_seqs"])
@@ -130,16 +129,10 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
     return args
 
 
-def _starts_uncompiled(model: ModelSpec, model_path: str, compilation: dict, reproducible: bool) -> bool:
-    """UNCOMPILED's rule (above): a model whose weights take over UNCOMPILED_MIN_WEIGHT_BYTES as vLLM loads them,
-    where neither the spec nor reproducible mode decides compilation or graphs and no log-likelihood is asked of
-    it. A folder whose config.json cannot be read, or whose weights cannot be counted, keeps vLLM's default."""
-    decided = {"mode", "level", "cudagraph_mode"} & set(compilation) or \
-        {"enforce_eager", "optimization_level"} & set(model.engine)
-    if reproducible or decided or model.loglikelihood:
-        return False
-    counted = weight_bytes(model_path, folder_config(model_path), model.engine)
-    return (counted or 0) > UNCOMPILED_MIN_WEIGHT_BYTES
+def _weight_bytes(model_path: str, model: ModelSpec) -> int | None:
+    """The model's weights as vLLM loads them, as the planner counts them; None where its config.json cannot be read
+    or its weights cannot be counted (its engine then keeps vLLM's compiled default)."""
+    return weight_bytes(model_path, folder_config(model_path), model.engine)
 
 
 def sampling_kwargs(sampling: SamplingSpec, seed: int, structured: StructuredSpec | None) -> dict:

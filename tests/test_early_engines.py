@@ -55,13 +55,17 @@ def test_no_early_engine_where_an_actors_first_engine_is_not_known_before_ray(sp
 
 
 def test_a_large_model_on_gpus_the_rule_shares_between_two_engines_gets_an_early_engine_per_actor():
-    # 8B (13 GiB) on an H200's 140 GiB: two engines per GPU once Ray is up (cluster/plan/engines_per_gpu.py)
+    # 8B (13 GiB) on an H200's 140 GiB, log-likelihoods asked (compiled engines): two engines per GPU once Ray is up
+    # (cluster/plan/engines_per_gpu.py); a generation sweep's uncompiled engines: one per GPU, as the rule gives them
     h200, h100 = 143771 << 20, 81559 << 20
-    plan = plan_early(_spec(), "/models/m", ["0", "1"], 13 << 30, h200)
+    compiled = _spec([ModelSpec("m", "/models/m", loglikelihood=True)])
+    plan = plan_early(compiled, "/models/m", ["0", "1"], 13 << 30, h200)
     assert (plan.count, plan.num_gpus) == (4, 0.5)
     assert [(e.key, e.slot) for e in plan.engines] == [("0", 0), ("0", 1), ("1", 0), ("1", 1)]
     assert {e.start["gpu_fraction"] for e in plan.engines} == {0.5} and plan.engines[0].threads == (1.0, 0.5, 2)
-    assert plan_early(_spec(), "/models/m", ["0", "1"], 13 << 30, h100).count == 2
+    assert plan_early(compiled, "/models/m", ["0", "1"], 13 << 30, h100).count == 2
+    assert (plan_early(_spec(), "/models/m", ["0", "1"], 13 << 30, h200).count,
+            plan_early(_spec(), "/models/m", ["0", "1"], 13 << 30, h200).num_gpus) == (2, 1.0)
     assert plan_early(_spec(num_gpus=1), "/models/m", ["0", "1"], 13 << 30, h200).count == 2  # as the spec asks
     assert plan_early(_spec(num_gpus=0.25), "/models/m", ["0"], SMALL_WEIGHTS_BYTES).count == 4  # as the spec asks
     assert plan_early(_spec(num_gpus=0.3), "/models/m", ["0"], LARGE).count == 3  # as many as fit, as Ray packs them

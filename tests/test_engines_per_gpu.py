@@ -2,6 +2,8 @@
 (cluster/plan/engines_per_gpu.py): from the cluster's GPUs, their memory and the models' weights; a value the
 spec gives is kept."""
 
+from dataclasses import replace
+
 import pytest
 
 from cluster.contracts.spec import ActorSpec, ModelSpec, SweepSpec
@@ -34,8 +36,13 @@ def test_a_small_model_gets_two_engines_per_gpu_on_an_h100_and_a_large_one_one(m
     assert again.digest() == spec.digest()  # placement never changes what a resume checks
 
 
+def _loglikelihood(spec: SweepSpec) -> SweepSpec:
+    """`spec` with log-likelihoods asked of its models (their engines start compiled, as lm-eval's do)."""
+    return replace(spec, models=tuple(replace(m, loglikelihood=True) for m in spec.models))
+
+
 def test_the_largest_model_decides_and_every_gpu_of_the_cluster_is_used():
-    spec = _spec({"a": "builtin:small", "b": "builtin:large"})
+    spec = _loglikelihood(_spec({"a": "builtin:small", "b": "builtin:large"}))
     assert choose(spec, H100 | {"GPU": 4.0}, model_weights(spec)).record() == {
         "count": 4, "num_gpus": 1.0, "engines_per_gpu": 1,
         "reason": "one engine per GPU: model b's weights take 13.0 GiB, over 2 GiB, and two engines would keep 17 GiB "
@@ -44,9 +51,10 @@ def test_the_largest_model_decides_and_every_gpu_of_the_cluster_is_used():
     assert choose(small, H100 | {"GPU": 4.0}, model_weights(small)).count == 8
 
 
-def test_a_large_model_gets_two_engines_per_gpu_where_each_keeps_a_large_kv_cache():
-    # 8B on an H200: each of two engines keeps 44 GiB for its KV cache (measured faster than one engine there)
-    spec = _spec({"m": "builtin:large"})
+def test_a_large_model_whose_engines_start_compiled_gets_two_engines_per_gpu_where_each_keeps_a_large_kv_cache():
+    # 8B on an H200, log-likelihoods asked: each of two compiled engines keeps 44 GiB for its KV cache (they started
+    # faster than one compiled engine there)
+    spec = _loglikelihood(_spec({"m": "builtin:large"}))
     h200 = {"CPU": 64.0, "GPU": 4.0, "accelerator_type:H200": 4.0}
     assert choose(spec, h200, model_weights(spec)).record() == {
         "count": 8, "num_gpus": 0.5, "engines_per_gpu": 2,
@@ -55,6 +63,26 @@ def test_a_large_model_gets_two_engines_per_gpu_where_each_keeps_a_large_kv_cach
     # a larger model on the same GPU, and the same model on GPUs of 80 GiB: one engine each
     assert choose(spec, h200, {"m": 24 * GIB}).engines_per_gpu == 1
     assert choose(spec, {"CPU": 8.0, "GPU": 1.0, "accelerator_type:A100-80G": 1.0}, model_weights(spec)).engines_per_gpu == 1
+
+
+@pytest.mark.parametrize("setting", [{}, {"reproducible": True}, {"engine": {"enforce_eager": True}},
+                                     {"engine": {"compilation_config": {"mode": 3}}}])
+def test_a_large_model_whose_engines_start_uncompiled_gets_one_engine_per_gpu_however_large_the_gpu(setting):
+    """A generation sweep's large model starts uncompiled (cluster/contracts/engine_defaults.py starts_uncompiled):
+    one engine per GPU, whose batch generates faster than two engines' on one H200. Where the spec or reproducible
+    mode decides compilation, the KV cache's rule as for compiled engines."""
+    spec = _spec({"m": "builtin:large"}, engine=setting.get("engine"))
+    spec = replace(spec, reproducible=setting.get("reproducible", False))
+    h200 = {"CPU": 64.0, "GPU": 4.0, "accelerator_type:H200": 4.0}
+    choice = choose(spec, h200, model_weights(spec))
+    if not setting:
+        assert choice.record() == {
+            "count": 4, "num_gpus": 1.0, "engines_per_gpu": 1,
+            "reason": "one engine per GPU: model m's weights take 13.0 GiB, over 2 GiB, and its engines start "
+                      "uncompiled (no log-likelihood asked of it): one engine's batch generates faster than two "
+                      "engines' on one GPU; 4 actor(s) per model for 4 GPU(s)"}
+    else:
+        assert (choice.engines_per_gpu, choice.count) == (2, 8)
 
 
 def test_a_value_the_spec_gives_is_kept():

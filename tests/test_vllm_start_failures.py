@@ -215,8 +215,8 @@ def test_a_large_models_engine_starts_uncompiled_with_full_decode_graphs_unless_
     import struct
 
     from actors.engine import EngineProfile
-    from actors.vllm_args import UNCOMPILED, UNCOMPILED_MIN_WEIGHT_BYTES, engine_args
-    from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS
+    from actors.vllm_args import UNCOMPILED, engine_args
+    from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS, UNCOMPILED_MIN_WEIGHT_BYTES
     from cluster.contracts.spec import ModelSpec
 
     def model(name: str, parameters: int, dtype: str, config: bool = True):

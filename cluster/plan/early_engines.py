@@ -29,7 +29,7 @@ import glob
 import os
 from dataclasses import dataclass
 
-from cluster.contracts.engine_defaults import shared_starts_together
+from cluster.contracts.engine_defaults import shared_starts_together, starts_uncompiled
 from cluster.contracts.engine_host import CPU_KEY
 from cluster.contracts.spec import SweepSpec
 from cluster.plan.engines_per_gpu import SMALL_WEIGHTS_BYTES, large_model_engines, shares_per_gpu
@@ -69,7 +69,8 @@ def plan_early(spec: SweepSpec, model_path: str, gpus: list[str], weight_bytes: 
         return None
     model, actors = spec.models[0], spec.actors
     if gpus:
-        per_gpu = _actors_per_gpu(actors.num_gpus, weight_bytes, gpu_bytes)
+        uncompiled = starts_uncompiled(model, weight_bytes, reproducible=False)  # a reproducible spec: none early
+        per_gpu = _actors_per_gpu(actors.num_gpus, weight_bytes, gpu_bytes, uncompiled)
         if per_gpu is None or actors.count not in (None, per_gpu * len(gpus)) or \
                 (per_gpu > 1 and not shared_starts_together()):  # serial starts: each after its neighbour's
             return None
@@ -122,13 +123,14 @@ def local_gpus() -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def _actors_per_gpu(num_gpus: float | None, weight_bytes: int | None, gpu_bytes: int | None) -> int | None:
+def _actors_per_gpu(num_gpus: float | None, weight_bytes: int | None, gpu_bytes: int | None,
+                    uncompiled: bool) -> int | None:
     """How many actors each GPU will hold, where that is known before Ray is up: by the spec's share of a GPU
-    (`num_gpus: 1`, 0.5, 0.25, ...), or, where the spec leaves it out, a model over
-    SMALL_WEIGHTS_BYTES by the rule for this machine's GPUs (`large_model_engines`; one per GPU where their
-    memory is not known, as the rule decides then). None where not known (a small model: Ray's view decides)."""
+    (`num_gpus: 1`, 0.5, 0.25, ...), or, where the spec leaves it out, a model over SMALL_WEIGHTS_BYTES by the rule
+    for this machine's GPUs and whether its engines start `uncompiled` (`large_model_engines`; one per GPU where
+    their memory is not known, as the rule decides then). None where not known (a small model: Ray's view decides)."""
     if num_gpus is not None:  # as the fleet will be sized (engines_per_gpu.choose); over one GPU: not planned here
         return shares_per_gpu(num_gpus) if 0 < num_gpus <= 1 else None
     if (weight_bytes or 0) <= SMALL_WEIGHTS_BYTES:
         return None
-    return 1 if gpu_bytes is None else large_model_engines(weight_bytes, gpu_bytes)
+    return 1 if gpu_bytes is None else large_model_engines(weight_bytes, gpu_bytes, uncompiled)

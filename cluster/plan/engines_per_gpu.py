@@ -14,20 +14,22 @@ tasks, 1.27x at 5,248 prompts), because a small model's one engine leaves the GP
   35.2 s on four and 33.7 s on two: four engines start as fast, but a small sweep's tail idles more of them
   (bench/records/h200-engines-per-gpu-and-pool-planning.md); on four H200s with the same model, 10,496 prompts
   (0.67M per GPU) ran in 48.9 s on four engines per GPU against 57.5 s on two (bench/records/4xh200-scale-out.md);
-- for a larger model, two engines per GPU where each keeps at least PAIRED_KV_MIN_BYTES for its KV cache (half of
+- for a larger model whose engines start uncompiled (cluster/contracts/engine_defaults.py starts_uncompiled: a
+  sweep that asks it for no log-likelihood), one engine per GPU, with vLLM's batch for the whole GPU. On one H200
+  with a model of Llama-3-8B's shape (13.2 GiB), 1,312 prompts of 256 new tokens, three rounds against the plain
+  script on each of two machines, one engine generated faster than two engines of 256 sequences each in all six
+  rounds (19.8-23.1 s from first shard to last against 23.1-25.0 s) and built as fast; its whole command was faster
+  in four rounds (by 2.8-6.8 s) and slower in two (by 0.2 and 1.0 s): medians 1.10x against 1.01x the plain script
+  on one machine, 1.13x against 1.11x on the other: an 8B model's step gains from the larger batch
+  (bench/records/h200-8b-one-engine-or-two.md). Models between SMALL_WEIGHTS_BYTES and 8B were not measured either
+  way;
+- for a larger model whose engines start compiled (log-likelihoods asked, reproducible mode, or the spec's own
+  compilation settings), two engines per GPU where each keeps at least PAIRED_KV_MIN_BYTES for its KV cache (half of
   90% of the GPU, less its weights with a fifth more and 3 GiB, as actors/vllm_args.py sizes a shared engine's
-  cache): on one H200 with a model of Llama-3-8B's shape (13.2 GiB), 1,312 prompts of 256 new tokens took 71.3 s on
-  two engines against 80.4 s on one (the plain script: 91.5 s). The two generated no faster (24.0 s against 23.8 s
-  from first shard to last: one engine at a batch of 1,024 is bound by its CPU work at 67% of the GPU, two at 256
-  each keep it busy at the same rate), but each started in 22-24 s against 31 s for one engine with the whole GPU
-  (bench/records/4xh200-8b-two-engines-and-loglikelihood.md). With both engines built before Ray is up
-  (early engines) and uncompiled (actors/vllm_args.py UNCOMPILED), another H200 gave a median of 1.01x the plain
-  script's whole command over three rounds: the two are ready when the plain script's one is, but on that host's
-  faster CPUs they generated in 22.9-24.2 s against the plain script's 19.2-20.0 s
-  (bench/records/h200-8b-start-without-compile.md); on a third, 1.11x with two engines and 1.13x with one uncompiled
-  engine for the whole GPU, within the rounds' spread (bench/records/h200-8b-one-engine-or-two.md); a batch
-  limit of 512 for the two started them slower than it sped their generation (bench/records/h200-8b-two-engines-batch-limit.md). An
-  H100 80GB would leave each of two engines 17 GiB: one engine there, not measured;
+  cache): on one H200 with the same model, 1,312 prompts took 71.3 s on two compiled engines against 80.4 s on one
+  (the plain script: 91.5 s): the two generated no faster (24.0 s against 23.8 s), but each started in 22-24 s
+  against 31 s for one compiled engine with the whole GPU (bench/records/4xh200-8b-two-engines-and-loglikelihood.md).
+  An H100 80GB would leave each of two engines 17 GiB: one engine there, not measured;
 - one engine per GPU otherwise; a GPU of unknown memory is not shared;
 - actors per model: engines per GPU x the GPUs the cluster has now, over the GPUs one engine spans (at least
   one: an autoscaled group at zero nodes starts with one);
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from cluster.contracts.engine_defaults import starts_uncompiled
 from cluster.contracts.model_memory import (DEFAULT_UTILIZATION, GIB, accelerator_memory, shared_kv_cache_bytes,
                                             weight_bytes)
 from cluster.contracts.spec import ActorSpec, SweepSpec
@@ -128,7 +131,13 @@ def _engines_per_gpu(spec: SweepSpec, cluster_resources: dict, model_bytes: dict
     if large:
         name, size = max(large.items(), key=lambda item: item[1])
         kv = paired_kv_bytes(size, memory)
-        if large_model_engines(size, memory) == 2:
+        model = next(m for m in spec.models if m.name == name)
+        uncompiled = starts_uncompiled(model, size, spec.reproducible)
+        if uncompiled:
+            return 1, (f"one engine per GPU: model {name}'s weights take {size / GIB:.1f} GiB, over "
+                       f"{SMALL_WEIGHTS_BYTES / GIB:.0f} GiB, and its engines start uncompiled (no log-likelihood "
+                       "asked of it): one engine's batch generates faster than two engines' on one GPU")
+        if large_model_engines(size, memory, uncompiled) == 2:
             return 2, (f"two engines per GPU: model {name}'s weights take {size / GIB:.1f} GiB, and a {kind} of "
                        f"{memory / GIB:.0f} GiB leaves each of two engines {kv / GIB:.0f} GiB for its KV cache (at least "
                        f"{PAIRED_KV_MIN_BYTES / GIB:.0f} GiB)")
@@ -156,10 +165,11 @@ def shares_per_gpu(num_gpus: float) -> int:
     return max(1, int(1 / num_gpus)) if 0 < num_gpus < 1 else 1
 
 
-def large_model_engines(weight_bytes: int, memory: int) -> int:
-    """Engines per GPU for a model over SMALL_WEIGHTS_BYTES on a GPU of `memory` bytes (also read by
-    cluster/plan/early_engines.py, which builds as many early engines per GPU before Ray is up)."""
-    return 2 if paired_kv_bytes(weight_bytes, memory) >= PAIRED_KV_MIN_BYTES else 1
+def large_model_engines(weight_bytes: int, memory: int, uncompiled: bool) -> int:
+    """Engines per GPU for a model over SMALL_WEIGHTS_BYTES on a GPU of `memory` bytes, its engines starting
+    `uncompiled` or not (cluster/contracts/engine_defaults.py starts_uncompiled); also read by
+    cluster/plan/early_engines.py, which builds as many early engines per GPU before Ray is up."""
+    return 2 if not uncompiled and paired_kv_bytes(weight_bytes, memory) >= PAIRED_KV_MIN_BYTES else 1
 
 
 def _accelerator(cluster_resources: dict) -> str | None:
