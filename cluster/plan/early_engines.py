@@ -13,8 +13,8 @@ Only where the first engine of every actor is known without Ray, so that no earl
 - one model, whose engine spans one GPU, not reproducible (its actors keep their engines: cluster/launch.py);
 - on GPUs: each GPU held by a known number of actors: whole GPUs or a fraction of one as the spec says
   (`num_gpus: 1`, `0.5`, `0.25`, ...), or, where it leaves that out, a model over SMALL_WEIGHTS_BYTES, which the rule
-  gives one or two engines per GPU by this machine's GPUs' memory (cluster/plan/engines_per_gpu.py
-  `large_model_engines`); as many actors as that makes on this machine's GPUs. Each actor's key is its GPU (Ray
+  gives one or two engines per GPU by whether its engines start uncompiled and this machine's GPUs' memory
+  (cluster/plan/engines_per_gpu.py `large_model_engines`); as many actors as that makes on this machine's GPUs. Each actor's key is its GPU (Ray
   gives a local run's actors the GPUs this process sees); the engines of a GPU that actors share are told apart
   by slot, and each of its actors takes one (cluster/contracts/engine_host.py `claim_early`);
 - without GPUs: one actor (the default), keyed CPU_KEY.
