@@ -14,9 +14,10 @@ Only where the first engine of every actor is known without Ray, so that no earl
 - on GPUs: each GPU held by a known number of actors: whole GPUs or a fraction of one as the spec says
   (`num_gpus: 1`, `0.5`, `0.25`, ...), or, where it leaves that out, a model over SMALL_WEIGHTS_BYTES, which the rule
   gives one or two engines per GPU by whether its engines start uncompiled and this machine's GPUs' memory
-  (cluster/plan/engines_per_gpu.py `large_model_engines`); as many actors as that makes on this machine's GPUs. Each actor's key is its GPU (Ray
-  gives a local run's actors the GPUs this process sees); the engines of a GPU that actors share are told apart
-  by slot, and each of its actors takes one (cluster/contracts/engine_host.py `claim_early`);
+  (cluster/plan/engines_per_gpu.py `large_model_engines`); as many actors as that makes on this machine's GPUs.
+  Each actor's key is its GPU (Ray gives a local run's actors the GPUs this process sees); the engines of a GPU
+  that actors share are told apart by slot, and each of its actors takes one (cluster/contracts/engine_host.py
+  `claim_early`);
 - without GPUs: one actor (the default), keyed CPU_KEY.
 Its first engine is the model's, of the default (short) profile, with the actor's CPU threads and share of a GPU, as
 actors/evaluator.py starts it. Once Ray is up and the fleet is sized, `EarlyPlan.holds` says whether the actors are

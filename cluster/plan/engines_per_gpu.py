@@ -133,11 +133,13 @@ def _engines_per_gpu(spec: SweepSpec, cluster_resources: dict, model_bytes: dict
         kv = paired_kv_bytes(size, memory)
         model = next(m for m in spec.models if m.name == name)
         uncompiled = starts_uncompiled(model, size, spec.reproducible)
+        engines = large_model_engines(size, memory, uncompiled)
         if uncompiled:
-            return 1, (f"one engine per GPU: model {name}'s weights take {size / GIB:.1f} GiB, over "
-                       f"{SMALL_WEIGHTS_BYTES / GIB:.0f} GiB, and its engines start uncompiled (no log-likelihood "
-                       "asked of it): one engine's batch generates faster than two engines' on one GPU")
-        if large_model_engines(size, memory, uncompiled) == 2:
+            return engines, (f"one engine per GPU: model {name}'s weights take {size / GIB:.1f} GiB, over "
+                             f"{SMALL_WEIGHTS_BYTES / GIB:.0f} GiB, and its engines start uncompiled (no "
+                             "log-likelihood asked of it): one engine's batch generates faster than two engines' on "
+                             "one GPU")
+        if engines == 2:
             return 2, (f"two engines per GPU: model {name}'s weights take {size / GIB:.1f} GiB, and a {kind} of "
                        f"{memory / GIB:.0f} GiB leaves each of two engines {kv / GIB:.0f} GiB for its KV cache (at least "
                        f"{PAIRED_KV_MIN_BYTES / GIB:.0f} GiB)")
