@@ -1,7 +1,7 @@
 """Bench part (n): one sweep on the N GPUs of one host against the usual ways to spread it, whole processes.
 
     python -m benchmarks.scale_out --gpus 4 --prompts 10496 --out DIR [--model builtin:small] [--variants ...]
-                                   [--engine JSON] [--raysweep-engine JSON] [--tried-engine JSON] [--rounds N]
+                                   [--engine JSON] [--raysweep-engine JSON] [--tried-engine JSON ...] [--rounds N]
                                    [--tried-actors JSON] [--fresh-caches]
 
 Every variant is timed from just before its first process starts to just after its last one exits, over the
@@ -16,7 +16,7 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
 - `raysweep_four`: the same with `actors: {num_gpus: 0.25}` (four engines per GPU);
 - `raysweep_tried`: `raysweep` with `--tried-engine JSON` added to its engine arguments, and `--tried-actors JSON`
   as its `actors:` section where given (a setting tried against raysweep's own choice and the plain script in the
-  same rounds);
+  same rounds); `--tried-engine` given again makes `raysweep_tried2`, `raysweep_tried3`, ... of the second, third;
 - `ray_data`: Ray Data LLM (benchmarks/ray_data_llm.py) with `concurrency=N`;
 - `lm_eval`: `lm_eval --model vllm --model_args pretrained=PATH,data_parallel_size=N` over a local generate_until
   task of the same prompts (`max_gen_toks`, greedy; lm-eval adds the end-of-text string as its stop).
@@ -27,7 +27,7 @@ variant's wall is the median of its rounds, and each round's ratio to `plain_def
 median's (a host whose plain script moves by seconds between calls). The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
 Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts, filling vLLM's compile cache: the
 plain script on one GPU (where `plain`, `split` or `ray_data` run), `plain_defaults`, raysweep on one GPU (where
-`raysweep_1` runs), each of `raysweep`, `raysweep_one`, `raysweep_two`, `raysweep_four` and `raysweep_tried`
+`raysweep_1` runs), each of `raysweep`, `raysweep_one`, `raysweep_two`, `raysweep_four` and the tried variants
 that runs with its own actors (the engine arguments of a whole GPU and of a shared one differ, and so do their compiled graphs), and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
 with one output per prompt; one that fails is said, the others run, and the call fails at the end. Figures go to
 OUT/n.json after each variant (a call cut short keeps those done) and to OUT/bench.parquet; each process's
@@ -64,14 +64,15 @@ class ScaleOut:
 
     def __init__(self, bench: Bench, gpus: int, prompts: int, max_tokens: int, runner=run_process,
                  popen=subprocess.Popen, engine: dict | None = None, raysweep_engine: dict | None = None,
-                 rounds: int = 1, tried_engine: dict | None = None, fresh: bool = False,
+                 rounds: int = 1, tried_engines: list[dict] | None = None, fresh: bool = False,
                  tried_actors: dict | None = None):
         self.bench, self.gpus, self.max_tokens, self.out = bench, gpus, max_tokens, Path(bench.out)
         self.rounds, self.fresh = rounds, fresh
         self.engine = dict(engine or {})
         self.raysweep_engine = {**self.engine, **(raysweep_engine or {})}
-        self.tried_engine = tried_engine or {}
-        self.tried_actors = tried_actors or {}  # raysweep_tried's `actors:` (default: none, the rule's choice)
+        # raysweep_tried, raysweep_tried2, ...: each a setting added to raysweep's engine arguments
+        self.tried = {tried_name(k): dict(engine) for k, engine in enumerate(tried_engines or [])}
+        self.tried_actors = tried_actors or {}  # the tried variants' `actors:` (default: none, the rule's choice)
         visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         if visible and len(visible) < gpus:
             raise ValueError(f"--gpus {gpus}: CUDA_VISIBLE_DEVICES lists {len(visible)} ({','.join(visible)})")
@@ -113,9 +114,9 @@ class ScaleOut:
             self._expect(path.name, _outputs(Path(f"{path}.stdout").read_text(), path.name), count_lines(part))
         return wall
 
-    def raysweep(self, stem: str, data: Path, actors: dict, env: dict, tried: bool = False) -> float:
+    def raysweep(self, stem: str, data: Path, actors: dict, env: dict, tried: dict | None = None) -> float:
         output, spec = self.out / stem, self.out / f"{stem}.yaml"
-        engine = {**self.raysweep_engine, **self.tried_engine} if tried else self.raysweep_engine
+        engine = {**self.raysweep_engine, **(tried or {})}
         spec.write_text(json.dumps(sweep_spec(stem, output, [("m", self.bench.model_path)], [("t", data)],
                                               engine, self.max_tokens, actors), indent=1))
         wall, _ = self.runner([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(output), "--new-run"],
@@ -153,7 +154,7 @@ class ScaleOut:
     def run(self, variants: list[str], warm: bool) -> None:
         every = self._all_gpus()
         actors = {"raysweep": {}, "raysweep_one": {"num_gpus": 1}, "raysweep_two": {"num_gpus": 0.5},
-                  "raysweep_four": {"num_gpus": 0.25}, "raysweep_tried": self.tried_actors}
+                  "raysweep_four": {"num_gpus": 0.25}, **{name: self.tried_actors for name in self.tried}}
         if warm and not self.fresh:  # fresh caches: each run starts on empty ones, nothing to warm
             warm_ups = [(("plain", "split", "ray_data"), "plain", lambda: self.plain("n_warm_plain", self.warm)),
                         (("plain_defaults",), "plain_defaults",
@@ -163,7 +164,7 @@ class ScaleOut:
             # each raysweep variant warms its own actors' engines: a whole GPU's engine arguments (vLLM's batch
             # limit) differ from a shared GPU's, and so does what vLLM's compile cache holds for them
             warm_ups += [((name,), name, lambda name=name: self.raysweep(f"n_warm_{name}", self.warm, actors[name],
-                                                                           every, tried=name == "raysweep_tried"))
+                                                                           every, self.tried.get(name)))
                          for name in actors]
             warm_ups.append((("lm_eval",), "lm_eval", lambda: self.lm_eval("n_warm_lm_eval", WARM_PROMPTS)))
             for wanted, label, go in warm_ups:
@@ -175,7 +176,7 @@ class ScaleOut:
                 "lm_eval": lambda r: self.lm_eval(f"n_lm_eval{r}", None),
                 "ray_data": lambda r: self.ray_data(f"n_ray_data{r}"),
                 **{name: lambda r, name=name: self.raysweep(f"n_{name}{r}", self.data, actors[name], every,
-                                                            tried=name == "raysweep_tried")
+                                                            self.tried.get(name))
                    for name in actors}}
         rounds: dict[str, list[float]] = {}
         for k in range(1, self.rounds + 1):  # round 1's stems as ever; a later round's end in _r2, _r3, ...
@@ -276,19 +277,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-warm", action="store_true", help="no untimed warm-up runs (caches already warm)")
     parser.add_argument("--engine", default="{}", help="JSON added to raysweep's engine arguments (both tools')")
     parser.add_argument("--raysweep-engine", default="{}", help="JSON added to raysweep's engine arguments alone")
-    parser.add_argument("--tried-engine", default="{}", help="JSON added to raysweep_tried's engine arguments")
-    parser.add_argument("--tried-actors", default="{}", help="JSON: raysweep_tried's `actors:` section (default: "
+    parser.add_argument("--tried-engine", action="append", default=[],
+                        help="JSON added to raysweep_tried's engine arguments; again: raysweep_tried2's, ...")
+    parser.add_argument("--tried-actors", default="{}", help="JSON: the tried variants' `actors:` section (default: "
                                                              "none, the rule's choice)")
     parser.add_argument("--rounds", type=int, default=1, help="the variants run this many times in turn; medians")
     parser.add_argument("--fresh-caches", action="store_true",
                         help="each run on empty compile caches of its own, as on a node new to the model; no warm-ups")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = sorted(set(variants) - set(VARIANTS))
+    tried = [json.loads(text) for text in args.tried_engine]
+    unknown = sorted(v for v in set(variants) - set(VARIANTS) if not v.startswith("raysweep_tried"))
     if unknown or args.gpus < 1 or args.prompts < args.gpus or args.rounds < 1:
         parser.error(f"variants {unknown} unknown, or --gpus < 1, or fewer prompts than GPUs, or --rounds < 1")
-    if ("raysweep_tried" in variants) != (json.loads(args.tried_engine) != {}):  # else it is `raysweep` again
-        parser.error("--tried-engine JSON and the variant raysweep_tried go together")
+    if {v for v in variants if v.startswith("raysweep_tried")} != {tried_name(k) for k in range(len(tried))} \
+            or {} in tried:  # an empty one is `raysweep` again
+        parser.error("each --tried-engine JSON (not empty) and its variant (raysweep_tried, raysweep_tried2, ...) "
+                     "go together")
     from cluster.inputs.builtin_model import resolve_model_path
 
     out = Path(args.out).resolve()
@@ -298,12 +303,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ScaleOut(bench, args.gpus, args.prompts, args.max_tokens, engine=json.loads(args.engine),
                  raysweep_engine=json.loads(args.raysweep_engine), rounds=args.rounds,
-                 tried_engine=json.loads(args.tried_engine), fresh=args.fresh_caches,
+                 tried_engines=tried, fresh=args.fresh_caches,
                  tried_actors=json.loads(args.tried_actors)).run(
             variants, warm=not args.no_warm)
     finally:
         bench.save()
     return 0
+
+
+def tried_name(k: int) -> str:
+    """The variant of the k-th (from 0) `--tried-engine`."""
+    return "raysweep_tried" if k == 0 else f"raysweep_tried{k + 1}"
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ def set_shots(tasks: Path, shots: dict[str, int]) -> None:
 
 def prepare(out: Path, fraction: float, seeds: list[int], shape: str) -> tuple[Path, list[Path]]:
     from benchmarks.suite_tasks import write_suite, write_tokenizer
+    from benchmarks.weight_files import has_weights
 
     tasks = write_suite(out / f"tasks-{fraction}", fraction)
     set_shots(tasks, SHOTS)
@@ -79,7 +80,7 @@ def prepare(out: Path, fraction: float, seeds: list[int], shape: str) -> tuple[P
     if not (tokenizer / "tokenizer.json").exists():
         write_tokenizer(tokenizer)
     models = [out / f"model-{shape}-{seed}" for seed in seeds]
-    missing = [(path, seed) for path, seed in zip(models, seeds) if not (path / "model.safetensors").exists()]
+    missing = [(path, seed) for path, seed in zip(models, seeds) if not has_weights(path)]
     with ProcessPoolExecutor(max_workers=max(1, len(missing))) as pool:  # numpy draws one core per model
         list(pool.map(_build_model, [(path, seed, shape, tokenizer) for path, seed in missing]))
     return tasks, models

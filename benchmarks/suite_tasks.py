@@ -16,7 +16,8 @@ builtin shape with a trained 32,000-token byte-level BPE vocabulary. No download
    1,119 x max(fraction, 0.3). Text is `PseudoText`, an English-like pseudo-language whose word lengths per
    field follow the real datasets', so that a real-size BPE gives real-like prompt lengths.
 3. `write_tokenizer`: a GPT-2-style byte-level BPE trained on the same pseudo-language.
-4. `write_model`: `cluster.inputs.builtin_model`'s config and weights of a shape, with that vocabulary.
+4. `write_model`: `cluster.inputs.builtin_model`'s config and weights of a shape, with that vocabulary, in files of
+   at most 5 GB as `save_pretrained` writes them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.weight_files import MAX_SHARD_BYTES, write_weight_files
 from cluster.inputs import builtin_model
 
 # task -> (few-shot count the benchmark uses, folder in lm_eval/tasks, files copied from it)
@@ -305,9 +307,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def write_model(out: Path, seed: int, shape: str = "large", vocab_size: int = 32000,
-                tokenizer_from: Path | None = None) -> Path:
+                tokenizer_from: Path | None = None, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """A Llama model directory of builtin_model.CONFIGS[shape] with the BPE vocabulary and weights drawn from
-    `seed`; the tokenizer trained here, or copied from `tokenizer_from` (a write_tokenizer directory)."""
+    `seed`, in files of at most `max_shard_bytes` (benchmarks/weight_files.py); the tokenizer trained here, or
+    copied from `tokenizer_from` (a write_tokenizer directory)."""
     from tokenizers import Tokenizer
 
     out = Path(out)
@@ -326,8 +329,8 @@ def write_model(out: Path, seed: int, shape: str = "large", vocab_size: int = 32
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(json.dumps(ids, indent=2, sort_keys=True) + "\n")
     cfg = builtin_model.CONFIGS[shape]
-    builtin_model._write_weights(config, seed, out / "model.safetensors", cfg.get("init", "normal"),
-                                 np.dtype(cfg.get("storage", "float32")))
+    write_weight_files(out, builtin_model.weight_tensors(config, seed, cfg.get("init", "normal"),
+                                                         np.dtype(cfg.get("storage", "float32"))), max_shard_bytes)
     return out
 
 

@@ -46,7 +46,8 @@ def test_every_variant_runs_once_after_the_warm_ups_and_the_split_takes_one_gpu_
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     bench, runner = Bench("/models/small", tmp_path, 0), Runner()
     Child.started = []
-    ScaleOut(bench, 4, 12, 8, runner=runner, popen=Child).run(list(VARIANTS), warm=True)
+    ScaleOut(bench, 4, 12, 8, runner=runner, popen=Child, tried_engines=[{"max_num_seqs": 8}]).run(list(VARIANTS),
+                                                                                                  warm=True)
     names = [name for name, _ in runner.calls]
     assert names[:9] == ["n_warm_plain", "n_warm_plain_defaults", "n_warm_raysweep_1", "n_warm_raysweep",
                          "n_warm_raysweep_one", "n_warm_raysweep_two", "n_warm_raysweep_four", "n_warm_raysweep_tried",
@@ -119,7 +120,7 @@ def test_a_tried_engine_setting_runs_beside_raysweeps_own_in_the_same_rounds(tmp
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     runner = Runner()
     ScaleOut(Bench("/m", tmp_path, 0), 1, 12, 8, runner=runner, popen=Child, raysweep_engine={"max_num_seqs": 256},
-             tried_engine={"compilation_config": {"mode": 0}}, rounds=2).run(
+             tried_engines=[{"compilation_config": {"mode": 0}}], rounds=2).run(
         ["plain_defaults", "raysweep", "raysweep_tried"], warm=True)
     assert [name for name, _ in runner.calls] == [
         "n_warm_plain_defaults", "n_warm_raysweep", "n_warm_raysweep_tried", "n_plain_defaults", "n_raysweep",
@@ -135,7 +136,7 @@ def test_tried_actors_give_raysweep_tried_its_own_actors_section(tmp_path, monke
     """`--tried-actors JSON`: the tried setting may also choose the actors (one engine for the whole GPU with a
     larger batch, say), where `raysweep` keeps the rule's choice."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    ScaleOut(Bench("/m", tmp_path, 0), 1, 12, 8, runner=Runner(), popen=Child, tried_engine={"max_num_seqs": 2048},
+    ScaleOut(Bench("/m", tmp_path, 0), 1, 12, 8, runner=Runner(), popen=Child, tried_engines=[{"max_num_seqs": 2048}],
              tried_actors={"num_gpus": 1}).run(["raysweep", "raysweep_tried"], warm=False)
     tried, own = (json.loads((tmp_path / f"n_{v}.yaml").read_text()) for v in ("raysweep_tried", "raysweep"))
     assert tried["actors"] == {"num_gpus": 1} and tried["models"][0]["engine"]["max_num_seqs"] == 2048
@@ -167,7 +168,28 @@ def test_fresh_caches_give_every_run_empty_caches_of_its_own_and_leave_nothing_t
 def test_a_tried_variant_without_a_setting_or_a_setting_without_the_variant_is_refused(tmp_path, capsys):
     from benchmarks.scale_out import main
 
-    for argv in (["--variants", "raysweep,raysweep_tried"], ["--variants", "raysweep", "--tried-engine", '{"a": 1}']):
+    for argv in (["--variants", "raysweep,raysweep_tried"], ["--variants", "raysweep", "--tried-engine", '{"a": 1}'],
+                 ["--variants", "raysweep_tried,raysweep_tried2", "--tried-engine", '{"a": 1}'],
+                 ["--variants", "raysweep_tried", "--tried-engine", '{"a": 1}', "--tried-engine", '{"b": 2}'],
+                 ["--variants", "raysweep_tried", "--tried-engine", "{}"]):
         with pytest.raises(SystemExit):
             main(["--out", str(tmp_path), "--gpus", "1", *argv])
-        assert "--tried-engine JSON and the variant raysweep_tried go together" in capsys.readouterr().err
+        assert "each --tried-engine JSON (not empty) and its variant" in capsys.readouterr().err
+
+
+def test_each_tried_engine_setting_is_a_variant_of_its_own_in_the_same_rounds(tmp_path, monkeypatch):
+    """`--tried-engine` given twice: `raysweep_tried` and `raysweep_tried2`, each raysweep's spec with its own
+    setting on top and the tried actors, warmed and run in turn with the others."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    runner = Runner()
+    ScaleOut(Bench("/m", tmp_path, 0), 1, 12, 8, runner=runner, popen=Child, tried_actors={"num_gpus": 1},
+             tried_engines=[{"max_num_seqs": 2048}, {"max_num_seqs": 512, "seed": 3}]).run(
+        ["raysweep", "raysweep_tried", "raysweep_tried2"], warm=True)
+    assert [name for name, _ in runner.calls] == ["n_warm_raysweep", "n_warm_raysweep_tried", "n_warm_raysweep_tried2",
+                                                  "n_raysweep", "n_raysweep_tried", "n_raysweep_tried2"]
+    specs = {v: json.loads((tmp_path / f"n_{v}.yaml").read_text()) for v in ("raysweep_tried", "raysweep_tried2")}
+    assert specs["raysweep_tried"]["models"][0]["engine"]["max_num_seqs"] == 2048
+    assert specs["raysweep_tried2"]["models"][0]["engine"]["max_num_seqs"] == 512
+    assert specs["raysweep_tried2"]["models"][0]["engine"]["seed"] == 3
+    assert "seed" not in specs["raysweep_tried"]["models"][0]["engine"]
+    assert all(spec["actors"] == {"num_gpus": 1} for spec in specs.values())

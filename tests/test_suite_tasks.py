@@ -135,7 +135,40 @@ def test_model_directory_has_the_shape_and_the_bpe_vocabulary(tokenizer_dir, tmp
         (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
     assert (one / "model.safetensors").read_bytes() != (two / "model.safetensors").read_bytes()
     model = AutoModelForCausalLM.from_pretrained(one, dtype=torch.float32)
-    assert model(torch.tensor([tok("Ha ve shot.")["input_ids"]])).logits.shape[-1] == 32000
+    ids = torch.tensor([tok("Ha ve shot.")["input_ids"]])
+    assert model(ids).logits.shape[-1] == 32000
+    sharded = st.write_model(tmp_path / "m3", 1, "tiny", tokenizer_from=tokenizer_dir, max_shard_bytes=1 << 20)
+    assert len(list(sharded.glob("model-*.safetensors"))) > 1  # transformers reads the index as it does a hub model's
+    assert torch.equal(AutoModelForCausalLM.from_pretrained(sharded, dtype=torch.float32)(ids).logits,
+                       model(ids).logits)
+
+
+def test_weights_over_a_shard_are_files_of_at_most_its_size_with_the_index_save_pretrained_writes(tmp_path):
+    import numpy as np
+    from safetensors import safe_open
+
+    from benchmarks import weight_files
+
+    config = {**st.builtin_model.builtin_config("tiny"), "vocab_size": 512}
+    tensors = st.builtin_model.weight_tensors(config, 1, "normal", np.dtype("float32"))
+    total = sum(a.nbytes for a in tensors.values())
+    files = weight_files.write_weight_files(tmp_path, tensors, total // 3)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(files) >= 3 and [f.name for f in files] == \
+        [f"model-{k:05d}-of-{len(files):05d}.safetensors" for k in range(1, len(files) + 1)]
+    assert index["metadata"]["total_size"] == total and set(index["weight_map"]) == set(tensors)
+    for path in files:
+        with safe_open(str(path), "np") as f:
+            names = list(f.keys())
+            assert all(index["weight_map"][name] == path.name for name in names)
+            assert all(np.array_equal(f.get_tensor(name), tensors[name]) for name in names)
+            assert len(names) == 1 or sum(tensors[name].nbytes for name in names) <= total // 3
+    assert weight_files.has_weights(tmp_path) and not (tmp_path / "model.safetensors").exists()
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    assert weight_files.write_weight_files(whole, tensors, total) == [whole / "model.safetensors"]
+    assert weight_files.has_weights(whole)
+    assert not (whole / "model.safetensors.index.json").exists() and not weight_files.has_weights(tmp_path / "none")
 
 
 @pytest.mark.slow

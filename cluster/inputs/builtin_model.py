@@ -216,6 +216,11 @@ def _write_model(name: str, out: Path) -> None:
 def _write_weights(config: dict, seed: int, path: Path, init: str, storage: np.dtype) -> None:
     from safetensors.numpy import save_file
 
+    save_file(weight_tensors(config, seed, init, storage), str(path), metadata={"format": "pt"})
+
+
+def weight_tensors(config: dict, seed: int, init: str, storage: np.dtype) -> dict[str, np.ndarray]:
+    """The model's weights by Hugging Face Llama name, drawn from `seed` in one fixed order."""
     rng = np.random.Generator(np.random.PCG64(seed))
     h, inter = config["hidden_size"], config["intermediate_size"]
     kv = config["num_key_value_heads"] * config["head_dim"]
@@ -242,7 +247,7 @@ def _write_weights(config: dict, seed: int, path: Path, init: str, storage: np.d
         tensors[p + "input_layernorm.weight"] = np.ones(h, dtype=storage)
         tensors[p + "post_attention_layernorm.weight"] = np.ones(h, dtype=storage)
     tensors["model.norm.weight"] = np.ones(h, dtype=storage)
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    return tensors
 
 
 def _write_tokenizer(out: Path) -> None:
