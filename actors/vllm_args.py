@@ -84,46 +84,12 @@ NO_FLASHINFER_SAMPLER_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 ENGINE_ENV = {**NO_MULTICAST_ENV, **NO_FLASHINFER_SAMPLER_ENV}
 
 
-# vLLM 0.26 reads a safetensors checkpoint file after file, each tensor copied out of the mapped file as the model
-# takes it (model_loader/weight_utils.py safetensors_weights_iterator). Its default loader's
-# `model_loader_extra_config: {enable_multithread_load: true, num_threads: N}` reads whole files instead, N at once on
-# threads (multi_thread_safetensors_weights_iterator), the model taking each file's tensors as its read ends; a file
-# read is then held in memory until its tensors are on the GPU, so all of the checkpoint may be at once. raysweep asks
-# for it where the checkpoint is in several safetensors files that take at most LOAD_MEMORY_SHARE of the memory
-# available as the engine starts (four engines of the model starting together on one node fit), one thread a file up
-# to MAX_LOAD_THREADS (vLLM's default); not where the spec sets any of LOAD_KEYS.
-LOAD_MEMORY_SHARE = 0.25
-MAX_LOAD_THREADS = 8
-LOAD_KEYS = ("model_loader_extra_config", "load_format", "safetensors_load_strategy")
-
-
-def threaded_load(model: ModelSpec, model_path: str, available_bytes: int | None) -> dict | None:
-    """The `model_loader_extra_config` that reads the checkpoint's files on threads, or None (see above)."""
-    if any(key in model.engine for key in LOAD_KEYS) or not available_bytes or not os.path.isdir(model_path):
-        return None
-    files = list(Path(model_path).glob("*.safetensors"))
-    if len(files) < 2 or sum(f.stat().st_size for f in files) > LOAD_MEMORY_SHARE * available_bytes:
-        return None
-    return {"enable_multithread_load": True, "num_threads": min(len(files), MAX_LOAD_THREADS)}
-
-
-def available_memory() -> int | None:
-    """The memory this node has available now (psutil's `available`, as vLLM reads it), or None where unknown."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except (ImportError, OSError):
-        return None
-
-
 def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_fraction: float,
-                kv_bytes: int | None = None, reproducible: bool = False, available_bytes: int | None = None) -> dict:
+                kv_bytes: int | None = None, reproducible: bool = False) -> dict:
     """vLLM `LLM(...)` arguments: the spec's `engine` mapping as is, the profile's scheduling on top; the
     batch limit (`max_num_seqs`) is the spec's, the long profile's, DEFAULT_MAX_SEQS on a shared GPU or in
     reproducible mode, or else vLLM's own for a whole GPU, as a plain `LLM(...)` gets it (docs/gpu.md);
     `kv_bytes` (shared_kv_bytes) fixes the KV cache's size on a shared GPU; a large model starts UNCOMPILED;
-    a checkpoint in several files that fits `available_bytes` (the node's memory) loads on threads (threaded_load);
     `reproducible`: REPRODUCIBLE_ARGS on top of all (preflight refused a spec that asks otherwise:
     cluster/inputs/checks.py check_batch_invariant)."""
     args = {"model": model_path, "tokenizer": model_path, "seed": 0,
@@ -139,9 +105,6 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
     if model.gpus_per_engine > 1:
         # the actor holds the engine's GPUs (one node's): vLLM's workers run as its processes, not Ray tasks
         args["distributed_executor_backend"] = "mp"
-    loader = threaded_load(model, model_path, available_bytes)
-    if loader is not None:
-        args["model_loader_extra_config"] = loader
     args.update(model.engine)
     if profile.chunked_prefill:
         args["enable_chunked_prefill"] = True

@@ -38,7 +38,7 @@ from actors.telemetry import gpu_total_bytes
 from actors.vllm_inbox import Batch, Call, Inbox
 from actors.vllm_prompt_logprobs import PromptTail, prompt_tail
 from actors.vllm_registry import inspect_here
-from actors.vllm_args import available_memory, engine_args, sampling_kwargs, shared_kv_bytes
+from actors.vllm_args import engine_args, sampling_kwargs, shared_kv_bytes
 from actors.vllm_start_errors import GRAPH_FAILURE, MEMORY_RACE, error_lines, failure_line, with_root_cause
 from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
 
@@ -73,8 +73,7 @@ class VllmEngine:
         self.profile = profile
         self.reproducible = reproducible
         self.args = engine_args(model, model_path, profile, gpu_fraction,
-                                shared_kv_bytes(model, model_path, gpu_fraction, gpu_total_bytes()), reproducible,
-                                available_memory())
+                                shared_kv_bytes(model, model_path, gpu_fraction, gpu_total_bytes()), reproducible)
         if sleep_mode:  # a pool replica switching models: weights to CPU memory and back, no restart
             self.args["enable_sleep_mode"] = True
         self._fallback_reason: str | None = None

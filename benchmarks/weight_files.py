@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 # save_pretrained's default shard size: Llama-3-8B's 16 GB of weights come as four files, the `large` shape's 14.2 GB
-# here as three (how many files a checkpoint has decides how vLLM may read it: actors/vllm_args.py threaded_load)
+# here as three (vLLM reads a checkpoint file by file, and can read several files at once on threads)
 MAX_SHARD_BYTES = 5 * 10**9
 
 

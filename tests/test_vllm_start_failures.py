@@ -254,38 +254,6 @@ def test_a_large_models_engine_starts_uncompiled_with_full_decode_graphs_unless_
     assert asked["compilation_config"] == {}  # log-likelihoods asked of it: vLLM's compiled default, as lm-eval's
 
 
-def test_a_checkpoint_in_several_files_loads_on_threads_where_the_node_has_memory_for_it(tmp_path):
-    """actors/vllm_args.py threaded_load: vLLM's multi-thread loader, one thread a file up to eight, where the files
-    take at most a quarter of the memory available; else, for one file, or where the spec says how to load,
-    vLLM's default (file after file)."""
-    from actors.engine import EngineProfile
-    from actors.vllm_args import MAX_LOAD_THREADS, engine_args
-    from cluster.contracts.spec import ModelSpec
-
-    def folder(name: str, files: int) -> Path:
-        path = tmp_path / name
-        path.mkdir()
-        for k in range(files):
-            (path / f"model-{k + 1:05d}-of-{files:05d}.safetensors").write_bytes(b"w" * 1000)
-        (path / "config.json").write_text("{}")
-        return path
-
-    def loader(path: Path, available: int | None, engine: dict | None = None):
-        args = engine_args(ModelSpec("m", str(path), engine=engine or {}), str(path), EngineProfile(), 1.0,
-                           available_bytes=available)
-        return args.get("model_loader_extra_config")
-
-    three, nine, one = folder("three", 3), folder("nine", 9), folder("one", 1)
-    assert loader(three, 4 * 3000) == {"enable_multithread_load": True, "num_threads": 3}
-    assert loader(nine, 4 * 9000) == {"enable_multithread_load": True, "num_threads": MAX_LOAD_THREADS} and \
-        MAX_LOAD_THREADS == 8
-    assert loader(three, 4 * 3000 - 1) is loader(three, None) is loader(one, 10**9) is None
-    assert loader(tmp_path / "absent", 10**9) is None and loader(Path("org/hub-id"), 10**9) is None
-    assert loader(three, 10**9, {"model_loader_extra_config": {}}) == {}  # the spec's own, even empty
-    assert loader(three, 10**9, {"load_format": "dummy"}) is None
-    assert loader(three, 10**9, {"safetensors_load_strategy": "eager"}) is None
-
-
 def test_a_model_folders_config_is_none_where_it_cannot_be_read(tmp_path):
     """cluster/contracts/model_memory.py folder_config: what the engine's GPU check and its compile choice read."""
     from cluster.contracts.model_memory import folder_config
