@@ -38,5 +38,5 @@ def write_weight_files(out: Path, tensors: dict, max_shard_bytes: int) -> list[P
 
 
 def has_weights(model: Path) -> bool:
-    """Whether write_model finished writing `model`'s weights."""
+    """Whether write_weight_files finished writing `model`'s weights (its last file is there)."""
     return (model / "model.safetensors").exists() or (model / "model.safetensors.index.json").exists()
