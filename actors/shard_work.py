@@ -171,7 +171,10 @@ def _call(call, requests: list) -> list:
     # a request's id is its sample's, or `<sample>#<completion>` when sampling.n > 1: either names it
     if poisoned and any({r.sample_id, r.sample_id.rpartition("#")[0]} & poisoned for r in requests):
         raise RuntimeError(f"injected engine failure ({FAIL_SAMPLES_ENV})")
-    return call(requests)
+    results = call(requests)
+    if sorted(r.sample_id for r in results) != sorted(r.sample_id for r in requests):  # no row ok without its result
+        raise RuntimeError(f"the engine answered {len(results)} of {len(requests)} requests, not each one once")
+    return results
 
 
 def _tolerant(call, requests: list, task: TaskSpec) -> tuple[dict, dict]:

@@ -86,6 +86,15 @@ def parquet_with_a_null(tmp: Path) -> list[str]:
     return []
 
 
+def parquet_column_twice(tmp: Path) -> list[str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = [pa.array(["r0"]), pa.array(["first"]), pa.array(["second"]), pa.array(["1"])]
+    pq.write_table(pa.Table.from_arrays(columns, names=["id", "question", "question", "answer"]), tmp / "qa.parquet")
+    return []
+
+
 def config_only_model(tmp: Path) -> list[str]:
     (tmp / "m").mkdir()
     (tmp / "m" / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 64}))
@@ -299,6 +308,31 @@ CASES = [
                                                                "    replay: {column: output, model: tiny}\n"),
      "{spec}: tasks[0].replay.model: 'tiny' is the name of models[0]; replayed completions are not that model's: "
      "give them a name of their own"),
+    # settings raysweep reads itself, and keys YAML reads as numbers: refused here, not once Ray or engines are up
+    ("max-num-seqs-text", lambda t: spec_with(t, "path: builtin:tiny", "path: builtin:tiny\n    engine: {max_num_seqs: x}"),
+     "{spec}: models[0].engine.max_num_seqs: must be an integer >= 1, got 'x'"),
+    ("max-num-seqs-negative", lambda t: spec_with(t, "path: builtin:tiny", "path: builtin:tiny\n    engine: {max_num_seqs: -1}"),
+     "{spec}: models[0].engine.max_num_seqs: must be an integer >= 1, got -1"),
+    ("num-cpus-below-rays-finest-fraction", lambda t: spec_with(t, "shards:", "actors: {num_cpus: 0.00001}\nshards:"),
+     "{spec}: actors.num_cpus: 1e-05 is below 0.0001, the finest fraction of a resource Ray takes"),
+    ("engine-key-a-number", lambda t: spec_with(t, "path: builtin:tiny", "path: builtin:tiny\n    engine: {1: 2}"),
+     "{spec}: models[0].engine: key 1 is not text (YAML reads it as int): quote it"),
+    ("json-schema-property-a-number", lambda t: spec_with(t, "    scorer: exact_match\n", "    scorer: exact_match\n"
+                                                          "    structured: {json_schema: {type: object, properties: "
+                                                          "{1: {type: string}}}}\n"),
+     "{spec}: tasks[0].structured.json_schema.properties: key 1 is not text (YAML reads it as int): quote it"),
+    ("regex-group-the-pattern-lacks", lambda t: spec_with(t, "scorer: exact_match",
+                                                          'scorer: {name: regex_match, pattern: "(\\\\d+)", group: 5}'),
+     "{spec}: tasks[0].scorer.group: the pattern has no group 5 (its groups: 0 to 1)"),
+    ("choice-choices-a-string", lambda t: spec_with(t, "scorer: exact_match", "scorer: {name: choice, choices: ABCD}"),
+     "{spec}: tasks[0].scorer.choices: must be a list of non-empty strings, got 'ABCD'"),
+    ("json-match-fields-a-string", lambda t: spec_with(t, "scorer: exact_match", "scorer: {name: json_match, fields: name}"),
+     "{spec}: tasks[0].scorer.fields: must be a list of non-empty strings, got 'name'"),
+    ("json-match-target-not-json", then(lambda t: spec_with(t, "scorer: exact_match", "scorer: json_match"),
+                                        lambda t: rows_with(t, [row(answer='{"a": 1}'), row(id="r1", answer="not json")])),
+     "{data}:2: column 'answer' (tasks.qa.target): not JSON, which scorer json_match compares against: Expecting value"),
+    ("parquet-column-twice", then(lambda t: spec_with(t, "data: qa.jsonl", "data: qa.parquet"), parquet_column_twice),
+     "{dir}/qa.parquet: column 'question' is there twice; name each column once"),
     ("ray-that-does-not-start", lambda t: ["--address", "127.0.0.1:1"],
      "--address 127.0.0.1:1: no Ray there to connect to (Connection refused)"),
 ]

@@ -926,6 +926,13 @@ def test_generation_arguments_are_read_as_lm_evals_models_read_them():
         sampling({"num_beams": 4})
     with pytest.raises(ValueError, match="t: generation argument 'typical_p' is not one raysweep passes"):
         sampling({"typical_p": 0.9})
+    assert sampling({"temperature": "0.5", "top_k": "3"}).top_k == 3  # --gen_kwargs' text
+    for key, value in (("max_gen_toks", [1]), ("top_p", [1]), ("top_k", {"a": 1}), ("temperature", "abc"),
+                       ("max_new_tokens", True)):  # was a TypeError traceback, or a message naming no argument
+        with pytest.raises(ValueError, match=f"t: generation argument {key}: must be a number, got "):
+            sampling({key: value})
+    with pytest.raises(ValueError, match="t: generation arguments: max_tokens: must be"):
+        sampling({"max_gen_toks": 0})
 
 
 def test_what_lm_eval_prints_while_it_scores_goes_to_its_logger_and_other_threads_print_on(capfd, monkeypatch):

@@ -394,6 +394,10 @@ def test_every_arrow_type_that_reaches_a_prompt_or_target_is_rendered_as_written
         "f32": (pa.array([0.1], pa.float32()), "0.1"),
         "map": (pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int64())), "{'k': 1}"),
         "dates": (pa.array([[dt.date(2024, 1, 2)]], pa.list_(pa.date32())), "['2024-01-02']"),
+        # dictionary-encoded (pandas' category dtype): read as the values they encode, binary as text
+        "dict_binary": (pa.array([b"1"], pa.binary()).dictionary_encode(), "1"),
+        "dict_f32": (pa.array([0.1], pa.float32()).dictionary_encode(), "0.1"),
+        "dict_text": (pa.array(["B"]).dictionary_encode(), "B"),
     }
     pq.write_table(pa.table({"id": ["0"], **{name: column for name, (column, _) in cases.items()}}),
                    tmp_path / "d.parquet")

@@ -52,6 +52,14 @@ class ModelSpec:
         max_len = self.engine.get("max_model_len")
         if max_len is not None and (not _is_int(max_len) or max_len < 1):
             raise ValueError(f"engine.max_model_len: must be an integer >= 1, got {max_len!r}")
+        seqs, share = self.engine.get("max_num_seqs"), self.engine.get("gpu_memory_utilization")
+        if seqs is not None and (not _is_int(seqs) or seqs < 1):  # read by raysweep too: its batch, its memory share
+            raise ValueError(f"engine.max_num_seqs: must be an integer >= 1, got {seqs!r}")
+        if share is not None and (not _is_number(share) or not 0 < share <= 1):
+            raise ValueError(f"engine.gpu_memory_utilization: must be a number in (0, 1], got {share!r}")
+        offload = self.engine.get("cpu_offload_gb")
+        if offload is not None and (not _is_number(offload) or offload < 0):
+            raise ValueError(f"engine.cpu_offload_gb: must be a number >= 0, got {offload!r}")
         for key in PARALLEL_SIZES:
             size = self.engine.get(key, 1)
             if not _is_int(size) or not 1 <= size <= MAX_PARALLEL:
@@ -63,6 +71,9 @@ class ModelSpec:
         """GPUs one engine spans: tensor_parallel_size x pipeline_parallel_size (1 for most models)."""
         tensor, pipeline = (self.engine.get(key, 1) for key in PARALLEL_SIZES)
         return tensor * pipeline
+
+
+RAY_STEP = 0.0001  # the finest fraction of a resource Ray takes
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,10 @@ class ActorSpec:
             raise ValueError(f"num_gpus: must be >= 0, got {self.num_gpus!r}")
         if not _is_number(self.num_cpus) or self.num_cpus <= 0:
             raise ValueError(f"num_cpus: must be > 0, got {self.num_cpus!r}")
+        for name in ("num_gpus", "num_cpus"):  # Ray refuses a finer fraction only once the actor is asked for
+            share = getattr(self, name)
+            if share is not None and 0 < share < RAY_STEP:
+                raise ValueError(f"{name}: {share!r} is below {RAY_STEP:g}, the finest fraction of a resource Ray takes")
 
 
 @dataclass(frozen=True)

@@ -131,9 +131,17 @@ class ScorerSpec:
             if not isinstance(pattern, str):
                 raise ValueError("pattern: regex_match needs a `pattern` (a regular expression)")
             try:
-                re.compile(pattern)
+                compiled = re.compile(pattern)
             except re.error as e:
                 raise ValueError(f"pattern: does not compile: {e}") from None
+            group = self.args.get("group", 0)
+            if not (_is_int(group) and 0 <= group <= compiled.groups or isinstance(group, str) and group in compiled.groupindex):
+                raise ValueError(f"group: the pattern has no group {group!r} (its groups: 0 to {compiled.groups}"
+                                 f"{''.join(f', {name!r}' for name in compiled.groupindex)})")
+        for key in ("choices", "fields"):  # choice's options, json_match's fields: lists of text
+            listed = self.args.get(key, [])
+            if not isinstance(listed, list) or not all(isinstance(x, str) and x for x in listed):
+                raise ValueError(f"{key}: must be a list of non-empty strings, got {listed!r}")
         if self.name == "numeric_match":
             _check_numeric_match(self.args)
         if self.name == "code_exec":

@@ -14,6 +14,7 @@ each batch with its prompts, targets and extras at once (`TaskData.rendered`).
 from __future__ import annotations
 
 import hashlib
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -255,8 +256,19 @@ def _check_columns(task: TaskSpec, needed: dict[str, str], path: str, rows: list
                 raise DataError(f"{path}:{where[i]}: column {task.messages!r} (tasks.{task.name}.messages) {problem}")
         if task.loglikelihood:
             _check_choices(task, path, row, where[i])
+        if task.scorer is not None and task.scorer.name == "json_match" and isinstance(row.get(task.target), str):
+            _check_json_target(task, path, row[task.target], where[i])
         if task.replay is not None:
             _check_replayed(task, path, row[task.replay.column], where[i])
+
+
+def _check_json_target(task: TaskSpec, path: str, value: str, where: str) -> None:
+    """A json_match target given as text is JSON (the scorer parses it for every completion)."""
+    try:
+        json.loads(value)
+    except ValueError as e:
+        raise DataError(f"{path}:{where}: column {task.target!r} (tasks.{task.name}.target): not JSON, which "
+                        f"scorer json_match compares against: {e}") from None
 
 
 def _check_replayed(task: TaskSpec, path: str, value: Any, where: str) -> None:

@@ -165,6 +165,9 @@ def _python_rows(batch, path: str, first: int) -> list[dict]:
             raise DataError(f"{path}: rows {first}-{first + batch.num_rows - 1}: column {field.name!r} ({field.type}) "
                             f"cannot be read as Python values: {_first_line(e)}") from None
     names = batch.schema.names
+    twice = next((name for k, name in enumerate(names) if name in names[:k]), None)
+    if twice is not None:  # a row would keep only the last one's value
+        raise DataError(f"{path}: column {twice!r} is there twice; name each column once")
     return [dict(zip(names, values)) for values in zip(*columns)] if columns else [{} for _ in range(batch.num_rows)]
 
 
@@ -195,12 +198,16 @@ def _as_text(batch, path: str, first: int):
     - binary decoded as UTF-8 (read as `b'...'` it scored the right answer 0); bytes that are not UTF-8 refused;
     - timestamps, dates and times as text, exactly (`render_temporal`): nanoseconds kept, years past 9999 read;
     - float16 and float32 as the shortest decimal of their own width (0.1 stays 0.1, not 0.10000000149011612);
-    - durations and intervals, and binary inside a list, struct or map, refused.
+    - durations and intervals, and binary inside a list, struct or map, refused;
+    - dictionary-encoded columns as the values they encode.
     Lists, structs and maps of the rest are read as Python values (a map as a dict)."""
     import pyarrow as pa
 
     for i, field in enumerate(batch.schema):
         t, column = field.type, batch.column(i)
+        if pa.types.is_dictionary(t):  # categories (pandas' category dtype): read as the values they stand for
+            column, t = column.dictionary_decode(), t.value_type
+            batch = batch.set_column(i, pa.field(field.name, t), column)
         leaves = _leaf_types(t)
         if _binary(t):
             batch = batch.set_column(i, pa.field(field.name, pa.string()), _decoded(column, path, first, field.name))

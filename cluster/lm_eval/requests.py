@@ -157,11 +157,32 @@ def sampling_of(task: str, requests: list) -> SamplingSpec:
     if given.get("num_beams", 1) != 1:  # vLLM 0.26's SamplingParams has no beam search: lm-eval's vLLM model fails
         raise ValueError(f"{task}: generation argument num_beams: {given['num_beams']!r}: beam search is not one "
                          "raysweep's engines run (num_beams: 1 is)")
+    for key in sorted(set(given) & (MAX_TOKEN_ALIASES | {"max_gen_toks", "temperature", "top_p", "top_k"})):
+        _check_number(task, key, given[key])
     gen = normalize_gen_kwargs(given, default_max_gen_toks=MAX_GEN_TOKS)  # lm-eval's aliases and their order
     until = gen.get("until") or ()
     do_sample = gen.get("do_sample")
     temperature = 0.0 if do_sample is False else float(gen.get("temperature", 1.0 if do_sample else 0.0))
     repeats = max(r.repeats for r in requests)
+    try:
+        return _sampling_spec(gen, until, temperature, repeats)
+    except ValueError as e:  # SamplingSpec's own check, named as the task's generation arguments
+        raise ValueError(f"{task}: generation arguments: {e}") from None
+
+
+def _check_number(task: str, key: str, value) -> None:
+    """A numeric generation argument: a number, text of one (lm-eval's --gen_kwargs are text), or None."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if value is not None and (isinstance(number, bool) or not isinstance(number, (int, float)) or number != number):
+        raise ValueError(f"{task}: generation argument {key}: must be a number, got {value!r}")
+
+
+def _sampling_spec(gen: dict, until, temperature: float, repeats: int) -> SamplingSpec:
     return SamplingSpec(max_tokens=int(gen.get("max_gen_toks", MAX_GEN_TOKS)), temperature=temperature,
                         top_p=float(gen.get("top_p", 1.0)), top_k=int(gen.get("top_k", 0) or 0),
                         stop=tuple([until] if isinstance(until, str) else until),
