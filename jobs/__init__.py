@@ -12,11 +12,14 @@ _ENTERED_AT, _CPU_AT_ENTRY = _time.time(), _time.process_time()
 
 
 def _stopped_at_once(signum, frame) -> None:
-    """Ctrl-C, SIGTERM or SIGHUP while the command imports its libraries, or once its run is over and it exits
-    (outside its own handlers, jobs/interrupts.py): no run is open then, so the command ends at once in one line,
-    not Python's traceback of whichever import or exit function it was in."""
-    _os.write(2, f"[raysweep] stopped by {_signal.Signals(signum).name}: the command was starting or ending, no run "
-                 "was cut short\n".encode())
+    """Ctrl-C, SIGTERM or SIGHUP while the command imports its libraries, once its run is over and it exits, or in a
+    command that runs no sweep (`raysweep plan`) (outside a run's own handlers, jobs/interrupts.py): no run is open
+    then, so the command ends at once in one line, not Python's traceback of whichever import or exit function it
+    was in. The line goes to the terminal also while lm-eval is kept quiet (its stderr is /dev/null then)."""
+    quiet = _sys.modules.get("cluster.lm_eval.quiet")  # looked up, not imported: a signal may come mid-import
+    _os.write(quiet.terminal_stderr() if quiet is not None else 2,
+              f"[raysweep] stopped by {_signal.Signals(signum).name}: no sweep was running, none was cut "
+              "short\n".encode())
     _os._exit(1)
 
 

@@ -11,7 +11,6 @@ during a sweep ends the command the same way (jobs/head_watch.py).
 
 from __future__ import annotations
 
-import os
 import sys
 
 from jobs.lm_eval_run import LmEvalError, LmEvalRun
@@ -31,12 +30,7 @@ def run(argv: list[str]) -> int:
     import jobs.lm_eval_model  # noqa: F401  (registers the model `raysweep`)
     from lm_eval.__main__ import cli_evaluate
 
-    from cluster.inputs.builtin_model import hub_unreachable
     from cluster.lm_eval.requests import data_failure, is_data_error
-
-    if hub_unreachable():  # `datasets` would try the hub for minutes, silent, before its ConnectionError
-        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     check_options(argv)
     sys.argv = ["lm_eval", *argv]
@@ -72,11 +66,16 @@ def _begin(lm) -> None:
 
 
 def check_options(argv: list[str]) -> None:
-    """What lm-eval would fail on only after every request ran, said first (LmEvalError, one line): a --use_cache
-    path where lm-eval cannot keep its sqlite cache (cluster/lm_eval/scores.py check_cache, as a spec's
-    `use_cache:` is checked)."""
+    """What lm-eval would fail on later, said first (LmEvalError, one line): no --tasks (a traceback from lm-eval),
+    a --use_cache path where lm-eval cannot keep its sqlite cache (after every request ran: cluster/lm_eval/scores.py
+    check_cache, as a spec's `use_cache:` is checked)."""
     from cluster.lm_eval.scores import check_cache
 
+    asks_tasks = not ({"-h", "--help", "--config", "-C"} & {a.split("=")[0] for a in argv}
+                      or argv[:1] in (["ls"], ["list"], ["validate"]))
+    if asks_tasks and not task_names(argv):  # else lm-eval's ValueError, as a traceback, once it has begun
+        raise LmEvalError("--tasks: none named: name the lm-eval tasks to run (--tasks arc_easy,gsm8k; "
+                          "`raysweep lm-eval ls tasks` lists them)")
     for path in option_values(argv, "--use_cache"):
         try:
             check_cache(path)

@@ -59,6 +59,10 @@ class RaysweepLM(AnsweredLM):
         path = pretrained or model
         if not path:
             raise LmEvalError("--model_args: raysweep needs pretrained=PATH (a model folder, hub id or builtin:NAME)")
+        from cluster.contracts.model_paths import is_local_path
+
+        if is_local_path(str(path)) and not os.path.isdir(os.path.expanduser(str(path))):  # before Ray starts
+            raise LmEvalError(f"--model_args: pretrained={path}: no such directory")
         length = _auto(max_model_len, int, "max_model_len")
         engine = {"max_model_len": length} if length is not None else {}
         name = re.sub(r"[^A-Za-z0-9._-]", "_", str(path).rstrip("/").split("/")[-1].split(":")[-1]).lstrip("._-")
@@ -84,6 +88,12 @@ class RaysweepLM(AnsweredLM):
         _chat_templated(self, str(path))
         said("model made; lm-eval loads its tasks")
         self.run.stage("lm-eval loads its tasks (their documents)")
+
+    @property
+    def tokenizer_name(self) -> str:
+        """Asked by lm-eval only under --apply_chat_template; a model with a chat template answers it
+        (cluster/lm_eval/adapter.py with_chat_template), one without is one line here, not lm-eval's traceback."""
+        raise LmEvalError(f"--apply_chat_template: model {self.model.path}: {self.no_chat_template}")
 
     def begin(self) -> None:
         """The engine host decided (the engines' imports start) and Ray's start begun, on a thread of its own: once
@@ -168,8 +178,12 @@ def _chat_templated(lm, path: str) -> None:
     from cluster.lm_eval.adapter import with_chat_template
     from cluster.inputs.builtin_model import resolve_model_path
 
-    folder = resolve_model_path(path)
+    try:
+        folder = resolve_model_path(path)
+    except ValueError as e:  # an unknown builtin model
+        raise LmEvalError(f"--model_args: pretrained: {e}") from None
     found = has_chat_template(folder)
+    lm.no_chat_template = "its tokenizer has no chat template"
     if found is False:
         return
     if found is None:  # not a folder here (a hub id): loaded now, to know
@@ -177,7 +191,10 @@ def _chat_templated(lm, path: str) -> None:
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(folder)
-        except (OSError, ValueError):  # not in the cache: lm-eval says so if a chat template is asked for
+        except (OSError, ValueError) as e:  # not in the cache: said if a chat template is asked for
+            from cluster.plan.plan_source import one_line
+
+            lm.no_chat_template = f"its tokenizer cannot be loaded: {one_line(e)}"
             return
         if getattr(tokenizer, "chat_template", None):
             with_chat_template(lm, tokenizer)

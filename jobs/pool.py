@@ -11,17 +11,18 @@ import argparse
 import os
 
 from jobs.ray_output import add_verbose_argument, init_options, keep_quiet
+from jobs.sweep import at_least
 
 
 def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="pool_command", required=True)
     up = sub.add_parser("up", help="start (or update) the pool from a spec's models and actors")
     up.add_argument("spec", help="a sweep spec: its models: and actors: are read")
-    up.add_argument("--min-replicas", type=int, default=1, help="replicas per model kept while idle (default 1)")
+    up.add_argument("--min-replicas", type=at_least(0), default=1, help="replicas per model kept while idle (default 1)")
     up.add_argument("--switch", action="store_true",
                     help="every replica holds every model, one awake, switching by sleep and wake (the default "
                          "where the cluster cannot hold a replica of each model at once)")
-    up.add_argument("--http-port", type=int, default=8000,
+    up.add_argument("--http-port", type=at_least(1, 65535), default=8000,
                     help="port of the pool's HTTP API (/raysweep/sweeps) where this starts Ray Serve (default 8000)")
     sub.add_parser("status", help="models, replicas, state and each engine's start-up")
     down = sub.add_parser("down", help="remove the pool")

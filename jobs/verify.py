@@ -96,7 +96,9 @@ def _spec_made(args: argparse.Namespace):
     source = args.spec or manifest.get("spec_source")
     if not source:
         raise VerifyError(f"{args.output}: its manifest does not record the spec it was made from: pass --spec")
-    if not os.path.isfile(source):  # e.g. a job's working dir, which Ray deleted after the job
+    if args.spec and not os.path.exists(source):  # load_spec names what it is where it is something else
+        raise VerifyError(f"--spec {source}: no such spec file")
+    if not os.path.exists(source):  # e.g. a job's working dir, which Ray deleted after the job
         raise VerifyError(f"{source}: the spec {args.output} was made from is not there any more: pass --spec "
                           "with a copy of it")
     spec = load_spec(source)

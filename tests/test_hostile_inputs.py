@@ -517,6 +517,17 @@ def test_pool_commands_on_an_address_where_nothing_listens_are_one_line_at_once(
         assert proc.stderr.count("\n") == 1  # subprocess's timeout bounds a hang
 
 
+@pytest.mark.parametrize("option, value, says", [("--min-replicas", "-3", "-3: must be at least 0"),
+                                                  ("--http-port", "99999", "99999: must be at most 65535")])
+def test_pool_up_options_out_of_range_are_refused_before_ray(capsys, option, value, says):
+    """They were checked only once Ray was joined (where there was none, the error was the address's)."""
+    from jobs.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["pool", "up", "spec.yaml", option, value, "--address", "127.0.0.1:1"])
+    assert stop.value.code == 2 and f"argument {option}: {says}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("row, says", [
     ('{"id": "b", "question": ' + "[" * 50000 + "]" * 50000 + ', "answer": "2"}',
      "qa.jsonl:5: JSON nested too deep to read (thousands of levels)"),

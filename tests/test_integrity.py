@@ -114,6 +114,8 @@ def test_an_output_from_before_checksums_is_checked_by_its_rows_shard_ids(ray_lo
     (None, '{"shard_id": "api-mo', None),  # a torn last line: skipped, as a killed writer leaves it
     (None, '{"shard_id": "t/x/00009"}\n{"shard_id": "t/x/00008", "state": "committed"}\n',
      "manifest.json: shard t/x/00009: no state of committed, failed, pending"),
+    (None, '{"shard_id": "t/x/00009", "state": "committed", "rows": 5}\n',  # a report's KeyError: 'file'
+     "manifest.json: shard t/x/00009: committed without the path of its results file"),
 ])
 def test_a_tampered_manifest_is_one_line_in_run_verify_and_report(ray_local, tmp_path, manifest, journal, says):
     spec, out, _ = _replay_output(tmp_path)
@@ -331,3 +333,13 @@ def test_a_torn_summary_or_telemetry_file_is_one_line_in_report_and_set_aside_by
     proc = subprocess.run([sys.executable, "-m", "jobs.cli", "report", str(out)], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_verify_with_a_spec_file_that_is_not_there_names_that_file(tmp_path, capsys):
+    """`verify OUT --spec nope.yaml` said the spec OUT was made from was gone, and to pass --spec."""
+    from jobs.cli import main
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "manifest.json").write_text('{"sweep": "x", "shards": {}}')
+    assert main(["verify", str(tmp_path / "out"), "--spec", str(tmp_path / "nope.yaml")]) == 2
+    assert capsys.readouterr().err == f"raysweep: error: --spec {tmp_path / 'nope.yaml'}: no such spec file\n"

@@ -141,11 +141,11 @@ def test_a_use_cache_lm_eval_cannot_keep_is_one_line_before_anything_runs(tmp_pa
     (tmp_path / "c_rank0.db").mkdir()
     for argv in (["--use_cache", str(tmp_path / "c")], [f"--use_cache={tmp_path / 'c'}"]):
         with pytest.raises(LmEvalError, match=r"^--use_cache: .*c_rank0\.db is not a regular file"):
-            check_options(["--model", "raysweep", *argv])
+            check_options(["--model", "raysweep", "--tasks", "t", *argv])
     (tmp_path / "file").write_text("x")
     with pytest.raises(LmEvalError, match="is not a folder"):
-        check_options(["--use_cache", str(tmp_path / "file" / "c")])
-    check_options(["--use_cache", str(tmp_path / "fresh" / "c")])  # a folder lm-eval makes: fine
+        check_options(["--tasks", "t", "--use_cache", str(tmp_path / "file" / "c")])
+    check_options(["--tasks", "t", "--use_cache", str(tmp_path / "fresh" / "c")])  # a folder lm-eval makes: fine
 
 
 def test_a_dataset_lm_eval_cannot_load_is_told_by_its_error_type_not_its_name():
@@ -167,3 +167,35 @@ def test_a_dataset_lm_eval_cannot_load_is_told_by_its_error_type_not_its_name():
     gated = GatedRepoError.__new__(GatedRepoError)  # its constructor wants an HTTP response
     for error in (ValueError("a bad doc_to_text"), ConnectionResetError("by peer"), BrokenPipeError(), gated):
         assert not is_data_error(error), type(error)
+
+
+@pytest.mark.parametrize("model_args, extra, line", [
+    ("pretrained=builtin:nosuch", [],
+     "raysweep: error: --model_args: pretrained: builtin:nosuch: unknown builtin model; known: builtin:tiny"),
+    ("pretrained=nobody/no-model", ["--apply_chat_template"],
+     "raysweep: error: --apply_chat_template: model nobody/no-model: its tokenizer cannot be loaded: "),
+])
+def test_a_model_lm_eval_cannot_use_is_one_line_not_a_traceback(include_path, model_args, extra, line):
+    """An unknown builtin model was a ValueError traceback; --apply_chat_template on a model whose tokenizer cannot
+    load, lm-eval's NotImplementedError traceback (`please implement the 'tokenizer_name' property`)."""
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
+                           f"{model_args},actors=1", "--include_path", str(include_path), "--tasks", "rs_mc",
+                           "--limit", "2", *extra], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    said = [s for s in proc.stderr.splitlines() if s.startswith("raysweep: error:")]
+    assert proc.returncode == 2 and len(said) == 1 and said[0].startswith(line), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_no_tasks_or_a_model_folder_that_is_not_there_is_one_line_before_anything_starts(tmp_path):
+    """No --tasks was lm-eval's ValueError traceback; a model folder that is not there was said (as `<spec>: model
+    model: ...`) only once Ray had started."""
+    from jobs.lm_eval_command import check_options
+    from jobs.lm_eval_model import RaysweepLM
+    from jobs.lm_eval_run import LmEvalError
+
+    with pytest.raises(LmEvalError, match=r"^--tasks: none named: name the lm-eval tasks to run"):
+        check_options(["--model", "raysweep", "--model_args", "pretrained=builtin:tiny"])
+    for fine in (["--help"], ["ls", "tasks"], ["--config", "c.yaml"], ["--tasks", "a,b"], ["--tasks=a"]):
+        check_options(fine)
+    with pytest.raises(LmEvalError, match=f"^--model_args: pretrained={tmp_path}/m: no such directory$"):
+        RaysweepLM(pretrained=str(tmp_path / "m"))

@@ -908,6 +908,20 @@ def test_scorings_own_lines_reach_the_terminal_though_lm_eval_is_kept_quiet(tmp_
     assert terminal_stderr() == 2
 
 
+def test_a_signal_outside_a_run_while_lm_eval_is_quiet_is_one_line_on_the_terminal():
+    """`raysweep plan` of a spec with `lm_eval:` entries, stopped while lm-eval loads its tasks (its stderr is
+    /dev/null then): the command's one line was written there, so Ctrl-C printed nothing."""
+    program = ("import os, signal, time, jobs\n"
+               "from cluster.lm_eval.quiet import quiet\n"
+               "signal.signal(signal.SIGINT, jobs._stopped_at_once)  # as a command's process installs it\n"
+               "with quiet():\n"
+               "    os.kill(os.getpid(), signal.SIGINT)\n"
+               "    time.sleep(30)\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == "[raysweep] stopped by SIGINT: no sweep was running, none was cut short\n"
+
+
 def test_generation_arguments_are_read_as_lm_evals_models_read_them():
     """lm-eval's aliases of max_gen_toks (max_new_tokens, max_tokens, max_completion_tokens, in lm-eval's order of
     priority) and num_beams: 1 are taken; beam search, which vLLM's sampling does not run, is refused naming the task."""

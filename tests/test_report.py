@@ -200,11 +200,19 @@ def test_cli_writes_report_to_default_and_given_path(sweep_output, tmp_path, cap
 @pytest.mark.parametrize("case, message", [
     ("missing", "no such directory"), ("empty", "no manifest.json"), ("bad-json", "manifest.json: unreadable"),
     ("no-shards", "no `shards` mapping"), ("bad-runs", "manifest.json: `runs` is not a list of runs"),
+    # these were tracebacks (KeyError, AttributeError); a URI was read as the folder `s3:/b/x`
+    ("committed-without-file", "shard t/q/00000: committed without the path of its results file"),
+    ("bad-versions", "manifest.json: `versions` is not a mapping"),
+    ("uri", "the report reads an output on this machine's disk; copy it here first"),
 ])
 def test_cli_refuses_what_is_not_a_sweep_output(tmp_path, capsys, case, message):
-    root = tmp_path / case
-    if case != "missing":
+    root = "s3://b/x" if case == "uri" else tmp_path / case
+    if case not in ("missing", "uri"):
         root.mkdir()
+    if case == "committed-without-file":
+        (root / "manifest.json").write_text('{"sweep": "x", "shards": {"t/q/00000": {"state": "committed", "rows": 5}}}')
+    if case == "bad-versions":
+        (root / "manifest.json").write_text('{"sweep": "x", "shards": {}, "versions": [1]}')
     if case == "bad-json":
         (root / "manifest.json").write_text("{not json")
     if case == "no-shards":

@@ -12,18 +12,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
-import threading
-import urllib.parse
 from pathlib import Path
 
 import numpy as np
 
+from cluster.contracts.hub import hub_unreachable
 from cluster.contracts.model_paths import BUILTIN_PREFIX, cache_root, is_builtin, is_local_path  # noqa: F401
 
-HUB_PROBE_S = 2.0  # one connection attempt to the hub, no retries: without network, say so at once
 VERSION = "v1"  # bump when the recipe changes: the cache directory is keyed by it
 
 # Byte-level vocabulary: ids 0-255 are the bytes, then these special tokens, in this order.
@@ -127,32 +124,6 @@ def find_model(path: str) -> dict | None:
         raise ValueError(f"not a local directory, not in the Hugging Face cache, and the hub cannot be reached "
                          f"({offline})")
     return None
-
-
-def hub_unreachable() -> str | None:
-    """Why the Hugging Face hub cannot be reached, or None where it may be: the offline switches, else one
-    TCP connection to the hub's host within HUB_PROBE_S (Hugging Face's own client retries for a minute)."""
-    for switch in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(switch, "").strip().upper() in ("1", "ON", "YES", "TRUE"):
-            return f"{switch} is set"
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return None  # through a proxy: a direct connection says nothing
-    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)
-    answer: list[str | None] = []
-
-    def probe() -> None:
-        try:
-            socket.create_connection((host, port), timeout=HUB_PROBE_S).close()
-            answer.append(None)
-        except OSError as e:
-            answer.append(f"{host}: {e.strerror or e}")
-
-    # on a thread: a name lookup without network may block longer than any socket timeout
-    thread = threading.Thread(target=probe, name="raysweep-hub-probe", daemon=True)
-    thread.start()
-    thread.join(HUB_PROBE_S)
-    return answer[0] if answer else f"{host}: no answer in {HUB_PROBE_S:g} s"
 
 
 def _config(path: str) -> dict:

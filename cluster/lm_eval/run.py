@@ -10,6 +10,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import sys
 import threading
 from collections import defaultdict
 from typing import Iterable
@@ -21,8 +22,14 @@ from cluster.lm_eval.quiet import quiet
 
 
 def import_lm_eval():
-    """lm-eval, imported: one line where it is not installed, or is another release than raysweep's (adapter.py)."""
+    """lm-eval, imported: one line where it is not installed, or is another release than raysweep's (adapter.py).
+    Where the hub cannot be reached, `datasets` and the hub's client are made offline first (they read the switch
+    as they are imported): a dataset not in the cache is then one line at once, not after a minute of retries."""
+    from cluster.contracts.hub import offline_where_unreachable
+
     require_version()
+    if "datasets" not in sys.modules:
+        offline_where_unreachable()
     try:
         import lm_eval.evaluator  # noqa: F401
         import lm_eval.tasks  # noqa: F401

@@ -104,10 +104,11 @@ class PoolIngress:
 
         output, refresh = sweep.get("output"), REFRESH_S if sweep.get("state") == SweepState.RUNNING else None
         if not output or "://" in str(output) or not Path(output).is_dir():
+            where = ("copy it to a folder and run <code>raysweep report FOLDER</code>" if "://" in str(output) else
+                     f"run <code>raysweep report {html.escape(str(output))}</code> where the sweep ran")
             return 404, document(f"raysweep: {sweep['name']}", (
                 f"<h1>{html.escape(sweep['name'])}</h1><p class=\"note\">Its output {html.escape(str(output))} is "
-                "not a folder here (the pool's ingress reads outputs on its own node): run "
-                f"<code>raysweep report {html.escape(str(output))}</code> where the sweep ran.</p>"), refresh)
+                f"not a folder here (the pool's ingress reads outputs on its own node): {where}.</p>"), refresh)
         try:
             # no checksums on a page reloaded every few seconds: `raysweep report` and `verify` check the files
             return 200, render([Path(output)], refresh_s=refresh, check_files=False)

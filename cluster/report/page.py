@@ -29,7 +29,12 @@ def write_report(outputs: list[str] | str, out: str | None = None, max_rows: int
                  samples: int = LIMIT, warned: list[str] | None = None) -> Path:
     """Render the report of the sweep output(s) into `out` (default: the first output's report.html). What it
     left out (a file not committed, or not what was committed) is printed as a warning and added to `warned`."""
-    roots = [Path(outputs)] if isinstance(outputs, str) else [Path(o) for o in outputs]
+    outputs = [outputs] if isinstance(outputs, str) else list(outputs)
+    uri = next((o for o in outputs if "://" in o), None)
+    if uri is not None:  # Path() would read `s3://b/x` as the folder `s3:/b/x`
+        raise ReportError(f"output {uri}: the report reads an output on this machine's disk; copy it here first "
+                          "(e.g. `aws s3 sync URI DIR`) and give its folder")
+    roots = [Path(o) for o in outputs]
 
     def warn(line: str) -> None:
         if warned is not None:

@@ -239,6 +239,12 @@ def read_manifest(output: str) -> dict:
         if not isinstance(entry, dict) or entry.get("state") not in states:
             raise SinkError(f"output {output}: manifest.json: shard {sid}: no state of {', '.join(sorted(states))}; "
                             "restore the manifest, or --new-run to start the output again")
+        if entry["state"] == ShardState.COMMITTED and not (isinstance(entry.get("file"), str) and entry["file"]):
+            raise SinkError(f"output {output}: manifest.json: shard {sid}: committed without the path of its results "
+                            "file; restore the manifest, or --new-run to start the output again")
+    if not isinstance(manifest.get("versions", {}), dict):
+        raise SinkError(f"output {output}: manifest.json: `versions` is not a mapping of package to version; restore "
+                        "the manifest, or --new-run to start the output again")
     return manifest
 
 
