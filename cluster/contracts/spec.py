@@ -24,6 +24,7 @@ BACKENDS = ("auto", "vllm", "hf", "fake")  # fake: returns at once, for orchestr
 # an engine across several GPUs of one node (vLLM's names); their product is the GPUs its actor holds
 PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size")
 MAX_PARALLEL = 16
+RAY_STEP = 0.0001  # the finest fraction of a resource Ray takes
 
 
 class SpecError(RaysweepError, ValueError):
@@ -73,9 +74,6 @@ class ModelSpec:
         return tensor * pipeline
 
 
-RAY_STEP = 0.0001  # the finest fraction of a resource Ray takes
-
-
 @dataclass(frozen=True)
 class ShardLimits:
     max_samples: int = 512  # samples per shard at most
@@ -120,7 +118,8 @@ class ActorSpec:
         for name in ("num_gpus", "num_cpus"):  # Ray refuses a finer fraction only once the actor is asked for
             share = getattr(self, name)
             if share is not None and 0 < share < RAY_STEP:
-                raise ValueError(f"{name}: {share!r} is below {RAY_STEP:g}, the finest fraction of a resource Ray takes")
+                raise ValueError(f"{name}: {share!r} is below {RAY_STEP:g}, the finest fraction of a resource Ray "
+                                 "takes")
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,8 @@ class ScorerSpec:
             except re.error as e:
                 raise ValueError(f"pattern: does not compile: {e}") from None
             group = self.args.get("group", 0)
-            if not (_is_int(group) and 0 <= group <= compiled.groups or isinstance(group, str) and group in compiled.groupindex):
+            named = isinstance(group, str) and group in compiled.groupindex
+            if not (named or _is_int(group) and 0 <= group <= compiled.groups):
                 raise ValueError(f"group: the pattern has no group {group!r} (its groups: 0 to {compiled.groups}"
                                  f"{''.join(f', {name!r}' for name in compiled.groupindex)})")
         for key in ("choices", "fields"):  # choice's options, json_match's fields: lists of text

@@ -157,6 +157,10 @@ def _parquet_batches(path: str) -> Iterator[tuple[list[dict], list[str], int]]:
 def _python_rows(batch, path: str, first: int) -> list[dict]:
     """The batch's rows as Python values, maps as dicts; a value Python cannot hold (a map with a key twice, a
     value out of Python's range) is one line naming the column."""
+    names = batch.schema.names
+    twice = next((name for k, name in enumerate(names) if name in names[:k]), None)
+    if twice is not None:  # a row would keep only the last one's value
+        raise DataError(f"{path}: column {twice!r} is there twice; name each column once")
     columns = []
     for i, field in enumerate(batch.schema):
         try:
@@ -164,10 +168,6 @@ def _python_rows(batch, path: str, first: int) -> list[dict]:
         except Exception as e:
             raise DataError(f"{path}: rows {first}-{first + batch.num_rows - 1}: column {field.name!r} ({field.type}) "
                             f"cannot be read as Python values: {_first_line(e)}") from None
-    names = batch.schema.names
-    twice = next((name for k, name in enumerate(names) if name in names[:k]), None)
-    if twice is not None:  # a row would keep only the last one's value
-        raise DataError(f"{path}: column {twice!r} is there twice; name each column once")
     return [dict(zip(names, values)) for values in zip(*columns)] if columns else [{} for _ in range(batch.num_rows)]
 
 

@@ -291,7 +291,7 @@ class _TextOnly:
             for k, v in value.items():
                 if not isinstance(k, str):  # YAML reads `1:`, `true:`, `null:` as such; JSON and every setting name text
                     raise SpecError(f"{self.source}: {at}: key {k!r} is not text (YAML reads it as {type(k).__name__}): "
-                                    f"quote it")
+                                    "quote it")
                 out[k], n = self.walk(v, f"{where}.{k}".lstrip("."), depth + 1)
                 size += n
         else:
