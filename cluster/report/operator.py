@@ -31,6 +31,10 @@ STARTUP_PHASES = ("process_s", "imports_s", "waiting_s", "engine_init_s", "warmu
 OLD_STARTUP_PHASES = ("load_s", "compile_s", "graph_capture_s")  # outputs written before startup_s
 RUN_FIGURES = ["ray_start_s", "planning_s", "first_result_s", "last_result_s", "wall_s"]  # manifest `runs`
 
+# why a telemetry file may be missing: a sweep's telemetry parts (telemetry/.pending) are folded into it as a run ends
+NOT_YET = (" (written as a run ends: a running or stopped sweep's telemetry is folded in then, or when the same "
+           "command runs again)")
+
 
 def operator_view(root: Path, manifest: dict, max_rows: int) -> str:
     labels = actor_labels(root)
@@ -95,7 +99,7 @@ def _runs_table(runs: list[dict]) -> str:
 def _throughput(root: Path, labels: dict) -> str:
     t = read(root / "telemetry/shards.parquet", ["actor_id", "finished_at", "output_tok_per_s", "error"])
     if t is None:
-        return section("Throughput", "throughput", note("No telemetry/shards.parquet."))
+        return section("Throughput", "throughput", note(f"No telemetry/shards.parquet{NOT_YET}."))
     t = t.filter(pc.and_(pc.is_null(t["error"]), pc.and_(pc.is_valid(t["output_tok_per_s"]),
                                                           pc.is_valid(t["finished_at"]))))
     if t.num_rows == 0:
@@ -141,7 +145,7 @@ def _gpu(root: Path, labels: dict) -> str:
 def _startup(root: Path, labels: dict) -> str:
     t = read(root / "telemetry/actors.parquet", ACTOR_COLUMNS + STARTUP_COLUMNS)
     if t is None:
-        return section("Engine start-up", "startup", note("No telemetry/actors.parquet."))
+        return section("Engine start-up", "startup", note(f"No telemetry/actors.parquet{NOT_YET}."))
     starts = t.to_pylist()
     names = [f"{labels.get(r['actor_id'], r['actor_id'])} #{i}" + (f" ({r['reason']})" if r["reason"] else "")
              for i, r in enumerate(starts)]

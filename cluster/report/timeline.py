@@ -146,8 +146,9 @@ def notes(starts: list[dict], runs: list[dict]) -> list[str]:
     elif untimed:
         out.append(f"{untimed} of {len(starts)} engine starts have no requested_at or ready_at; they are not drawn.")
     if not runs:
-        out.append("manifest.json has no `runs` (written before raysweep recorded them): no driver markers, "
-                   "and time counts from the first recorded event.")
+        out.append("manifest.json has no `runs` (a run is recorded when it ends: this one is running or was stopped "
+                   "before its end, or the output is older than run records): no driver markers, and time counts "
+                   "from the first recorded event.")
     elif len(runs) > 1:
         out.append(f"Run {len(runs)} of {len(runs)} is drawn; the actors of earlier runs are left out.")
     return out
