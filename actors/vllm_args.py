@@ -11,6 +11,7 @@ from actors.engine import EngineProfile
 from cluster.contracts.engine_defaults import DEFAULT_MAX_SEQS, shared_starts_together, starts_uncompiled
 from cluster.contracts.model_memory import folder_config, shared_kv_cache_bytes, weight_bytes
 from cluster.contracts.spec import ModelSpec, SamplingSpec, StructuredSpec
+from cluster.contracts.task_spec import _is_int
 
 LONG_MAX_SEQS = 64  # long shards keep fewer sequences in flight: their KV cache is large
 MIN_SHARED_KV_BYTES = 1 << 30
@@ -118,7 +119,8 @@ def engine_args(model: ModelSpec, model_path: str, profile: EngineProfile, gpu_f
         args.pop("max_num_batched_tokens", None)
         args.update(REPRODUCIBLE_ARGS, attention_config={**(args.get("attention_config") or {}),
                                                          **REPRODUCIBLE_ARGS["attention_config"]})
-    compilation = dict(args.pop("compilation_config", None) or {})
+    given = args.pop("compilation_config", None)  # a mapping, or an integer: vLLM reads one as the mode
+    compilation = {"mode": given} if _is_int(given) else dict(given or {})
     if starts_uncompiled(model, _weight_bytes(model_path, model), reproducible):
         compilation.update(UNCOMPILED)
     if "max_num_seqs" in args:  # else vLLM sizes both for the GPU (get_batch_defaults) and captures to match

@@ -67,7 +67,7 @@ def test_a_large_model_whose_engines_start_compiled_gets_two_engines_per_gpu_whe
 
 @pytest.mark.parametrize("setting", [{}, {"reproducible": True}, {"engine": {"enforce_eager": True}},
                                      {"engine": {"compilation_config": {"mode": 3}}},
-                                     {"engine": {"compilation_config": 3}}])
+                                     {"engine": {"compilation_config": 3}}, {"engine": {"compilation_config": 0}}])
 def test_a_large_model_whose_engines_start_uncompiled_gets_one_engine_per_gpu_however_large_the_gpu(setting):
     """A generation sweep's large model starts uncompiled (cluster/contracts/engine_defaults.py starts_uncompiled):
     one engine per GPU, whose batch generates faster than two engines' on one H200. Where the spec or reproducible

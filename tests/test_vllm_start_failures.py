@@ -182,6 +182,17 @@ def test_a_tensor_parallel_engine_runs_without_vllms_multicast_all_reduce_fusion
     assert passes({}) is None and passes({"pipeline_parallel_size": 2}) is None
 
 
+@pytest.mark.parametrize("given, mode", [(3, 3), (0, 0)])
+def test_an_integer_compilation_config_is_the_mode_vllm_reads_it_as(given, mode):
+    """`compilation_config: 3` was `dict(3)`, a TypeError as the engine started; `0` was read as none given."""
+    from actors.engine import EngineProfile
+    from actors.vllm_args import engine_args
+    from cluster.contracts.spec import ModelSpec
+
+    args = engine_args(ModelSpec("m", "/m", engine={"compilation_config": given}), "/m", EngineProfile(), 0.5)
+    assert args["compilation_config"]["mode"] == mode
+
+
 def test_the_batch_limit_is_vllms_own_on_a_whole_gpu_and_raysweeps_on_a_share_of_one():
     """A whole GPU: no `max_num_seqs` and no capture size, so vLLM picks both for the GPU as a plain `LLM(...)`
     gets them; a shared GPU or reproducible mode: DEFAULT_MAX_SEQS, captured to it; the long profile at most LONG_MAX_SEQS; the

@@ -33,9 +33,10 @@ ENGINE_COMPILE_KEYS = ("enforce_eager", "optimization_level")  # engine argument
 
 def starts_uncompiled(model: ModelSpec, weight_bytes: int | None, reproducible: bool) -> bool:
     """Whether `model`'s engines start uncompiled, its weights taking `weight_bytes` (None: not known, and so not)."""
-    compilation = model.engine.get("compilation_config") or {}
+    compilation = model.engine.get("compilation_config")
+    compilation = {} if compilation is None else compilation  # null is vLLM's default, 0 is a mode
     decided = not isinstance(compilation, dict) or any(k in compilation for k in COMPILE_KEYS) or \
-        any(k in model.engine for k in ENGINE_COMPILE_KEYS)  # a bare integer: vLLM reads it as the mode
+        any(k in model.engine for k in ENGINE_COMPILE_KEYS)  # a bare integer (0 too): vLLM reads it as the mode
     if reproducible or decided or model.loglikelihood:
         return False
     return (weight_bytes or 0) > UNCOMPILED_MIN_WEIGHT_BYTES

@@ -58,6 +58,9 @@ class ModelSpec:
             raise ValueError(f"engine.max_num_seqs: must be an integer >= 1, got {seqs!r}")
         if share is not None and (not _is_number(share) or not 0 < share <= 1):
             raise ValueError(f"engine.gpu_memory_utilization: must be a number in (0, 1], got {share!r}")
+        compilation = self.engine.get("compilation_config")
+        if compilation is not None and not isinstance(compilation, dict) and not _is_int(compilation):
+            raise ValueError(f"engine.compilation_config: must be a mapping or an integer mode, got {compilation!r}")
         offload = self.engine.get("cpu_offload_gb")
         if offload is not None and (not _is_number(offload) or offload < 0):
             raise ValueError(f"engine.cpu_offload_gb: must be a number >= 0, got {offload!r}")
