@@ -86,6 +86,11 @@ def parquet_with_a_null(tmp: Path) -> list[str]:
     return []
 
 
+def engine_with(mapping: str):
+    """The model's `engine:` section, as YAML text."""
+    return lambda tmp: spec_with(tmp, "path: builtin:tiny", f"path: builtin:tiny\n    engine: {mapping}")
+
+
 def parquet_column_twice(tmp: Path) -> list[str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -309,16 +314,15 @@ CASES = [
      "{spec}: tasks[0].replay.model: 'tiny' is the name of models[0]; replayed completions are not that model's: "
      "give them a name of their own"),
     # settings raysweep reads itself, and keys YAML reads as numbers: refused here, not once Ray or engines are up
-    ("max-num-seqs-text", lambda t: spec_with(t, "path: builtin:tiny", "path: builtin:tiny\n    engine: {max_num_seqs: x}"),
+    ("max-num-seqs-text", engine_with("{max_num_seqs: x}"),
      "{spec}: models[0].engine.max_num_seqs: must be an integer >= 1, got 'x'"),
-    ("max-num-seqs-negative", lambda t: spec_with(t, "path: builtin:tiny", "path: builtin:tiny\n    engine: {max_num_seqs: -1}"),
+    ("max-num-seqs-negative", engine_with("{max_num_seqs: -1}"),
      "{spec}: models[0].engine.max_num_seqs: must be an integer >= 1, got -1"),
-    ("compilation-config-text", lambda t: spec_with(t, "path: builtin:tiny",
-                                                    "path: builtin:tiny\n    engine: {compilation_config: fast}"),
+    ("compilation-config-text", engine_with("{compilation_config: fast}"),
      "{spec}: models[0].engine.compilation_config: must be a mapping or an integer mode, got 'fast'"),
     ("num-cpus-below-rays-finest-fraction", lambda t: spec_with(t, "shards:", "actors: {num_cpus: 0.00001}\nshards:"),
      "{spec}: actors.num_cpus: 1e-05 is below 0.0001, the finest fraction of a resource Ray takes"),
-    ("engine-key-a-number", lambda t: spec_with(t, "path: builtin:tiny", "path: builtin:tiny\n    engine: {1: 2}"),
+    ("engine-key-a-number", engine_with("{1: 2}"),
      "{spec}: models[0].engine: key 1 is not text (YAML reads it as int): quote it"),
     ("json-schema-property-a-number", lambda t: spec_with(t, "    scorer: exact_match\n", "    scorer: exact_match\n"
                                                           "    structured: {json_schema: {type: object, properties: "
