@@ -338,6 +338,11 @@ CASES = [
     ("json-match-target-not-json", then(lambda t: spec_with(t, "scorer: exact_match", "scorer: json_match"),
                                         lambda t: rows_with(t, [row(answer='{"a": 1}'), row(id="r1", answer="not json")])),
      "{data}:2: column 'answer' (tasks.qa.target): not JSON, which scorer json_match compares against: Expecting value"),
+    ("target-none-of-the-choice-set", then(lambda t: spec_with(t, "scorer: exact_match",
+                                                             "scorer: exact_match\n    structured: {choice: [up, down]}"),
+                                           lambda t: rows_with(t, [row(answer=" up"), row(id="r1", answer="left")])),
+     "{data}:2: column 'answer' (tasks.qa.target) 'left' is none of tasks.qa.structured's choices ['up', 'down'], "
+     "which generation is held to: scorer exact_match would give it 0 whatever the model generates"),
     ("parquet-column-twice", then(lambda t: spec_with(t, "data: qa.jsonl", "data: qa.parquet"), parquet_column_twice),
      "{dir}/qa.parquet: column 'question' is there twice; name each column once"),
     ("ray-that-does-not-start", lambda t: ["--address", "127.0.0.1:1"],
@@ -406,7 +411,8 @@ def test_hostile_input_is_one_line_before_ray_and_the_output_is_untouched(sweep_
 
 def test_ray_that_fails_to_start_is_one_line_and_releases_the_output(sweep_dir, capsys, monkeypatch):
     """What the address probe cannot see (no cluster for `auto`, a GCS that never answers) is caught around
-    ray.init: one line naming the address, exit 2, and the output's lock released."""
+    ray.init: one line naming the address, exit 2, the output's lock released, and the folders the run made for
+    an output it never wrote in taken away again (a folder that was there before stays)."""
     import ray
 
     from cluster.store.sink import ResultSink
@@ -423,12 +429,16 @@ def test_ray_that_fails_to_start_is_one_line_and_releases_the_output(sweep_dir, 
     # session's Ray of this pytest worker (ray_local), which every later test on the worker then found gone
     stopped = []
     monkeypatch.setattr("jobs.local_ray.shutdown", lambda: stopped.append(True))
-    assert main([str(folder / "sweep.yaml"), "--output", str(tmp := out.parent / "fresh"), "--address", "auto"]) == 2
+    assert main([str(folder / "sweep.yaml"), "--output", str(out.parent / "fresh" / "out"), "--address",
+                 "auto"]) == 2
     assert stopped  # it did stop what it had started
     stdout, stderr = capsys.readouterr()
     assert stderr == ("raysweep: error: --address auto: Ray did not connect: Could not find any running Ray "
                       "instance. Please specify the one to connect to.\n")
-    assert not (tmp / ".lock").exists()
+    assert not (out.parent / "fresh").exists()
+    (tmp := out.parent / "there").mkdir()
+    assert main([str(folder / "sweep.yaml"), "--output", str(tmp), "--address", "auto"]) == 2
+    assert tmp.is_dir() and not (tmp / ".lock").exists()
     ResultSink(str(tmp), load_spec(folder / "sweep.yaml")).close()  # not held by the failed run
 
 

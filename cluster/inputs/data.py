@@ -258,6 +258,8 @@ def _check_columns(task: TaskSpec, needed: dict[str, str], path: str, rows: list
             _check_choices(task, path, row, where[i])
         if task.scorer is not None and task.scorer.name == "json_match" and isinstance(row.get(task.target), str):
             _check_json_target(task, path, row[task.target], where[i])
+        if _scored_by_choice_set(task):
+            _check_target_in_choice_set(task, path, row[task.target], where[i])
         if task.replay is not None:
             _check_replayed(task, path, row[task.replay.column], where[i])
 
@@ -269,6 +271,23 @@ def _check_json_target(task: TaskSpec, path: str, value: str, where: str) -> Non
     except ValueError as e:
         raise DataError(f"{path}:{where}: column {task.target!r} (tasks.{task.name}.target): not JSON, which "
                         f"scorer json_match compares against: {e}") from None
+
+
+def _scored_by_choice_set(task: TaskSpec) -> bool:
+    """A task whose generation is one of a `structured: {choice: [...]}` set, compared whole with its target
+    (`exact_match`; the `choice` scorer reads a part of it)."""
+    return (task.structured is not None and task.structured.kind == "choice" and task.scorer is not None
+            and task.scorer.name == "exact_match")
+
+
+def _check_target_in_choice_set(task: TaskSpec, path: str, value: Any, where: str) -> None:
+    """The target is one of the texts generation is held to (spaces around either aside, as the scorers compare):
+    else the row scores 0 whatever the model does."""
+    target = value if isinstance(value, str) else json.dumps(value)
+    if target.strip() not in {c.strip() for c in task.structured.value}:
+        raise DataError(f"{path}:{where}: column {task.target!r} (tasks.{task.name}.target) {target!r} is none of "
+                        f"tasks.{task.name}.structured's choices {list(task.structured.value)}, which generation is "
+                        "held to: scorer exact_match would give it 0 whatever the model generates")
 
 
 def _check_replayed(task: TaskSpec, path: str, value: Any, where: str) -> None:

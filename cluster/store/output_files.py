@@ -47,19 +47,41 @@ def filesystem(output: str) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(output)
 
 
-def open_output(output: str) -> tuple[pafs.FileSystem, str]:
-    """The output's filesystem and root, created and checked writable; SinkError where it cannot be used."""
+def open_output(output: str) -> tuple[pafs.FileSystem, str, list[str]]:
+    """The output's filesystem and root, created and checked writable, and the local folders made for it, the
+    deepest first (`remove_made` takes those left empty away again); SinkError where it cannot be used."""
     try:
         fs, root = filesystem(output)
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid (an unknown scheme) is a ValueError
         raise SinkError(f"output {output}: cannot be opened: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    made = _missing_folders(root) if isinstance(fs, pafs.LocalFileSystem) else []
     try:
         fs.create_dir(root, recursive=True)
         write_bytes(fs, join(root, ".write-test"), b"")
         fs.delete_file(join(root, ".write-test"))
     except OSError as e:
+        remove_made(made)
         raise SinkError(f"output {output}: not writable: {e}") from None
-    return fs, root
+    return fs, root, made
+
+
+def _missing_folders(root: str) -> list[str]:
+    """`root` and each of its parents that is not there yet, the deepest first."""
+    missing = []
+    while not os.path.lexists(root) and os.path.dirname(root) != root:
+        missing.append(root)
+        root = os.path.dirname(root)
+    return missing
+
+
+def remove_made(folders: list[str]) -> None:
+    """The folders `open_output` made, removed where they are still empty (a run that ended before it wrote
+    anything, as when Ray could not be reached, leaves no empty output behind), the deepest first."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)  # only an empty folder: whatever a run or anyone else wrote there stays
+        except OSError:
+            return
 
 
 def join(root: str, rel: str) -> str:

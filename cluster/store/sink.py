@@ -33,7 +33,8 @@ from cluster.store.integrity import check_committed, checksum, table_bytes
 from cluster.store.manifest import (SUMMARIZED, ManifestWriter, discard_earlier_run, is_committed, load_manifest,
                                     now, refuse_foreign)
 from cluster.store.output_files import (OutputWriteError, SinkError, join, lock, open_output, plain_strings,
-                                        remove_leftover_tmp, result_file, unlock, write_bytes_renamed, write_table)
+                                        remove_leftover_tmp, remove_made, result_file, unlock, write_bytes_renamed,
+                                        write_table)
 from cluster.store.telemetry_store import DURABLE_TELEMETRY, TelemetryStore
 
 
@@ -58,7 +59,7 @@ class ResultSink:
         the output's earlier run recorded: results planned from other data are never mixed in."""
         self.output, self.spec, self.data_hashes = output, spec, data_hashes or {}
         self._writer = None
-        self.fs, self.root = open_output(output)
+        self.fs, self.root, self._made = open_output(output)
         self._writer = ManifestWriter(self.fs, self.root)
         self._lock = lock(self.fs, self.root, output)
         try:
@@ -90,6 +91,7 @@ class ResultSink:
         if self._lock is not None:
             unlock(self._lock, self.root)
             self._lock = None
+        remove_made(self._made)  # the folders it made for the output, where nothing was written in them
 
     @property
     def _journal(self):
