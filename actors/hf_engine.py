@@ -240,13 +240,18 @@ class _Row:
         self.finished_at: float | None = None
 
 
+# vLLM's SamplingParams raises a temperature between 0 and this to it (logits divided by less overflow to inf)
+MIN_TEMPERATURE = 0.01
+
+
 def _pick(logits, sampling: SamplingSpec, generators) -> list[int]:
-    """Greedy argmax, or temperature / top-k / top-p sampling with each row's own generator."""
+    """Greedy argmax, or temperature / top-k / top-p sampling with each row's own generator; a temperature above 0
+    but under MIN_TEMPERATURE samples at MIN_TEMPERATURE, as vLLM does."""
     import torch
 
     if sampling.temperature == 0:
         return logits.argmax(dim=-1).tolist()
-    logits = logits / sampling.temperature
+    logits = logits / max(sampling.temperature, MIN_TEMPERATURE)
     if sampling.top_k:
         kth = torch.topk(logits, min(sampling.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -41,6 +41,15 @@ def test_sampling_follows_per_sample_seeds(hf_engine):
     assert texts[0] == texts[1] and len({texts[1], texts[2], texts[3]}) == 3
 
 
+def test_a_temperature_too_small_to_divide_by_samples_as_vllm_does_at_its_floor(hf_engine):
+    """1e-45 divides the logits into inf (every probability NaN: the sampler raised); vLLM raises a temperature
+    under 0.01 to 0.01, and so does the CPU engine."""
+    tiny = hf_engine.generate(requests(hf_engine, PROMPTS), SamplingSpec(max_tokens=8, temperature=1e-45), None)
+    floor = hf_engine.generate(requests(hf_engine, PROMPTS), SamplingSpec(max_tokens=8, temperature=0.01), None)
+    assert [r.output_text for r in tiny] == [r.output_text for r in floor]
+    assert all(r.output_tokens == 8 for r in tiny)
+
+
 def test_stop_string_ends_output_before_it(hf_engine):
     free = hf_engine.generate(requests(hf_engine, PROMPTS), SamplingSpec(max_tokens=40, temperature=1.0), None)
     stop = free[0].output_text[5:7]  # a string this exact generation produces

@@ -130,6 +130,8 @@ CASES = [
      "{data}:3: column 'question' holds a lone surrogate"),
     ("non-utf8-on-line-4321-of-5000", big_file_with_a_bad_byte, "{data}:4321: not UTF-8 text (byte 0xe9 at column 33)"),
     ("not-json", lambda t: rows_with(t, [row(), '{"id": "r1", "question": ']), "{data}:2: not valid JSON: Expecting value"),
+    ("key-twice", lambda t: rows_with(t, [row(), '{"id": "r1", "question": "1+1", "answer": "2", "answer": "3"}']),
+     "{data}:2: key 'answer' is given twice in one object (JSON readers differ on which one counts); give it once"),
     ("non-object-json-line", lambda t: rows_with(t, [row(), "[1, 2]"]), "{data}:2: expected a JSON object, got list"),
     ("id-column-missing", lambda t: rows_with(t, [row(), json.dumps({"question": "q", "answer": "a"})]),
      "{data}:2: missing column 'id' (the task 'qa' needs it as its `id_column` column)"),

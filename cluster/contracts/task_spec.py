@@ -57,7 +57,7 @@ def _check_name(value: str, what: str = "name") -> None:
 @dataclass(frozen=True)
 class SamplingSpec:
     max_tokens: int = 256  # generated tokens at most, per sample
-    temperature: float = 0.0  # 0 = greedy
+    temperature: float = 0.0  # 0 = greedy; above 0 but under 0.01, sampled at 0.01 (vLLM's floor, and the CPU engine's)
     top_p: float = 1.0
     top_k: int = 0  # 0 = no top-k cut
     stop: tuple[str, ...] = ()  # output ends before the first of these strings

@@ -95,6 +95,23 @@ def _read_batches(path: str) -> Iterator[tuple[list[dict], list[str], int]]:
         yield rows, lines, first
 
 
+class _KeyTwice(Exception):
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object whose keys are each given once (`json` keeps the last of a key given twice, silently)."""
+    row = dict(pairs)
+    if len(row) != len(pairs):
+        seen = set()
+        raise _KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return row
+
+
+_JSON = json.JSONDecoder(object_pairs_hook=_object)
+
+
 def _json_row(path: str, n: int, raw: bytes) -> dict | None:
     """Line `n` of a JSONL file as a row; None for a blank line."""
     try:
@@ -104,7 +121,10 @@ def _json_row(path: str, n: int, raw: bytes) -> dict | None:
     if not line.strip():
         return None
     try:
-        row = json.loads(line)
+        row = _JSON.decode(line)
+    except _KeyTwice as e:
+        raise DataError(f"{path}:{n}: key {e.key!r} is given twice in one object (JSON readers differ on which one "
+                        "counts); give it once") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{n}: not valid JSON: {e.msg} (column {e.colno})") from None
     except RecursionError:
