@@ -416,6 +416,43 @@ def test_timeline_counts_starting_running_and_idle_per_actor(timeline_output):
                                           "6.7%", "2"]]
 
 
+def test_a_running_sweeps_report_reads_the_telemetry_parts_not_folded_in_yet(timeline_output, tmp_path):
+    """Telemetry reaches the output as parts under telemetry/.pending as the actors start and shards commit, and is
+    folded into the tables as the run ends: the report of a sweep still running reads the tables and the parts,
+    with first tokens folded in as the run's end would, and writes nothing."""
+    import pyarrow.fs as pafs
+
+    from cluster.contracts.telemetry_schema import FIRST_TOKENS
+    from cluster.store.telemetry_store import TelemetryStore
+
+    folded = write_report(str(timeline_output)).read_text()
+    running = tmp_path / "running"
+    (running / "telemetry").mkdir(parents=True)
+    shutil.copy(timeline_output / "manifest.json", running / "manifest.json")
+    starts = [{**row, "start_index": i} for i, row in enumerate(TIMELINE_STARTS)]
+    pq.write_table(pa.Table.from_pylist(starts[:1]), running / "telemetry/actors.parquet")  # the first run's
+    store = TelemetryStore(pafs.LocalFileSystem(), str(running))
+    for row in starts[1:3]:
+        store.add("actors", {**row, "first_token_s": None})  # the first token seen later, as an update
+    for row in TIMELINE_SHARDS[:4]:
+        store.add("shards", row)
+    store.flush()
+    for row in starts[3:]:
+        store.add("actors", row)
+    for row in TIMELINE_SHARDS[4:]:
+        store.add("shards", row)
+    store.add(FIRST_TOKENS, {"actor_id": ACTOR_A, "start_index": 1, "first_token_s": 0.5})
+    store.flush()
+    before = sorted(p.relative_to(running) for p in running.rglob("*"))
+    assert len(list((running / "telemetry/.pending").iterdir())) == 5
+
+    page = write_report(str(running), str(tmp_path / "running.html")).read_text()
+    for table_id in ("timeline-actors", "startup-phases", "runs"):
+        assert _table_rows(page, table_id) == _table_rows(folded, table_id), table_id
+    assert "nor parts of it yet" not in page
+    assert sorted(p.relative_to(running) for p in running.rglob("*")) == before
+
+
 def test_timeline_figure_draws_the_measured_intervals():
     starts, shards = TIMELINE_STARTS[1:], TIMELINE_SHARDS[1:-1]  # the last run's timed rows
     lanes = report_timeline.lanes(starts, shards, T0)

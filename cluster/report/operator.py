@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from cluster.contracts.shard import RowStatus, ShardState
 from cluster.report import timeline
 from cluster.report.html_parts import note, percent, png, section, table
-from cluster.report.reading import ReportError, committed, read, rows
+from cluster.report.reading import ReportError, committed, telemetry, telemetry_rows
 
 TEXT_CHARS = 200  # output text shown per problem row
 PROBLEM_COLUMNS = ["model", "task", "shard_id", "sample_id", "status", "finish_reason", "prompt_tokens",
@@ -31,9 +31,9 @@ STARTUP_PHASES = ("process_s", "imports_s", "waiting_s", "engine_init_s", "warmu
 OLD_STARTUP_PHASES = ("load_s", "compile_s", "graph_capture_s")  # outputs written before startup_s
 RUN_FIGURES = ["ray_start_s", "planning_s", "first_result_s", "last_result_s", "wall_s"]  # manifest `runs`
 
-# why a telemetry file may be missing: a sweep's telemetry parts (telemetry/.pending) are folded into it as a run ends
-NOT_YET = (" (written as a run ends: a running or stopped sweep's telemetry is folded in then, or when the same "
-           "command runs again)")
+# why telemetry may be missing: the sweep's actors have written none yet (the parts under telemetry/.pending, read
+# with the tables, are written as shards commit)
+NOT_YET = " (written as the actors start and shards commit)"
 
 
 def operator_view(root: Path, manifest: dict, max_rows: int) -> str:
@@ -46,12 +46,12 @@ def actor_labels(root: Path) -> dict[str, str]:
     """Actor id -> "every model it ran, in order · first 8 hex digits of the id", for legends: an actor that
     started on tiny and then ran small is "tiny → small · 7fdeaf60", not named by its last model alone."""
     models: dict[str, list[str]] = {}
-    for r in rows(root / "telemetry/actors.parquet", ["actor_id", "model"]):
+    for r in telemetry_rows(root, "actors", ["actor_id", "model"]):
         if r["actor_id"]:
             ran = models.setdefault(r["actor_id"], [])
             if r["model"] and r["model"] not in ran:
                 ran.append(r["model"])
-    for r in rows(root / "telemetry/shards.parquet", ["actor_id", "model"]):
+    for r in telemetry_rows(root, "shards", ["actor_id", "model"]):
         if r["actor_id"] and r["model"] and r["model"] not in models.setdefault(r["actor_id"], []):
             models[r["actor_id"]].append(r["model"])
     return {actor: f"{' → '.join(ran) or '?'} · {actor[:8]}" for actor, ran in models.items()}
@@ -59,9 +59,9 @@ def actor_labels(root: Path) -> dict[str, str]:
 
 def _timeline(root: Path, manifest: dict, labels: dict) -> str:
     runs = _runs(root, manifest)
-    starts = rows(root / "telemetry/actors.parquet", ["actor_id", "model", "requested_at", "ready_at", "process_s",
+    starts = telemetry_rows(root, "actors", ["actor_id", "model", "requested_at", "ready_at", "process_s",
                                                        "imports_s", "waiting_s"])
-    shards = rows(root / "telemetry/shards.parquet", ["actor_id", "model", "started_at", "finished_at"])
+    shards = telemetry_rows(root, "shards", ["actor_id", "model", "started_at", "finished_at"])
     t0 = runs[-1]["started_at"] if runs else timeline.earliest(starts, shards)
     lanes = [] if t0 is None else timeline.lanes(starts, shards, t0)
     if runs:  # telemetry is appended run after run: the actors of the last run are drawn
@@ -97,9 +97,9 @@ def _runs_table(runs: list[dict]) -> str:
 
 
 def _throughput(root: Path, labels: dict) -> str:
-    t = read(root / "telemetry/shards.parquet", ["actor_id", "finished_at", "output_tok_per_s", "error"])
+    t = telemetry(root, "shards", ["actor_id", "finished_at", "output_tok_per_s", "error"])
     if t is None:
-        return section("Throughput", "throughput", note(f"No telemetry/shards.parquet{NOT_YET}."))
+        return section("Throughput", "throughput", note(f"No telemetry/shards.parquet nor parts of it yet{NOT_YET}."))
     t = t.filter(pc.and_(pc.is_null(t["error"]), pc.and_(pc.is_valid(t["output_tok_per_s"]),
                                                           pc.is_valid(t["finished_at"]))))
     if t.num_rows == 0:
@@ -117,7 +117,7 @@ def _throughput(root: Path, labels: dict) -> str:
 
 
 def _gpu(root: Path, labels: dict) -> str:
-    t = read(root / "telemetry/gpu.parquet", ["actor_id", "time", "mem_used_mib", "util_pct"])
+    t = telemetry(root, "gpu", ["actor_id", "time", "mem_used_mib", "util_pct"])
     if t is None:
         return section("GPU memory and utilisation", "gpu", note(
             "No NVML readings: telemetry/gpu.parquet is absent (no actor read NVML: no NVIDIA GPU or "
@@ -143,9 +143,9 @@ def _gpu(root: Path, labels: dict) -> str:
 
 
 def _startup(root: Path, labels: dict) -> str:
-    t = read(root / "telemetry/actors.parquet", ACTOR_COLUMNS + STARTUP_COLUMNS)
+    t = telemetry(root, "actors", ACTOR_COLUMNS + STARTUP_COLUMNS)
     if t is None:
-        return section("Engine start-up", "startup", note(f"No telemetry/actors.parquet{NOT_YET}."))
+        return section("Engine start-up", "startup", note(f"No telemetry/actors.parquet nor parts of it yet{NOT_YET}."))
     starts = t.to_pylist()
     names = [f"{labels.get(r['actor_id'], r['actor_id'])} #{i}" + (f" ({r['reason']})" if r["reason"] else "")
              for i, r in enumerate(starts)]
@@ -207,7 +207,7 @@ def _failures(root: Path, manifest: dict) -> str:
                      [[sid, s.get("attempts"), "\n".join(f"{i}: {e}" for i, e in enumerate(s.get("errors", []), 1))]
                       for sid, s in failed], "failed-shards")
               if failed else "<p>No shard failed.</p>")
-    t = read(root / "telemetry/shards.parquet", ["shard_id", "attempt", "actor_id", "error"])
+    t = telemetry(root, "shards", ["shard_id", "attempt", "actor_id", "error"])
     attempts = [] if t is None else t.filter(pc.is_valid(t["error"])).to_pylist()
     retried = (table(["shard", "attempt", "actor", "error"], [list(r.values()) for r in attempts])
                if attempts else "<p>No attempt failed.</p>")

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from cluster.contracts.errors import RaysweepError
 from cluster.contracts.shard import ShardState
 from cluster.store.manifest import read_manifest
+from cluster.store.telemetry_store import TelemetryStore
 
 
 LEFT_OUT = "left out"  # a committed shard whose file does not match its entry: the report reads none of it
@@ -39,8 +41,6 @@ def load_manifest(root: Path) -> dict:
 def strays(root: Path, manifest: dict) -> list[str]:
     """The files in the output's results/ that the manifest did not commit (cluster/store/integrity.py): the
     report reads only committed files, so these are left out, and said."""
-    import pyarrow.fs as pafs
-
     from cluster.store.integrity import stray_files
 
     return stray_files(pafs.LocalFileSystem(), str(root.absolute()), manifest)
@@ -52,8 +52,6 @@ def damaged(root: Path, manifest: dict) -> tuple[dict, list[str]]:
     verify` check) marked LEFT_OUT, so no reader of the report reads its file; and one line for each. A
     committed file that is missing stays an error (`committed`)."""
     import copy
-
-    import pyarrow.fs as pafs
 
     from cluster.store.integrity import mismatches
 
@@ -68,27 +66,37 @@ def damaged(root: Path, manifest: dict) -> tuple[dict, list[str]]:
 
 
 def read(path: Path, columns: list[str]) -> pa.Table | None:
-    """The named columns of a Parquet file, or None where there is no file. A column the file lacks is
-    all null: telemetry tables are built from dicts, so e.g. shards.parquet of a sweep whose every
-    attempt failed holds only shard_id, attempt and error."""
+    """The named columns of a Parquet file (summary.parquet), or None where there is no file; a column the file
+    lacks is all null."""
     if not path.is_file():
         return None
     try:
         have = set(pq.read_schema(path).names)
         table = pq.read_table(path, columns=[c for c in columns if c in have])
     except (OSError, pa.ArrowInvalid) as e:  # torn or replaced: say which file, in one line
-        raise ReportError(f"output {path.parent if path.name == 'summary.parquet' else path.parent.parent}: "
-                          f"{path.name if path.name == 'summary.parquet' else 'telemetry/' + path.name} cannot be "
-                          f"read ({(str(e).strip().splitlines() or [type(e).__name__])[0][:160]}); the sweep's next "
-                          "run writes it again") from None
+        raise ReportError(f"output {path.parent}: {path.name} cannot be read "
+                          f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:160]}); the sweep's next run "
+                          "writes it again") from None
     for c in columns:
         if c not in have:
             table = table.append_column(c, pa.nulls(table.num_rows))
     return table.select(columns)
 
 
-def rows(path: Path, columns: list[str]) -> list[dict]:
-    t = read(path, columns)
+def telemetry(root: Path, name: str, columns: list[str]) -> pa.Table | None:
+    """The named columns of telemetry/<name>.parquet with the parts a running or stopped sweep has not folded
+    into it yet (cluster/store/telemetry_store.py so_far), or None where there is neither."""
+    try:
+        table = TelemetryStore(pafs.LocalFileSystem(), str(root.absolute())).so_far(name)
+    except (OSError, pa.ArrowInvalid) as e:  # torn or replaced: say which file, in one line
+        raise ReportError(f"output {root}: telemetry/{name}.parquet or a part of it not folded in yet cannot be "
+                          f"read ({(str(e).strip().splitlines() or [type(e).__name__])[0][:160]}); the sweep's next "
+                          "run writes it again") from None
+    return None if table is None else table.select(columns)
+
+
+def telemetry_rows(root: Path, name: str, columns: list[str]) -> list[dict]:
+    t = telemetry(root, name, columns)
     return [] if t is None else t.to_pylist()
 
 

@@ -67,14 +67,44 @@ class TelemetryStore:
 
     def _take_pending(self, name: str) -> tuple[pa.Table | None, list[str]]:
         """The rows of `name` on disk (parts, this run's or a dead run's) and in memory, and the parts' paths."""
-        parts, tables = self._pending_parts(name), []
-        for part in parts:
-            with self.fs.open_input_file(part) as f:
-                tables.append(conform(name, pq.read_table(f)))  # a part an older raysweep wrote: as the schema has it
+        parts = self._pending_parts(name)
+        tables = [self._read_part(name, part) for part in parts]
         if self.rows[name]:
             tables.append(telemetry_table(name, self.rows[name]))
             self.rows[name].clear()
         return (pa.concat_tables(tables, promote_options="permissive") if tables else None), parts
+
+    def _read_part(self, name: str, part: str, gone_ok: bool = False) -> pa.Table | None:
+        """A part's rows as the schema has them (a part an older raysweep wrote too); with `gone_ok`, None for a
+        part gone since it was listed (a running sweep's `finish` folded it in)."""
+        try:
+            with self.fs.open_input_file(part) as f:
+                return conform(name, pq.read_table(f))
+        except FileNotFoundError:
+            if gone_ok:
+                return None
+            raise
+
+    def so_far(self, name: str) -> pa.Table | None:
+        """telemetry/<name>.parquet with the parts not folded into it yet (a running or stopped sweep's) after it,
+        telemetry/actors with its first tokens: what `finish` would make of them, read without writing anything.
+        The table is read before the parts are listed, so rows a running `finish` moves meanwhile are left out,
+        never read twice."""
+        table = read_table(self.fs, join(self.root, f"telemetry/{name}.parquet"))
+        tables = ([] if table is None else [conform(name, table)]) + self._parts_left(name)
+        if not tables:
+            return None
+        table = pa.concat_tables(tables, promote_options="permissive")
+        if name == "actors":
+            updates = self._parts_left(FIRST_TOKENS)
+            table = _with_first_tokens(table, pa.concat_tables(updates, promote_options="permissive") if updates
+                                       else None)
+        return table
+
+    def _parts_left(self, name: str) -> list[pa.Table]:
+        """The parts of `name` there now, each read (one gone since it was listed is left out)."""
+        found = (self._read_part(name, part, gone_ok=True) for part in self._pending_parts(name))
+        return [table for table in found if table is not None]
 
     def _append(self, name: str, table: pa.Table) -> None:
         """Appended to the table on disk (an older output's: null-typed where its columns were all null)."""
