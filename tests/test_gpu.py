@@ -516,6 +516,28 @@ def test_loglikelihood_reads_each_context_once_with_the_numbers_of_computing_it_
     assert computed < asked / 2
 
 
+def test_an_integer_compilation_config_starts_the_engine_in_that_mode(tiny_path):
+    """`compilation_config: 0` in a spec's engine is vLLM's mode 0 (no torch.compile), as `LLM(compilation_config=0)`
+    reads it: the engine starts without compiling and generates every request to its length."""
+    from actors.engine import EngineProfile, GenRequest
+    from actors.vllm_args import engine_args
+    from actors.vllm_engine import VllmEngine
+    from cluster.contracts.spec import ModelSpec, SamplingSpec
+
+    model = ModelSpec("tiny", "builtin:tiny", engine={"gpu_memory_utilization": 0.2, "compilation_config": 0})
+    assert engine_args(model, tiny_path, EngineProfile(), 1.0)["compilation_config"]["mode"] == 0
+    engine = VllmEngine(model, tiny_path, EngineProfile(), exit_on_error=False)
+    try:
+        info = engine.startup()
+        print("compilation_config 0 engine start:", json.dumps(info))
+        assert info["compile_s"] is None and info["fallback_reason"] is None
+        out = engine.generate([GenRequest(str(i), list(f"Question {i}:".encode()), i) for i in range(8)],
+                              SamplingSpec(max_tokens=8), None)
+        assert all(r.output_tokens == 8 and r.finish_reason == "length" for r in out)
+    finally:
+        engine.close()
+
+
 @pytest.mark.slow
 def test_an_uncompiled_engine_scores_as_the_compiled_one_and_generates_in_its_graphs(vllm_engine, tiny_path):
     """The start a model over 2 GiB gets by itself (actors/vllm_args.py UNCOMPILED: no torch.compile, full CUDA
