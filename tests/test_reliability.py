@@ -202,6 +202,7 @@ def test_two_sweeps_into_one_output_are_refused(tmp_path):
 
 def test_new_run_also_discards_the_old_report(tmp_path):
     spec = load_spec(QUICKSTART)
+    (tmp_path / "out").mkdir()  # an output folder that was there before (one a sink made and left empty is gone)
     ResultSink(str(tmp_path / "out"), spec).close()
     (tmp_path / "out" / "report.html").write_text("<html>an earlier run</html>")
     ResultSink(str(tmp_path / "out"), spec, new_run=True).close()
