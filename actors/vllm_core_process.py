@@ -251,9 +251,7 @@ class OutputTee:
             return self._dropped + len(self._buffer)
 
     def text_since(self, mark: int) -> str:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        time.sleep(0.2)  # let the pump drain what the engine core wrote last
+        self.drain()  # what the engine core wrote last, read by the pump (a fixed pause missed it on a busy machine)
         with self._lock:
             start = max(0, mark - self._dropped)
             return bytes(self._buffer[start:]).decode("utf-8", errors="replace")

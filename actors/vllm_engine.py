@@ -148,6 +148,9 @@ class VllmEngine:
 
     def startup(self) -> dict:
         report = start_report(self._report)
+        if report["graph_mode"] == "NONE":  # no capture in the report read: its lines not logged (a level above
+            # INFO where the core was forked) or not read, or none captured; the mode vLLM resolved says which
+            report["graph_mode"] = configured_graph_mode(self.llm.llm_engine.vllm_config.compilation_config)
         sched = self.llm.llm_engine.vllm_config.scheduler_config
         return {"engine_init_s": self._init_s, "warmup_s": self._warmup_s, "load_s": self._load_s, **report,
                 "engine_core": self.engine_core,
@@ -328,6 +331,13 @@ def start_report(text: str) -> dict:
             "compile_s": _last_float(_COMPILE, text), "profile_run_s": _last_float(_PROFILE, text),
             "graph_capture_s": _last_float(_CAPTURE, text),
             "graph_mode": "_AND_".join(modes) if modes else "NONE"}  # FULL_AND_PIECEWISE, as vLLM names it
+
+
+def configured_graph_mode(compilation) -> str:
+    """The CUDA graphs a started engine captured, by the cudagraph_mode vLLM resolved (NONE for an eager engine), named
+    as the start-up report names them: FULL_DECODE_ONLY captures full graphs alone ("FULL")."""
+    name = getattr(compilation.cudagraph_mode, "name", str(compilation.cudagraph_mode))
+    return "FULL" if name == "FULL_DECODE_ONLY" else name
 
 
 def _last_float(pattern: re.Pattern, text: str) -> float | None:

@@ -203,7 +203,7 @@ tasks:
     run = _local_command(tmp_path / "early.yaml", out)
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     print(actors[["actor_id", "gpu_ids", "reason", "engine_process", "engine_core", "imports_s", "engine_init_s",
-                  "startup_s", "graph_mode"]].to_string())
+                  "startup_s", "graph_mode", "fallback_reason"]].to_string())
     assert 1 <= len(actors) <= gpu_count() * round(1 / num_gpus) and actors["actor_id"].is_unique
     assert set(actors["engine_process"]) == {"early"} and set(actors["reason"]) == {"first"}
     assert set(actors["engine_core"]) == {"forked"} and (actors["graph_mode"] != "NONE").all()

@@ -111,6 +111,21 @@ def test_a_healthy_start_report_gives_each_steps_seconds_and_the_graph_mode():
                                 "graph_capture_s": None, "graph_mode": "NONE"}
 
 
+def test_a_start_report_not_read_takes_the_graph_mode_vllm_resolved():
+    """Where the core's INFO lines were not read, the started engine's resolved cudagraph_mode names its graphs, as
+    the report would: FULL_DECODE_ONLY captures full graphs alone."""
+    import enum
+    from types import SimpleNamespace
+
+    from actors.vllm_engine import configured_graph_mode
+
+    Mode = enum.Enum("CUDAGraphMode", {"NONE": 0, "PIECEWISE": 1, "FULL": 2, "FULL_DECODE_ONLY": (2, 0),
+                                       "FULL_AND_PIECEWISE": (2, 1)})  # vLLM's, as config/compilation.py has it
+    named = {mode.name: configured_graph_mode(SimpleNamespace(cudagraph_mode=mode)) for mode in Mode}
+    assert named == {"NONE": "NONE", "PIECEWISE": "PIECEWISE", "FULL": "FULL", "FULL_DECODE_ONLY": "FULL",
+                     "FULL_AND_PIECEWISE": "FULL_AND_PIECEWISE"}
+
+
 GIB = 1 << 30
 
 
