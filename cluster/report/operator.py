@@ -60,7 +60,7 @@ def actor_labels(root: Path) -> dict[str, str]:
 def _timeline(root: Path, manifest: dict, labels: dict) -> str:
     runs = _runs(root, manifest)
     starts = telemetry_rows(root, "actors", ["actor_id", "model", "requested_at", "ready_at", "process_s",
-                                                       "imports_s", "waiting_s"])
+                                             "imports_s", "waiting_s"])
     shards = telemetry_rows(root, "shards", ["actor_id", "model", "started_at", "finished_at"])
     t0 = runs[-1]["started_at"] if runs else timeline.earliest(starts, shards)
     lanes = [] if t0 is None else timeline.lanes(starts, shards, t0)
@@ -99,7 +99,8 @@ def _runs_table(runs: list[dict]) -> str:
 def _throughput(root: Path, labels: dict) -> str:
     t = telemetry(root, "shards", ["actor_id", "finished_at", "output_tok_per_s", "error"])
     if t is None:
-        return section("Throughput", "throughput", note(f"No telemetry/shards.parquet nor parts of it yet{NOT_YET}."))
+        return section("Throughput", "throughput",
+                       note(f"No telemetry/shards.parquet nor parts of it yet{NOT_YET}."))
     t = t.filter(pc.and_(pc.is_null(t["error"]), pc.and_(pc.is_valid(t["output_tok_per_s"]),
                                                           pc.is_valid(t["finished_at"]))))
     if t.num_rows == 0:
@@ -145,7 +146,8 @@ def _gpu(root: Path, labels: dict) -> str:
 def _startup(root: Path, labels: dict) -> str:
     t = telemetry(root, "actors", ACTOR_COLUMNS + STARTUP_COLUMNS)
     if t is None:
-        return section("Engine start-up", "startup", note(f"No telemetry/actors.parquet nor parts of it yet{NOT_YET}."))
+        return section("Engine start-up", "startup",
+                       note(f"No telemetry/actors.parquet nor parts of it yet{NOT_YET}."))
     starts = t.to_pylist()
     names = [f"{labels.get(r['actor_id'], r['actor_id'])} #{i}" + (f" ({r['reason']})" if r["reason"] else "")
              for i, r in enumerate(starts)]
