@@ -4,7 +4,8 @@ one line.
 The first signal raises `Interrupted` in the driver's main thread, wherever it is (checks, Ray's start, the
 scheduler's loop, scoring): the run's own cleanup then runs as on any error (engines closed, the telemetry
 and summary of what was committed written, the output's lock released, a local Ray this run started shut
-down). The line saying what was committed and how to resume is said at the signal, before that cleanup (`say`).
+down). Where it comes while the run's end is being written (cluster/contracts/uninterrupted.py), it is raised once
+that is done. The line saying what was committed and how to resume is said at the signal, before that cleanup (`say`).
 A second signal stops the process at once. Where the signal also ended the cluster's GCS (a SIGTERM to the whole
 process group reaches the local Ray this run started), every Ray call of that cleanup would wait out Ray's 60 s
 GCS timeout and then abort the process with a C++ message: once the GCS stops answering, the run gives up its
@@ -22,6 +23,7 @@ import weakref
 from contextlib import contextmanager
 from typing import Callable
 
+from cluster.contracts.uninterrupted import hold, holding
 from cluster.lm_eval.quiet import terminal_stderr  # a stop's line reaches the terminal while lm-eval is quiet
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
@@ -73,6 +75,9 @@ def interruptible(say: Callable[[Interrupted], None] | None = None):
         stop = Interrupted(signum)
         if say is not None:
             say(stop)
+        if holding():  # the run's end is being written: the stop is raised once it is
+            hold(stop)
+            return
         raise stop
 
     before = {s: signal.signal(s, first) for s in SIGNALS}
@@ -213,10 +218,11 @@ def reclaim() -> None:
 
 
 def stopped_line(stop: Interrupted | str, sink, output: str | None, verifying: bool = False,
-                 kept: bool = True) -> str:
+                 kept: bool = True, complete: bool = False) -> str:
     """What the edge prints: the signal (or why else the run stopped), what the output holds now, how to resume.
     `verifying`: `raysweep verify`'s own sweep, which starts afresh every time, into a temporary folder removed as
-    the command ends, or into its --keep folder (`kept`)."""
+    the command ends, or into its --keep folder (`kept`). `complete`: every shard of the sweep is planned and
+    committed (the run's end, its summary and telemetry, is written all the same)."""
     head = f"[raysweep] stopped by {stop}:" if isinstance(stop, Interrupted) else f"[raysweep] stopped: {stop};"
     if verifying:
         where = f"; its sweep's rows so far stay in {output} (run it again with another --keep folder)" \
@@ -226,4 +232,6 @@ def stopped_line(stop: Interrupted | str, sink, output: str | None, verifying: b
         return f"{head} before the output was opened; nothing was written"
     shards = sink.manifest.get("shards", {})
     done = len(sink.committed())
+    if complete:
+        return f"{head} all {done} shard(s) of the sweep committed in {output}; its summary is written as it stops"
     return f"{head} {done} of {len(shards)} shard(s) committed in {output}; the same command resumes the rest"

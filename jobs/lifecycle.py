@@ -236,6 +236,14 @@ class SweepRun:
     def sink(self):
         return self.sweep.prepared.sink if self.sweep is not None and self.sweep.prepared is not None else None
 
+    @property
+    def all_committed(self) -> bool:
+        """Whether every shard of the sweep under way is planned and committed (its output's manifest says)."""
+        from cluster.plan.plan_source import planned_pairs
+
+        prepared = self.sweep.prepared if self.sweep is not None else None
+        return prepared is not None and prepared.sink.nothing_left(planned_pairs(prepared.spec))
+
     # -- 4, 5. Ray and the sweep -------------------------------------------------------------------------------
     @property
     def ray_begun(self) -> bool:

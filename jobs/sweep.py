@@ -79,7 +79,7 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
         if not said.acquire(blocking=False):
             return
         sink = life.sink  # what is committed at the signal is final: the cleanup commits nothing more
-        line = stopped_line(stop, sink, sink.output if sink else None, verifying, output_kept)
+        line = stopped_line(stop, sink, sink.output if sink else None, verifying, output_kept, life.all_committed)
         os.write(terminal_stderr(), (line + "\n").encode())
 
     with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)

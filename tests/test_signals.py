@@ -437,22 +437,29 @@ def test_ctrl_c_during_long_code_exec_programs_kills_them_and_ends_in_seconds(tm
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_finish_is_one_line_and_the_next_run_writes_the_summary(tmp_path, ray_local):
-    """Ctrl-C while the run writes its telemetry and summary (a hook holds `finish` open): every shard is
-    committed, the line says so, and the same command then runs nothing and writes the summary (joined to the
-    session's local Ray, as the resume of the test above)."""
+def test_ctrl_c_while_the_run_writes_its_end_lets_it_finish_and_says_all_is_committed(tmp_path, ray_local):
+    """Ctrl-C while the run writes its telemetry and summary (a hook holds `finish` open 3 s): the run's end is written
+    whole first (the summary, the run's record, the journal folded into manifest.json), then it stops: one line
+    saying every shard is committed, exit 1. Before, the stop cut the end short: no summary, no run recorded, and a
+    line saying the same command resumes the rest. The same command then runs nothing (joined to the session's
+    local Ray, as the resume of the test above)."""
+    from cluster.store.manifest import read_manifest
+
     spec = _code_spec(tmp_path, 0.0)
     hook = ("import time\nfrom cluster.store import sink\nfinish = sink.ResultSink.finish\n"
-            "def held(self, log=print):\n    print('[test] finishing', flush=True)\n    time.sleep(30)\n"
-            "    return finish(self, log)\nsink.ResultSink.finish = held")
+            "def held(self, *args, **kwargs):\n    print('[test] finishing', flush=True)\n    time.sleep(3)\n"
+            "    return finish(self, *args, **kwargs)\nsink.ResultSink.finish = held")
     sweep = _driver(spec, hook)
-    line = _assert_one_stop_line(sweep, _interrupted_at(sweep, "[test] finishing"))
-    assert ": 4 of 4 shard(s) committed in " in line
-    assert not (tmp_path / "out" / "summary.parquet").exists()
+    text = _interrupted_at(sweep, "[test] finishing")
+    stopped = [line for line in text.splitlines() if line.startswith("[raysweep] stopped by SIGINT: ")]
+    assert sweep.returncode == 1 and len(stopped) == 1 and "Traceback" not in text, text[-3000:]
+    assert ": all 4 shard(s) of the sweep committed in " in stopped[0], stopped[0]
+    assert stopped[0].endswith("; its summary is written as it stops"), stopped[0]
+    assert pq.read_table(tmp_path / "out" / "summary.parquet").column("n").to_pylist() == [20]
+    assert len(read_manifest(str(tmp_path / "out"))["runs"]) == 1 and not (tmp_path / "out" / "manifest.journal").exists()
     again = _driver(spec, ray=ray_local)
     text, _ = again.communicate(timeout=180)
     assert again.returncode == 0 and "(0 shards run, 4 already committed)" in text, text[-3000:]
-    assert pq.read_table(tmp_path / "out" / "summary.parquet").column("n").to_pylist() == [20]
 
 
 def test_an_interrupt_that_ray_wait_returns_as_a_system_error_is_the_interrupt(monkeypatch, capfd):

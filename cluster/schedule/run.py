@@ -24,6 +24,7 @@ from cluster.contracts.engine_host import EngineHostAddress
 from cluster.contracts.pool_protocol import SweepState
 from cluster.contracts.spec import SweepSpec
 from cluster.contracts.timing import RunClock
+from cluster.contracts.uninterrupted import uninterrupted
 from cluster.plan.placement import requested_capacity
 from cluster.plan.plan_source import ModelReady, PlanSource, planned_pairs
 from cluster.plan.planner import TaskPlan
@@ -115,15 +116,17 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
         run = _Run(prepared, sink, log, progress_bar, clock, kept, engine_host, fleet_sized)
         try:
             run.schedule(max_attempts)
-        finally:  # what was measured before a failure is kept
-            run.progress.close()
-            run.metrics.close()
-            if not isinstance(sys.exc_info()[1], OutputWriteError):  # else the output takes nothing more now
-                engines = {"engines": run.size.engines.record()} if run.size else {}
-                sink.add_run({**clock.record(), **run.tail_record(), **engines})
-                run.report.summary = write_summary(prepared.spec, sink, log)
-                ended = SweepState.FAILED if sink.failed() else SweepState.DONE
-                run.status.record(ended, run.report.summary.to_pylist())
+        finally:  # what was measured before a failure is kept, written whole through a stop signal
+            failure = sys.exc_info()[1]
+            with uninterrupted():
+                run.progress.close()
+                run.metrics.close()
+                if not isinstance(failure, OutputWriteError):  # else the output takes nothing more now
+                    engines = {"engines": run.size.engines.record()} if run.size else {}
+                    sink.add_run({**clock.record(), **run.tail_record(), **engines})
+                    run.report.summary = write_summary(prepared.spec, sink, log)
+                    ended = SweepState.FAILED if sink.failed() else SweepState.DONE
+                    run.status.record(ended, run.report.summary.to_pylist())
         run.report.failed = sink.failed()
         run.report.gpu_samples = sink.gpu_samples
     run.report.samples, run.report.wall_s = run.progress.done, time.perf_counter() - started
