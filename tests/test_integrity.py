@@ -136,6 +136,24 @@ def test_a_tampered_manifest_is_one_line_in_run_verify_and_report(ray_local, tmp
         assert proc.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
+def test_a_manifest_entry_naming_another_shards_file_or_no_shard_is_one_line(ray_local, tmp_path):
+    """A journal line committing a shard the plan has not (its id another's, with that shard's file and checksum) was
+    taken as is: the summary counted those rows twice and `verify` passed; an id that is no shard's was an IndexError.
+    Each is one line now, in run and verify."""
+    spec, out, files = _replay_output(tmp_path)
+    first = sorted(files)[0]
+    forged = first.rsplit("/", 1)[0] + "/00099"
+    entry = read_manifest(str(out))["shards"][first]
+    for sid, says in ((forged, f"shard {forged}: committed as {files[first]}, not its own results file "),
+                      ("nonsense", "shard 'nonsense': not a shard id raysweep writes (<model>/<task>/<index>)")):
+        (out / "manifest.journal").write_text("\n" + json.dumps({**entry, "shard_id": sid}) + "\n")
+        with pytest.raises(SinkError, match=re.escape(f"output {out}: manifest: {says}")):
+            run_sweep(spec, log=lambda line: None)
+        proc = _cli("verify", str(out))
+        assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)

@@ -209,6 +209,22 @@ def test_new_run_also_discards_the_old_report(tmp_path):
     assert not (tmp_path / "out" / "report.html").exists()
 
 
+@pytest.mark.parametrize("manifest", ['{"name": "my-extension", "version": "1.0"}', "{}", "not json"])
+def test_a_manifest_json_that_is_not_raysweeps_is_refused_and_new_run_deletes_nothing(tmp_path, manifest):
+    """A folder whose manifest.json is someone else's file: refused without advice to --new-run, and --new-run
+    deletes nothing there either (it deleted the folder's own results/)."""
+    spec = load_spec(QUICKSTART)
+    (tmp_path / "out" / "results").mkdir(parents=True)
+    (tmp_path / "out" / "results" / "keep.txt").write_text("precious")
+    (tmp_path / "out" / "manifest.json").write_text(manifest)
+    for new_run in (False, True):
+        with pytest.raises(SinkError, match="not a raysweep manifest.*nothing was changed there: restore it, or choose "
+                                            "another output$"):
+            ResultSink(str(tmp_path / "out"), spec, new_run=new_run)
+    assert (tmp_path / "out" / "results" / "keep.txt").read_text() == "precious"
+    assert (tmp_path / "out" / "manifest.json").read_text() == manifest
+
+
 def test_version():
     done = subprocess.run([sys.executable, "-m", "jobs.cli", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.startswith("raysweep ")

@@ -163,7 +163,7 @@ def test_an_output_resumed_across_a_change_of_columns_reads_as_one_table_in_ever
             if field.name not in newer.column_names:
                 newer = newer.append_column(field, pa.array([0] * ROWS, field.type) if field.name == "completion"
                                             else pa.nulls(ROWS, field.type))
-        sink.plan(["tiny/arith/00002"])
+        sink.plan(sorted({*(sid for sid in manifest["shards"] if sid.startswith("tiny/arith/")), "tiny/arith/00002"}))
         sink.commit("tiny/arith/00002", "tiny", "arith", 2, newer.select(RESULT_SCHEMA.names), attempts=1)
     with ResultSink(str(out), load_spec(QUICKSTART)) as sink:
         assert sink.widened == 0  # recorded: not looked at again

@@ -30,28 +30,28 @@ def shard_table(task: str, index: int, rng: random.Random) -> pa.Table:
 
 def test_journal_survives_a_dead_driver_and_the_summary_is_exact(tmp_path):
     spec, out, rng = load_spec(QUICKSTART), tmp_path / "out", random.Random(7)
-    tables = {f"{task}/{i:05d}": shard_table(task, i, rng) for task in ("free", "json") for i in range(40)}
+    tables = {f"m/{task}/{i:05d}": shard_table(task, i, rng) for task in ("free", "json") for i in range(40)}
     ids = sorted(tables)
     sink = ResultSink(str(out), spec)
     sink.plan(ids)
     for sid in ids[:50]:
-        sink.commit(sid, sid.split("/")[0], sid.split("/")[0], int(sid.split("/")[1]), tables[sid], attempts=1)
+        sink.commit(sid, *sid.split("/")[:2], int(sid.split("/")[2]), tables[sid], attempts=1)
     sink.fail(ids[50], ["RuntimeError: boom"])
-    sink._journal.write('{"shard_id": "free/00099", "state": "comm')  # killed mid-line
+    sink._journal.write('{"shard_id": "m/free/00099", "state": "comm')  # killed mid-line
     sink._journal.flush()
     sink._lock.close()  # the driver dies: no finish(), manifest.json still says every shard is pending
 
     assert (out / JOURNAL).exists()
     manifest = read_manifest(str(out))
     assert sum(s["state"] == "committed" for s in manifest["shards"].values()) == 50
-    assert manifest["shards"][ids[50]]["state"] == "failed" and "free/00099" not in manifest["shards"]
+    assert manifest["shards"][ids[50]]["state"] == "failed" and "m/free/00099" not in manifest["shards"]
 
     with ResultSink(str(out), spec) as again:  # the re-run: resumes from manifest.json + journal
         assert again.committed() == set(ids[:50])
         again.plan(ids)
         assert not (out / JOURNAL).exists()  # taken into manifest.json
         for sid in ids[50:]:
-            again.commit(sid, sid.split("/")[0], sid.split("/")[0], int(sid.split("/")[1]), tables[sid], attempts=2)
+            again.commit(sid, *sid.split("/")[:2], int(sid.split("/")[2]), tables[sid], attempts=2)
         summary = again.finish()  # 50 shards read back from the earlier run, 30 accumulated in this one
     expected = summarize(pa.concat_tables(tables.values()))
     assert summary.num_rows == expected.num_rows == 4
@@ -144,15 +144,15 @@ def test_a_bisected_shard_over_its_policy_is_committed_and_fails_the_sweep_on_ev
     spec, out = load_spec(QUICKSTART), tmp_path / "out"
     table = shard_table("free", 0, random.Random(1))
     with ResultSink(str(out), spec) as sink:
-        sink.plan(["free/00000", "free/00001"])
-        sink.commit("free/00000", "m0", "free", 0, table, 2, {"row_errors": {"free-0-0": "RuntimeError: boom"},
+        sink.plan(["m0/free/00000", "m0/free/00001"])
+        sink.commit("m0/free/00000", "m0", "free", 0, table, 2, {"row_errors": {"free-0-0": "RuntimeError: boom"},
                                                               "errors": ["1 of 3 rows failed"]})
-        sink.fail("free/00001", ["RuntimeError: down"])
-        assert set(sink.failed()) == {"free/00000", "free/00001"}
+        sink.fail("m0/free/00001", ["RuntimeError: down"])
+        assert set(sink.failed()) == {"m0/free/00000", "m0/free/00001"}
     with ResultSink(str(out), spec) as again:
-        again.plan(["free/00000", "free/00001"])  # a re-run tries the failed shard again, not the committed one
-        assert again.committed() == {"free/00000"} and set(again.failed()) == {"free/00000"}
-        assert again.failed()["free/00000"]["errors"] == ["1 of 3 rows failed"]
+        again.plan(["m0/free/00000", "m0/free/00001"])  # a re-run tries the failed shard again, not the committed one
+        assert again.committed() == {"m0/free/00000"} and set(again.failed()) == {"m0/free/00000"}
+        assert again.failed()["m0/free/00000"]["errors"] == ["1 of 3 rows failed"]
 
 
 def test_a_folder_that_is_not_a_sweeps_output_is_refused_and_left_alone(tmp_path):

@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 from cluster.contracts.results_schema import RESULT_SCHEMA
 from cluster.contracts.shard import ShardState
 from cluster.contracts.spec import SweepSpec
-from cluster.store.output_files import SinkError, filesystem, join, write_bytes
+from cluster.store.output_files import SinkError, filesystem, join, result_file, write_bytes
 
 # what `reproducible: true` runs (actors/vllm_engine.py REPRODUCIBLE_ARGS; the CPU engine runs one row at a
 # time), kept in the manifest: a resume adds to reproducible results only under the same setting. It changes
@@ -48,9 +48,11 @@ def is_committed(entry: dict) -> bool:
 
 def refuse_foreign(fs: pafs.FileSystem, root: str, output: str) -> None:
     """An output with results/, or telemetry/ holding more than a killed run's telemetry/.pending, but no
-    manifest.json is not a sweep's (a sweep saves its manifest before its first result): nothing is
+    manifest.json is not a sweep's (a sweep saves its manifest before its first result), nor is one whose
+    manifest.json is not raysweep's (not JSON, no `shards` mapping: `read_manifest` says which): nothing is
     written beside those folders, and `--new-run` deletes nothing there."""
     if fs.get_file_info(join(root, "manifest.json")).type != pafs.FileType.NotFound:
+        _manifest_json(fs, root, output)
         return
     for rel in ("results", "telemetry"):
         if fs.get_file_info(join(root, rel)).type != pafs.FileType.Directory:
@@ -195,13 +197,9 @@ class ManifestWriter:
                 pass
 
 
-def read_manifest(output: str) -> dict:
-    """The manifest of an output: manifest.json with the commits journaled after it applied in order
-    (a torn last line, from a driver killed mid-write, is skipped). Raises FileNotFoundError if absent, and
-    SinkError naming the file where it is not a manifest raysweep wrote (`[]`, a shard without a state,
-    a journal line that is not a shard's entry)."""
-    fs, root = filesystem(output)
-    base = f"{root.rstrip('/')}"
+def _manifest_json(fs: pafs.FileSystem, base: str, output: str) -> dict:
+    """manifest.json as raysweep writes it: a JSON object with a `shards` mapping (FileNotFoundError where there is
+    none). Else SinkError: a file of that name that is not raysweep's is nobody's to replace, so no `--new-run`."""
     if fs.get_file_info(f"{base}/manifest.json").type not in (pafs.FileType.File, pafs.FileType.NotFound):
         raise SinkError(f"output {output}: manifest.json: {base}/manifest.json is not a file, so not a raysweep "
                         "manifest; restore it, or choose another output")
@@ -210,11 +208,23 @@ def read_manifest(output: str) -> dict:
             manifest = json.loads(f.read())
         except (ValueError, RecursionError) as e:
             raise SinkError(f"output {output}: manifest.json: unreadable, not a raysweep manifest (not JSON: "
-                            f"{str(e)[:200]}); restore it, or --new-run to start the output again") from None
-    shards = manifest.get("shards") if isinstance(manifest, dict) else None
-    if not isinstance(shards, dict):
-        raise SinkError(f"output {output}: manifest.json: no `shards` mapping, so not a raysweep manifest; restore "
-                        "it, or --new-run to start the output again")
+                            f"{str(e)[:200]}); nothing was changed there: restore it, or choose another output") \
+                from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), dict):
+        raise SinkError(f"output {output}: manifest.json: no `shards` mapping, so not a raysweep manifest; nothing "
+                        "was changed there: restore it, or choose another output")
+    return manifest
+
+
+def read_manifest(output: str) -> dict:
+    """The manifest of an output: manifest.json with the commits journaled after it applied in order
+    (a torn last line, from a driver killed mid-write, is skipped). Raises FileNotFoundError if absent, and
+    SinkError naming the file where it is not a manifest raysweep wrote (`[]`, a shard without a state,
+    a journal line that is not a shard's entry)."""
+    fs, root = filesystem(output)
+    base = f"{root.rstrip('/')}"
+    manifest = _manifest_json(fs, base, output)
+    shards = manifest["shards"]
     if fs.get_file_info(f"{base}/{JOURNAL}").type == pafs.FileType.File:
         with fs.open_input_stream(f"{base}/{JOURNAL}") as f:
             lines = f.read().decode("utf-8", "replace").splitlines()
@@ -236,16 +246,38 @@ def read_manifest(output: str) -> dict:
                             "output again")
     states = {s.value for s in ShardState}
     for sid, entry in shards.items():
+        model, task, index = _parts(sid)
+        if index is None:
+            raise SinkError(f"output {output}: manifest: shard {sid!r}: not a shard id raysweep writes "
+                            "(<model>/<task>/<index>); restore the manifest, or --new-run to start the output again")
         if not isinstance(entry, dict) or entry.get("state") not in states:
             raise SinkError(f"output {output}: manifest.json: shard {sid}: no state of {', '.join(sorted(states))}; "
                             "restore the manifest, or --new-run to start the output again")
         if entry["state"] == ShardState.COMMITTED and not (isinstance(entry.get("file"), str) and entry["file"]):
             raise SinkError(f"output {output}: manifest.json: shard {sid}: committed without the path of its results "
                             "file; restore the manifest, or --new-run to start the output again")
+        if entry["state"] == ShardState.COMMITTED and entry["file"] not in _files_of(model, task, index):
+            raise SinkError(f"output {output}: manifest: shard {sid}: committed as {entry['file']}, not its own "
+                            f"results file {result_file(model, task, index)}; restore the manifest, or --new-run to "
+                            "start the output again")
     if not isinstance(manifest.get("versions", {}), dict):
         raise SinkError(f"output {output}: manifest.json: `versions` is not a mapping of package to version; restore "
                         "the manifest, or --new-run to start the output again")
     return manifest
+
+
+def _parts(shard_id: str) -> tuple[str, str, int | None]:
+    """A shard id's model, task and index (cluster/plan/planner.py names shards so); index None where it is not one."""
+    parts = shard_id.split("/")
+    if len(parts) != 3 or not all(parts) or not parts[2].isdigit() or "=" in parts[0] + parts[1]:
+        return "", "", None
+    return parts[0], parts[1], int(parts[2])
+
+
+def _files_of(model: str, task: str, index: int) -> tuple[str, str]:
+    """Where a shard's results file lies: the layout's, or an earlier raysweep's (results/model=M/task=T/)."""
+    own = result_file(model, task, index)
+    return own, f"results/model={model}/task={task}/{own.rsplit('/', 1)[1]}"
 
 
 def _spec_source(spec: SweepSpec) -> str | None:

@@ -143,6 +143,15 @@ class ResultSink:
 
     @_writes
     def plan(self, shard_ids: list[str]) -> None:
+        """A (model, task)'s plan recorded, all its shards together. The same spec and data plan the same shards:
+        an entry of that model's task the plan does not have was not written by raysweep, and is refused."""
+        planned = set(shard_ids)
+        for prefix in {sid.rpartition("/")[0] + "/" for sid in shard_ids}:
+            foreign = sorted(sid for sid in self.manifest["shards"] if sid.startswith(prefix) and sid not in planned)
+            if foreign:
+                raise SinkError(f"output {self.output}: manifest: shard {foreign[0]} is not one of the "
+                                f"{len(shard_ids)} shard(s) this spec and data plan for {prefix[:-1]}; restore the "
+                                "manifest, or --new-run to start the output again")
         for sid in shard_ids:
             self.manifest["shards"].setdefault(sid, {"state": ShardState.PENDING.value})
             if self.manifest["shards"][sid]["state"] == ShardState.FAILED:  # a new run tries failed shards again
