@@ -54,22 +54,27 @@ def verify(args: argparse.Namespace) -> int:
         raise VerifyError(f"--keep {args.keep}: not an empty folder; name a new one (nothing of yours is overwritten)")
     spec, manifest = _spec_made(args)
     mismatched = _check_files(args.output, manifest)  # the fast pass: every committed file is what was committed
-    committed = _outputs(os.path.join(args.output, "results"), with_status=True)
+    committed = _outputs(args.output, manifest, with_status=True)
     generated = {t.name for t in spec.tasks if t.replay is None}  # a replay task's outputs were read, not made
     candidates = [r for r in committed if r["status"] in GENERATED and r["task"] in generated]
     if not candidates:
         raise VerifyError(mismatched or f"{args.output}: no committed row with an output to verify")
     chosen = random.Random(args.seed).sample(candidates, min(args.samples, len(candidates)))
     with _folder(args.keep) as tmp:
+        from cluster.store.manifest import read_manifest
+        from jobs.interrupts import signalled
         from jobs.sweep import run_spec
 
         code = run_spec(_sweep_again(args, spec, manifest, chosen, tmp),
                         argparse.Namespace(output=None, address=args.address, max_attempts=3, dashboard=False,
                                            new_run=True, verbose=args.verbose),
                         output_kept=args.keep is not None, verifying=True)
+        if code != 0 and signalled():  # stopped: its one line is said, and the output is unchanged
+            return 1
         if code != 0:
             raise VerifyError("the verify sweep failed (its lines above say why)")
-        fresh = {_key(r): r["output"] for r in _outputs(os.path.join(tmp, "output", "results"))}
+        again = os.path.join(tmp, "output")
+        fresh = {_key(r): r["output"] for r in _outputs(again, read_manifest(again))}
     differ = [r for r in chosen if fresh.get(_key(r)) != r["output"]]
     for r in differ:
         completion = f"#{r['completion']}" if r["completion"] else ""
@@ -170,13 +175,20 @@ def _check_files(output: str, manifest: dict) -> str | None:
     return what
 
 
-def _outputs(results: str, with_status: bool = False) -> list[dict]:
+def _outputs(output: str, manifest: dict, with_status: bool = False) -> list[dict]:
     """Each committed row's key and output: its text, or for a loglikelihood row its choices' log-probabilities
-    (as committed: a reproducible engine gives the same floats). An output made before `completion` and the
-    per-choice columns existed reads them as none."""
+    (as committed: a reproducible engine gives the same floats); none where nothing is committed. Read from the
+    committed files, on the output's filesystem (a local folder whose name holds a colon is no URI). An output
+    made before `completion` and the per-choice columns existed reads them as none."""
     import pyarrow.dataset as ds
 
-    dataset = ds.dataset(results, format="parquet")
+    from cluster.store.output_files import filesystem, join
+
+    fs, root = filesystem(output)
+    files = sorted(join(root, e["file"]) for e in manifest["shards"].values() if e["state"] == ShardState.COMMITTED)
+    if not files:
+        return []
+    dataset = ds.dataset(files, filesystem=fs, format="parquet")
     wanted = ["model", "task", "sample_id", "output_text", "completion", "choice_logprobs"] + ["status"] * with_status
     have = set(dataset.schema.names)
     rows = dataset.to_table(columns=[c for c in wanted if c in have]).to_pylist()

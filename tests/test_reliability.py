@@ -225,6 +225,25 @@ def test_a_manifest_json_that_is_not_raysweeps_is_refused_and_new_run_deletes_no
     assert (tmp_path / "out" / "manifest.json").read_text() == manifest
 
 
+def test_a_folder_named_like_the_lock_is_one_line(tmp_path):
+    """`.lock` as a folder in the output was an IsADirectoryError traceback."""
+    (tmp_path / "out" / ".lock").mkdir(parents=True)
+    with pytest.raises(SinkError, match=r"\.lock: cannot be opened as the lock a sweep holds while it writes there "
+                                        r"\(Is a directory\); remove it if no sweep is writing there$"):
+        ResultSink(str(tmp_path / "out"), load_spec(QUICKSTART))
+
+
+def test_verify_of_an_output_killed_before_its_first_commit_is_one_line(tmp_path):
+    """A run killed before its first shard committed leaves a manifest and no results/: verify raised pyarrow's
+    FileNotFoundError. It has nothing to verify: one line, exit 2."""
+    with ResultSink(str(tmp_path / "out"), load_spec(QUICKSTART)) as sink:
+        sink.plan(["tiny/arithmetic/00000"])
+    done = subprocess.run([sys.executable, "-m", "jobs.cli", "verify", str(tmp_path / "out"), "--spec", QUICKSTART],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 2 and done.stderr == (f"raysweep: error: {tmp_path / 'out'}: no committed row with an "
+                                                    "output to verify\n"), done.stderr
+
+
 def test_version():
     done = subprocess.run([sys.executable, "-m", "jobs.cli", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.startswith("raysweep ")

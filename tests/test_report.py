@@ -188,6 +188,16 @@ def test_problem_rows_are_capped_and_counted(sweep_output):
     assert len(_table_rows(page, "problem-rows")) == 2
 
 
+def test_report_of_a_file_uri_or_a_folder_named_with_a_colon_is_written(sweep_output, tmp_path, monkeypatch):
+    """`file:///abs/out`, which `run` writes to, was refused as a remote output; a folder named `run:1` was read by
+    pyarrow as a URI ("summary.parquet cannot be read")."""
+    colon = tmp_path / "run:1"
+    shutil.copytree(sweep_output, colon)
+    monkeypatch.chdir(tmp_path)  # the folder as a user names it, relative
+    assert write_report("run:1") == Path("run:1/report.html") and "tiny-a" in (colon / "report.html").read_text()
+    assert write_report(f"file://{sweep_output}") == sweep_output / "report.html"
+
+
 def test_cli_writes_report_to_default_and_given_path(sweep_output, tmp_path, capsys):
     assert main(["report", str(sweep_output)]) == 0
     assert capsys.readouterr().out.strip() == str(sweep_output / "report.html")

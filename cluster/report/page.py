@@ -29,7 +29,7 @@ def write_report(outputs: list[str] | str, out: str | None = None, max_rows: int
                  samples: int = LIMIT, warned: list[str] | None = None) -> Path:
     """Render the report of the sweep output(s) into `out` (default: the first output's report.html). What it
     left out (a file not committed, or not what was committed) is printed as a warning and added to `warned`."""
-    outputs = [outputs] if isinstance(outputs, str) else list(outputs)
+    outputs = [local_path(o) for o in ([outputs] if isinstance(outputs, str) else outputs)]
     uri = next((o for o in outputs if "://" in o), None)
     if uri is not None:  # Path() would read `s3://b/x` as the folder `s3:/b/x`
         raise ReportError(f"output {uri}: the report reads an output on this machine's disk; copy it here first "
@@ -48,6 +48,14 @@ def write_report(outputs: list[str] | str, out: str | None = None, max_rows: int
     except OSError as e:
         raise ReportError(f"report {path}: cannot write: {e}") from None
     return path
+
+
+def local_path(output: str) -> str:
+    """A `file://` output as the folder it names (`run` writes there as it does to a plain path)."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(output)
+    return unquote(parsed.path) if parsed.scheme == "file" and parsed.netloc in ("", "localhost") else output
 
 
 def render(roots: list[Path], max_rows: int = MAX_ROWS, samples: int = LIMIT, refresh_s: int | None = None,

@@ -17,6 +17,7 @@ from cluster.store.manifest import read_manifest
 from cluster.store.telemetry_store import TelemetryStore
 
 
+LOCAL = pafs.LocalFileSystem()  # the report reads an output on this machine's disk
 LEFT_OUT = "left out"  # a committed shard whose file does not match its entry: the report reads none of it
 
 
@@ -43,7 +44,7 @@ def strays(root: Path, manifest: dict) -> list[str]:
     report reads only committed files, so these are left out, and said."""
     from cluster.store.integrity import stray_files
 
-    return stray_files(pafs.LocalFileSystem(), str(root.absolute()), manifest)
+    return stray_files(LOCAL, str(root.absolute()), manifest)
 
 
 def damaged(root: Path, manifest: dict) -> tuple[dict, list[str]]:
@@ -55,7 +56,7 @@ def damaged(root: Path, manifest: dict) -> tuple[dict, list[str]]:
 
     from cluster.store.integrity import mismatches
 
-    found = [(sid, line) for sid, there, line in mismatches(pafs.LocalFileSystem(), str(root.absolute()), manifest)
+    found = [(sid, line) for sid, there, line in mismatches(LOCAL, str(root.absolute()), manifest)
              if there]
     if not found:
         return manifest, []
@@ -71,8 +72,9 @@ def read(path: Path, columns: list[str]) -> pa.Table | None:
     if not path.is_file():
         return None
     try:
-        have = set(pq.read_schema(path).names)
-        table = pq.read_table(path, columns=[c for c in columns if c in have])
+        where = str(path.absolute())  # on the local filesystem: a folder named `run:1` is no URI
+        have = set(pq.read_schema(where, filesystem=LOCAL).names)
+        table = pq.read_table(where, columns=[c for c in columns if c in have], filesystem=LOCAL)
     except (OSError, pa.ArrowInvalid) as e:  # torn or replaced: say which file, in one line
         raise ReportError(f"output {path.parent}: {path.name} cannot be read "
                           f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:160]}); the sweep's next run "
@@ -87,7 +89,7 @@ def telemetry(root: Path, name: str, columns: list[str]) -> pa.Table | None:
     """The named columns of telemetry/<name>.parquet with the parts a running or stopped sweep has not folded
     into it yet (cluster/store/telemetry_store.py so_far), or None where there is neither."""
     try:
-        table = TelemetryStore(pafs.LocalFileSystem(), str(root.absolute())).so_far(name)
+        table = TelemetryStore(LOCAL, str(root.absolute())).so_far(name)
     except (OSError, pa.ArrowInvalid) as e:  # torn or replaced: say which file, in one line
         raise ReportError(f"output {root}: telemetry/{name}.parquet or a part of it not folded in yet cannot be "
                           f"read ({(str(e).strip().splitlines() or [type(e).__name__])[0][:160]}); the sweep's next "
@@ -110,11 +112,11 @@ def committed(root: Path, manifest: dict) -> ds.Dataset | None:
     if not files:
         return None
     try:  # an output resumed by a later raysweep holds shard files with and without its newer columns
-        schema = pa.unify_schemas([pq.read_schema(f) for f in files])
+        schema = pa.unify_schemas([pq.read_schema(str(f.absolute()), filesystem=LOCAL) for f in files])
     except (OSError, pa.ArrowInvalid) as e:
         raise ReportError(f"output {root}: a committed shard file cannot be read: "
                           f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:160]}") from None
-    return ds.dataset([str(f) for f in files], schema=schema, format="parquet")
+    return ds.dataset([str(f.absolute()) for f in files], schema=schema, format="parquet", filesystem=LOCAL)
 
 
 def columns_of(dataset: ds.Dataset, wanted: list[str]) -> pa.Table:

@@ -168,7 +168,11 @@ def lock(fs: pafs.FileSystem, root: str, output: str):
 
     path = os.path.join(root, LOCK)
     while True:
-        handle = open(path, "a+")
+        try:
+            handle = open(path, "a+")
+        except OSError as e:  # a folder or a file of another owner by that name: not a sweep's lock
+            raise SinkError(f"output {output}: {LOCK}: cannot be opened as the lock a sweep holds while it writes "
+                            f"there ({e.strerror or e}); remove it if no sweep is writing there") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
