@@ -103,7 +103,11 @@ def test_an_output_from_before_checksums_is_checked_by_its_rows_shard_ids(ray_lo
     first, second = sorted(files)[:2]
     shutil.copy(out / files[first], out / files[second])
     with pytest.raises(SinkError, match=re.escape(f"shard {second}: its results file {files[second]} holds the rows "
-                                                  f"of shard(s) {first}")):
+                                                  f"of shard(s) {first}") + r".*: restore the committed file\(s\), or "
+                                            r"--new-run to discard the output's results$"):
+        run_sweep(spec, log=lambda line: None)
+    (out / files[second]).unlink()  # removed: missing, and the advice the same (it said "restore (or remove)")
+    with pytest.raises(SinkError, match=r"is missing: restore the committed file\(s\), or --new-run"):
         run_sweep(spec, log=lambda line: None)
 
 

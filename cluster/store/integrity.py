@@ -118,14 +118,19 @@ def check_committed(fs: pafs.FileSystem, root: str, output: str, manifest: dict)
     """SinkError naming the first shards whose files do not match, and the files in results/ the manifest did
     not commit, before a resume builds on them. (Called with the output locked: an uncommitted shard's own
     file, left by a killed run, is removed.)"""
-    found = problems(fs, root, manifest)
+    changed = problems(fs, root, manifest)
     unrecorded = _unrecorded(manifest)
+    strays = []
     for rel in stray_files(fs, root, manifest):
         if rel in unrecorded:
             fs.delete_file(join(root, rel))
         else:
-            found.append(stray_line(rel))
+            strays.append(stray_line(rel))
+    found = changed + strays
     if found:
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
-        raise SinkError(f"output {output}: {'; '.join(found[:3])}{more}: restore (or remove) the file(s), or "
-                        "--new-run to discard the output's results")
+        todo = " and ".join(what for what, needed in (("restore the committed file(s)", changed),
+                                                      ("remove the file(s) no shard committed", strays))
+                            if needed)  # a committed file removed is missing: restored, or the output started anew
+        raise SinkError(f"output {output}: {'; '.join(found[:3])}{more}: {todo}, or --new-run to discard the "
+                        "output's results")
