@@ -244,6 +244,26 @@ def test_verify_of_an_output_killed_before_its_first_commit_is_one_line(tmp_path
                                                     "output to verify\n"), done.stderr
 
 
+def test_a_resume_refused_for_another_spec_names_what_changed(tmp_path):
+    """Refused with two hashes before; the line names each part that differs: a task's field, a task added or removed,
+    a top-level field."""
+    import dataclasses
+
+    spec = load_spec(QUICKSTART)
+    with ResultSink(str(tmp_path / "out"), spec) as sink:
+        sink.plan(["tiny/arithmetic/00000"])
+        sink.commit("tiny/arithmetic/00000", "tiny", "arithmetic", 0, pa.table({
+            "model": ["tiny"], "task": ["arithmetic"], "sample_id": ["a"], "status": ["ok"], "score": [1.0],
+            "structured_valid": pa.array([None], pa.bool_()), "output_tokens": pa.array([1], pa.int32())}), 1)
+    first, *rest = spec.tasks
+    for other, says in ((dataclasses.replace(spec, tasks=(dataclasses.replace(first, prompt="Q: {question}"), *rest)),
+                         "tasks.arithmetic.prompt changed"),
+                        (dataclasses.replace(spec, tasks=(first,)), "tasks.choice removed, tasks.extract removed"),
+                        (dataclasses.replace(spec, name="other"), "name changed")):
+        with pytest.raises(SinkError, match=f"holds results of another spec: {says} \\(hash "):
+            ResultSink(str(tmp_path / "out"), other)
+
+
 def test_version():
     done = subprocess.run([sys.executable, "-m", "jobs.cli", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.startswith("raysweep ")

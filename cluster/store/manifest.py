@@ -96,8 +96,9 @@ def load_manifest(fs: pafs.FileSystem, root: str, output: str, spec: SweepSpec, 
         # another spec's run that committed nothing (refused or failed early): nothing to keep apart
         return dict(fresh_manifest(spec, data_hashes, digest), runs=manifest.get("runs", []))
     if manifest.get("spec_hash") not in (digest, spec.digest(with_placement=True)):
-        raise SinkError(f"output {output} holds results of another spec (hash {manifest.get('spec_hash')}, "
-                        f"this one is {digest}); use a new output, or --new-run to discard them")
+        raise SinkError(f"output {output} holds results of another spec{_what_changed(manifest, spec)} (hash "
+                        f"{manifest.get('spec_hash')}, this one is {digest}); use a new output, or --new-run to "
+                        "discard them")
     old = next((e["file"] for e in manifest["shards"].values()
                 if is_committed(e) and "/model=" in f"/{e.get('file', '')}"), None)
     if old is not None:
@@ -106,7 +107,7 @@ def load_manifest(fs: pafs.FileSystem, root: str, output: str, spec: SweepSpec, 
                         "to discard them")
     _check_data(output, manifest, data_hashes)
     manifest["spec_hash"] = digest
-    manifest.update(reproducible=spec.reproducible, spec_source=_spec_source(spec),
+    manifest.update(spec_parts=spec.digest_parts(), reproducible=spec.reproducible, spec_source=_spec_source(spec),
                     reproducible_setting=REPRODUCIBLE_SETTING if spec.reproducible else None)
     return manifest
 
@@ -148,7 +149,8 @@ def as_made(spec: SweepSpec, manifest: dict) -> SweepSpec:
 
 
 def fresh_manifest(spec: SweepSpec, data_hashes: dict, digest: str) -> dict:
-    return {"sweep": spec.name, "spec_hash": digest, "created_at": now(), "versions": _versions(),
+    return {"sweep": spec.name, "spec_hash": digest, "spec_parts": spec.digest_parts(), "created_at": now(),
+            "versions": _versions(),
             DELIMITER_DEFAULT: " ",
             "shards": {}, "data": data_hashes, "reproducible": spec.reproducible,
             "reproducible_setting": REPRODUCIBLE_SETTING if spec.reproducible else None,
@@ -264,6 +266,23 @@ def read_manifest(output: str) -> dict:
         raise SinkError(f"output {output}: manifest.json: `versions` is not a mapping of package to version; restore "
                         "the manifest, or --new-run to start the output again")
     return manifest
+
+
+def _what_changed(manifest: dict, spec: SweepSpec) -> str:
+    """`: tasks.qa changed, tasks.extra added` from the parts of the spec the output recorded (none recorded by
+    outputs made before: nothing said)."""
+    before, now_ = manifest.get("spec_parts"), spec.digest_parts()
+    if not isinstance(before, dict):
+        return ""
+    said = []
+    for key in sorted(set(before) | set(now_)):
+        item = ".".join(key.split(".")[:2])  # tasks.qa of tasks.qa.prompt: one added or removed whole is said so
+        gone, new = (item != key and not any(k.startswith(f"{item}.") for k in parts)
+                     for parts in (now_, before))
+        line = f"{item} added" if new else f"{item} removed" if gone else f"{key} changed"
+        if before.get(key) != now_.get(key) and line not in said:
+            said.append(line)
+    return f": {', '.join(said[:4])}{f' and {len(said) - 4} more' if len(said) > 4 else ''}" if said else ""
 
 
 def _parts(shard_id: str) -> tuple[str, str, int | None]:
