@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -764,6 +765,35 @@ def test_a_model_folders_files_say_whether_it_has_a_chat_template_without_loadin
     assert has_chat_template("org/model-on-the-hub") is None  # not a folder: the tokenizer is loaded to know
     tokenizer = _LoadedOnUse(str(tiny_path))
     assert tokenizer._tokenizer is None and tokenizer.chat_template and tokenizer._tokenizer is not None
+
+
+def test_a_tokenizer_with_named_chat_templates_renders_with_its_default_as_lm_evals_hf_model_does(tmp_path, tiny_path):
+    """A tokenizer config giving several named templates (a list; transformers reads it as a dict): lm-eval's hf model
+    renders with "default". raysweep's was a traceback in `raysweep lm-eval` (the dict hashed as text) and in a spec
+    entry (an unhashable dict)."""
+    import shutil
+
+    from lm_eval.api.model import TemplateLM
+    from transformers import AutoTokenizer
+
+    from cluster.inputs.model_files import chat_tokenizer
+    from cluster.lm_eval.adapter import with_chat_template
+
+    folder = tmp_path / "multi"
+    shutil.copytree(tiny_path, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    own = config["chat_template"]
+    config["chat_template"] = [{"name": "default", "template": own}, {"name": "alt", "template": "{{ messages }}"}]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+
+    class Model(TemplateLM):  # the least of an lm-eval model
+        eot_token_id = 0
+        tok_encode = _loglikelihood_tokens = loglikelihood_rolling = generate_until = None
+
+    lm = with_chat_template(Model(), tokenizer)
+    assert lm.chat_template(True) == own and lm.chat_template("alt") == "{{ messages }}"
+    assert chat_tokenizer([types.SimpleNamespace(path=str(folder))] * 2, str(tmp_path)).chat_template["default"] == own
 
 
 def test_score_ahead_imports_torch_on_one_thread_and_the_scoring_pass_waits_for_it():

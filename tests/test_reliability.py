@@ -205,8 +205,10 @@ def test_new_run_also_discards_the_old_report(tmp_path):
     (tmp_path / "out").mkdir()  # an output folder that was there before (one a sink made and left empty is gone)
     ResultSink(str(tmp_path / "out"), spec).close()
     (tmp_path / "out" / "report.html").write_text("<html>an earlier run</html>")
+    (tmp_path / "out" / "lm_eval" / "tiny").mkdir(parents=True)  # lm-eval's results and samples of an earlier run
+    (tmp_path / "out" / "lm_eval" / "tiny" / "samples_rs_gen.parquet").write_bytes(b"PAR1")
     ResultSink(str(tmp_path / "out"), spec, new_run=True).close()
-    assert not (tmp_path / "out" / "report.html").exists()
+    assert not (tmp_path / "out" / "report.html").exists() and not (tmp_path / "out" / "lm_eval").exists()
 
 
 @pytest.mark.parametrize("manifest", ['{"name": "my-extension", "version": "1.0"}', "{}", "not json"])

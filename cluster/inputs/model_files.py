@@ -158,8 +158,9 @@ def chat_tokenizer(models, base_dir: str):
         path = os.path.expanduser(model.path)
         local = os.path.normpath(os.path.join(base_dir, path))
         tokenizers.append(load_tokenizer(resolve_model_path(local if os.path.exists(local) else path)))
-    templates = {getattr(t, "chat_template", None) for t in tokenizers}
-    if None in templates:
+    # a template, or several by name (a dict, transformers' reading of a list of named ones): compared as JSON
+    templates = {json.dumps(getattr(t, "chat_template", None), sort_keys=True) for t in tokenizers}
+    if "null" in templates:
         raise ValueError("apply_chat_template: a model's tokenizer has no chat template")
     if len(templates) > 1:
         raise ValueError("apply_chat_template: the sweep's models have different chat templates; lm-eval requests "

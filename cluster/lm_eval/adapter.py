@@ -44,7 +44,10 @@ def with_chat_template(lm, tokenizer):
     `tokenizer_name` (which lm-eval's request cache and results name). None: `lm` as it is."""
     if tokenizer is None:
         return lm
+    import types
+
     import jinja2
+    from lm_eval.api.model import TemplateLM
 
     class ChatTemplated(type(lm)):
         @property
@@ -52,7 +55,8 @@ def with_chat_template(lm, tokenizer):
             return tokenizer.name_or_path.replace("/", "__")
 
         def chat_template(self, chat_template: bool | str = False) -> str | None:
-            return tokenizer.chat_template if chat_template else None
+            # lm-eval's own choice of template by the tokenizer's: one, or of several by name, "default" unless named
+            return TemplateLM.chat_template(types.SimpleNamespace(tokenizer=tokenizer), chat_template)
 
         def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
             def render(history):

@@ -64,8 +64,8 @@ def refuse_foreign(fs: pafs.FileSystem, root: str, output: str) -> None:
 
 
 def discard_earlier_run(fs: pafs.FileSystem, root: str) -> None:
-    """`--new-run`: the earlier run's results, telemetry, manifest, summary and report go."""
-    for rel in ("results", "telemetry"):
+    """`--new-run`: the earlier run's results, telemetry, lm-eval's files, manifest, summary and report go."""
+    for rel in ("results", "telemetry", "lm_eval"):
         if fs.get_file_info(join(root, rel)).type == pafs.FileType.Directory:
             fs.delete_dir(join(root, rel))
     for rel in ("manifest.json", JOURNAL, "summary.parquet", "report.html"):
