@@ -68,43 +68,41 @@ def _begin(lm) -> None:
 def check_options(argv: list[str]) -> None:
     """What lm-eval would fail on later, said first (LmEvalError, one line): no --tasks (a traceback from lm-eval),
     a --use_cache path where lm-eval cannot keep its sqlite cache (after every request ran: cluster/lm_eval/scores.py
-    check_cache, as a spec's `use_cache:` is checked)."""
+    check_cache, as a spec's `use_cache:` is checked). The options as lm-eval's own parser reads them (`--task`,
+    `-c`, abbreviations); where it refuses them or prints its help, it does so itself once it runs."""
     from cluster.lm_eval.scores import check_cache
 
-    asks_tasks = not ({"-h", "--help", "--config", "-C"} & {a.split("=")[0] for a in argv}
-                      or argv[:1] in (["ls"], ["list"], ["validate"]))
-    if asks_tasks and not task_names(argv):  # else lm-eval's ValueError, as a traceback, once it has begun
+    options = lm_eval_options(argv)
+    if options is None or argv[:1] in (["ls"], ["list"], ["validate"]):
+        return
+    if options.config is None and not options.tasks:  # else lm-eval's ValueError, as a traceback, once it has begun
         raise LmEvalError("--tasks: none named: name the lm-eval tasks to run (--tasks arc_easy,gsm8k; "
                           "`raysweep lm-eval ls tasks` lists them)")
-    for path in option_values(argv, "--use_cache"):
+    if options.use_cache is not None:
         try:
-            check_cache(path)
+            check_cache(options.use_cache)
         except ValueError as e:
             raise LmEvalError(f"--{e}") from None
 
 
-def option_values(argv: list[str], option: str) -> list[str]:
-    """The values given to `option` on `argv` (`--option VALUE` or `--option=VALUE`)."""
-    found = []
-    for i, arg in enumerate(argv):
-        if arg.startswith(option + "="):
-            found.append(arg.split("=", 1)[1])
-        elif arg == option and i + 1 < len(argv):
-            found.append(argv[i + 1])
-    return found
+def lm_eval_options(argv: list[str]):
+    """`argv` as lm-eval's command line reads it (as `run` where it names no subcommand, as lm-eval does), or None
+    where lm-eval's parser refuses it or prints its help."""
+    import contextlib
+    import io
+
+    from lm_eval._cli.harness import HarnessCLI
+
+    cli = HarnessCLI()
+    command = argv if argv[:1] and argv[0] in cli._subparsers.choices else ["run", *argv]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return cli._parser.parse_args(command)
+    except SystemExit:
+        return None
 
 
 def task_names(argv: list[str]) -> list[str]:
-    """The task names of lm-eval's `--tasks a,b` (or `--tasks a b`, `--tasks=a,b`) on `argv`."""
-    names, taking = [], False
-    for arg in argv:
-        if arg.startswith("--tasks="):
-            names += arg.split("=", 1)[1].split(",")
-            taking = False
-        elif arg in ("--tasks", "-t"):
-            taking = True
-        elif taking and not arg.startswith("-"):
-            names += arg.split(",")
-        else:
-            taking = False
-    return [name.strip() for name in names if name.strip()]
+    """The task names lm-eval reads on `argv` (`--tasks a,b`, `--tasks a b`, `--task a`, `-t a`)."""
+    options = lm_eval_options(argv)
+    return [name.strip() for name in (getattr(options, "tasks", None) or []) if name.strip()]

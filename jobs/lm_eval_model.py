@@ -158,10 +158,14 @@ def _auto(value, kind, name: str):
     """A model_args value: `auto` (or left out) is None, for raysweep to choose; else `kind` of it."""
     if value is None or str(value).strip().lower() == "auto":
         return None
+    what = "an integer" if kind is int else "a number"
     try:
-        return kind(value)
+        number = float(value) if kind is int and isinstance(value, float) else kind(value)  # lm-eval reads 2.9 so
     except ValueError:
-        raise LmEvalError(f"--model_args: {name} must be auto or a number, got {value!r}") from None
+        raise LmEvalError(f"--model_args: {name} must be auto or {what}, got {value!r}") from None
+    if kind is int and not float(number).is_integer():  # int(2.9) would run 2 actors while lm-eval's header says 2.9
+        raise LmEvalError(f"--model_args: {name} must be auto or {what}, got {value!r}")
+    return kind(number)
 
 
 def lm_eval_advice(message: str, output: str) -> str:

@@ -139,7 +139,9 @@ def test_a_use_cache_lm_eval_cannot_keep_is_one_line_before_anything_runs(tmp_pa
     from jobs.lm_eval_run import LmEvalError
 
     (tmp_path / "c_rank0.db").mkdir()
-    for argv in (["--use_cache", str(tmp_path / "c")], [f"--use_cache={tmp_path / 'c'}"]):
+    # lm-eval's short form and an abbreviation, which its parser takes (the short form was a FileExistsError traceback)
+    for argv in (["--use_cache", str(tmp_path / "c")], [f"--use_cache={tmp_path / 'c'}"], ["-c", str(tmp_path / "c")],
+                 ["--use_ca", str(tmp_path / "c")]):
         with pytest.raises(LmEvalError, match=r"^--use_cache: .*c_rank0\.db is not a regular file"):
             check_options(["--model", "raysweep", "--tasks", "t", *argv])
     (tmp_path / "file").write_text("x")
@@ -195,7 +197,8 @@ def test_no_tasks_or_a_model_folder_that_is_not_there_is_one_line_before_anythin
 
     with pytest.raises(LmEvalError, match=r"^--tasks: none named: name the lm-eval tasks to run"):
         check_options(["--model", "raysweep", "--model_args", "pretrained=builtin:tiny"])
-    for fine in (["--help"], ["ls", "tasks"], ["--config", "c.yaml"], ["--tasks", "a,b"], ["--tasks=a"]):
+    for fine in (["--help"], ["ls", "tasks"], ["--config", "c.yaml"], ["--tasks", "a,b"], ["--tasks=a"],
+                 ["--task", "a"]):  # `--task`: lm-eval's parser takes it for --tasks (it was "none named")
         check_options(fine)
     with pytest.raises(LmEvalError, match=f"^--model_args: pretrained={tmp_path}/m: no such directory$"):
         RaysweepLM(pretrained=str(tmp_path / "m"))

@@ -545,7 +545,10 @@ def test_lm_eval_model_args_that_cannot_be_used_are_one_line_at_the_edge(models_
     RaysweepLM = models_without_ray
     for args, says in [({"actors": "0"}, "--model_args: actors: must be an integer >= 1, got 0"),
                        ({"max_model_len": "0"}, "--model_args: max_model_len: must be an integer >= 1, got 0"),
-                       ({"max_model_len": "long"}, "--model_args: max_model_len must be auto or a number, got 'long'"),
+                       ({"max_model_len": "long"}, "--model_args: max_model_len must be auto or an integer, got 'long'"),
+                       # lm-eval reads `actors=2.9` as a float: int() ran 2 actors while lm-eval's header said 2.9
+                       ({"actors": 2.9}, "--model_args: actors must be auto or an integer, got 2.9"),
+                       ({"max_model_len": "400.7"}, "--model_args: max_model_len must be auto or an integer, got '400.7'"),
                        ({"backend": "tpu"}, "--model_args: backend: must be one of"),
                        ({"dtype": "float32"}, "--model_args: dtype is not one raysweep takes"),
                        ({"max_length": "50"}, "--model_args: max_length is not one raysweep takes")]:
