@@ -24,6 +24,7 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
                          "where the cluster cannot hold a replica of each model at once)")
     up.add_argument("--http-port", type=at_least(1, 65535), default=8000,
                     help="port of the pool's HTTP API (/raysweep/sweeps) where this starts Ray Serve (default 8000)")
+    up.add_argument("--force", action="store_true", help="update the pool also while sweeps use it")
     sub.add_parser("status", help="models, replicas, state and each engine's start-up")
     down = sub.add_parser("down", help="remove the pool")
     down.add_argument("--force", action="store_true", help="also while sweeps use it (they go on with their own actors)")
@@ -42,7 +43,7 @@ def pool(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec)
         check_inputs(spec)  # the same checks, and lines, as a sweep's
         _connect(args.address, args.verbose)
-        description = pools.pool_up(spec, args.min_replicas, args.switch, args.http_port)
+        description = pools.pool_up(spec, args.min_replicas, args.switch, args.http_port, args.force)
         for model in description["models"]:
             print(f"[raysweep] pool: model {model['name']} ({model['path']}) up to {model['max_replicas']} replica(s)")
         if description["switching"]:

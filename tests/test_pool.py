@@ -146,6 +146,10 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
             with ray_head("--num-cpus=1"):  # another Ray on the host: the check asked the wrong one, found nobody
                 down = cli("pool", "down", address=address)
             assert down.returncode == 2 and "sweeps use the pool now (holder)" in down.stderr, down.stderr
+            # an update would replace the deployments under it: refused too (it failed a running sweep's shards)
+            again = cli("pool", "up", sweep_spec, address=address)
+            assert again.returncode == 2 and "sweeps use the pool now (holder), and an update replaces the " \
+                "deployments their shards are on: wait for them, or --force" in again.stderr, again.stderr
             assert cli("pool", "down", "--force", address=address).returncode == 0
         finally:
             holder.kill()

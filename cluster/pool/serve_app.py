@@ -99,13 +99,18 @@ def build_app(spec: SweepSpec, min_replicas: int = 1, switch: bool = False):
 DEFAULT_HTTP_PORT = 8000  # Serve's own default; another Serve on a shared host may hold it (`--http-port`)
 
 
-def pool_up(spec: SweepSpec, min_replicas: int = 1, switch: bool = False, http_port: int = DEFAULT_HTTP_PORT) -> dict:
+def pool_up(spec: SweepSpec, min_replicas: int = 1, switch: bool = False, http_port: int = DEFAULT_HTTP_PORT,
+            force: bool = False) -> dict:
     """Start (or update) the pool on the connected cluster; returns once every deployment is running. The
-    HTTP API listens on `http_port` where this starts Serve (a Serve already running keeps its port)."""
+    HTTP API listens on `http_port` where this starts Serve (a Serve already running keeps its port). An update
+    is refused while sweeps use the pool, unless `force`: it replaces the deployments their shards are on."""
     from ray import serve
 
     if not 1 <= http_port <= 65535:
         raise PoolError(f"--http-port {http_port}: must be from 1 to 65535")
+    if APP in serve.status().applications:
+        _refuse_while_used(force, "an update replaces the deployments their shards are on",
+                           "shards of theirs on the pool may fail")
     app, description = build_app(spec, min_replicas, switch)
     serve.start(http_options={"port": http_port})
     serve.run(app, name=APP, route_prefix=ROUTE)
@@ -153,14 +158,20 @@ def pool_down(force: bool = False) -> None:
 
     if APP not in serve.status().applications:
         raise PoolError("no pool on this cluster")
+    _refuse_while_used(force, "removing it", "they go on with their own actors")
+    serve.delete(APP)
+
+
+def _refuse_while_used(force: bool, doing: str, then: str) -> None:
+    """PoolError where sweeps use the pool now (`doing` and `then` say what it would do to them), or whether they do
+    cannot be told, unless `force`."""
+    if force:
+        return
     try:
         users = sweeps_using_pool()
-    except Exception as e:  # unsure whether a sweep uses the pool: refuse, unless forced
-        if not force:
-            raise PoolError(f"cannot tell whether sweeps use the pool ({type(e).__name__}: "
-                            f"{(str(e).strip().splitlines() or [''])[0][:200]}); --force removes it anyway") from None
-        users = []
-    if users and not force:
-        raise PoolError(f"sweeps use the pool now ({', '.join(users)}); wait for them, or --force: they go on "
-                        "with their own actors")
-    serve.delete(APP)
+    except Exception as e:  # unsure whether a sweep uses the pool: refuse
+        raise PoolError(f"cannot tell whether sweeps use the pool ({type(e).__name__}: "
+                        f"{(str(e).strip().splitlines() or [''])[0][:200]}); --force goes on anyway") from None
+    if users:
+        raise PoolError(f"sweeps use the pool now ({', '.join(users)}), and {doing}: wait for them, or --force: "
+                        f"{then}")
