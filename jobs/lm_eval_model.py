@@ -127,7 +127,8 @@ class RaysweepLM(AnsweredLM):
         self.run.stage(None)  # the sweep says its own progress
         digest = hashlib.sha256(repr(tasks).encode()).hexdigest()[:8]
         spec = SweepSpec(name=f"lm-eval-{kind.replace('_', '-')}-{digest}", output=os.path.join(self.output, kind),
-                         models=(self.model,), tasks=tasks, actors=self.actors)
+                         models=(self.model,), tasks=tasks, actors=self.actors,
+                         source="--model_args")  # what its refusals name: the model and its settings came from there
         life = self.life
         life.adopt(spec)
         life.check()

@@ -583,6 +583,13 @@ def test_lm_eval_command_line_errors_are_one_line_with_advice_it_can_follow(incl
         proc.stderr[-2000:]
     assert last.endswith(f"use another output= in --model_args, or remove the folder {other} to discard them")
     assert "--new-run" not in proc.stderr and "Traceback" not in proc.stderr
+    # a generation length the model's length cannot hold: said in the command's own terms (it named a `<spec>` and
+    # `tasks.rs_gen.sampling.max_tokens`, neither of which this command has)
+    proc = _lm_eval_cli("--model_args", "pretrained=builtin:tiny,max_model_len=12,actors=1", "--tasks", "rs_gen",
+                        "--include_path", str(include_path), "--limit", "2", env=_env(ray_local))
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1] == (
+        "raysweep: error: --model_args: lm-eval task rs_gen: its max_gen_toks 12 leaves no room for a prompt in "
+        "model tiny's max_model_len 12; lower max_gen_toks (gen_kwargs) or raise max_model_len"), proc.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -383,5 +383,9 @@ def _suggest(key: str, known: list[str]) -> str:
 def no_room(model, task: TaskSpec, max_model_len: int) -> str:
     """The length refusal no length_policy can help: max_tokens leaves no token for a prompt in `model`'s
     (a ModelSpec's) max_model_len."""
+    if task.lm_eval is not None:  # set by lm-eval's generation arguments, not by a `sampling:` of the user's
+        return (f"lm-eval task {task.name}: its max_gen_toks {task.sampling.max_tokens} leaves no room for a prompt in "
+                f"model {model.name}'s max_model_len {max_model_len}; lower max_gen_toks (gen_kwargs) or raise "
+                "max_model_len")
     return (f"tasks.{task.name}.sampling.max_tokens {task.sampling.max_tokens} leaves no room for a prompt in "
             f"model {model.name}'s max_model_len {max_model_len}; lower max_tokens")
