@@ -7,8 +7,7 @@
    are checked, or sends a model's shards to engines already up (cluster/schedule/engine_sources.py), and fans each
    task's shards out as soon as it is planned (`PlanFeed`, below); each result is scored and
    committed as it arrives (cluster/schedule/commit.py), and progress told meanwhile (cluster/schedule/progress.py);
-4. telemetry, the run's timeline (manifest `runs`) and the summary are written; failures reported.
-"""
+4. telemetry, the run's timeline (manifest `runs`) and the summary are written, whole through a stop signal."""
 
 from __future__ import annotations
 
@@ -116,19 +115,17 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
         run = _Run(prepared, sink, log, progress_bar, clock, kept, engine_host, fleet_sized)
         try:
             run.schedule(max_attempts)
-        finally:  # what was measured before a failure is kept, written whole through a stop signal
-            failure = sys.exc_info()[1]
+        finally:  # what was measured before a failure is kept
             with uninterrupted():
                 run.progress.close()
                 run.metrics.close()
-                if not isinstance(failure, OutputWriteError):  # else the output takes nothing more now
+                if not isinstance(sys.exc_info()[1], OutputWriteError):  # else the output takes nothing more now
                     engines = {"engines": run.size.engines.record()} if run.size else {}
                     sink.add_run({**clock.record(), **run.tail_record(), **engines})
                     run.report.summary = write_summary(prepared.spec, sink, log)
                     ended = SweepState.FAILED if sink.failed() else SweepState.DONE
                     run.status.record(ended, run.report.summary.to_pylist())
-        run.report.failed = sink.failed()
-        run.report.gpu_samples = sink.gpu_samples
+        run.report.failed, run.report.gpu_samples = sink.failed(), sink.gpu_samples
     run.report.samples, run.report.wall_s = run.progress.done, time.perf_counter() - started
     run.report.command_s = time.time() - clock.started_at
     return run.report
