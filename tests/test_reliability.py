@@ -246,17 +246,22 @@ def test_verify_of_an_output_killed_before_its_first_commit_is_one_line(tmp_path
                                                     "output to verify\n"), done.stderr
 
 
+def _one_committed_shard(out, spec) -> None:
+    """`out` as a run of `spec` leaves it with one row of tiny/arithmetic committed."""
+    with ResultSink(str(out), spec) as sink:
+        sink.plan(["tiny/arithmetic/00000"])
+        sink.commit("tiny/arithmetic/00000", "tiny", "arithmetic", 0, pa.table({
+            "model": ["tiny"], "task": ["arithmetic"], "sample_id": ["a"], "status": ["ok"], "score": [1.0],
+            "structured_valid": pa.array([None], pa.bool_()), "output_tokens": pa.array([1], pa.int32())}), 1)
+
+
 def test_a_resume_refused_for_another_spec_names_what_changed(tmp_path):
     """Refused with two hashes before; the line names each part that differs: a task's field, a task added or removed,
     a top-level field."""
     import dataclasses
 
     spec = load_spec(QUICKSTART)
-    with ResultSink(str(tmp_path / "out"), spec) as sink:
-        sink.plan(["tiny/arithmetic/00000"])
-        sink.commit("tiny/arithmetic/00000", "tiny", "arithmetic", 0, pa.table({
-            "model": ["tiny"], "task": ["arithmetic"], "sample_id": ["a"], "status": ["ok"], "score": [1.0],
-            "structured_valid": pa.array([None], pa.bool_()), "output_tokens": pa.array([1], pa.int32())}), 1)
+    _one_committed_shard(tmp_path / "out", spec)
     first, *rest = spec.tasks
     for other, says in ((dataclasses.replace(spec, tasks=(dataclasses.replace(first, prompt="Q: {question}"), *rest)),
                          "tasks.arithmetic.prompt changed"),
@@ -273,11 +278,7 @@ def test_version():
 
 def test_new_run_discards_another_specs_results(tmp_path):
     spec = load_spec(QUICKSTART)
-    with ResultSink(str(tmp_path / "out"), spec) as sink:
-        sink.plan(["tiny/arithmetic/00000"])
-        sink.commit("tiny/arithmetic/00000", "tiny", "arithmetic", 0, pa.table({
-            "model": ["tiny"], "task": ["arithmetic"], "sample_id": ["a"], "status": ["ok"], "score": [1.0],
-            "structured_valid": pa.array([None], pa.bool_()), "output_tokens": pa.array([1], pa.int32())}), 1)
+    _one_committed_shard(tmp_path / "out", spec)
     other = load_spec(small_shard_spec(tmp_path))
     with pytest.raises(SinkError, match="--new-run"):
         ResultSink(str(tmp_path / "out"), other)
