@@ -144,7 +144,8 @@ class ResultSink:
     @_writes
     def plan(self, shard_ids: list[str]) -> None:
         """A (model, task)'s plan recorded, all its shards together. The same spec and data plan the same shards:
-        an entry of that model's task the plan does not have was not written by raysweep, and is refused."""
+        an entry of that model's task the plan does not have is another plan's (a hand-made entry, or a planner
+        that cut otherwise), whose rows would be counted beside this plan's, and is refused."""
         planned = set(shard_ids)
         for prefix in {sid.rpartition("/")[0] + "/" for sid in shard_ids}:
             foreign = sorted(sid for sid in self.manifest["shards"] if sid.startswith(prefix) and sid not in planned)
