@@ -155,6 +155,23 @@ def test_a_bisected_shard_over_its_policy_is_committed_and_fails_the_sweep_on_ev
         assert again.failed()["m0/free/00000"]["errors"] == ["1 of 3 rows failed"]
 
 
+def test_a_plan_refuses_an_entry_of_its_task_it_does_not_have(tmp_path):
+    """The same spec and data plan the same shards: an entry of the task beyond them (a hand-made one, with a file of
+    its own) would have its rows counted beside the plan's."""
+    from cluster.store.output_files import SinkError
+
+    spec, out = load_spec(QUICKSTART), tmp_path / "out"
+    table = shard_table("free", 0, random.Random(1))
+    with ResultSink(str(out), spec) as sink:
+        sink.plan(["m0/free/00000", "m0/free/00099"])
+        sink.commit("m0/free/00099", "m0", "free", 99, table, 1)
+    with ResultSink(str(out), spec) as again:
+        with pytest.raises(SinkError, match="shard m0/free/00099 is not one of the 1 shard\\(s\\) this spec and data "
+                                            "plan for m0/free"):
+            again.plan(["m0/free/00000"])
+        again.plan(["m0/other/00000"])  # another task's plan: not its business
+
+
 def test_a_folder_that_is_not_a_sweeps_output_is_refused_and_left_alone(tmp_path):
     """results/ without manifest.json: someone else's files; neither a run nor --new-run touches them."""
     from cluster.store.output_files import SinkError
