@@ -232,6 +232,8 @@ def stopped_line(stop: Interrupted | str, sink, output: str | None, verifying: b
         return f"{head} before the output was opened; nothing was written"
     shards = sink.manifest.get("shards", {})
     done = len(sink.committed())
+    if not shards:  # Ray starting, or the first plan not made yet: the output may not even be kept
+        return f"{head} before any shard was planned; nothing was committed, and the same command starts the sweep"
     if complete:
         return f"{head} all {done} shard(s) of the sweep committed in {output}; its summary is written as it stops"
     return f"{head} {done} of {len(shards)} shard(s) committed in {output}; the same command resumes the rest"

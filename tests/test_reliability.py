@@ -227,6 +227,14 @@ def test_a_manifest_json_that_is_not_raysweeps_is_refused_and_new_run_deletes_no
     assert (tmp_path / "out" / "manifest.json").read_text() == manifest
 
 
+def test_an_output_that_is_a_dangling_symlink_is_one_line_naming_its_target(tmp_path):
+    """It said `not writable: ... non-directory entry exists`."""
+    (tmp_path / "out").symlink_to(tmp_path / "gone")
+    with pytest.raises(SinkError, match=f"output {tmp_path / 'out'}: a symbolic link to {tmp_path / 'gone'}, which is "
+                                        "not there; make that folder, or give another output$"):
+        ResultSink(str(tmp_path / "out"), load_spec(QUICKSTART))
+
+
 def test_a_folder_named_like_the_lock_is_one_line(tmp_path):
     """`.lock` as a folder in the output was an IsADirectoryError traceback."""
     (tmp_path / "out" / ".lock").mkdir(parents=True)

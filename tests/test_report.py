@@ -214,11 +214,18 @@ def test_cli_writes_report_to_default_and_given_path(sweep_output, tmp_path, cap
     ("committed-without-file", "shard t/q/00000: committed without the path of its results file"),
     ("bad-versions", "manifest.json: `versions` is not a mapping"),
     ("uri", "the report reads an output on this machine's disk; copy it here first"),
+    ("a-file", "a file, not a folder (expected a sweep's output"),  # it said "no such directory"
+    ("rows-text", 'shard t/q/00000: rows "5" is not a count of rows'),  # said "has 5 rows, 5 were committed"
 ])
 def test_cli_refuses_what_is_not_a_sweep_output(tmp_path, capsys, case, message):
     root = "s3://b/x" if case == "uri" else tmp_path / case
-    if case not in ("missing", "uri"):
+    if case == "a-file":
+        root.write_text("x")
+    elif case not in ("missing", "uri"):
         root.mkdir()
+    if case == "rows-text":
+        (root / "manifest.json").write_text('{"sweep": "x", "shards": {"t/q/00000": {"state": "committed", "rows": "5", '
+                                            '"file": "results/t/q/shard-00000.parquet"}}}')
     if case == "committed-without-file":
         (root / "manifest.json").write_text('{"sweep": "x", "shards": {"t/q/00000": {"state": "committed", "rows": 5}}}')
     if case == "bad-versions":

@@ -27,7 +27,8 @@ class ReportError(RaysweepError, ValueError):
 
 def load_manifest(root: Path) -> dict:
     if not root.is_dir():
-        raise ReportError(f"output {root}: no such directory (expected a sweep's output, holding manifest.json)")
+        what = "a file, not a folder" if root.is_file() else "no such directory"
+        raise ReportError(f"output {root}: {what} (expected a sweep's output, holding manifest.json)")
     try:
         manifest = read_manifest(str(root))  # with the commits journaled since, if the sweep is running or died
     except FileNotFoundError:

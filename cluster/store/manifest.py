@@ -258,6 +258,10 @@ def read_manifest(output: str) -> dict:
         if entry["state"] == ShardState.COMMITTED and not (isinstance(entry.get("file"), str) and entry["file"]):
             raise SinkError(f"output {output}: manifest.json: shard {sid}: committed without the path of its results "
                             "file; restore the manifest, or --new-run to start the output again")
+        rows = entry.get("rows")
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+            raise SinkError(f"output {output}: manifest: shard {sid}: rows {json.dumps(rows)[:40]} is not a count of "
+                            "rows; restore the manifest, or --new-run to start the output again")
         if entry["state"] == ShardState.COMMITTED and entry["file"] not in _files_of(model, task, index):
             raise SinkError(f"output {output}: manifest: shard {sid}: committed as {entry['file']}, not its own "
                             f"results file {result_file(model, task, index)}; restore the manifest, or --new-run to "

@@ -54,6 +54,9 @@ def open_output(output: str) -> tuple[pafs.FileSystem, str, list[str]]:
         fs, root = filesystem(output)
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid (an unknown scheme) is a ValueError
         raise SinkError(f"output {output}: cannot be opened: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    if os.path.islink(root) and not os.path.exists(root) and isinstance(fs, pafs.LocalFileSystem):
+        raise SinkError(f"output {output}: a symbolic link to {os.readlink(root)}, which is not there; make that "
+                        "folder, or give another output")
     made = _missing_folders(root) if isinstance(fs, pafs.LocalFileSystem) else []
     try:
         fs.create_dir(root, recursive=True)
