@@ -23,6 +23,7 @@ import weakref
 from contextlib import contextmanager
 from typing import Callable
 
+from cluster.contracts.shard import ShardState
 from cluster.contracts.uninterrupted import hold, holding
 from cluster.lm_eval.quiet import terminal_stderr  # a stop's line reaches the terminal while lm-eval is quiet
 
@@ -230,8 +231,8 @@ def stopped_line(stop: Interrupted | str, sink, output: str | None, verifying: b
         return f"{head} the output it verifies is unchanged{where}"
     if sink is None:
         return f"{head} before the output was opened; nothing was written"
-    shards = sink.manifest.get("shards", {})
-    done = len(sink.committed())
+    shards = dict(sink.manifest.get("shards", {}))  # a copy, made at once: commits may go on on another thread
+    done = sum(entry.get("state") == ShardState.COMMITTED for entry in shards.values())
     if not shards:  # Ray starting, or the first plan not made yet: the output may not even be kept
         return f"{head} before any shard was planned; nothing was committed, and the same command starts the sweep"
     if complete:

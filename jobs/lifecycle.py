@@ -242,7 +242,10 @@ class SweepRun:
         from cluster.plan.plan_source import planned_pairs
 
         prepared = self.sweep.prepared if self.sweep is not None else None
-        return prepared is not None and prepared.sink.nothing_left(planned_pairs(prepared.spec))
+        try:
+            return prepared is not None and prepared.sink.nothing_left(planned_pairs(prepared.spec))
+        except RuntimeError:  # asked from a signal's handler while a commit changed the manifest: not known, so not
+            return False
 
     # -- 4, 5. Ray and the sweep -------------------------------------------------------------------------------
     @property

@@ -178,9 +178,13 @@ def test_a_stopped_runs_line_says_how_to_resume_and_a_stopped_verify_that_nothin
 
     from jobs.interrupts import Interrupted, stopped_line
 
-    sink = SimpleNamespace(manifest={"shards": {"a": {}, "b": {}}}, committed=lambda: {"a"})
+    sink = SimpleNamespace(manifest={"shards": {"a": {"state": "committed"}, "b": {"state": "pending"}}})
     stop = Interrupted(signal.SIGINT)
     assert stopped_line(stop, sink, "out").endswith("1 of 2 shard(s) committed in out; the same command resumes the rest")
+    assert stopped_line(stop, sink, "out", complete=True).endswith(
+        "all 1 shard(s) of the sweep committed in out; its summary is written as it stops")
+    assert stopped_line(stop, SimpleNamespace(manifest={"shards": {}}), "out").endswith(
+        "before any shard was planned; nothing was committed, and the same command starts the sweep")
     said = stopped_line(stop, sink, "/tmp/raysweep-verify-x/output", verifying=True, kept=False)
     assert said.endswith("the output it verifies is unchanged; run the command again")
     assert "/tmp/raysweep-verify-x" not in said
