@@ -161,10 +161,10 @@ def _auto(value, kind, name: str):
         return None
     what = "an integer" if kind is int else "a number"
     try:
-        number = float(value) if kind is int and isinstance(value, float) else kind(value)  # lm-eval reads 2.9 so
+        number = float(value)  # lm-eval reads `actors=2.9` as a float, which int() would cut to 2
     except ValueError:
-        raise LmEvalError(f"--model_args: {name} must be auto or {what}, got {value!r}") from None
-    if kind is int and not float(number).is_integer():  # int(2.9) would run 2 actors while lm-eval's header says 2.9
+        number = None
+    if number is None or (kind is int and not number.is_integer()):
         raise LmEvalError(f"--model_args: {name} must be auto or {what}, got {value!r}")
     return kind(number)
 

@@ -187,12 +187,15 @@ class SweepSpec:
         path = os.path.expanduser(path)
         return path if os.path.isabs(path) else os.path.normpath(os.path.join(self.base_dir, path))
 
-    def digest(self, with_placement: bool = False, parts: bool = False) -> str | dict:
+    def digest(self, with_placement: bool = False) -> str:
         """Hash of everything in the spec that changes results: not the output location, and of `actors:`
         only whether they have GPUs (not how many actors, GPU shares, accelerator type), so a sweep resumes
         on another placement. The data files' contents are checked apart (cluster/inputs/data.py: data_hashes).
-        `with_placement=True`: the hash outputs made before 2026-11-22 recorded, which covered `actors:`.
-        `parts=True`: what is hashed, unhashed (`digest_parts`)."""
+        `with_placement=True`: the hash outputs made before 2026-11-22 recorded, which covered `actors:`."""
+        return _hash(self._hashed(with_placement))
+
+    def _hashed(self, with_placement: bool = False) -> dict:
+        """What `digest` hashes."""
         body = dataclasses.asdict(self)
         for key in ("output", "source", "base_dir"):
             body.pop(key)
@@ -219,13 +222,13 @@ class SweepSpec:
                 task["sampling"].pop("n")
         if not with_placement:  # whether actors have GPUs stays: it decides the engine (vLLM or the CPU one)
             body["actors"] = {"gpus": self.actors.num_gpus is None or self.actors.num_gpus > 0}
-        return body if parts else _hash(body)
+        return body
 
     def digest_parts(self) -> dict[str, str]:
         """The digest's body hashed by part: each field of each model and task (`tasks.qa.prompt`), every other
         field by its key; an output records them, so a resume refused for another spec can name what changed."""
         parts = {}
-        for key, value in self.digest(parts=True).items():
+        for key, value in self._hashed().items():
             if key in ("models", "tasks"):
                 parts.update({f"{key}.{item['name']}.{field}": _hash(v) for item in value for field, v in item.items()})
             else:

@@ -105,7 +105,10 @@ def _object(pairs: list[tuple[str, Any]]) -> dict:
     row = dict(pairs)
     if len(row) != len(pairs):
         seen = set()
-        raise _KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)))
+        for key, _ in pairs:
+            if key in seen:
+                raise _KeyTwice(key)
+            seen.add(key)
     return row
 
 
