@@ -39,6 +39,14 @@ def engine_sources(kept: KeptActors | None) -> list:
     return ([KeptEngines(kept)] if kept is not None else []) + [PoolEngines()]
 
 
+def pool_runs() -> bool:
+    """Whether a Ray Serve pool runs on the connected cluster (said where the sweep's actors wait for room its
+    replicas may hold: cluster/schedule/placement_wait.py)."""
+    from cluster.pool.served import pool_running
+
+    return pool_running()
+
+
 @dataclass(frozen=True)
 class Lending:
     """What a sweep was lent: its models, the recorder of its state for the source (or None), and the line should

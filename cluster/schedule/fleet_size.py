@@ -25,6 +25,7 @@ from cluster.contracts.spec import SweepSpec
 from cluster.plan.depth import MIN_SHARDS_IN_FLIGHT, runs_on_cpu, shards_in_flight
 from cluster.plan.engines_per_gpu import EngineChoice, choose, resolved
 from cluster.plan.placement import ActorResources, capacity, model_resources
+from cluster.schedule.placement_wait import actor_name
 from cluster.schedule.work import ModelWork
 
 
@@ -86,7 +87,7 @@ class FleetSize:
             # max_concurrency above the shards in flight: the next shard is admitted early, and
             # start_engine / close calls are never queued behind shards
             try:
-                return remote.options(name=f"raysweep:{spec.name}:{n}", namespace=namespace,
+                return remote.options(name=actor_name(spec.name, n), namespace=namespace,
                                       max_restarts=0, max_concurrency=depth + 2, **shape.options()).remote(
                     requested_at, shape.num_cpus, shape.num_gpus, backends, False, spec.reproducible, engine_host)
             except ray.exceptions.ActorAlreadyExistsError:  # another sweep of this name started meanwhile

@@ -121,12 +121,13 @@ def make_progress(total: int, log: Callable[[str], None], bar: bool | None = Non
     return BarProgress(total, stream) if bar else LogProgress(total, log)
 
 
-def state_counts(slots: list) -> dict[str, int]:
+def state_counts(slots: list, waiting: set[int] = frozenset()) -> dict[str, int]:
     """Actors by state (importing, idle, starting, running: cluster/contracts/shard.py ActorState), by name; engines
-    lent to the sweep (the pool's, or kept ones) as `lent`."""
+    lent to the sweep (the pool's, or kept ones) as `lent`; importing actors that Ray has not placed yet (`waiting`,
+    slot numbers: cluster/schedule/placement_wait.py) as `waiting to be placed`."""
     counts: dict[str, int] = {}
     for slot in slots:
-        state = "lent" if slot.lent else slot.state.value
+        state = "lent" if slot.lent else "waiting to be placed" if slot.number in waiting else slot.state.value
         counts[state] = counts.get(state, 0) + 1
     return counts
 
@@ -135,8 +136,9 @@ class Ticks:
     """What the sweep is doing, for the progress line: once a second at most (the scheduler's loop turns every
     50 ms while planning, and once per result)."""
 
-    def __init__(self, progress, every_s: float = TICK_EVERY_S):
-        self.progress, self.every_s = progress, every_s
+    def __init__(self, progress, watch=None, every_s: float = TICK_EVERY_S):
+        """`watch`: which actors wait to be placed (cluster/schedule/placement_wait.py PlacementWatch)."""
+        self.progress, self.watch, self.every_s = progress, watch, every_s
         self._ticked = 0.0  # when it last told the progress
 
     def tick(self, slots: list, shards_in_flight: int, planning: bool) -> bool:
@@ -145,7 +147,9 @@ class Ticks:
         if now - self._ticked < self.every_s:
             return False
         self._ticked = now
-        counts = state_counts(slots)
+        if self.watch is not None:
+            self.watch.look(slots)
+        counts = state_counts(slots, self.watch.waiting if self.watch is not None else frozenset())
         doing = ", ".join(f"{n} actor(s) {state}" for state, n in sorted(counts.items()) if n) or "no actors yet"
         self.progress.tick(f"{doing}; {shards_in_flight} shard(s) in flight" + ("; planning" if planning else ""))
         return True

@@ -32,7 +32,8 @@ from cluster.schedule.ending import complete_summary, samples_of, write_summary
 from cluster.schedule.fleet import KeptActors
 from cluster.schedule.fleet_size import FleetSize, size_fleet
 from cluster.schedule.progress import SweepMetrics, Ticks, make_progress
-from cluster.schedule.engine_sources import PoolStatus, engine_sources, lend
+from cluster.schedule.engine_sources import PoolStatus, engine_sources, lend, pool_runs
+from cluster.schedule.placement_wait import PlacementWatch
 from cluster.schedule.scheduler import SweepScheduler
 from cluster.schedule.tail_split import tail_line
 from cluster.schedule.work import Job, SchedulerEvents
@@ -96,8 +97,7 @@ def execute(prepared: Prepared, log: Callable[[str], None] = print, max_attempts
             engine_host: EngineHostAddress | None = None,
             fleet_sized: Callable[[FleetSize, frozenset], None] | None = None) -> SweepReport:
     """Run what is not committed yet on the connected Ray cluster (none needed where nothing is); releases the
-    output's lock.
-    `progress_bar`: a bar (True), log lines (False), or a bar only when stdout is a terminal (None).
+    output's lock. `progress_bar`: a bar (True), log lines (False), or a bar only when stdout is a terminal (None).
     `kept`: actors whose engines run on after the sweep, and that a later sweep of the same model runs on
     (`KeptActors`, cluster/schedule/fleet.py); the caller closes them. `engine_host`: a local run's engine host
     (cluster/launch.py EngineHost), whose engine processes the actors on its machine use. `fleet_sized(size, lent)`:
@@ -163,7 +163,7 @@ class _Run:
         self.progress = make_progress(0, log, progress_bar)  # the total grows as tasks are planned
         self.metrics = SweepMetrics(prepared.spec.name)
         self.commits = Commits(prepared.spec, sink, self.metrics, self.progress, clock)  # results scored, committed
-        self.ticks = Ticks(self.progress)
+        self.ticks = Ticks(self.progress, PlacementWatch(prepared.spec.name, self.progress.log, pool=pool_runs))
         self.status = PoolStatus(sink, self.progress, self.report)  # for the pool's HTTP API, where one is used
         self.size: FleetSize | None = None  # the actors' count, GPU share and shapes, and why
         self.scheduler: SweepScheduler | None = None

@@ -1,0 +1,76 @@
+"""A sweep on a cluster whose resources other work holds: its actor waits to be placed, the sweep says so in one
+line (not "importing" for ever), and once the other work lets go it runs every row, once, and says the actor was
+placed. A real `ray start --head` of one CPU, held by another job's actor."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tests.conftest import ROOT, lean_quickstart
+from tests.test_cluster import TOKEN_AUTH, ray_head
+from tests.test_reliability import wait_for
+
+HOLDER = """
+import ray, sys, time
+ray.init(address=sys.argv[1])
+
+@ray.remote(num_cpus=1)
+class Holder:
+    def ping(self):
+        return 1
+
+holder = Holder.remote()
+ray.get(holder.ping.remote())
+print("holding", flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_actor_cannot_be_placed_says_so_and_runs_once_the_cpu_is_freed(tmp_path):
+    spec = lean_quickstart(tmp_path, "busy")
+    raw = yaml.safe_load(spec.read_text())
+    raw["tasks"] = [t for t in raw["tasks"] if t["name"] == "extract"]  # one task: the wait is what is tested
+    spec.write_text(yaml.safe_dump(raw))
+    env = os.environ | TOKEN_AUTH
+    with ray_head("--num-cpus=1") as (address, _):
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, address], env=env, stdout=subprocess.PIPE, text=True,
+                                  start_new_session=True)
+        try:
+            assert holder.stdout.readline().strip() == "holding"
+            sweep = subprocess.Popen([sys.executable, "-m", "jobs.sweep", str(spec), "--address", address,
+                                      "--output", str(tmp_path / "out")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            lines: list[str] = []
+            reader = threading.Thread(target=lambda: lines.extend(sweep.stdout), daemon=True)
+            reader.start()
+            try:
+                said = wait_for(lambda: any("wait for Ray to place them" in line for line in lines), 180)
+                assert said, "".join(lines[-20:])
+                assert any("actor(s) waiting to be placed" in line for line in lines), "".join(lines[-20:])
+                os.killpg(holder.pid, signal.SIGKILL)  # the other job ends: its actor's CPU is freed
+                assert sweep.wait(timeout=300) == 0, "".join(lines[-30:])
+            finally:
+                if sweep.poll() is None:
+                    os.killpg(sweep.pid, signal.SIGKILL)
+                    sweep.wait()
+            reader.join(timeout=10)
+        finally:
+            if holder.poll() is None:
+                os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
+    text = "".join(lines)
+    waited = next(line for line in lines if "wait for Ray to place them" in line)
+    assert waited.startswith("[raysweep] 1 actor(s) wait for Ray to place them: each asks for CPU 1; the cluster has "
+                             "CPU 0 of 1 free"), waited
+    assert "the actors that waited were placed after" in text, text[-2000:]
+    table = pq.read_table(tmp_path / "out" / "results")
+    ids = table["sample_id"].to_pylist()
+    rows = len((tmp_path / "busy-extract.jsonl").read_text().splitlines())
+    assert len(ids) == len(set(ids)) == rows  # every row once
