@@ -5,6 +5,7 @@ saying what it waits for (jobs/ray_patience.py)."""
 
 from __future__ import annotations
 
+import os
 import socket
 from contextlib import nullcontext
 
@@ -13,6 +14,7 @@ from jobs.ray_output import init_options, keep_quiet
 from jobs.ray_patience import patient_start, start_bound_s
 
 RAY_PROBE_S = 2.0  # an explicit Ray address must accept a connection this fast (ray.init waits minutes)
+AUTH_PROBE_S = 5.0  # the longest the token check waits for Ray's GCS client (it answers in about 0.3 s)
 
 
 class RayStartError(RaysweepError, ConnectionError):
@@ -45,8 +47,12 @@ def start_ray(address: str, named: str, dashboard: bool, verbose: bool = False) 
 
 def check_ray_address(address: str, named: str) -> None:
     """An explicit `host:port` must accept a TCP connection within RAY_PROBE_S: where nothing listens,
-    ray.init retries for minutes and ends in a 30-line traceback. `local` and `auto` are ray.init's own."""
-    if address in ("local", "auto"):
+    ray.init retries for minutes and ends in a 30-line traceback. Then a Ray there (or the one `auto` finds) that
+    asks for a token this command does not send is one line (`check_token`). `local` is ray.init's own."""
+    if address == "local":
+        return
+    if address == "auto":
+        check_token(address, named)
         return
     host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
     if not sep or not port.isdigit():
@@ -55,3 +61,39 @@ def check_ray_address(address: str, named: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_S).close()
     except OSError as e:
         raise RayStartError(f"{named} {address}: no Ray there to connect to ({e.strerror or e})") from None
+    check_token(address, named)
+
+
+def check_token(address: str, named: str) -> None:
+    """Where the Ray at `address` uses token authentication and this command sends no token (RAY_AUTH_MODE is not
+    `token`) or another one, ray.init retries for 20 s, a warning line a second, and then says only that it did
+    not connect. Ray's GCS client refuses at once (about 0.3 s, after one warning line of Ray's own): asked first,
+    for at most AUTH_PROBE_S; whatever else it answers is left to ray.init."""
+    import threading
+
+    refused: list[BaseException] = []
+
+    def probe() -> None:
+        from ray._private.services import canonicalize_bootstrap_address
+        from ray._raylet import GcsClient
+        from ray.exceptions import AuthenticationError
+
+        try:
+            resolved = canonicalize_bootstrap_address(address)
+            if resolved is not None:
+                GcsClient(address=resolved)
+        except AuthenticationError as e:
+            refused.append(e)
+        except Exception:  # noqa: BLE001  (no Ray there, another service: ray.init says what it is)
+            pass
+
+    thread = threading.Thread(target=probe, name="raysweep-token-probe", daemon=True)
+    thread.start()
+    thread.join(AUTH_PROBE_S)
+    if refused:
+        sent = ("the token this command sends (RAY_AUTH_MODE=token) is not the cluster's: put the cluster's token in "
+                "~/.ray/auth_token, the file RAY_AUTH_TOKEN_PATH names, or RAY_AUTH_TOKEN"
+                if os.environ.get("RAY_AUTH_MODE") == "token" else
+                "this command sends none: `export RAY_AUTH_MODE=token`, with the cluster's token in ~/.ray/auth_token, "
+                "the file RAY_AUTH_TOKEN_PATH names, or RAY_AUTH_TOKEN")
+        raise RayStartError(f"{named} {address}: the Ray there asks for a token (token authentication), and {sent}")

@@ -1,6 +1,8 @@
-"""A sweep on a cluster whose resources other work holds: its actor waits to be placed, the sweep says so in one
-line (not "importing" for ever), and once the other work lets go it runs every row, once, and says the actor was
-placed. A real `ray start --head` of one CPU, held by another job's actor."""
+"""Joining a cluster as it is: a real `ray start --head` of one CPU, with token authentication.
+
+- A command that sends no token is refused in one line that says how to send it (not 20 s of Ray's retries).
+- A sweep whose actor cannot be placed, the CPU held by another job's actor, says so in one line (not "importing"
+  for ever), and once the other work lets go it runs every row, once, and says the actor was placed."""
 
 import os
 import signal
@@ -32,39 +34,59 @@ time.sleep(3600)
 """
 
 
+@pytest.fixture(scope="module")
+def head():
+    with ray_head("--num-cpus=1") as (address, _):
+        yield address
+
+
 @pytest.mark.slow
-def test_a_sweep_whose_actor_cannot_be_placed_says_so_and_runs_once_the_cpu_is_freed(tmp_path):
+def test_a_command_that_sends_no_token_to_a_cluster_that_asks_for_one_is_told_how_in_one_line(tmp_path, head):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    raysweep = [sys.executable, "-c", "import sys; from jobs.cli import entry; sys.argv[0] = 'raysweep'; entry()"]
+    for command in ([sys.executable, "-m", "jobs.sweep", str(lean_quickstart(tmp_path)), "--address", head,
+                     "--output", str(tmp_path / "out")], [*raysweep, "pool", "status", "--address", head]):
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"raysweep: error: --address {head}: the Ray there asks for a token (token authentication), and this "
+            "command sends none: `export RAY_AUTH_MODE=token`, with the cluster's token in ~/.ray/auth_token, the file "
+            "RAY_AUTH_TOKEN_PATH names, or RAY_AUTH_TOKEN"), done.stderr
+    assert not (tmp_path / "out").exists()  # refused before the output was touched
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_actor_cannot_be_placed_says_so_and_runs_once_the_cpu_is_freed(tmp_path, head):
     spec = lean_quickstart(tmp_path, "busy")
     raw = yaml.safe_load(spec.read_text())
     raw["tasks"] = [t for t in raw["tasks"] if t["name"] == "extract"]  # one task: the wait is what is tested
     spec.write_text(yaml.safe_dump(raw))
-    env = os.environ | TOKEN_AUTH
-    with ray_head("--num-cpus=1") as (address, _):
-        holder = subprocess.Popen([sys.executable, "-c", HOLDER, address], env=env, stdout=subprocess.PIPE, text=True,
-                                  start_new_session=True)
+    env, address = os.environ | TOKEN_AUTH, head
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, address], env=env, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        sweep = subprocess.Popen([sys.executable, "-m", "jobs.sweep", str(spec), "--address", address,
+                                  "--output", str(tmp_path / "out")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(sweep.stdout), daemon=True)
+        reader.start()
         try:
-            assert holder.stdout.readline().strip() == "holding"
-            sweep = subprocess.Popen([sys.executable, "-m", "jobs.sweep", str(spec), "--address", address,
-                                      "--output", str(tmp_path / "out")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
-            lines: list[str] = []
-            reader = threading.Thread(target=lambda: lines.extend(sweep.stdout), daemon=True)
-            reader.start()
-            try:
-                said = wait_for(lambda: any("wait for Ray to place them" in line for line in lines), 180)
-                assert said, "".join(lines[-20:])
-                assert any("actor(s) waiting to be placed" in line for line in lines), "".join(lines[-20:])
-                os.killpg(holder.pid, signal.SIGKILL)  # the other job ends: its actor's CPU is freed
-                assert sweep.wait(timeout=300) == 0, "".join(lines[-30:])
-            finally:
-                if sweep.poll() is None:
-                    os.killpg(sweep.pid, signal.SIGKILL)
-                    sweep.wait()
-            reader.join(timeout=10)
+            said = wait_for(lambda: any("wait for Ray to place them" in line for line in lines), 180)
+            assert said, "".join(lines[-20:])
+            assert any("actor(s) waiting to be placed" in line for line in lines), "".join(lines[-20:])
+            os.killpg(holder.pid, signal.SIGKILL)  # the other job ends: its actor's CPU is freed
+            assert sweep.wait(timeout=300) == 0, "".join(lines[-30:])
         finally:
-            if holder.poll() is None:
-                os.killpg(holder.pid, signal.SIGKILL)
-            holder.wait()
+            if sweep.poll() is None:
+                os.killpg(sweep.pid, signal.SIGKILL)
+                sweep.wait()
+        reader.join(timeout=10)
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
     text = "".join(lines)
     waited = next(line for line in lines if "wait for Ray to place them" in line)
     assert waited.startswith("[raysweep] 1 actor(s) wait for Ray to place them: each asks for CPU 1; the cluster has "
