@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from jobs.ray_output import add_verbose_argument, init_options, keep_quiet
 from jobs.sweep import at_least
@@ -22,8 +23,9 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--switch", action="store_true",
                     help="every replica holds every model, one awake, switching by sleep and wake (the default "
                          "where the cluster cannot hold a replica of each model at once)")
-    up.add_argument("--http-port", type=at_least(1, 65535), default=8000,
-                    help="port of the pool's HTTP API (/raysweep/sweeps) where this starts Ray Serve (default 8000)")
+    up.add_argument("--http-port", type=at_least(1, 65535),
+                    help="port of the pool's HTTP API (/raysweep/sweeps) (default: the port of the Ray Serve running "
+                         "on the cluster, else 8000); Serve serving other applications on another port is refused")
     up.add_argument("--force", action="store_true", help="update the pool also while sweeps use it")
     sub.add_parser("status", help="models, replicas, state and each engine's start-up")
     down = sub.add_parser("down", help="remove the pool")
@@ -43,7 +45,17 @@ def pool(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec)
         check_inputs(spec)  # the same checks, and lines, as a sweep's
         _connect(args.address, args.verbose)
-        description = pools.pool_up(spec, args.min_replicas, args.switch, args.http_port, args.force)
+        from jobs.interrupts import Interrupted, interrupted_in, interruptible
+
+        try:
+            with interruptible():
+                description = pools.pool_up(spec, args.min_replicas, args.switch, args.http_port, args.force)
+        except (Interrupted, SystemError) as e:  # a SystemError raised from the Interrupted: it came in C code
+            stop = e if isinstance(e, Interrupted) else interrupted_in(e)
+            if stop is None:
+                raise
+            print(f"[raysweep] pool up stopped by {stop}: {_left_deploying()}", file=sys.stderr, flush=True)
+            return 1
         for model in description["models"]:
             print(f"[raysweep] pool: model {model['name']} ({model['path']}) up to {model['max_replicas']} replica(s)")
         if description["switching"]:
@@ -90,6 +102,22 @@ def _connect(address: str | None, verbose: bool) -> None:
         raise PoolError(f"no Ray cluster at {address} to hold the pool (start one: `ray start --head`): "
                         f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
     keep_quiet(verbose)
+
+
+def _left_deploying() -> str:
+    """What a `pool up` stopped midway left on the cluster: Serve deploys what it was asked to on its own."""
+    from cluster.contracts.pool_protocol import APP
+
+    try:
+        from ray import serve
+
+        deploying = APP in serve.status().applications
+    except Exception:  # noqa: BLE001  (the cluster did not answer: what is there is not known)
+        return "whether Ray Serve goes on deploying the pool is not known: `raysweep pool status` shows it"
+    if deploying:
+        return ("Ray Serve goes on deploying the pool on the cluster: `raysweep pool status` shows it, `raysweep pool "
+                "down` removes it")
+    return "nothing of the pool was deployed"
 
 
 def _s(value) -> str:

@@ -93,6 +93,13 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
         assert status.returncode == 0, status.stderr[-3000:]
         assert "tiny: healthy, replicas 1 running (max 1)" in status.stdout
         assert "0 shard(s) served" in status.stdout
+        # Serve keeps its port while it serves: another one asked for is refused, before anything changes
+        other = free_port()
+        moved = cli("pool", "up", pool_spec, "--http-port", str(other), address=address)
+        assert moved.returncode == 2 and moved.stderr.strip().splitlines()[-1] == (
+            f"raysweep: error: --http-port {other}: Ray Serve runs on this cluster with its HTTP API on port {http}, "
+            "serving raysweep-pool: its port changes only where it starts anew; leave --http-port out, or take its "
+            "applications down first"), moved.stderr[-3000:]
 
         out = tmp_path / "results"
         run = cli("run", sweep_spec, "--output", str(out), "--address", address, address=address,
@@ -155,6 +162,10 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
             holder.kill()
         gone = cli("pool", "status", address=address)
         assert gone.returncode == 2 and "no pool on this cluster" in gone.stderr
+        # Serve, left running by `down` and serving nothing, starts again on the port asked for
+        assert cli("pool", "up", pool_spec, "--http-port", str(other), address=address).returncode == 0
+        assert json.loads(urllib.request.urlopen(f"http://127.0.0.1:{other}/raysweep/sweeps", timeout=10).read()) == []
+        assert cli("pool", "down", address=address).returncode == 0
 
 
 @pytest.mark.slow

@@ -99,22 +99,43 @@ def build_app(spec: SweepSpec, min_replicas: int = 1, switch: bool = False):
 DEFAULT_HTTP_PORT = 8000  # Serve's own default; another Serve on a shared host may hold it (`--http-port`)
 
 
-def pool_up(spec: SweepSpec, min_replicas: int = 1, switch: bool = False, http_port: int = DEFAULT_HTTP_PORT,
+def pool_up(spec: SweepSpec, min_replicas: int = 1, switch: bool = False, http_port: int | None = None,
             force: bool = False) -> dict:
     """Start (or update) the pool on the connected cluster; returns once every deployment is running. The
-    HTTP API listens on `http_port` where this starts Serve (a Serve already running keeps its port). An update
-    is refused while sweeps use the pool, unless `force`: it replaces the deployments their shards are on."""
+    HTTP API listens on `http_port` (None: DEFAULT_HTTP_PORT where this starts Serve, else the port Serve has; see
+    `_serve_started`). An update is refused while sweeps use the pool, unless `force`: it replaces the deployments
+    their shards are on."""
     from ray import serve
 
-    if not 1 <= http_port <= 65535:
+    if http_port is not None and not 1 <= http_port <= 65535:
         raise PoolError(f"--http-port {http_port}: must be from 1 to 65535")
     if APP in serve.status().applications:
         _refuse_while_used(force, "an update replaces the deployments their shards are on",
                            "shards of theirs on the pool may fail")
     app, description = build_app(spec, min_replicas, switch)
-    serve.start(http_options={"port": http_port})
+    _serve_started(http_port)
     serve.run(app, name=APP, route_prefix=ROUTE)
     return description
+
+
+def _serve_started(http_port: int | None) -> None:
+    """Ray Serve running, its HTTP API on `http_port` where one is asked for. A Serve already running keeps its
+    port (`serve.start` changes nothing there), so: where it serves no application (the pool was taken down, Serve
+    stays), it is started again on the port asked for; where it serves one (the pool, updated now, or another), a
+    port other than its own is refused in one line, before anything changes."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    running = client.http_config.port if client is not None else None
+    if http_port is not None and running is not None and running != http_port:
+        served = sorted(serve.status().applications)
+        if served:
+            raise PoolError(f"--http-port {http_port}: Ray Serve runs on this cluster with its HTTP API on port "
+                            f"{running}, serving {', '.join(served)}: its port changes only where it starts anew; "
+                            "leave --http-port out, or take its applications down first")
+        serve.shutdown()
+    serve.start(http_options={"port": http_port or running or DEFAULT_HTTP_PORT})
 
 
 def pool_status() -> list[dict]:
