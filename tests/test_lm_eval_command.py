@@ -1,6 +1,6 @@
 """jobs/lm_eval_command.py: `raysweep lm-eval` stopped by Ctrl-C at any moment says one line, exits 1, and leaves
 nothing behind (no process it started, no temporary folder), as `raysweep run` does (tests/test_signals.py); lm-eval's
-own check of --samples is one line."""
+own checks of --samples and --num_fewshot are one line each."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from tests.test_lm_eval_tasks import MAX_MODEL_LEN, MC_DOCS, _env, write_tasks
 from tests.test_signals import _descendants, _left_running, ctrl_c_early
 
 pytest.importorskip("lm_eval")
+
+FEW_SHOT_DOCS = 8  # rs_mc's few-shot split, train (tests/test_lm_eval_tasks.py write_tasks)
 
 MOMENTS = {  # the line after which the signals are sent (None: the start), and the pause before each
     "0.1 s after the start": (None, [0.1]),
@@ -92,6 +94,21 @@ def test_a_samples_index_past_the_tasks_documents_is_one_line(include_path, ray_
     assert proc.returncode == 2 and said == [
         "raysweep: error: lm-eval: --samples: task rs_mc: Elements of --samples should be in the interval [0,k-1] "
         f"where k is the number of total examples. In this case, k={MC_DOCS}."], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_more_few_shot_examples_than_the_split_holds_is_one_line(include_path, ray_local):
+    """`--num_fewshot` above the few-shot split's documents was Python's `ValueError: Sample larger than population`
+    at the end of lm-eval's traceback."""
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
+                           f"pretrained=builtin:tiny,max_model_len={MAX_MODEL_LEN},actors=1", "--include_path",
+                           str(include_path), "--tasks", "rs_mc", "--num_fewshot", "1000", "--limit", "2"],
+                          cwd=ROOT, env=_env(ray_local), capture_output=True, text=True, timeout=300)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("raysweep: error:")]
+    assert proc.returncode == 2 and said == [
+        "raysweep: error: lm-eval: task rs_mc: num_fewshot 1000 is more than its few-shot split 'train' can give "
+        f"({FEW_SHOT_DOCS} document(s)): give --num_fewshot {FEW_SHOT_DOCS} or fewer"], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 
