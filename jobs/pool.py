@@ -25,7 +25,8 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
                          "where the cluster cannot hold a replica of each model at once)")
     up.add_argument("--http-port", type=at_least(1, 65535),
                     help="port of the pool's HTTP API (/raysweep/sweeps) (default: the port of the Ray Serve running "
-                         "on the cluster, else 8000); Serve serving other applications on another port is refused")
+                         "on the cluster, else 8000); refused where Serve serves an application (the pool too) on "
+                         "another port")
     up.add_argument("--force", action="store_true", help="update the pool also while sweeps use it")
     sub.add_parser("status", help="models, replicas, state and each engine's start-up")
     down = sub.add_parser("down", help="remove the pool")
@@ -47,14 +48,19 @@ def pool(args: argparse.Namespace) -> int:
         _connect(args.address, args.verbose)
         from jobs.interrupts import Interrupted, interrupted_in, interruptible
 
+        asked: list[bool] = []  # Serve was asked to deploy: it goes on whether or not this command does
         try:
             with interruptible():
-                description = pools.pool_up(spec, args.min_replicas, args.switch, args.http_port, args.force)
+                description = pools.pool_up(spec, args.min_replicas, args.switch, args.http_port, args.force,
+                                            deploying=lambda: asked.append(True))
         except (Interrupted, SystemError) as e:  # a SystemError raised from the Interrupted: it came in C code
             stop = e if isinstance(e, Interrupted) else interrupted_in(e)
             if stop is None:
                 raise
-            print(f"[raysweep] pool up stopped by {stop}: {_left_deploying()}", file=sys.stderr, flush=True)
+            left = ("Ray Serve goes on deploying the pool on the cluster: `raysweep pool status` shows it, `raysweep "
+                    "pool down` removes it" if asked else "nothing was asked of Ray Serve: the cluster's pool, if it "
+                    "has one, is as it was")
+            print(f"[raysweep] pool up stopped by {stop}: {left}", file=sys.stderr, flush=True)
             return 1
         for model in description["models"]:
             print(f"[raysweep] pool: model {model['name']} ({model['path']}) up to {model['max_replicas']} replica(s)")
@@ -102,22 +108,6 @@ def _connect(address: str | None, verbose: bool) -> None:
         raise PoolError(f"no Ray cluster at {address} to hold the pool (start one: `ray start --head`): "
                         f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
     keep_quiet(verbose)
-
-
-def _left_deploying() -> str:
-    """What a `pool up` stopped midway left on the cluster: Serve deploys what it was asked to on its own."""
-    from cluster.contracts.pool_protocol import APP
-
-    try:
-        from ray import serve
-
-        deploying = APP in serve.status().applications
-    except Exception:  # noqa: BLE001  (the cluster did not answer: what is there is not known)
-        return "whether Ray Serve goes on deploying the pool is not known: `raysweep pool status` shows it"
-    if deploying:
-        return ("Ray Serve goes on deploying the pool on the cluster: `raysweep pool status` shows it, `raysweep pool "
-                "down` removes it")
-    return "nothing of the pool was deployed"
 
 
 def _s(value) -> str:

@@ -5,6 +5,7 @@ saying what it waits for (jobs/ray_patience.py)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from contextlib import nullcontext
@@ -68,32 +69,42 @@ def check_token(address: str, named: str) -> None:
     """Where the Ray at `address` uses token authentication and this command sends no token (RAY_AUTH_MODE is not
     `token`) or another one, ray.init retries for 20 s, a warning line a second, and then says only that it did
     not connect. Ray's GCS client refuses at once (about 0.3 s, after one warning line of Ray's own): asked first,
-    for at most AUTH_PROBE_S; whatever else it answers is left to ray.init."""
-    import threading
-
-    refused: list[BaseException] = []
-
-    def probe() -> None:
-        from ray._private.services import canonicalize_bootstrap_address
-        from ray._raylet import GcsClient
-        from ray.exceptions import AuthenticationError
-
-        try:
-            resolved = canonicalize_bootstrap_address(address)
-            if resolved is not None:
-                GcsClient(address=resolved)
-        except AuthenticationError as e:
-            refused.append(e)
-        except Exception:  # noqa: BLE001  (no Ray there, another service: ray.init says what it is)
-            pass
-
-    thread = threading.Thread(target=probe, name="raysweep-token-probe", daemon=True)
-    thread.start()
-    thread.join(AUTH_PROBE_S)
-    if refused:
+    once per address (`token_refused`); whatever else it answers is left to ray.init."""
+    if token_refused(address):
         sent = ("the token this command sends (RAY_AUTH_MODE=token) is not the cluster's: put the cluster's token in "
                 "~/.ray/auth_token, the file RAY_AUTH_TOKEN_PATH names, or RAY_AUTH_TOKEN"
                 if os.environ.get("RAY_AUTH_MODE") == "token" else
                 "this command sends none: `export RAY_AUTH_MODE=token`, with the cluster's token in ~/.ray/auth_token, "
                 "the file RAY_AUTH_TOKEN_PATH names, or RAY_AUTH_TOKEN")
         raise RayStartError(f"{named} {address}: the Ray there asks for a token (token authentication), and {sent}")
+
+
+@functools.cache
+def token_refused(address: str) -> bool:
+    """Whether the GCS of the Ray at `address` (`auto`: the one `ray start` runs here) refused this process's
+    token, asked within AUTH_PROBE_S; False where it answered otherwise, or not in time (no GCS there: ray.init then
+    says what it is), and for a Ray Client address (`ray://`), which has no GCS to ask."""
+    import threading
+
+    from ray._private.services import canonicalize_bootstrap_address
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
+
+    if address.startswith("ray://"):
+        return False
+    refused: list[bool] = []
+
+    def probe() -> None:
+        try:
+            resolved = canonicalize_bootstrap_address(address)
+            if resolved is not None:
+                GcsClient(address=resolved)
+        except AuthenticationError:
+            refused.append(True)
+        except Exception:  # noqa: BLE001  (no Ray there, another service: ray.init says what it is)
+            pass
+
+    thread = threading.Thread(target=probe, name="raysweep-token-probe", daemon=True)
+    thread.start()
+    thread.join(AUTH_PROBE_S)
+    return bool(refused)

@@ -91,7 +91,7 @@ def test_a_sweep_whose_actor_cannot_be_placed_says_so_and_runs_once_the_cpu_is_f
     waited = next(line for line in lines if "wait for Ray to place them" in line)
     assert waited.startswith("[raysweep] 1 actor(s) wait for Ray to place them: each asks for CPU 1; the cluster has "
                              "CPU 0 of 1 free"), waited
-    assert "the actors that waited were placed after" in text, text[-2000:]
+    assert "1 actor(s) that waited were placed after" in text, text[-2000:]
     table = pq.read_table(tmp_path / "out" / "results")
     ids = table["sample_id"].to_pylist()
     rows = len((tmp_path / "busy-extract.jsonl").read_text().splitlines())

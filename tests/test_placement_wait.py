@@ -20,8 +20,8 @@ class Clock:
         return self.now
 
 
-def watch_of(pending: set[str] | None, lines: list[str], clock: Clock, pool: bool = False) -> PlacementWatch:
-    return PlacementWatch("s", lines.append, pending=lambda: pending, pool=lambda: pool, clock=clock,
+def watch_of(unplaced: set[str] | None, lines: list[str], clock: Clock, pool: int = 0) -> PlacementWatch:
+    return PlacementWatch("s", lines.append, unplaced=lambda: unplaced, pool=lambda: pool, clock=clock,
                           room=lambda: ({"memory": 1e9}, {"CPU": 2.0, "memory": 1e9}))
 
 
@@ -41,7 +41,7 @@ def test_an_actor_left_unplaced_is_said_once_after_a_while_and_said_placed_once_
     pending.clear()  # placed: it imports now
     clock.now = 25
     watch.look(slots)
-    assert watch.waiting == set() and lines[1:] == ["[raysweep] the actors that waited were placed after 25s"]
+    assert watch.waiting == set() and lines[1:] == ["[raysweep] the 1 actor(s) that waited were placed after 25s"]
     assert state_counts(slots, watch.waiting) == {"running": 1, "importing": 1}
 
 
@@ -53,7 +53,7 @@ def test_a_short_wait_is_not_said_and_the_table_is_read_at_most_every_five_secon
         reads.append(clock.now)
         return {actor_name("s", 0)} if clock.now < 8 else set()
 
-    watch = PlacementWatch("s", lines.append, pending=pending, pool=lambda: False, clock=clock,
+    watch = PlacementWatch("s", lines.append, unplaced=pending, clock=clock,
                            room=lambda: ({}, {"CPU": 1.0}))
     for now in range(0, 20):
         clock.now = float(now)
@@ -61,17 +61,17 @@ def test_a_short_wait_is_not_said_and_the_table_is_read_at_most_every_five_secon
     assert reads == [0.0, 5.0, 10.0, 15.0] and lines == [] and watch.waiting == set()
 
 
-def test_what_holds_the_room_is_named_where_a_pool_runs_and_actors_of_other_sweeps_are_not_ours():
+def test_what_holds_the_room_is_named_where_the_pool_has_replicas_and_actors_of_other_sweeps_are_not_ours():
     lines, clock = [], Clock()
     slots = [Slot(None, 0, shape=CPU1), Slot(None, 1, shape=CPU1)]
-    watch = watch_of({actor_name("other", 0), actor_name("s", 0), actor_name("s", 1)}, lines, clock, pool=True)
+    watch = watch_of({actor_name("other", 0), actor_name("s", 0), actor_name("s", 1)}, lines, clock, pool=2)
     for now in (0, 10):
         clock.now = now
         watch.look(slots)
     assert watch.waiting == {0, 1}
     assert lines[0].startswith("[raysweep] 2 actor(s) wait for Ray to place them: each asks for CPU 1; the cluster has "
-                               "CPU 0 of 2 free: other work holds the rest (a Ray Serve pool runs on this cluster: its "
-                               "replicas hold theirs until `raysweep pool down`)")
+                               "CPU 0 of 2 free: other work holds the rest (the engine pool's 2 replica(s) hold theirs "
+                               "until `raysweep pool down`), or no node has it. They start")
 
 
 def test_an_unreadable_actor_table_says_nothing_and_counts_actors_importing():
@@ -84,11 +84,46 @@ def test_an_unreadable_actor_table_says_nothing_and_counts_actors_importing():
     assert lines == [] and state_counts(slots, watch.waiting) == {"importing": 1}
 
 
-def test_gpu_shapes_are_told_with_their_gpus():
+def test_gpu_shapes_are_told_with_their_gpus_and_accelerator():
     gpu = ActorResources(num_cpus=1.0, num_gpus=0.5, accelerator_type=None)
-    line = waiting_line([gpu.bundle(), gpu.bundle()], {"CPU": 3.0}, {"CPU": 4.0, "GPU": 1.0}, False)
+    line = waiting_line([gpu.bundle(), gpu.bundle()], {"CPU": 3.0}, {"CPU": 4.0, "GPU": 1.0}, 0)
     assert "2 actor(s) wait" in line and "each asks for CPU 1, GPU 0.5;" in line
     assert "the cluster has CPU 3 of 4, GPU 0 of 1 free" in line
+    l4 = ActorResources(num_cpus=1.0, num_gpus=1.0, accelerator_type="L4")
+    line = waiting_line([l4.bundle()], {"CPU": 3.0}, {"CPU": 4.0}, 0)
+    assert "each asks for CPU 1, GPU 1 on an L4 node; the cluster has CPU 3 of 4, GPU 0 of 0 free" in line
+
+
+def test_an_actor_that_waited_and_left_the_fleet_is_not_said_placed_and_a_started_one_is_not_shown_waiting():
+    lines, clock, unplaced = [], Clock(), {actor_name("s", 0), actor_name("s", 1)}
+    slots = [Slot(None, 0, shape=CPU1), Slot(None, 1, shape=CPU1)]
+    watch = watch_of(unplaced, lines, clock)
+    for now in (0, 10):
+        clock.now = now
+        watch.look(slots)
+    assert len(lines) == 1 and "2 actor(s) wait" in lines[0]
+    slots[0].state = ActorState.RUNNING  # placed and started between two looks: no longer shown as waiting
+    assert state_counts(slots, watch.waiting) == {"running": 1, "waiting to be placed": 1}
+    unplaced.clear()
+    del slots[1]  # the other was stopped (its node lost): it was not placed
+    clock.now = 15
+    watch.look(slots)
+    assert lines[1:] == ["[raysweep] the 1 actor(s) that waited were placed after 15s"]
+
+
+def test_a_cluster_that_does_not_say_its_room_delays_the_line_to_the_next_look():
+    lines, clock, answers = [], Clock(), [RuntimeError("GCS busy")]
+
+    def room():
+        if answers:
+            raise answers.pop()
+        return {}, {"CPU": 1.0}
+
+    watch = PlacementWatch("s", lines.append, unplaced=lambda: {actor_name("s", 0)}, room=room, clock=clock)
+    for now in (0, 10, 15):
+        clock.now = now
+        watch.look([Slot(None, 0, shape=CPU1)])
+        assert len(lines) == (now == 15)
 
 
 def test_the_progress_line_says_which_actors_wait_to_be_placed():

@@ -21,6 +21,7 @@ so that they are ordered there, round robin between sweeps; Serve scales replica
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from cluster.contracts.errors import RaysweepError
 from cluster.contracts.pool_protocol import APP, PROTOCOL, QUEUED_PER_SLOT, ROUTE, SHARED_DEPLOYMENT, INGRESS
@@ -100,11 +101,12 @@ DEFAULT_HTTP_PORT = 8000  # Serve's own default; another Serve on a shared host 
 
 
 def pool_up(spec: SweepSpec, min_replicas: int = 1, switch: bool = False, http_port: int | None = None,
-            force: bool = False) -> dict:
+            force: bool = False, deploying: Callable[[], None] = lambda: None) -> dict:
     """Start (or update) the pool on the connected cluster; returns once every deployment is running. The
     HTTP API listens on `http_port` (None: DEFAULT_HTTP_PORT where this starts Serve, else the port Serve has; see
     `_serve_started`). An update is refused while sweeps use the pool, unless `force`: it replaces the deployments
-    their shards are on."""
+    their shards are on. `deploying()` is called as Serve is asked to deploy: from there, Serve deploys the pool
+    whether or not this call returns."""
     from ray import serve
 
     if http_port is not None and not 1 <= http_port <= 65535:
@@ -114,6 +116,7 @@ def pool_up(spec: SweepSpec, min_replicas: int = 1, switch: bool = False, http_p
                            "shards of theirs on the pool may fail")
     app, description = build_app(spec, min_replicas, switch)
     _serve_started(http_port)
+    deploying()
     serve.run(app, name=APP, route_prefix=ROUTE)
     return description
 
@@ -127,15 +130,17 @@ def _serve_started(http_port: int | None) -> None:
     from ray.serve.context import _get_global_client
 
     client = _get_global_client(raise_if_no_controller_running=False)
-    running = client.http_config.port if client is not None else None
-    if http_port is not None and running is not None and running != http_port:
+    running = client.http_config if client is not None else None  # its host, port and the rest
+    if http_port is not None and running is not None and running.port != http_port:
         served = sorted(serve.status().applications)
         if served:
             raise PoolError(f"--http-port {http_port}: Ray Serve runs on this cluster with its HTTP API on port "
-                            f"{running}, serving {', '.join(served)}: its port changes only where it starts anew; "
-                            "leave --http-port out, or take its applications down first")
+                            f"{running.port}, serving {', '.join(served)}: its port changes only where it starts "
+                            "anew; leave --http-port out, or take its applications down first")
         serve.shutdown()
-    serve.start(http_options={"port": http_port or running or DEFAULT_HTTP_PORT})
+        serve.start(http_options={"host": running.host, "port": http_port})  # the host it listened on kept
+        return
+    serve.start(http_options={"port": http_port or (running.port if running else DEFAULT_HTTP_PORT)})
 
 
 def pool_status() -> list[dict]:

@@ -20,6 +20,18 @@ def pool_running() -> bool:
         return False
 
 
+def pool_replicas() -> int:
+    """How many replicas of the pool's deployments are actors on the connected cluster (Serve names each
+    `SERVE_REPLICA::<app>#<deployment>#<id>`); a cheap look, without importing Serve."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{APP}#"
+    try:
+        return sum(a.get("name", "").startswith(prefix) for a in ray.util.list_named_actors(all_namespaces=True))
+    except Exception:  # noqa: BLE001  (not known: none said)
+        return 0
+
+
 @dataclass(frozen=True)
 class PooledModel:
     """A model the pool serves: what a sweep's model must match to use it."""

@@ -39,12 +39,12 @@ def engine_sources(kept: KeptActors | None) -> list:
     return ([KeptEngines(kept)] if kept is not None else []) + [PoolEngines()]
 
 
-def pool_runs() -> bool:
-    """Whether a Ray Serve pool runs on the connected cluster (said where the sweep's actors wait for room its
-    replicas may hold: cluster/schedule/placement_wait.py)."""
-    from cluster.pool.served import pool_running
+def pool_replicas() -> int:
+    """How many replicas of the engine pool run on the connected cluster (said where the sweep's actors wait for
+    room they may hold: cluster/schedule/placement_wait.py)."""
+    from cluster.pool.served import pool_replicas as replicas
 
-    return pool_running()
+    return replicas()
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ from typing import Callable, TextIO
 
 from ray.util.metrics import Counter, Gauge
 
+from cluster.contracts.shard import ActorState
+
 TICK_EVERY_S = 1.0  # progress is told what the sweep is doing at most this often
 
 
@@ -127,7 +129,9 @@ def state_counts(slots: list, waiting: set[int] = frozenset()) -> dict[str, int]
     slot numbers: cluster/schedule/placement_wait.py) as `waiting to be placed`."""
     counts: dict[str, int] = {}
     for slot in slots:
-        state = "lent" if slot.lent else "waiting to be placed" if slot.number in waiting else slot.state.value
+        importing = slot.state is ActorState.IMPORTING
+        state = "lent" if slot.lent else "waiting to be placed" if importing and slot.number in waiting else \
+            slot.state.value
         counts[state] = counts.get(state, 0) + 1
     return counts
 

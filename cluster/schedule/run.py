@@ -32,7 +32,7 @@ from cluster.schedule.ending import complete_summary, samples_of, write_summary
 from cluster.schedule.fleet import KeptActors
 from cluster.schedule.fleet_size import FleetSize, size_fleet
 from cluster.schedule.progress import SweepMetrics, Ticks, make_progress
-from cluster.schedule.engine_sources import PoolStatus, engine_sources, lend, pool_runs
+from cluster.schedule.engine_sources import PoolStatus, engine_sources, lend, pool_replicas
 from cluster.schedule.placement_wait import PlacementWatch
 from cluster.schedule.scheduler import SweepScheduler
 from cluster.schedule.tail_split import tail_line
@@ -163,7 +163,7 @@ class _Run:
         self.progress = make_progress(0, log, progress_bar)  # the total grows as tasks are planned
         self.metrics = SweepMetrics(prepared.spec.name)
         self.commits = Commits(prepared.spec, sink, self.metrics, self.progress, clock)  # results scored, committed
-        self.ticks = Ticks(self.progress, PlacementWatch(prepared.spec.name, self.progress.log, pool=pool_runs))
+        self.ticks = Ticks(self.progress, PlacementWatch(prepared.spec.name, self.progress.log, pool=pool_replicas))
         self.status = PoolStatus(sink, self.progress, self.report)  # for the pool's HTTP API, where one is used
         self.size: FleetSize | None = None  # the actors' count, GPU share and shapes, and why
         self.scheduler: SweepScheduler | None = None
