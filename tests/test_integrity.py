@@ -158,6 +158,23 @@ def test_a_manifest_entry_naming_another_shards_file_or_no_shard_is_one_line(ray
         assert proc.returncode == 2 and says in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 
 
+@pytest.mark.slow
+def test_a_forged_entry_with_a_file_of_its_own_on_a_complete_output_is_refused_not_summarized(ray_local, tmp_path):
+    """An output whose every shard was committed, and a journal line committing one more shard the plan lacks, with
+    a copy of another shard's results as its own file and checksum: the run found nothing left to run, so it did not
+    plan, and its summary counted those rows twice. The count of each plan's shards, recorded with it, differs now:
+    the pair is planned again, and the entry refused."""
+    spec, out, files = _replay_output(tmp_path)
+    first = sorted(files)[0]
+    forged, own = first.rsplit("/", 1)[0] + "/00004", files[first].replace("shard-00000", "shard-00004")
+    shutil.copy(out / files[first], out / own)
+    entry = read_manifest(str(out))["shards"][first]
+    (out / "manifest.journal").write_text("\n" + json.dumps({**entry, "shard_id": forged, "file": own}) + "\n")
+    with pytest.raises(SinkError, match=re.escape(f"output {out}: manifest: shard {forged} is not one of the 4 "
+                                                  "shard(s) this spec and data plan for")):
+        run_sweep(spec, log=lambda line: None)
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)

@@ -135,6 +135,9 @@ DELIMITER_DEFAULT = "target_delimiter_default"
 # how many committed shards the summary.parquet that `finish` wrote was made from: a summary that counts fewer is
 # older than the output's last commits (a run killed between them and its summary); none in outputs made before
 SUMMARIZED = "summary_shards"
+# "<model>/<task>" -> how many shards its plan has, recorded with the plan: an output is complete when each pair has
+# exactly that many entries, all committed (an entry the plan lacks is another plan's); none in outputs made before
+PLANNED = "planned_shards"
 
 
 def as_made(spec: SweepSpec, manifest: dict) -> SweepSpec:

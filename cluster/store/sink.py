@@ -19,6 +19,7 @@ miss) columns only later files have.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -30,7 +31,7 @@ from cluster.contracts.spec import SweepSpec
 from cluster.score.summary import COLUMNS as SUMMARY_COLUMNS
 from cluster.score.summary import SummaryAccumulator
 from cluster.store.integrity import check_committed, checksum, table_bytes
-from cluster.store.manifest import (SUMMARIZED, ManifestWriter, discard_earlier_run, is_committed, load_manifest,
+from cluster.store.manifest import (PLANNED, SUMMARIZED, ManifestWriter, discard_earlier_run, is_committed, load_manifest,
                                     now, refuse_foreign)
 from cluster.store.output_files import (OutputWriteError, SinkError, join, lock, open_output, plain_strings,
                                         remove_leftover_tmp, remove_made, result_file, unlock, write_bytes_renamed,
@@ -115,11 +116,14 @@ class ResultSink:
     def nothing_left(self, pairs: set[tuple[str, str]]) -> bool:
         """Whether an earlier run committed every shard of the sweep's (model, task) `pairs`
         (cluster/plan/plan_source.py planned_pairs): each pair's plan recorded (`plan` records a plan's shards
-        together) and every shard recorded committed. A shard's id is stable for the same spec and data, which the
-        resume checks held, so planning again would find nothing to run."""
-        shards = self.manifest["shards"]
-        planned = {sid.rpartition("/")[0] for sid in shards}  # "<model>/<task>" of "<model>/<task>/<index>"
-        return all(f"{model}/{task}" in planned for model, task in pairs) and all(map(is_committed, shards.values()))
+        together, and how many it has) with that many entries, and every shard recorded committed. A shard's id is
+        stable for the same spec and data, which the resume checks held, so planning again would find nothing to
+        run. An entry the plan lacks (a hand-made one) makes the count differ: the pair is planned again, and `plan`
+        refuses the entry."""
+        shards, planned = self.manifest["shards"], self.manifest.get(PLANNED, {})
+        entries = Counter(sid.rpartition("/")[0] for sid in shards)  # "<model>/<task>" of "<model>/<task>/<index>"
+        return all(entries[f"{m}/{t}"] and planned.get(f"{m}/{t}") == entries[f"{m}/{t}"] for m, t in pairs) and \
+            all(map(is_committed, shards.values()))
 
     def written_summary(self) -> pa.Table | None:
         """summary.parquet as the last `finish` wrote it, where it was made from every shard committed now; None
@@ -153,6 +157,8 @@ class ResultSink:
                 raise SinkError(f"output {self.output}: manifest: shard {foreign[0]} is not one of the "
                                 f"{len(shard_ids)} shard(s) this spec and data plan for {prefix[:-1]}; restore the "
                                 "manifest, or --new-run to start the output again")
+        for prefix, count in Counter(sid.rpartition("/")[0] for sid in shard_ids).items():
+            self.manifest.setdefault(PLANNED, {})[prefix] = count
         for sid in shard_ids:
             self.manifest["shards"].setdefault(sid, {"state": ShardState.PENDING.value})
             if self.manifest["shards"][sid]["state"] == ShardState.FAILED:  # a new run tries failed shards again
