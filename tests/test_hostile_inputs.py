@@ -427,6 +427,7 @@ def test_ray_that_fails_to_start_is_one_line_and_releases_the_output(sweep_dir, 
         raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to.")
 
     monkeypatch.setattr(ray, "init", refused)
+    monkeypatch.setattr("jobs.ray_start.token_refused", lambda address: False)  # `auto` may find another Ray here
     # the run stops what it half started (jobs/local_ray.py shutdown): here, in the test's process, that would be the
     # session's Ray of this pytest worker (ray_local), which every later test on the worker then found gone
     stopped = []

@@ -5,7 +5,7 @@ same on a real cluster whose CPU another job holds."""
 
 from cluster.contracts.shard import ActorState
 from cluster.plan.placement import ActorResources
-from cluster.schedule.placement_wait import PlacementWatch, actor_name, waiting_line
+from cluster.schedule.placement_wait import PlacementWatch, RayView, actor_name, waiting_line
 from cluster.schedule.progress import Ticks, state_counts
 from cluster.schedule.work import Slot
 
@@ -20,8 +20,15 @@ class Clock:
         return self.now
 
 
+def demanded(unstarted: set[str] | None, demand: list | None = None):
+    """A stand-in for Ray's view: `unstarted` actors, and a demand of one CPU each where none is given."""
+    if unstarted is None:
+        return lambda: None
+    return lambda: RayView(unstarted, demand if demand is not None else [({"CPU": 1.0}, len(unstarted))])
+
+
 def watch_of(unplaced: set[str] | None, lines: list[str], clock: Clock, pool: int = 0) -> PlacementWatch:
-    return PlacementWatch("s", lines.append, unplaced=lambda: unplaced, pool=lambda: pool, clock=clock,
+    return PlacementWatch("s", lines.append, view=demanded(unplaced), pool=lambda: pool, clock=clock,
                           room=lambda: ({"memory": 1e9}, {"CPU": 2.0, "memory": 1e9}))
 
 
@@ -49,11 +56,11 @@ def test_a_short_wait_is_not_said_and_the_table_is_read_at_most_every_five_secon
     lines, clock, reads = [], Clock(), []
     slots = [Slot(None, 0, shape=CPU1)]
 
-    def pending():
+    def view():
         reads.append(clock.now)
-        return {actor_name("s", 0)} if clock.now < 8 else set()
+        return RayView({actor_name("s", 0)}, [({"CPU": 1.0}, 1)]) if clock.now < 8 else RayView(set(), [])
 
-    watch = PlacementWatch("s", lines.append, unplaced=pending, clock=clock,
+    watch = PlacementWatch("s", lines.append, view=view, clock=clock,
                            room=lambda: ({}, {"CPU": 1.0}))
     for now in range(0, 20):
         clock.now = float(now)
@@ -119,11 +126,26 @@ def test_a_cluster_that_does_not_say_its_room_delays_the_line_to_the_next_look()
             raise answers.pop()
         return {}, {"CPU": 1.0}
 
-    watch = PlacementWatch("s", lines.append, unplaced=lambda: {actor_name("s", 0)}, room=room, clock=clock)
+    watch = PlacementWatch("s", lines.append, view=demanded({actor_name("s", 0)}), room=room, clock=clock)
     for now in (0, 10, 15):
         clock.now = now
         watch.look([Slot(None, 0, shape=CPU1)])
         assert len(lines) == (now == 15)
+
+
+def test_an_actor_whose_worker_process_is_starting_is_not_waiting_and_the_demand_bounds_how_many_are():
+    """No worker process yet, but no demand of its shape: its resources are its own, its process starts (a loaded
+    machine). Two unstarted and a demand of one: one waits."""
+    lines, clock = [], Clock()
+    slots = [Slot(None, 0, shape=CPU1), Slot(None, 1, shape=CPU1)]
+    unstarted = {actor_name("s", 0), actor_name("s", 1)}
+    gpu_demand = PlacementWatch("s", lines.append, view=demanded(unstarted, [({"CPU": 1.0, "GPU": 1.0}, 2)]),
+                                clock=clock)
+    gpu_demand.look(slots)
+    assert gpu_demand.waiting == set()
+    one = PlacementWatch("s", lines.append, view=demanded(unstarted, [({"CPU": 1.0}, 1)]), clock=clock)
+    one.look(slots)
+    assert one.waiting == {0}
 
 
 def test_the_progress_line_says_which_actors_wait_to_be_placed():

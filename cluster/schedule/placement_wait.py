@@ -4,16 +4,18 @@ autoscaler adding one). Ray keeps it pending without a word, and the sweep's pro
 ever; `PlacementWatch` tells them apart, for the progress line, and says once, in one line, what the waiting actors
 ask for and what the cluster has free; once they are placed, that they were.
 
-Which actors wait is read from Ray's actor table in its GCS (`ray._private.state.actors`, filtered to this job and
-to PENDING_CREATION: about 2 ms). Ray keeps an actor PENDING_CREATION until its constructor returns, imports and
-all; one that waits for a node has no worker process yet (its `Pid` is 0), and only those are counted. Ray's state
-API (`ray.util.state`) reads the same table through the dashboard, which a local run starts without. Where the
-table cannot be read, nothing is said, and the actors count as importing.
+An actor counts as waiting when Ray says both: it is PENDING_CREATION in the actor table of its GCS with no worker
+process yet (`Pid` 0: Ray keeps an actor PENDING_CREATION through its constructor, imports and all), read through
+`ray._private.state.actors` (Ray's state API, `ray.util.state`, reads the same through the dashboard, which a local
+run starts without); and the cluster has a resource request of its shape it cannot place now (the autoscaler's
+demand, `ray.autoscaler.v2.sdk.get_cluster_status`), which an actor whose worker process is still starting does not
+make. Each read takes about 2 ms. Where either cannot be read, nothing is said, and the actors count as importing.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from cluster.contracts.shard import ActorState
@@ -28,19 +30,34 @@ def actor_name(sweep: str, number: int) -> str:
     return f"raysweep:{sweep}:{number}"
 
 
-def unplaced_names() -> set[str] | None:
-    """The names of this job's actors that no worker process was started for yet: they wait for a node with room.
-    None where Ray's actor table cannot be read."""
+@dataclass(frozen=True)
+class RayView:
+    """What Ray says of placing actors now."""
+    unstarted: set[str]  # the names of this job's actors PENDING_CREATION with no worker process yet
+    demand: list[tuple[dict, int]]  # (bundle, count): the resource requests the cluster cannot place now
+
+
+def ray_view() -> RayView | None:
+    """RayView of the connected cluster; None where Ray does not say."""
     import ray
 
     try:
         from ray._private import state
+        from ray.autoscaler.v2.sdk import get_cluster_status
 
         job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
         table = state.actors(job_id=job, actor_state_name="PENDING_CREATION")
-    except Exception:  # noqa: BLE001  (a private API: whatever it raises means "not known")
+        status = get_cluster_status(ray.get_runtime_context().gcs_address)
+    except Exception:  # noqa: BLE001  (private and fast-changing APIs: whatever they raise means "not known")
         return None
-    return {actor["Name"] for actor in table.values() if not actor.get("Pid")}
+    demand = [(dict(by_count.bundle), by_count.count) for d in status.resource_demands.ray_task_actor_demand
+              for by_count in d.bundles_by_count]
+    return RayView({actor["Name"] for actor in table.values() if not actor.get("Pid")}, demand)
+
+
+def _shape(bundle: dict) -> tuple[float, float]:
+    """(CPU, GPU) of a bundle: what an actor's shape and the demand it makes are matched by."""
+    return float(bundle.get("CPU", 0)), float(bundle.get("GPU", 0))
 
 
 def cluster_room() -> tuple[dict, dict]:
@@ -68,11 +85,11 @@ class PlacementWatch:
     """Which of the sweep's actors wait to be placed (`waiting`, slot numbers), looked at every LOOK_EVERY_S while
     some of its actors are importing, and said once they waited SAY_AFTER_S."""
 
-    def __init__(self, sweep: str, log: Callable[[str], None], unplaced: Callable[[], set[str] | None] = unplaced_names,
+    def __init__(self, sweep: str, log: Callable[[str], None], view: Callable[[], RayView | None] = ray_view,
                  room: Callable[[], tuple[dict, dict]] = cluster_room, pool: Callable[[], int] = lambda: 0,
                  clock: Callable[[], float] = time.monotonic):
         """`pool()`: how many replicas of the engine pool run on the cluster (cluster/schedule/engine_sources.py)."""
-        self.sweep, self.log, self._unplaced, self._room, self._clock = sweep, log, unplaced, room, clock
+        self.sweep, self.log, self._view, self._room, self._clock = sweep, log, view, room, clock
         self._pool = pool
         self.waiting: set[int] = set()
         self._since: float | None = None  # when the actors waiting now were first seen waiting
@@ -86,10 +103,10 @@ class PlacementWatch:
         if importing and now - self._looked < LOOK_EVERY_S:
             return
         self._looked = now
-        names = self._unplaced() if importing else set()
-        if names is None:
+        view = self._view() if importing else RayView(set(), [])
+        if view is None:
             return
-        self.waiting = {s.number for s in importing if actor_name(self.sweep, s.number) in names}
+        self.waiting = self._waiting(importing, view)
         if not self.waiting:
             placed = self._said & {s.number for s in slots}  # those that left the fleet (lost, stopped) were not
             if placed:
@@ -106,3 +123,16 @@ class PlacementWatch:
             self._said = set(self.waiting)
             bundles = [s.shape.bundle() if s.shape is not None else {} for s in importing if s.number in self.waiting]
             self.log(waiting_line(bundles, free, total, self._pool()))
+
+    def _waiting(self, importing: list, view: RayView) -> set[int]:
+        """The importing actors without a worker process, as many of each shape as the cluster's demand of it."""
+        left: dict[tuple[float, float], int] = {}
+        for bundle, count in view.demand:
+            left[_shape(bundle)] = left.get(_shape(bundle), 0) + count
+        waiting = set()
+        for slot in importing:
+            shape = _shape(slot.shape.bundle()) if slot.shape is not None else None
+            if actor_name(self.sweep, slot.number) in view.unstarted and left.get(shape, 0) > 0:
+                left[shape] -= 1
+                waiting.add(slot.number)
+        return waiting
