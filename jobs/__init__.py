@@ -23,6 +23,20 @@ def _stopped_at_once(signum, frame) -> None:
     _os._exit(1)
 
 
+def _own_handlers_dropped_in_child() -> None:
+    """In a process forked from a command (multiprocessing's fork: lm-eval's bootstrap pool), the command's stop
+    handlers (this module's and jobs/interrupts.py's, each marked `raysweep_stop`) give way to the defaults. That
+    process is not the command: the pool ends it with SIGTERM, and the command's handler there said the command's
+    stop line and waited for threads that do not exist after a fork, so the pool's join, and the run, waited for
+    ever (seen: a sweep whose lm-eval perplexity metric bootstraps its stderr, under load)."""
+    for signum in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        if getattr(_signal.getsignal(signum), "raysweep_stop", False):
+            _signal.signal(signum, _signal.default_int_handler if signum == _signal.SIGINT else _signal.SIG_DFL)
+
+
+_stopped_at_once.raysweep_stop = True
+_os.register_at_fork(after_in_child=_own_handlers_dropped_in_child)
+
 # A command is `python -m jobs.X` (while Python imports the module's package, sys.argv[0] is "-m") or the installed
 # `raysweep` script; a program that imports jobs (a test, a notebook) keeps its own handlers. Installed before any
 # other import: a signal in the next line's import was Python's traceback

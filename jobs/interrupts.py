@@ -81,6 +81,7 @@ def interruptible(say: Callable[[Interrupted], None] | None = None):
             return
         raise stop
 
+    first.raysweep_stop = second.raysweep_stop = True  # not a forked child's (jobs/__init__.py)
     before = {s: signal.signal(s, first) for s in SIGNALS}
     _OURS.append(first)
     watch = _SignalWatch(say) if say is not None else None

@@ -551,3 +551,25 @@ def test_a_module_locks_weakref_callback_counts_as_a_finalizer():
     assert _in_finalizer(frame("cb", "<frozen importlib._bootstrap>", run))
     assert _in_finalizer(frame("inner", "/x/a.py", frame("__del__", "/x/b.py", run)))
     assert not _in_finalizer(frame("cb", "/x/mine.py", run)) and not _in_finalizer(run)
+
+
+FORKED = """
+import multiprocessing, os, signal, time
+from jobs.interrupts import interruptible
+
+with interruptible(say=lambda stop: os.write(1, f"the command's stop line: {stop}\\n".encode())):
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))  # as lm-eval's pool's workers
+    child.start()
+    time.sleep(0.5)
+    os.kill(child.pid, signal.SIGTERM)  # as the pool's terminate ends its workers
+    child.join(30)
+    print("child ended by", -child.exitcode if child.exitcode else child.exitcode, flush=True)
+"""
+
+
+def test_a_process_forked_by_the_run_ends_on_its_sigterm_without_the_runs_stop_line():
+    """A process forked from the run (lm-eval's bootstrap pool) kept the run's stop handler: the pool's SIGTERM to
+    its workers said the run's stop line in each, and a worker that then waited for a thread the fork did not copy
+    kept the pool's join, and the sweep, waiting for ever (seen under load, once the shards were committed)."""
+    done = subprocess.run([sys.executable, "-c", FORKED], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == f"child ended by {int(signal.SIGTERM)}\n", done.stdout + done.stderr
