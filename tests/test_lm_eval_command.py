@@ -108,7 +108,7 @@ def test_more_few_shot_examples_than_the_split_holds_is_one_line(include_path, r
     said = [line for line in proc.stderr.splitlines() if line.startswith("raysweep: error:")]
     assert proc.returncode == 2 and said == [
         "raysweep: error: lm-eval: task rs_mc: num_fewshot 1000 is more than its few-shot split 'train' can give "
-        f"({FEW_SHOT_DOCS} document(s)): give --num_fewshot {FEW_SHOT_DOCS} or fewer"], proc.stderr[-2000:]
+        f"({FEW_SHOT_DOCS} document(s)): give num_fewshot {FEW_SHOT_DOCS} or fewer"], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 

@@ -1013,3 +1013,21 @@ def test_what_lm_eval_prints_while_it_scores_goes_to_its_logger_and_other_thread
     out = capfd.readouterr().out
     assert out == "[raysweep] said on another thread\n[raysweep] after\n"
     assert logged == ["bootstrapping for stddev: perplexity"]
+
+
+def test_more_few_shot_examples_than_a_tasks_split_holds_is_one_line_naming_the_entry(include_path, tmp_path):
+    """`num_fewshot: 1000` on an entry whose task has 8 few-shot documents was "lm-eval could not build the requests:
+    ValueError: Sample larger than population or is negative"."""
+    from cluster.inputs.checks import check_inputs
+    from cluster.inputs.spec_file import load_spec
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(json.dumps({"name": "fs", "output": str(tmp_path / "out"),
+                                "models": [{"name": "tiny", "path": "builtin:tiny",
+                                            "engine": {"max_model_len": MAX_MODEL_LEN}}],
+                                "tasks": [{"lm_eval": {"tasks": ["rs_mc"], "include_path": str(include_path),
+                                                       "num_fewshot": 1000}}]}))
+    with pytest.raises(Exception) as refused:
+        check_inputs(load_spec(spec))
+    assert str(refused.value) == (f"{spec}: tasks[0].lm_eval: task rs_mc: num_fewshot 1000 is more than its few-shot "
+                                  "split 'train' can give (8 document(s)): give num_fewshot 8 or fewer")

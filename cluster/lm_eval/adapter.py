@@ -266,10 +266,10 @@ def _named(process_results, name: str, failed: type):
 def command_line_checked(error: type[Exception]):
     """lm-eval's checks of its own command line (its EvaluatorConfig: `Tasks not found: X`, a --config file that
     is not there, --samples with --limit ...) raise ValueError or FileNotFoundError, and its Task.doc_iterator
-    asserts that each --samples index is below the task's document count, and its Task.build_all_requests asks
-    Python's random.sample for more few-shot examples than there are (--num_fewshot): `error` here, one line. Stands
-    in for `EvaluatorConfig.from_cli` and `.process_tasks` (lm_eval/config/evaluate_config.py), `Task.doc_iterator`
-    and `Task.build_all_requests` (lm_eval/api/task.py), each called through."""
+    asserts that each --samples index is below the task's document count, and more few-shot examples than a task
+    has (--num_fewshot, `few_shots_checked`): `error` here, one line. Stands in for `EvaluatorConfig.from_cli` and
+    `.process_tasks` (lm_eval/config/evaluate_config.py) and `Task.doc_iterator` (lm_eval/api/task.py), each called
+    through."""
     from lm_eval.config.evaluate_config import EvaluatorConfig
 
     def checked(method):
@@ -291,17 +291,6 @@ def command_line_checked(error: type[Exception]):
                 raise error(f"lm-eval: --samples: task {task.config.task}: {first}") from None
         return call
 
-    def few_shot_checked(method):
-        def call(task, *args, **kwargs):
-            try:
-                return method(task, *args, **kwargs)
-            except ValueError:  # random.sample's "Sample larger than population": more shots than documents
-                line = few_shot_refusal(task)
-                if line is None:
-                    raise
-                raise error(f"lm-eval: {line}") from None
-        return call
-
     originals = {(EvaluatorConfig, name): EvaluatorConfig.__dict__[name] for name in ("from_cli", "process_tasks")
                  if name in EvaluatorConfig.__dict__}
     for (owner, name), original in originals.items():
@@ -314,14 +303,45 @@ def command_line_checked(error: type[Exception]):
     if "doc_iterator" in Task.__dict__:  # asserts that each --samples index is one of the task's documents
         originals[(Task, "doc_iterator")] = Task.__dict__["doc_iterator"]
         Task.doc_iterator = samples_checked(originals[(Task, "doc_iterator")])
-    if "build_all_requests" in Task.__dict__:  # samples the few-shot examples: more than there are is a ValueError
-        originals[(Task, "build_all_requests")] = Task.__dict__["build_all_requests"]
-        Task.build_all_requests = few_shot_checked(originals[(Task, "build_all_requests")])
     try:
-        yield
+        with few_shots_checked(error, "lm-eval: "):
+            yield
     finally:
         for (owner, name), original in originals.items():
             setattr(owner, name, original)
+
+
+class FewShotRefused(ValueError):
+    """More few-shot examples asked of a task than its few-shot documents hold (`few_shot_refusal` says it)."""
+
+
+@contextlib.contextmanager
+def few_shots_checked(error: type[Exception] = FewShotRefused, prefix: str = ""):
+    """lm-eval's Task.build_all_requests asks Python's random.sample for the few-shot examples: more than there are
+    was its ValueError "Sample larger than population or is negative". `error(prefix + few_shot_refusal's line)`
+    here. Stands in for `Task.build_all_requests` (lm_eval/api/task.py), called through."""
+    from lm_eval.api.task import Task
+
+    original = Task.__dict__.get("build_all_requests")
+    if original is None:
+        yield
+        return
+
+    @functools.wraps(original)
+    def build_all_requests(task, *args, **kwargs):
+        try:
+            return original(task, *args, **kwargs)
+        except ValueError:
+            line = few_shot_refusal(task)
+            if line is None:
+                raise
+            raise error(prefix + line) from None
+
+    Task.build_all_requests = build_all_requests
+    try:
+        yield
+    finally:
+        Task.build_all_requests = original
 
 
 def few_shot_refusal(task) -> str | None:
@@ -340,7 +360,7 @@ def few_shot_refusal(task) -> str | None:
         return None
     where = f"its few-shot split {split!r}" if split else "its few-shot documents"
     return (f"task {task.config.task}: num_fewshot {shots} is more than {where} can give ({docs} document(s)"
-            f"{', less the one asked about' if same else ''}): give --num_fewshot {max(most, 0)} or fewer")
+            f"{', less the one asked about' if same else ''}): give num_fewshot {max(most, 0)} or fewer")
 
 
 @contextlib.contextmanager

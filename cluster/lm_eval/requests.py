@@ -23,7 +23,7 @@ from collections import defaultdict
 
 from cluster.contracts.lm_eval_task import LmEvalSettings, LmEvalTask
 from cluster.contracts.task_spec import NAME_RE, SamplingSpec, TaskSpec
-from cluster.lm_eval.adapter import with_chat_template
+from cluster.lm_eval.adapter import FewShotRefused, few_shots_checked, with_chat_template
 from cluster.lm_eval.quiet import quiet
 from cluster.lm_eval.run import (documents_hash, import_lm_eval, request_rows, requests_hash, run_lm_eval,
                                  task_manager)
@@ -82,8 +82,10 @@ def record(settings: LmEvalSettings, manager, chat_tokenizer=None) -> list:
     """Every request lm-eval would send a model for the entry's tasks."""
     lm = recording_lm(chat_tokenizer)
     try:
-        with quiet():
+        with quiet(), few_shots_checked():
             run_lm_eval(settings, lm, manager, log_samples=False, bootstrap_iters=0, requests_only=True)
+    except FewShotRefused as e:  # it names the task
+        raise ValueError(str(e)) from None
     except Exception as e:  # a dataset lm-eval could not load, a template that fails, lm-eval's own refusals
         raise ValueError(_failure(settings, manager, e)) from None
     return lm.requests
