@@ -11,6 +11,7 @@ during a sweep ends the command the same way (jobs/head_watch.py).
 
 from __future__ import annotations
 
+import os
 import sys
 
 from jobs.lm_eval_run import LmEvalError, LmEvalRun
@@ -68,7 +69,8 @@ def _begin(lm) -> None:
 def check_options(argv: list[str]) -> None:
     """What lm-eval would fail on later, said first (LmEvalError, one line): no --tasks (a traceback from lm-eval),
     a --use_cache path where lm-eval cannot keep its sqlite cache (after every request ran: cluster/lm_eval/scores.py
-    check_cache, as a spec's `use_cache:` is checked). The options as lm-eval's own parser reads them (`--task`,
+    check_cache, as a spec's `use_cache:` is checked), a --samples that is neither JSON nor a file, a --limit of 0
+    or less (each a traceback from lm-eval). The options as lm-eval's own parser reads them (`--task`,
     `-c`, abbreviations); where it refuses them or prints its help, it does so itself once it runs."""
     from cluster.lm_eval.scores import check_cache
 
@@ -83,6 +85,12 @@ def check_options(argv: list[str]) -> None:
             check_cache(options.use_cache)
         except ValueError as e:
             raise LmEvalError(f"--{e}") from None
+    if isinstance(options.samples, str) and not os.path.isfile(options.samples):  # else lm-eval's AttributeError
+        raise LmEvalError(f"--samples {options.samples}: neither a JSON mapping of task to document indices nor a "
+                          "file holding one")
+    if options.limit is not None and options.limit <= 0:  # else lm-eval's "did not find any docs" traceback
+        raise LmEvalError(f"--limit {options.limit:g}: must be above 0 (documents per task, or a fraction of them "
+                          "below 1)")
 
 
 def lm_eval_options(argv: list[str]):

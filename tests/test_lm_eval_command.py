@@ -159,6 +159,24 @@ def test_a_use_cache_lm_eval_cannot_keep_is_one_line_before_anything_runs(tmp_pa
     check_options(["--tasks", "t", "--use_cache", str(tmp_path / "fresh" / "c")])  # a folder lm-eval makes: fine
 
 
+def test_a_samples_path_that_is_not_there_or_a_limit_of_0_is_one_line_before_anything_runs(tmp_path):
+    """A mistyped --samples file was lm-eval's AttributeError traceback (it took the path for a mapping's JSON);
+    --limit 0 was its "did not find any docs" traceback."""
+    from jobs.lm_eval_command import check_options
+    from jobs.lm_eval_run import LmEvalError
+
+    with pytest.raises(LmEvalError, match=f"^--samples {tmp_path}/nope.json: neither a JSON mapping of task to "
+                                          "document indices nor a file holding one$"):
+        check_options(["--tasks", "t", "--samples", str(tmp_path / "nope.json")])
+    (tmp_path / "s.json").write_text('{"t": [0]}')
+    check_options(["--tasks", "t", "--samples", str(tmp_path / "s.json")])  # a file: lm-eval reads it
+    check_options(["--tasks", "t", "--samples", '{"t": [0]}'])
+    for limit in ("0", "-2", "0.0"):
+        with pytest.raises(LmEvalError, match=r"^--limit -?0|^--limit -2"):
+            check_options(["--tasks", "t", "--limit", limit])
+    check_options(["--tasks", "t", "--limit", "0.5"])
+
+
 def test_a_dataset_lm_eval_cannot_load_is_told_by_its_error_type_not_its_name():
     """The errors that mean "no dataset here" (datasets', the hub's, requests') are recognised by their types,
     exactly: a subclass of one says something else (a connection Ray lost, a gated repository), and a
