@@ -46,7 +46,7 @@ def run(argv: list[str]) -> int:
                 except Exception as e:  # a dataset not reachable: one line, as a spec's lm_eval: entry says it
                     if not is_data_error(e):
                         raise
-                    raise LmEvalError(data_failure(e)) from None
+                    raise LmEvalError(_named(argv, data_failure(e))) from None
             # the run closed inside the handlers: a signal during the close is one line, not a traceback
         except (Interrupted, SystemError) as e:
             # a SystemError raised from the Interrupted: the signal came inside ray.wait's C code (jobs/sweep.py)
@@ -56,6 +56,21 @@ def run(argv: list[str]) -> int:
             run.say_stopped(stop)  # said at the signal already, unless Ray's own handler had it
             return 1
     return 0
+
+
+def _named(argv: list[str], line: str) -> str:
+    """`line` after the name of the task of `argv` that fails to load (cluster/lm_eval/requests.py failing_task)."""
+    from cluster.contracts.lm_eval_task import LmEvalSettings
+    from cluster.lm_eval.requests import failing_task
+    from cluster.lm_eval.run import task_manager
+
+    names = task_names(argv)
+    try:
+        include = getattr(lm_eval_options(argv), "include_path", None)
+        name = failing_task(names, task_manager(LmEvalSettings(tasks=tuple(names), include_path=include)))
+    except Exception:  # noqa: BLE001  (the line stands without the name)
+        name = None
+    return f"task {name}: {line}" if name else line
 
 
 def _begin(lm) -> None:

@@ -128,13 +128,20 @@ def test_a_task_whose_dataset_cannot_be_reached_is_one_line(tmp_path):
     (tmp_path / "rs_hub.yaml").write_text(
         "task: rs_hub\ndataset_path: allenai/ai2_arc\ndataset_name: ARC-Easy\noutput_type: multiple_choice\n"
         "test_split: test\ndoc_to_text: '{{question}}'\ndoc_to_target: 0\ndoc_to_choice: '{{choices.text}}'\n")
+    (tmp_path / "ok.jsonl").write_text('{"question": "Why?", "choices": ["a", "b"]}\n')
+    (tmp_path / "rs_ok.yaml").write_text(  # a task that loads: the line names the one that does not
+        f"task: rs_ok\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'ok.jsonl'}\n"
+        "output_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{question}}'\ndoc_to_target: 0\n"
+        "doc_to_choice: '{{choices}}'\n")
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "jobs.cli", "lm-eval", "--model", "raysweep", "--model_args",
-                           "pretrained=builtin:tiny,actors=1", "--include_path", str(tmp_path), "--tasks", "rs_hub",
-                           "--limit", "2"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+                           "pretrained=builtin:tiny,actors=1", "--include_path", str(tmp_path), "--tasks",
+                           "rs_ok,rs_hub", "--limit", "2"], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=300)
     said = [line for line in proc.stderr.splitlines() if line.startswith("raysweep: error:")]
     assert proc.returncode == 2 and len(said) == 1, proc.stderr[-3000:]
-    assert said[0].startswith("raysweep: error: lm-eval could not load the dataset (") and "HF_DATASETS_OFFLINE" in said[0]
+    assert said[0].startswith("raysweep: error: task rs_hub: lm-eval could not load the dataset (") and \
+        "HF_DATASETS_OFFLINE" in said[0], said[0]
     assert "Traceback" not in proc.stderr
     # before Ray: it began once lm-eval made the model, and "lm-eval is done" came before "starting a local Ray"
     assert "Ray" not in proc.stderr.replace("raysweep", ""), proc.stderr[-3000:]

@@ -114,20 +114,23 @@ def is_data_error(error: BaseException) -> bool:
     return type(error) in types
 
 
+def failing_task(names: list[str], manager) -> str | None:
+    """The task of `names` that fails to load, found by loading each alone where more than one is named."""
+    if len(names) == 1:
+        return names[0]
+    for candidate in names:
+        try:
+            with quiet():
+                manager.load([candidate])
+        except Exception:  # noqa: BLE001  (whatever it raises: this is the one)
+            return candidate
+    return None
+
+
 def _failure(settings: LmEvalSettings, manager, error: Exception) -> str:
-    """One line: the task that fails (found by loading each alone, where more than one is named) and why."""
+    """One line: the task that fails (`failing_task`) and why."""
     first = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else '(no message)'}"
-    name = None
-    if len(settings.tasks) == 1:
-        name = settings.tasks[0]
-    else:
-        for candidate in settings.tasks:
-            try:
-                with quiet():
-                    manager.load([candidate])
-            except Exception:
-                name = candidate
-                break
+    name = failing_task(list(settings.tasks), manager)
     where = f"tasks: {name!r}: " if name else ""
     if is_data_error(error):
         return f"{where}{data_failure(error)}"
