@@ -1015,9 +1015,18 @@ def test_what_lm_eval_prints_while_it_scores_goes_to_its_logger_and_other_thread
     assert logged == ["bootstrapping for stddev: perplexity"]
 
 
-def test_more_few_shot_examples_than_a_tasks_split_holds_is_one_line_naming_the_entry(include_path, tmp_path):
+@pytest.mark.parametrize("setting, says", [
+    ({"num_fewshot": 1000}, "tasks[0].lm_eval: task rs_mc: num_fewshot 1000 is more than its few-shot split 'train' "
+                            "can give (8 document(s)): give num_fewshot 8 or fewer"),
+    ({"samples": {"rs_mc": [0, 99]}}, "tasks[0].lm_eval.samples: task rs_mc: Elements of --samples should be in the "
+                                      f"interval [0,k-1] where k is the number of total examples. In this case, "
+                                      f"k={MC_DOCS}."),
+])
+def test_an_entrys_few_shot_or_sample_past_what_the_task_holds_is_one_line_naming_its_setting(include_path, tmp_path,
+                                                                                             setting, says):
     """`num_fewshot: 1000` on an entry whose task has 8 few-shot documents was "lm-eval could not build the requests:
-    ValueError: Sample larger than population or is negative"."""
+    ValueError: Sample larger than population or is negative"; a `samples` index past the documents was said of the
+    entry's `tasks`."""
     from cluster.inputs.checks import check_inputs
     from cluster.inputs.spec_file import load_spec
 
@@ -1026,8 +1035,7 @@ def test_more_few_shot_examples_than_a_tasks_split_holds_is_one_line_naming_the_
                                 "models": [{"name": "tiny", "path": "builtin:tiny",
                                             "engine": {"max_model_len": MAX_MODEL_LEN}}],
                                 "tasks": [{"lm_eval": {"tasks": ["rs_mc"], "include_path": str(include_path),
-                                                       "num_fewshot": 1000}}]}))
+                                                       **setting}}]}))
     with pytest.raises(Exception) as refused:
         check_inputs(load_spec(spec))
-    assert str(refused.value) == (f"{spec}: tasks[0].lm_eval: task rs_mc: num_fewshot 1000 is more than its few-shot "
-                                  "split 'train' can give (8 document(s)): give num_fewshot 8 or fewer")
+    assert str(refused.value) == f"{spec}: {says}"

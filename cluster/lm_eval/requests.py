@@ -130,6 +130,10 @@ def failing_task(names: list[str], manager) -> str | None:
 def _failure(settings: LmEvalSettings, manager, error: Exception) -> str:
     """One line: the task that fails (`failing_task`) and why."""
     first = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else '(no message)'}"
+    if isinstance(error, AssertionError) and settings.samples:  # lm-eval's check of each index against the documents
+        said = str(error).strip().splitlines()[0][:300] if str(error).strip() else first
+        return f"samples: task {next(iter(settings.samples))}: {said}" if len(settings.samples) == 1 else \
+            f"samples: {said}"
     name = failing_task(list(settings.tasks), manager)
     where = f"tasks: {name!r}: " if name else ""
     if is_data_error(error):
