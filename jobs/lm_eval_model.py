@@ -36,7 +36,7 @@ import re
 import weakref
 from collections import defaultdict
 
-from cluster.lm_eval.answered import AnsweredLM
+from cluster.lm_eval.answered import AnsweredLM, TokenizerOnUse
 from jobs.lm_eval_run import LmEvalError, LmEvalRun, current_run, said
 
 NAME = "raysweep"
@@ -85,7 +85,11 @@ class RaysweepLM(AnsweredLM):
         self.output = output or self.life.temporary_folder("lm-eval-output")
         if self.output_kept:
             self.run.outputs.append(output)
-        _chat_templated(self, str(path))
+        from cluster.inputs.model_files import folder_and_length
+
+        folder = _folder(str(path))
+        self.described(*folder_and_length(folder, length))  # lm-eval's results record them, as its vLLM model's
+        _chat_templated(self, folder)
         said("model made; lm-eval loads its tasks")
         self.run.stage("lm-eval loads its tasks (their documents)")
 
@@ -176,17 +180,22 @@ def lm_eval_advice(message: str, output: str) -> str:
         "--new-run", f"remove the folder {output}")
 
 
-def _chat_templated(lm, path: str) -> None:
+def _folder(path: str) -> str:
+    """`pretrained`'s model folder (a builtin model built), or its hub id."""
+    from cluster.inputs.builtin_model import resolve_model_path
+
+    try:
+        return resolve_model_path(path)
+    except ValueError as e:  # an unknown builtin model
+        raise LmEvalError(f"--model_args: pretrained: {e}") from None
+
+
+def _chat_templated(lm, folder: str) -> None:
     """The model's chat template for lm-eval's --apply_chat_template, where its tokenizer has one. The tokenizer
     loads when lm-eval first asks for the template, not here (transformers' import and the load took seconds
     before lm-eval could build its requests): a model folder's files say whether it has a template."""
     from cluster.lm_eval.adapter import with_chat_template
-    from cluster.inputs.builtin_model import resolve_model_path
 
-    try:
-        folder = resolve_model_path(path)
-    except ValueError as e:  # an unknown builtin model
-        raise LmEvalError(f"--model_args: pretrained: {e}") from None
     found = has_chat_template(folder)
     lm.no_chat_template = "its tokenizer has no chat template"
     if found is False:
@@ -204,7 +213,7 @@ def _chat_templated(lm, path: str) -> None:
         if getattr(tokenizer, "chat_template", None):
             with_chat_template(lm, tokenizer)
         return
-    with_chat_template(lm, _LoadedOnUse(folder))
+    with_chat_template(lm, TokenizerOnUse(folder))
 
 
 def has_chat_template(folder: str) -> bool | None:
@@ -221,22 +230,6 @@ def has_chat_template(folder: str) -> bool | None:
             return bool(json.load(f).get("chat_template"))
     except (OSError, ValueError):
         return False
-
-
-class _LoadedOnUse:
-    """A model folder's tokenizer, loaded at its first attribute read."""
-
-    def __init__(self, folder: str):
-        self._folder, self._tokenizer = folder, None
-
-    def __getattr__(self, name: str):
-        if name.startswith("__") or name in ("_folder", "_tokenizer"):  # copy and pickle probes; before __init__
-            raise AttributeError(name)
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(self._folder)
-        return getattr(self._tokenizer, name)
 
 
 def _read_answers(output: str, model: str, tasks: list[str]) -> dict:

@@ -140,6 +140,9 @@ def compare(reference: Path, ours: Path, tasks=("rs_mc", "rs_gen", "rs_ppl")) ->
     arguments, responses and metrics; returns the number of records per task."""
     ref = json.loads(Path(glob.glob(f"{reference}/results_*.json")[0]).read_text())
     got = json.loads(Path(glob.glob(f"{ours}/results_*.json")[0]).read_text())
+    for key in ("tokenizer_pad_token", "tokenizer_eos_token", "tokenizer_bos_token", "eot_token_id"):
+        assert got[key] == ref[key], key  # the model's tokenizer, as lm-eval's hf model records it
+    assert isinstance(got["max_length"], int)  # its engines' max_model_len (hf's is its own rule)
     counts = {}
     for task in tasks:
         values = ref["results"][task]
@@ -764,7 +767,8 @@ def test_the_scoring_pass_loads_the_datasets_again_without_asking_the_hub_to_cou
 
 
 def test_a_model_folders_files_say_whether_it_has_a_chat_template_without_loading_its_tokenizer(tmp_path, tiny_path):
-    from jobs.lm_eval_model import _LoadedOnUse, has_chat_template
+    from cluster.lm_eval.answered import TokenizerOnUse
+    from jobs.lm_eval_model import has_chat_template
 
     assert has_chat_template(str(tiny_path)) is True  # builtin:tiny's tokenizer config carries one
     (tmp_path / "plain").mkdir()
@@ -773,7 +777,7 @@ def test_a_model_folders_files_say_whether_it_has_a_chat_template_without_loadin
     (tmp_path / "plain" / "chat_template.jinja").write_text("{{ messages }}")
     assert has_chat_template(str(tmp_path / "plain")) is True
     assert has_chat_template("org/model-on-the-hub") is None  # not a folder: the tokenizer is loaded to know
-    tokenizer = _LoadedOnUse(str(tiny_path))
+    tokenizer = TokenizerOnUse(str(tiny_path))
     assert tokenizer._tokenizer is None and tokenizer.chat_template and tokenizer._tokenizer is not None
 
 

@@ -148,6 +148,18 @@ def _generic_name(path: str) -> str | None:
     return name
 
 
+def folder_and_length(path: str, max_model_len: int | None) -> tuple[str, int | None]:
+    """A model's folder (a builtin model built; a hub id as it is) and its length: `max_model_len` where its engines
+    are given one, else its files' (None where they do not say)."""
+    from cluster.inputs.builtin_model import resolve_model_path
+
+    folder = resolve_model_path(path)
+    try:
+        return folder, max_model_len or context_length(folder)
+    except Exception:  # noqa: BLE001  (a hub id not in the cache, a config of its own kind)
+        return folder, None
+
+
 def chat_tokenizer(models, base_dir: str):
     """The tokenizer whose chat template renders a `lm_eval:` entry's requests (cluster/lm_eval/requests.py):
     every model's template must be the same text (the requests are built once, for all of them)."""

@@ -7,7 +7,40 @@ from __future__ import annotations
 from lm_eval.api.model import LM
 
 
+class TokenizerOnUse:
+    """A model folder's tokenizer, loaded at its first attribute read."""
+
+    def __init__(self, folder: str):
+        self._folder, self._tokenizer = folder, None
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("_folder", "_tokenizer"):  # copy and pickle probes; before __init__
+            raise AttributeError(name)
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self._folder)
+        return getattr(self._tokenizer, name)
+
+
 class AnsweredLM(LM):
+    """`tokenizer`, `eot_token_id` and `max_length` as lm-eval's vLLM model has them, once `described`: lm-eval's
+    results record the tokenizer's special tokens and the model's length from them (lm_eval/loggers/utils.py
+    add_tokenizer_info), and leave them out for a model without a tokenizer."""
+    tokenizer = None
+    max_length: int | None = None
+
+    def described(self, folder: str | None, max_length: int | None) -> "AnsweredLM":
+        """The model of `folder` (its tokenizer loaded only when lm-eval reads it; None: none recorded) and its
+        length (max_model_len)."""
+        self.tokenizer = TokenizerOnUse(folder) if folder is not None else None
+        self.max_length = max_length
+        return self
+
+    @property
+    def eot_token_id(self) -> int | None:
+        return None if self.tokenizer is None else self.tokenizer.eos_token_id
+
     def _answer(self, kind: str, requests) -> list:
         raise NotImplementedError
 

@@ -30,7 +30,7 @@ from urllib.request import pathname2url
 import pyarrow as pa
 
 from cluster.contracts.shard import GENERATED
-from cluster.contracts.spec import SweepSpec
+from cluster.contracts.spec import ModelSpec, SweepSpec
 from cluster.lm_eval.adapter import with_chat_template
 from cluster.lm_eval.failures import scored_leaving_out_failures
 from cluster.lm_eval.quiet import quiet
@@ -166,10 +166,14 @@ def check_documents(results: dict, tasks: list, manager) -> None:
 
 def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], write_text: Callable[[str, str], None],
                   write_table: Callable[[str, pa.Table], None], log: Callable[[str], None],
-                  chat_tokenizer: Callable[[], object] = lambda: None) -> dict[tuple[str, str], dict]:
+                  chat_tokenizer: Callable[[], object] = lambda: None,
+                  model_files: Callable[[ModelSpec], tuple[str | None, int | None]] = lambda model: (None, None)
+                  ) -> dict[tuple[str, str], dict]:
     """lm-eval's results for each model x `lm_eval:` entry whose rows are all committed; `read(model, task)`
     gives a task's committed rows (None while a shard is missing); `chat_tokenizer()` the tokenizer whose chat
-    template built the requests of an entry that applies one. Returns {(model, task): lm-eval's metrics}."""
+    template built the requests of an entry that applies one; `model_files(model)` the model's folder and length,
+    which lm-eval's results record (cluster/lm_eval/answered.py described). Returns {(model, task): lm-eval's
+    metrics}."""
     from lm_eval.loggers import EvaluationTracker
 
     entries: dict[int, list] = defaultdict(list)
@@ -200,8 +204,8 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
                     try:
                         planned = {t.name: t.lm_eval.requests for t in tasks}
                         cache = settings.cache_of(model.name)
-                        lm = with_chat_template(replay_lm(answers, planned, manager, cache),
-                                                chat_tokenizer() if settings.apply_chat_template else None)
+                        replay = replay_lm(answers, planned, manager, cache).described(*model_files(model))
+                        lm = with_chat_template(replay, chat_tokenizer() if settings.apply_chat_template else None)
                         results, failed = scored_leaving_out_failures(score, settings, [t.name for t in tasks])
                         if results is not None:
                             results["config"]["use_cache"] = cache  # as `--use_cache` records it
@@ -319,10 +323,12 @@ def merge_summary(summary: pa.Table, metrics: dict[tuple[str, str], dict]) -> pa
 
 
 def scored_summary(spec: SweepSpec, sink, summary: pa.Table, log: Callable[[str], None],
-                   chat_tokenizer: Callable[[], object] = lambda: None) -> pa.Table:
+                   chat_tokenizer: Callable[[], object] = lambda: None,
+                   model_files: Callable[[ModelSpec], tuple[str | None, int | None]] = lambda model: (None, None)
+                   ) -> pa.Table:
     """`summary` with lm-eval's metrics of the sweep's `lm_eval:` tasks whose rows are all committed, their
     files written under the output (`sink`: cluster/store/sink.py, read and written through). Called by the run
     once its shards are done, before the summary is written."""
     metrics = score_lm_eval(spec, lambda model, task: sink.committed_rows(model, task, list(ANSWER_COLUMNS)),
-                            sink.write_text, sink.write_parquet, log, chat_tokenizer)
+                            sink.write_text, sink.write_parquet, log, chat_tokenizer, model_files)
     return merge_summary(summary, metrics)
