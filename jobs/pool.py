@@ -99,7 +99,7 @@ def _connect(address: str | None, verbose: bool) -> None:
 
     named = "--address" if address else "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "address"
     address = address or os.environ.get("RAY_ADDRESS") or "auto"
-    check_ray_address(address, named)  # where nothing listens, ray.init retries for minutes: one line at once
+    check_ray_address(address, named, ray_client=True)  # where nothing listens, ray.init retries for minutes
     try:
         # the pool's replicas are actors of the job that started Serve, maybe this one: their engines' start-up
         # output would come here, line by line, while the command waits for them (only with --verbose)

@@ -15,7 +15,7 @@ from jobs.ray_output import init_options, keep_quiet
 from jobs.ray_patience import patient_start, start_bound_s
 
 RAY_PROBE_S = 2.0  # an explicit Ray address must accept a connection this fast (ray.init waits minutes)
-AUTH_PROBE_S = 5.0  # the longest the token check waits for Ray's GCS client (it answers in about 0.3 s)
+GCS_ANSWER_S = 15.0  # the longest the address check waits for Ray's GCS client (a GCS answers in about 0.3 s)
 
 
 class RayStartError(RaysweepError, ConnectionError):
@@ -46,31 +46,38 @@ def start_ray(address: str, named: str, dashboard: bool, verbose: bool = False) 
     keep_quiet(verbose)
 
 
-def check_ray_address(address: str, named: str) -> None:
-    """An explicit `host:port` must accept a TCP connection within RAY_PROBE_S: where nothing listens,
-    ray.init retries for minutes and ends in a 30-line traceback. Then a Ray there (or the one `auto` finds) that
-    asks for a token this command does not send is one line (`check_token`). `local` is ray.init's own."""
-    if address == "local":
+def check_ray_address(address: str, named: str, ray_client: bool = False) -> None:
+    """What ray.init would wait on for minutes, or for ever, said in one line first. An explicit `host:port` must
+    accept a TCP connection within RAY_PROBE_S (where nothing listens, ray.init retried for minutes and ended in a
+    30-line traceback); must not answer as a web server does (the dashboard's port: ray.init retried for ever); and
+    its GCS, or the one `auto` finds, must answer within GCS_ANSWER_S and take this command's token (`gcs_answer`).
+    `local` is ray.init's own; a Ray Client address (`ray://`) has no GCS to ask, and serves only where `ray_client`
+    (the pool's commands: a sweep's driver asks the autoscaler and reads the GCS, which Ray Client does not offer)."""
+    if address.startswith("ray://") and not ray_client:
+        raise RayStartError(f"{named} {address}: a Ray Client address, which a sweep cannot run through (it asks the "
+                            "autoscaler and reads Ray's GCS): give the head's GCS address (`ray start --head --port`, "
+                            "6379 by default), or submit the sweep with `ray job submit`")
+    if address == "local" or address.startswith("ray://"):
         return
-    if address == "auto":
-        check_token(address, named)
-        return
-    host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
-    if not sep or not port.isdigit():
-        return  # not host:port: ray.init says what it makes of it
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_S).close()
-    except OSError as e:
-        raise RayStartError(f"{named} {address}: no Ray there to connect to ({e.strerror or e})") from None
-    check_token(address, named)
-
-
-def check_token(address: str, named: str) -> None:
-    """Where the Ray at `address` uses token authentication and this command sends no token (RAY_AUTH_MODE is not
-    `token`) or another one, ray.init retries for 20 s, a warning line a second, and then says only that it did
-    not connect. Ray's GCS client refuses at once (about 0.3 s, after one warning line of Ray's own): asked first,
-    once per address (`token_refused`); whatever else it answers is left to ray.init."""
-    if token_refused(address):
+    if address != "auto":
+        host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+        if not sep or not port.isdigit():
+            return  # not host:port: ray.init says what it makes of it
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_S) as probe:
+                web = _answers_http(probe)
+        except OSError as e:
+            raise RayStartError(f"{named} {address}: no Ray there to connect to ({e.strerror or e})") from None
+        if web:
+            raise RayStartError(f"{named} {address}: a web server answers there, not a Ray cluster's GCS (the Ray "
+                                "dashboard's port?): give the head's GCS address, `ray start --head --port` (6379 by "
+                                "default)")
+    answer = gcs_answer(address)
+    if answer == "silent" and address != "auto":
+        raise RayStartError(f"{named} {address}: something listens there, but no Ray GCS answered in "
+                            f"{GCS_ANSWER_S:.0f} s: give the head's GCS address, `ray start --head --port` (6379 by "
+                            "default)")
+    if answer == "token":
         sent = ("the token this command sends (RAY_AUTH_MODE=token) is not the cluster's: put the cluster's token in "
                 "~/.ray/auth_token, the file RAY_AUTH_TOKEN_PATH names, or RAY_AUTH_TOKEN"
                 if os.environ.get("RAY_AUTH_MODE") == "token" else
@@ -79,32 +86,43 @@ def check_token(address: str, named: str) -> None:
         raise RayStartError(f"{named} {address}: the Ray there asks for a token (token authentication), and {sent}")
 
 
+def _answers_http(connection: socket.socket) -> bool:
+    """Whether what listens on `connection` answers an HTTP/1.0 request as a web server does. A GCS (gRPC, HTTP/2)
+    answers with a frame of its own, or not at all within RAY_PROBE_S."""
+    try:
+        connection.settimeout(RAY_PROBE_S)
+        connection.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        return connection.recv(5) == b"HTTP/"
+    except OSError:
+        return False
+
+
 @functools.cache
-def token_refused(address: str) -> bool:
-    """Whether the GCS of the Ray at `address` (`auto`: the one `ray start` runs here) refused this process's
-    token, asked within AUTH_PROBE_S; False where it answered otherwise, or not in time (no GCS there: ray.init then
-    says what it is), and for a Ray Client address (`ray://`), which has no GCS to ask."""
+def gcs_answer(address: str) -> str:
+    """How the GCS of the Ray at `address` (`auto`: the one `ray start` runs here) answers Ray's own client, asked
+    once per address: "ok"; "token" (it refused this process's token: about 0.3 s, after one warning line of Ray's
+    own); "silent" (no answer within GCS_ANSWER_S: Ray's client waits 40 s and ray.init for ever); "other" (any
+    other error: no Ray there, which ray.init then says)."""
     import threading
 
     from ray._private.services import canonicalize_bootstrap_address
     from ray._raylet import GcsClient
     from ray.exceptions import AuthenticationError
 
-    if address.startswith("ray://"):
-        return False
-    refused: list[bool] = []
+    answers: list[str] = []
 
-    def probe() -> None:
+    def ask() -> None:
         try:
             resolved = canonicalize_bootstrap_address(address)
             if resolved is not None:
                 GcsClient(address=resolved)
+            answers.append("ok" if resolved is not None else "other")
         except AuthenticationError:
-            refused.append(True)
+            answers.append("token")
         except Exception:  # noqa: BLE001  (no Ray there, another service: ray.init says what it is)
-            pass
+            answers.append("other")
 
-    thread = threading.Thread(target=probe, name="raysweep-token-probe", daemon=True)
+    thread = threading.Thread(target=ask, name="raysweep-gcs-probe", daemon=True)
     thread.start()
-    thread.join(AUTH_PROBE_S)
-    return bool(refused)
+    thread.join(GCS_ANSWER_S)
+    return answers[0] if answers else "silent"

@@ -1,11 +1,13 @@
 """Joining a cluster as it is: a real `ray start --head` of one CPU, with token authentication.
 
-- A command that sends no token is refused in one line that says how to send it (not 20 s of Ray's retries).
+- A command that sends no token is refused in one line that says how to send it (not 20 s of Ray's retries); one
+  given the dashboard's port, or a port whose listener never answers, in one line (not a wait without end).
 - A sweep whose actor cannot be placed, the CPU held by another job's actor, says so in one line (not "importing"
   for ever), and once the other work lets go it runs every row, once, and says the actor was placed."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -35,9 +37,14 @@ time.sleep(3600)
 
 
 @pytest.fixture(scope="module")
-def head():
-    with ray_head("--num-cpus=1") as (address, _):
-        yield address
+def head_and_dashboard():
+    with ray_head("--num-cpus=1") as (address, url):
+        yield address, url.split("://", 1)[1]
+
+
+@pytest.fixture
+def head(head_and_dashboard):
+    return head_and_dashboard[0]
 
 
 @pytest.mark.slow
@@ -53,6 +60,25 @@ def test_a_command_that_sends_no_token_to_a_cluster_that_asks_for_one_is_told_ho
             "command sends none: `export RAY_AUTH_MODE=token`, with the cluster's token in ~/.ray/auth_token, the file "
             "RAY_AUTH_TOKEN_PATH names, or RAY_AUTH_TOKEN"), done.stderr
     assert not (tmp_path / "out").exists()  # refused before the output was touched
+
+
+@pytest.mark.slow
+def test_an_address_where_no_ray_gcs_answers_is_one_line_not_a_wait_without_end(tmp_path, head_and_dashboard):
+    """The dashboard's port (a web server), or a port whose listener never answers: ray.init waited for ever, a
+    warning line every 40 s."""
+    _, dashboard = head_and_dashboard
+    with socket.socket() as silent:  # accepts connections, answers nothing
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        quiet = f"127.0.0.1:{silent.getsockname()[1]}"
+        for address, says in ((dashboard, "a web server answers there, not a Ray cluster's GCS (the Ray dashboard's "
+                                          "port?)"),
+                              (quiet, "something listens there, but no Ray GCS answered in 15 s")):
+            done = subprocess.run([sys.executable, "-m", "jobs.sweep", str(lean_quickstart(tmp_path)), "--address",
+                                   address, "--output", str(tmp_path / "out")], cwd=ROOT, env=os.environ | TOKEN_AUTH,
+                                  capture_output=True, text=True, timeout=300)
+            assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith(
+                f"raysweep: error: --address {address}: {says}"), done.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -427,7 +427,7 @@ def test_ray_that_fails_to_start_is_one_line_and_releases_the_output(sweep_dir, 
         raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to.")
 
     monkeypatch.setattr(ray, "init", refused)
-    monkeypatch.setattr("jobs.ray_start.token_refused", lambda address: False)  # `auto` may find another Ray here
+    monkeypatch.setattr("jobs.ray_start.gcs_answer", lambda address: "other")  # `auto` may find another Ray here
     # the run stops what it half started (jobs/local_ray.py shutdown): here, in the test's process, that would be the
     # session's Ray of this pytest worker (ray_local), which every later test on the worker then found gone
     stopped = []
@@ -573,3 +573,14 @@ def test_an_integer_of_5000_digits_in_the_spec_is_one_line(tmp_path):
     (tmp_path / "sweep.yaml").write_text(SPEC.replace("max_samples: 2", "max_samples: " + "9" * 5000))
     with pytest.raises(SpecError, match="sweep.yaml: not a value raysweep reads: Exceeds the limit"):
         load_spec(tmp_path / "sweep.yaml")
+
+
+def test_a_ray_client_address_is_refused_for_a_sweep_in_one_line_and_kept_for_the_pool():
+    """`run --address ray://...` was "Ray is up", then an AssertionError traceback from the autoscaler's SDK, which
+    Ray Client does not offer."""
+    from jobs.ray_start import RayStartError, check_ray_address
+
+    with pytest.raises(RayStartError, match=r"^--address ray://head:10001: a Ray Client address, which a sweep "
+                                            r"cannot run through .*`ray job submit`$"):
+        check_ray_address("ray://head:10001", "--address")
+    check_ray_address("ray://head:10001", "--address", ray_client=True)  # the pool's commands: Ray Client serves

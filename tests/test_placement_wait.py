@@ -159,3 +159,15 @@ def test_the_progress_line_says_which_actors_wait_to_be_placed():
     watch = watch_of({actor_name("s", 0)}, [], clock)
     Ticks(Progress(), watch).tick([Slot(None, 0, shape=CPU1), Slot(None, 1, shape=CPU1)], 0, True)
     assert told == ["1 actor(s) importing, 1 actor(s) waiting to be placed; 0 shard(s) in flight; planning"]
+
+
+def test_the_pools_replicas_are_counted_without_its_ingress(monkeypatch):
+    """The ingress holds no CPU: the line counted it among the replicas holding the cluster's room."""
+    import ray
+
+    from cluster.pool.served import pool_replicas
+
+    names = ["SERVE_REPLICA::raysweep-pool#ingress#a1", "SERVE_REPLICA::raysweep-pool#tiny#b2",
+             "SERVE_REPLICA::other-app#tiny#c3", "SERVE_CONTROLLER_ACTOR"]
+    monkeypatch.setattr(ray.util, "list_named_actors", lambda all_namespaces=False: [{"name": n} for n in names])
+    assert pool_replicas() == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cluster.contracts.pool_protocol import APP, PROTOCOL
+from cluster.contracts.pool_protocol import APP, INGRESS, PROTOCOL
 from cluster.contracts.spec import ModelSpec, SweepSpec
 
 
@@ -21,13 +21,15 @@ def pool_running() -> bool:
 
 
 def pool_replicas() -> int:
-    """How many replicas of the pool's deployments are actors on the connected cluster (Serve names each
-    `SERVE_REPLICA::<app>#<deployment>#<id>`); a cheap look, without importing Serve."""
+    """How many engine replicas of the pool are actors on the connected cluster (Serve names each
+    `SERVE_REPLICA::<app>#<deployment>#<id>`; the ingress, which holds no CPU, is not one); a cheap look, without
+    importing Serve."""
     import ray
 
-    prefix = f"SERVE_REPLICA::{APP}#"
+    prefix, ingress = f"SERVE_REPLICA::{APP}#", f"SERVE_REPLICA::{APP}#{INGRESS}#"
     try:
-        return sum(a.get("name", "").startswith(prefix) for a in ray.util.list_named_actors(all_namespaces=True))
+        names = [a.get("name", "") for a in ray.util.list_named_actors(all_namespaces=True)]
+        return sum(name.startswith(prefix) and not name.startswith(ingress) for name in names)
     except Exception:  # noqa: BLE001  (not known: none said)
         return 0
 
