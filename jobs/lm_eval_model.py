@@ -139,7 +139,7 @@ class RaysweepLM(AnsweredLM):
         try:
             life.open(spec.output)
         except SinkError as e:  # the output refused (another spec's results ...): advice this command can follow
-            raise type(e)(lm_eval_advice(str(e), spec.output)) from None
+            raise type(e)(lm_eval_advice(str(e), self.output)) from None
         life.start_ray()
         report, _ = life.execute(self.run.say_stopped)  # a local Ray's head lost: one line, exit 1
         if report.failed:
@@ -175,9 +175,12 @@ def _auto(value, kind, name: str):
 
 def lm_eval_advice(message: str, output: str) -> str:
     """A refusal of an output (another spec's results, changed data, a damaged file) with advice `raysweep
-    lm-eval` can follow: it has no --new-run; another output= in --model_args, or the folder removed, does that."""
-    return message.replace("use a new output", "use another output= in --model_args").replace(
-        "--new-run", f"remove the folder {output}")
+    lm-eval` can follow: it has no --new-run; another output= in --model_args, or that folder (`output`, every request
+    type's results) removed, does that. A request type's sweep is named by its requests, so a spec named otherwise
+    means requests made otherwise."""
+    return message.replace("holds results of another spec: name changed", "holds results of other lm-eval requests "
+                           "(tasks or settings changed: --tasks, --limit, --num_fewshot, ...)").replace(
+        "use a new output", "use another output= in --model_args").replace("--new-run", f"remove the folder {output}")
 
 
 def _folder(path: str) -> str:

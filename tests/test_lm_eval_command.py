@@ -236,3 +236,16 @@ def test_no_tasks_or_a_model_folder_that_is_not_there_is_one_line_before_anythin
         check_options(fine)
     with pytest.raises(LmEvalError, match=f"^--model_args: pretrained={tmp_path}/m: no such directory$"):
         RaysweepLM(pretrained=str(tmp_path / "m"))
+
+
+def test_a_resume_refused_for_other_requests_says_so_and_names_the_output_folder_to_remove():
+    """The same output= with another --limit was "holds results of another spec: name changed", and the advice named
+    the request type's sub-folder: removing it, the next type's sweep was refused the same way."""
+    from jobs.lm_eval_model import lm_eval_advice
+
+    refused = ("output /r/loglikelihood holds results of another spec: name changed (hash 491149c34e7ad438, this one is "
+               "88bf593685a137bc); use a new output, or --new-run to discard them")
+    assert lm_eval_advice(refused, "/r") == (
+        "output /r/loglikelihood holds results of other lm-eval requests (tasks or settings changed: --tasks, --limit, "
+        "--num_fewshot, ...) (hash 491149c34e7ad438, this one is 88bf593685a137bc); use another output= in "
+        "--model_args, or remove the folder /r to discard them")
