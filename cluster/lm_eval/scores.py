@@ -164,16 +164,17 @@ def check_documents(results: dict, tasks: list, manager) -> None:
             raise ChangedDocuments(_changed(task.name, "documents", manager))
 
 
+ModelFiles = Callable[[ModelSpec], tuple[str | None, int | None]]  # a model's folder and length (answered.py described)
+
+
 def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], write_text: Callable[[str, str], None],
                   write_table: Callable[[str, pa.Table], None], log: Callable[[str], None],
-                  chat_tokenizer: Callable[[], object] = lambda: None,
-                  model_files: Callable[[ModelSpec], tuple[str | None, int | None]] = lambda model: (None, None)
+                  chat_tokenizer: Callable[[], object] = lambda: None, model_files: ModelFiles = lambda m: (None, None)
                   ) -> dict[tuple[str, str], dict]:
     """lm-eval's results for each model x `lm_eval:` entry whose rows are all committed; `read(model, task)`
     gives a task's committed rows (None while a shard is missing); `chat_tokenizer()` the tokenizer whose chat
-    template built the requests of an entry that applies one; `model_files(model)` the model's folder and length,
-    which lm-eval's results record (cluster/lm_eval/answered.py described). Returns {(model, task): lm-eval's
-    metrics}."""
+    template built the requests of an entry that applies one; `model_files(model)` the model's folder and length
+    (lm-eval's results record them). Returns {(model, task): lm-eval's metrics}."""
     from lm_eval.loggers import EvaluationTracker
 
     entries: dict[int, list] = defaultdict(list)
@@ -324,8 +325,7 @@ def merge_summary(summary: pa.Table, metrics: dict[tuple[str, str], dict]) -> pa
 
 def scored_summary(spec: SweepSpec, sink, summary: pa.Table, log: Callable[[str], None],
                    chat_tokenizer: Callable[[], object] = lambda: None,
-                   model_files: Callable[[ModelSpec], tuple[str | None, int | None]] = lambda model: (None, None)
-                   ) -> pa.Table:
+                   model_files: ModelFiles = lambda m: (None, None)) -> pa.Table:
     """`summary` with lm-eval's metrics of the sweep's `lm_eval:` tasks whose rows are all committed, their
     files written under the output (`sink`: cluster/store/sink.py, read and written through). Called by the run
     once its shards are done, before the summary is written."""
