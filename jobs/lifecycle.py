@@ -239,11 +239,12 @@ class SweepRun:
     @property
     def all_committed(self) -> bool:
         """Whether every shard of the sweep under way is planned and committed (its output's manifest says)."""
-        from cluster.plan.plan_source import planned_pairs
-
         prepared = self.sweep.prepared if self.sweep is not None else None
+        if prepared is None:  # asked from a signal's handler, maybe mid-import of the modules imported below
+            return False
+        from cluster.plan.plan_source import planned_pairs  # imported by then: the output was opened through it
         try:
-            return prepared is not None and prepared.sink.nothing_left(planned_pairs(prepared.spec))
+            return prepared.sink.nothing_left(planned_pairs(prepared.spec))
         except RuntimeError:  # asked from a signal's handler while a commit changed the manifest: not known, so not
             return False
 

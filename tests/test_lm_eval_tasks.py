@@ -584,7 +584,8 @@ def test_lm_eval_command_line_errors_are_one_line_with_advice_it_can_follow(incl
     last = said[0]
     assert proc.returncode == 2 and last.startswith(f"raysweep: error: output {other} holds results of another spec"), \
         proc.stderr[-2000:]
-    assert last.endswith(f"use another output= in --model_args, or remove the folder {other} to discard them")
+    assert last.endswith(f"use another output= in --model_args, or remove the folder {tmp_path / 'runs'} to discard "
+                         "them")  # the output= folder: every request type's results
     assert "--new-run" not in proc.stderr and "Traceback" not in proc.stderr
     # a generation length the model's length cannot hold: said in the command's own terms (it named a `<spec>` and
     # `tasks.rs_gen.sampling.max_tokens`, neither of which this command has)
