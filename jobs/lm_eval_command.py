@@ -37,24 +37,27 @@ def run(argv: list[str]) -> int:
     sys.argv = ["lm_eval", *argv]
     run = LmEvalRun(SilenceWatch(lambda line: print(line, file=sys.stderr, flush=True)))
     run.stage("lm-eval reads its command line and indexes its tasks")
-    with interruptible(say=run.say_stopped):
-        try:
-            with run.watch, run, templates_compiled_once(), own_tasks_indexed(task_names(argv)), \
-                    command_line_checked(LmEvalError), on_evaluate(_begin):
-                try:
-                    cli_evaluate()
-                except Exception as e:  # a dataset not reachable: one line, as a spec's lm_eval: entry says it
-                    if not is_data_error(e):
-                        raise
-                    raise LmEvalError(_named(argv, data_failure(e))) from None
-            # the run closed inside the handlers: a signal during the close is one line, not a traceback
-        except (Interrupted, SystemError) as e:
-            # a SystemError raised from the Interrupted: the signal came inside ray.wait's C code (jobs/sweep.py)
-            stop = e if isinstance(e, Interrupted) else interrupted_in(e)
-            if stop is None:
-                raise
-            run.say_stopped(stop)  # said at the signal already, unless Ray's own handler had it
-            return 1
+    try:
+        with interruptible(say=run.say_stopped):
+            try:
+                with run.watch, run, templates_compiled_once(), own_tasks_indexed(task_names(argv)), \
+                        command_line_checked(LmEvalError), on_evaluate(_begin):
+                    try:
+                        cli_evaluate()
+                    except Exception as e:  # a dataset not reachable: one line, as a spec's lm_eval: entry says it
+                        if not is_data_error(e):
+                            raise
+                        raise LmEvalError(_named(argv, data_failure(e))) from None
+                # the run closed inside the handlers: a signal during the close is one line, not a traceback
+            except (Interrupted, SystemError) as e:
+                # a SystemError raised from the Interrupted: the signal came inside ray.wait's C code (jobs/sweep.py)
+                stop = e if isinstance(e, Interrupted) else interrupted_in(e)
+                if stop is None:
+                    raise
+                run.say_stopped(stop)  # said at the signal already, unless Ray's own handler had it
+                return 1
+    except Interrupted:  # it came as the handlers were put in place: its line was said, nothing had started
+        return 1
     return 0
 
 

@@ -82,21 +82,24 @@ def run_spec(spec, args: argparse.Namespace, clock=None, output_kept: bool = Tru
         line = stopped_line(stop, sink, sink.output if sink else None, verifying, output_kept, life.all_committed)
         os.write(terminal_stderr(), (line + "\n").encode())
 
-    with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)
-        try:
-            with life:
-                life.adopt(spec) if spec is not None else life.read(args.spec)
-                life.check()  # before Ray and before the output is touched: a problem is one line, exit 2
-                life.open(lasting_output(args.output or life.spec.output_path()))
-                life.start_ray()
-                report, node = life.execute(say_stopped)
-        except (Interrupted, SystemError) as e:
-            # a SystemError raised from the Interrupted: the signal came inside ray.wait's C code (seen under load)
-            stop = e if isinstance(e, Interrupted) else interrupted_in(e)
-            if stop is None:
-                raise
-            say_stopped(stop)  # ray.init's own SIGTERM handler, turned into Interrupted: not said yet
-            return 1
+    try:
+        with interruptible(say=say_stopped):  # said at the signal; the cleanup follows (without it if the GCS is gone)
+            try:
+                with life:
+                    life.adopt(spec) if spec is not None else life.read(args.spec)
+                    life.check()  # before Ray and before the output is touched: a problem is one line, exit 2
+                    life.open(lasting_output(args.output or life.spec.output_path()))
+                    life.start_ray()
+                    report, node = life.execute(say_stopped)
+            except (Interrupted, SystemError) as e:
+                # a SystemError raised from the Interrupted: the signal came inside ray.wait's C code (seen under load)
+                stop = e if isinstance(e, Interrupted) else interrupted_in(e)
+                if stop is None:
+                    raise
+                say_stopped(stop)  # ray.init's own SIGTERM handler, turned into Interrupted: not said yet
+                return 1
+    except Interrupted:  # it came as the handlers were put in place: its line was said, nothing had started
+        return 1
     return _print_report(report, node, output_kept, args.verbose)
 
 
