@@ -36,7 +36,7 @@ import re
 import weakref
 from collections import defaultdict
 
-from cluster.lm_eval.answered import AnsweredLM, TokenizerOnUse
+from cluster.lm_eval.answered import AnsweredLM
 from jobs.lm_eval_run import LmEvalError, LmEvalRun, current_run, said
 
 NAME = "raysweep"
@@ -85,10 +85,10 @@ class RaysweepLM(AnsweredLM):
         self.output = output or self.life.temporary_folder("lm-eval-output")
         if self.output_kept:
             self.run.outputs.append(output)
-        from cluster.inputs.model_files import folder_and_length
+        from cluster.inputs.model_files import tokenizer_and_length
 
         folder = _folder(str(path))
-        self.described(*folder_and_length(folder, length))  # lm-eval's results record them, as its vLLM model's
+        self.described(*tokenizer_and_length(folder, length))  # lm-eval's results record them, as its vLLM model's
         _chat_templated(self, folder)
         said("model made; lm-eval loads its tasks")
         self.run.stage("lm-eval loads its tasks (their documents)")
@@ -216,7 +216,7 @@ def _chat_templated(lm, folder: str) -> None:
         if getattr(tokenizer, "chat_template", None):
             with_chat_template(lm, tokenizer)
         return
-    with_chat_template(lm, TokenizerOnUse(folder))
+    with_chat_template(lm, lm.tokenizer)  # loaded when lm-eval first asks for the template (`described`)
 
 
 def has_chat_template(folder: str) -> bool | None:

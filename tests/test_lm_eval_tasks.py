@@ -768,6 +768,7 @@ def test_the_scoring_pass_loads_the_datasets_again_without_asking_the_hub_to_cou
 
 
 def test_a_model_folders_files_say_whether_it_has_a_chat_template_without_loading_its_tokenizer(tmp_path, tiny_path):
+    from cluster.inputs.model_files import load_tokenizer
     from cluster.lm_eval.answered import TokenizerOnUse
     from jobs.lm_eval_model import has_chat_template
 
@@ -778,7 +779,7 @@ def test_a_model_folders_files_say_whether_it_has_a_chat_template_without_loadin
     (tmp_path / "plain" / "chat_template.jinja").write_text("{{ messages }}")
     assert has_chat_template(str(tmp_path / "plain")) is True
     assert has_chat_template("org/model-on-the-hub") is None  # not a folder: the tokenizer is loaded to know
-    tokenizer = TokenizerOnUse(str(tiny_path))
+    tokenizer = TokenizerOnUse(lambda: load_tokenizer(str(tiny_path)))
     assert tokenizer._tokenizer is None and tokenizer.chat_template and tokenizer._tokenizer is not None
 
 

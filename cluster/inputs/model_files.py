@@ -21,6 +21,7 @@ import functools
 import hashlib
 import json
 import os
+from typing import Any, Callable
 
 # config.json keys that hold a model's context length, in the order AutoConfig's attribute maps resolve
 # `max_position_embeddings` (GPT-2's n_positions)
@@ -148,16 +149,18 @@ def _generic_name(path: str) -> str | None:
     return name
 
 
-def folder_and_length(path: str, max_model_len: int | None) -> tuple[str, int | None]:
-    """A model's folder (a builtin model built; a hub id as it is) and its length: `max_model_len` where its engines
-    are given one, else its files' (None where they do not say)."""
+def tokenizer_and_length(path: str, max_model_len: int | None) -> tuple[Callable[[], Any], int | None]:
+    """A model's tokenizer, to load when it is asked for (`load_tokenizer` of its folder: a builtin model built, a hub
+    id as it is), and its length: `max_model_len` where its engines are given one, else its files' (None where they
+    do not say)."""
     from cluster.inputs.builtin_model import resolve_model_path
 
     folder = resolve_model_path(path)
     try:
-        return folder, max_model_len or context_length(folder)
+        length = max_model_len or context_length(folder)
     except Exception:  # noqa: BLE001  (a hub id not in the cache, a config of its own kind)
-        return folder, None
+        length = None
+    return functools.partial(load_tokenizer, folder), length
 
 
 def chat_tokenizer(models, base_dir: str):

@@ -4,22 +4,23 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from lm_eval.api.model import LM
 
 
 class TokenizerOnUse:
-    """A model folder's tokenizer, loaded at its first attribute read."""
+    """A model's tokenizer, loaded by `load()` at its first attribute read (cluster/inputs/model_files.py
+    load_tokenizer: without torch where the folder allows)."""
 
-    def __init__(self, folder: str):
-        self._folder, self._tokenizer = folder, None
+    def __init__(self, load: Callable[[], Any]):
+        self._load, self._tokenizer = load, None
 
     def __getattr__(self, name: str):
-        if name.startswith("__") or name in ("_folder", "_tokenizer"):  # copy and pickle probes; before __init__
+        if name.startswith("__") or name in ("_load", "_tokenizer"):  # copy and pickle probes; before __init__
             raise AttributeError(name)
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(self._folder)
+            self._tokenizer = self._load()
         return getattr(self._tokenizer, name)
 
 
@@ -30,10 +31,10 @@ class AnsweredLM(LM):
     tokenizer = None
     max_length: int | None = None
 
-    def described(self, folder: str | None, max_length: int | None) -> "AnsweredLM":
-        """The model of `folder` (its tokenizer loaded only when lm-eval reads it; None: none recorded) and its
-        length (max_model_len)."""
-        self.tokenizer = TokenizerOnUse(folder) if folder is not None else None
+    def described(self, load_tokenizer: Callable[[], Any] | None, max_length: int | None) -> "AnsweredLM":
+        """The model's tokenizer (loaded by `load_tokenizer()` only when lm-eval reads it; None: none recorded) and
+        its length (max_model_len)."""
+        self.tokenizer = TokenizerOnUse(load_tokenizer) if load_tokenizer is not None else None
         self.max_length = max_length
         return self
 

@@ -84,8 +84,8 @@ def record(settings: LmEvalSettings, manager, chat_tokenizer=None) -> list:
     try:
         with quiet(), few_shots_checked():
             run_lm_eval(settings, lm, manager, log_samples=False, bootstrap_iters=0, requests_only=True)
-    except FewShotRefused as e:  # it names the task
-        raise ValueError(str(e)) from None
+    except FewShotRefused:  # a ValueError of its own, which names the task
+        raise
     except Exception as e:  # a dataset lm-eval could not load, a template that fails, lm-eval's own refusals
         raise ValueError(_failure(settings, manager, e)) from None
     return lm.requests

@@ -164,7 +164,7 @@ def check_documents(results: dict, tasks: list, manager) -> None:
             raise ChangedDocuments(_changed(task.name, "documents", manager))
 
 
-ModelFiles = Callable[[ModelSpec], tuple[str | None, int | None]]  # a model's folder and length (answered.py described)
+ModelFiles = Callable[[ModelSpec], tuple[Callable | None, int | None]]  # its tokenizer's loader, its length
 
 
 def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], write_text: Callable[[str, str], None],
@@ -173,8 +173,8 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
                   ) -> dict[tuple[str, str], dict]:
     """lm-eval's results for each model x `lm_eval:` entry whose rows are all committed; `read(model, task)`
     gives a task's committed rows (None while a shard is missing); `chat_tokenizer()` the tokenizer whose chat
-    template built the requests of an entry that applies one; `model_files(model)` the model's folder and length
-    (lm-eval's results record them). Returns {(model, task): lm-eval's metrics}."""
+    template built the requests of an entry that applies one; `model_files(model)` the model's tokenizer's loader
+    and length (lm-eval's results record them: answered.py described). Returns {(model, task): lm-eval's metrics}."""
     from lm_eval.loggers import EvaluationTracker
 
     entries: dict[int, list] = defaultdict(list)

@@ -48,8 +48,8 @@ def _scored(spec: SweepSpec, sink, log: Callable[[str], None]) -> pa.Table:
     summary = sink.summary()
     if not any(t.lm_eval is not None for t in spec.tasks):
         return summary
-    from cluster.inputs.model_files import chat_tokenizer, folder_and_length
+    from cluster.inputs.model_files import chat_tokenizer, tokenizer_and_length
     from cluster.lm_eval.scores import scored_summary
 
     return scored_summary(spec, sink, summary, log, lambda: chat_tokenizer(spec.models, spec.base_dir),
-                          lambda model: folder_and_length(spec.model_path(model), model.engine.get("max_model_len")))
+                          lambda model: tokenizer_and_length(spec.model_path(model), model.engine.get("max_model_len")))
