@@ -49,3 +49,30 @@ def test_while_nothing_finishes_a_line_still_comes_saying_what_is_going_on(monke
     clock[0] = 105.0
     progress.add(50, "m/t/00000")  # a result within every_s of the last line: no line
     assert len(lines) == 3
+
+
+def test_the_rate_and_eta_are_the_last_half_minutes_not_the_engines_start(monkeypatch):
+    """Replayed rows done at once, then engines that take 100 s to start, then 10 samples a second: no ETA that
+    grows while the engines start, then one from the rate they run at."""
+    import cluster.schedule.progress as progress_module
+
+    clock = [0.0]
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: clock[0])
+    lines = []
+    progress = LogProgress(0, lines.append, every_s=2.0)
+    clock[0] = 2.5
+    progress.tick("planning")
+    assert lines == ["[raysweep] no samples planned yet — planning"]
+    progress.grow(1008)
+    clock[0] = 3.0
+    progress.add(8, "handwritten/replay/00000")
+    for t in range(6, 100, 3):
+        clock[0] = float(t)
+        progress.tick("1 actor(s) starting; 0 shard(s) in flight")
+    assert lines[-1] == ("[raysweep] 8/1008 samples (1%) 0.0 samples/s, ETA ? — 1 actor(s) starting; "
+                         "0 shard(s) in flight")
+    for i in range(1, 21):  # 50 samples every 5 s
+        clock[0] = 100.0 + 5 * i
+        progress.add(50, f"m/t/{i:05d}")
+    assert lines[-1] == "[raysweep] 1008/1008 samples (100%) 10.0 samples/s, ETA 0s — last: m/t/00020"
+    assert "108/1008 samples (11%) 10.0 samples/s, ETA 90s" in lines[-19]  # the second result: 900 samples left

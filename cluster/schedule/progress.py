@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections import Counter as Tally
+from collections import deque
 from typing import Callable, TextIO
 
 from ray.util.metrics import Counter, Gauge
@@ -32,14 +33,18 @@ from ray.util.metrics import Counter, Gauge
 from cluster.contracts.shard import ActorState
 
 TICK_EVERY_S = 1.0  # progress is told what the sweep is doing at most this often
+RATE_WINDOW_S = 30.0  # the log line's samples/s and ETA: over the results of the last this many seconds
 
 
 class LogProgress:
-    """Progress as periodic log lines."""
+    """Progress as periodic log lines. Their rate is that of the last RATE_WINDOW_S: a rate since the start
+    would count the engines' start (and replayed rows, done at once) as work, and its ETA would grow while
+    engines start and stay too long once they run. No rate (`ETA ?`) until two results within the window."""
 
     def __init__(self, total: int, log: Callable[[str], None], every_s: float = 2.0):
         self.total, self.log, self.every_s = total, log, every_s
-        self.done, self.started, self.last = 0, time.perf_counter(), 0.0
+        self.done, self.last = 0, 0.0
+        self._results: deque[tuple[float, int]] = deque()  # (when, samples done then), the window's results
 
     def grow(self, n: int) -> None:
         """More samples planned (planning runs while the first shards do)."""
@@ -47,6 +52,7 @@ class LogProgress:
 
     def add(self, n: int, shard_id: str) -> None:
         self.done += n
+        self._results.append((time.perf_counter(), self.done))
         if time.perf_counter() - self.last >= self.every_s or self.done >= self.total:
             self._line(f"last: {shard_id}")
 
@@ -55,11 +61,23 @@ class LogProgress:
         if time.perf_counter() - self.last >= self.every_s:
             self._line(doing)
 
+    def _rate(self, now: float) -> float:
+        """Samples a second from the window's first result to now; 0 with fewer than two results in it."""
+        while self._results and now - self._results[0][0] > RATE_WINDOW_S:
+            self._results.popleft()
+        if len(self._results) < 2:
+            return 0.0
+        first, done_then = self._results[0]
+        return (self.done - done_then) / max(now - first, 1e-9)
+
     def _line(self, tail: str) -> None:
         now = self.last = time.perf_counter()
-        rate = self.done / max(now - self.started, 1e-9)
+        rate = self._rate(now)
         eta = f"ETA {(self.total - self.done) / rate:.0f}s" if rate > 0 else "ETA ?"
-        self.log(f"[raysweep] {self.done}/{self.total} samples ({100 * self.done / max(self.total, 1):.0f}%) "
+        if not self.total:  # planning has not cut its first shard
+            self.log(f"[raysweep] no samples planned yet — {tail}")
+            return
+        self.log(f"[raysweep] {self.done}/{self.total} samples ({100 * self.done / self.total:.0f}%) "
                  f"{rate:.1f} samples/s, {eta} — {tail}")
 
     def close(self) -> None:
