@@ -40,8 +40,8 @@ def run(argv: list[str]) -> int:
     try:
         with interruptible(say=run.say_stopped):
             try:
-                with run.watch, run, templates_compiled_once(), own_tasks_indexed(task_names(argv)), \
-                        command_line_checked(LmEvalError), on_evaluate(_begin):
+                with run.watch, run, templates_compiled_once(), own_tasks_indexed(task_names(argv)) as known, \
+                        command_line_checked(LmEvalError, known), on_evaluate(_begin):
                     try:
                         cli_evaluate()
                     except Exception as e:  # a dataset not reachable: one line, as a spec's lm_eval: entry says it

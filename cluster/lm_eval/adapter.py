@@ -203,10 +203,13 @@ def own_tasks_indexed(names: list[str]):
     """lm-eval's command line with `task_manager`'s rule: a TaskManager it makes with an include_path that
     holds every task of `names` (its --tasks) indexes that folder only, not lm-eval's own 14,000 task files
     as well (14 s of a 77 s command on 2 CPU cores). A name the folder lacks (one of lm-eval's tasks, a YAML
-    file's path): both, as lm-eval indexes them. lm-eval's own class is back when the call ends."""
+    file's path): both, as lm-eval indexes them. lm-eval's own class is back when the call ends. Yields a
+    callable giving the task names the last TaskManager made here knows (none made: an empty list), for
+    `command_line_checked`'s closest names."""
     import lm_eval.tasks
 
     original = lm_eval.tasks.TaskManager
+    made = []
 
     class OwnTasksFirst(original):
         def __init__(self, verbosity=None, include_path=None, include_defaults: bool = True, metadata=None):
@@ -214,10 +217,11 @@ def own_tasks_indexed(names: list[str]):
             super().__init__(verbosity, include_path, include_defaults and not narrow, metadata)
             if narrow and not all(name in self.all_tasks for name in names):
                 super().__init__(verbosity, include_path, True, metadata)
+            made[:] = [self]
 
     lm_eval.tasks.TaskManager = OwnTasksFirst
     try:
-        yield
+        yield lambda: list(made[0].all_tasks) if made else []
     finally:
         lm_eval.tasks.TaskManager = original
 
@@ -263,13 +267,14 @@ def _named(process_results, name: str, failed: type):
 
 
 @contextlib.contextmanager
-def command_line_checked(error: type[Exception]):
+def command_line_checked(error: type[Exception], known_tasks=None):
     """lm-eval's checks of its own command line (its EvaluatorConfig: `Tasks not found: X`, a --config file that
     is not there, --samples with --limit ...) raise ValueError or FileNotFoundError, and its Task.doc_iterator
     asserts that each --samples index is below the task's document count, and more few-shot examples than a task
-    has (--num_fewshot, `few_shots_checked`): `error` here, one line. Stands in for `EvaluatorConfig.from_cli` and
-    `.process_tasks` (lm_eval/config/evaluate_config.py) and `Task.doc_iterator` (lm_eval/api/task.py), each called
-    through."""
+    has (--num_fewshot, `few_shots_checked`): `error` here, one line. `known_tasks`: a callable giving the task
+    names lm-eval indexed (`own_tasks_indexed` yields one), for the closest names to each one not found. Stands in
+    for `EvaluatorConfig.from_cli` and `.process_tasks` (lm_eval/config/evaluate_config.py) and `Task.doc_iterator`
+    (lm_eval/api/task.py), each called through."""
     from lm_eval.config.evaluate_config import EvaluatorConfig
 
     def checked(method):
@@ -277,7 +282,8 @@ def command_line_checked(error: type[Exception]):
             try:
                 return method(*args, **kwargs)
             except (ValueError, FileNotFoundError) as e:
-                raise error(f"lm-eval: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise error(f"lm-eval: {first}{_closest(first, known_tasks)}") from None
         return call
 
     def samples_checked(method):
@@ -309,6 +315,24 @@ def command_line_checked(error: type[Exception]):
     finally:
         for (owner, name), original in originals.items():
             setattr(owner, name, original)
+
+
+NOT_FOUND = "Tasks not found: "  # lm-eval's line for --tasks names it has no task or group of (process_tasks)
+
+
+def _closest(line: str, known_tasks) -> str:
+    """For lm-eval's `Tasks not found: a, b`: the closest names it knows to each (`; closest to a: ...`)."""
+    if known_tasks is None or not line.startswith(NOT_FOUND):
+        return ""
+    import difflib
+
+    known = sorted(known_tasks())
+    hints = []
+    for name in line[len(NOT_FOUND):].split(", "):
+        close = difflib.get_close_matches(name, known, n=3)
+        if close:
+            hints.append(f"closest to {name}: {', '.join(close)}")
+    return "".join(f"; {hint}" for hint in hints)
 
 
 class FewShotRefused(ValueError):
