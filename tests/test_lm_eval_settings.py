@@ -200,6 +200,8 @@ def test_a_spec_entry_and_the_command_line_with_the_same_settings_write_the_same
     seeds = ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")
     assert [ours["config"][k] for k in seeds] == [theirs["config"][k] for k in seeds] == [7, None, 8, 52]
     assert ours["config"]["use_cache"] == str(tmp_path / "cache-spec")
+    assert theirs["config"]["model_args"]["pretrained"] == "builtin:tiny"  # the command line's, as lm-eval parsed it
+    assert ours["config"]["model_args"] == {"pretrained": "builtin:tiny", "max_model_len": MAX_MODEL_LEN}  # the spec's
     caches = [dict(SqliteDict(f"{tmp_path / name}_rank0.db")) for name in ("cache-spec", "cache-cli")]
     assert caches[0] == caches[1] and len(caches[0]) == 4 * 4 + 3 + 4  # choices, generations, documents
     metrics = [k for k in ours["results"]["rs_mc"] if "," in k]

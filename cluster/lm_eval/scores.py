@@ -221,7 +221,8 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
                                     "and the same command scores them once the task is fixed")
                         metrics[(model.name, task_name)] = {"error": why}
                     if results is not None:
-                        metrics.update(_write(model.name, results, trackers[-1], write_text, write_table))
+                        metrics.update(_write(model.name, model_args(spec.model_path(model), model.engine), results,
+                                              trackers[-1], write_text, write_table))
                 for line in said:
                     log(line)
                 continue
@@ -229,15 +230,23 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
     return metrics
 
 
-def _write(model: str, results: dict, tracker, write_text, write_table) -> dict[tuple[str, str], dict]:
+def model_args(path: str, engine: dict) -> dict:
+    """What lm-eval's results record as `model_args` for a spec's model, as lm-eval records `raysweep lm-eval
+    --model_args` (a mapping): its checkpoint (`pretrained`, the path the spec's model resolves to) and its
+    engine's settings (the spec's `engine:`, less the backend)."""
+    return {"pretrained": path, **{k: v for k, v in sorted(engine.items()) if k != "backend"}}
+
+
+def _write(model: str, args: dict, results: dict, tracker, write_text, write_table) -> dict[tuple[str, str], dict]:
     """lm-eval's own files, written by its EvaluationTracker into a local folder and copied into the output
     (which may be a remote filesystem): results_<date>.json and samples_<task>_<date>.jsonl, as
-    `lm_eval --output_path ... --log_samples` names them; beside them each task's samples as Parquet."""
+    `lm_eval --output_path ... --log_samples` names them; beside them each task's samples as Parquet. `args`:
+    the model's `model_args` (`model_args`)."""
     from lm_eval.utils import handle_non_serializable
 
     samples = results.pop("samples", {})
     results["config"]["model"] = "raysweep"
-    results["config"]["model_args"] = f"model={model}"
+    results["config"]["model_args"] = args
 
     def dumps(value) -> str:
         return json.dumps(value, default=handle_non_serializable, ensure_ascii=False)
