@@ -51,39 +51,62 @@ def check_ray_address(address: str, named: str, ray_client: bool = False) -> Non
     accept a TCP connection within RAY_PROBE_S (where nothing listens, ray.init retried for minutes and ended in a
     30-line traceback); must not answer as a web server does (the dashboard's port: ray.init retried for ever); and
     its GCS, or the one `auto` finds, must answer within GCS_ANSWER_S and take this command's token (`gcs_answer`).
-    `local` is ray.init's own; a Ray Client address (`ray://`) has no GCS to ask, and serves only where `ray_client`
-    (the pool's commands: a sweep's driver asks the autoscaler and reads the GCS, which Ray Client does not offer)."""
-    if address.startswith("ray://") and not ray_client:
+    `local` is ray.init's own. A Ray Client address (`ray://`) serves only where `ray_client` (the pool's commands:
+    a sweep's driver asks the autoscaler and reads the GCS, which Ray Client does not offer); its server is asked
+    the same way (`client_answer`: Ray's client retried 30 s, then said only "connection timeout")."""
+    client = address.startswith("ray://")
+    if client and not ray_client:
         raise RayStartError(f"{named} {address}: a Ray Client address, which a sweep cannot run through (it asks the "
                             "autoscaler and reads Ray's GCS): give the head's GCS address (`ray start --head --port`, "
                             "6379 by default), or submit the sweep with `ray job submit`")
-    if address == "local" or address.startswith("ray://"):
+    if address == "local":
         return
-    if address != "auto":
-        host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
-        if not sep or not port.isdigit():
-            return  # not host:port: ray.init says what it makes of it
+    server = "Ray Client server (`ray start --head` serves one on port 10001)" if client else "Ray cluster's GCS"
+    target = _host_port(address)
+    if target is None and address != "auto":
+        return  # not host:port: ray.init says what it makes of it
+    if target is not None:
         try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_S) as probe:
+            with socket.create_connection(target, timeout=RAY_PROBE_S) as probe:
                 web = _answers_http(probe)
         except OSError as e:
             raise RayStartError(f"{named} {address}: no Ray there to connect to ({e.strerror or e})") from None
         if web:
-            raise RayStartError(f"{named} {address}: a web server answers there, not a Ray cluster's GCS (the Ray "
-                                "dashboard's port?): give the head's GCS address, `ray start --head --port` (6379 by "
-                                "default)")
-    answer = gcs_answer(address)
+            raise RayStartError(f"{named} {address}: a web server answers there, not a {server}" + (
+                "" if client else " (the Ray dashboard's port?): give the head's GCS address, `ray start --head "
+                                  "--port` (6379 by default)"))
+    answer = client_answer(target) if client else gcs_answer(address)
     if answer == "silent" and address != "auto":
-        raise RayStartError(f"{named} {address}: something listens there, but no Ray GCS answered in "
-                            f"{GCS_ANSWER_S:.0f} s: give the head's GCS address, `ray start --head --port` (6379 by "
-                            "default)")
+        raise RayStartError(f"{named} {address}: something listens there, but no "
+                            f"{'Ray Client server' if client else 'Ray GCS'} answered in "
+                            f"{GCS_ANSWER_S:.0f} s" + ("" if client else ": give the head's GCS address, `ray start "
+                                                                         "--head --port` (6379 by default)"))
     if answer == "token":
-        sent = ("the token this command sends (RAY_AUTH_MODE=token) is not the cluster's: put the cluster's token in "
-                "~/.ray/auth_token, the file RAY_AUTH_TOKEN_PATH names, or RAY_AUTH_TOKEN"
-                if os.environ.get("RAY_AUTH_MODE") == "token" else
-                "this command sends none: `export RAY_AUTH_MODE=token`, with the cluster's token in ~/.ray/auth_token, "
-                "the file RAY_AUTH_TOKEN_PATH names, or RAY_AUTH_TOKEN")
-        raise RayStartError(f"{named} {address}: the Ray there asks for a token (token authentication), and {sent}")
+        raise RayStartError(f"{named} {address}: the Ray there asks for a token (token authentication), and "
+                            f"{_token_advice()}")
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of an explicit address (a Ray Client one's port 10001 where it names none); None for `auto`
+    and for what is not host:port (ray.init says what it makes of it)."""
+    if address == "auto":
+        return None
+    rest = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if address.startswith("ray://") and (not sep or "]" in port):  # no port: Ray Client's default
+        host, port = rest, "10001"
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _token_advice() -> str:
+    """Why the cluster refused this command's token, and how to send the right one."""
+    if os.environ.get("RAY_AUTH_MODE") == "token":
+        return ("the token this command sends (RAY_AUTH_MODE=token) is not the cluster's: put the cluster's token in "
+                "~/.ray/auth_token, the file RAY_AUTH_TOKEN_PATH names, or RAY_AUTH_TOKEN")
+    return ("this command sends none: `export RAY_AUTH_MODE=token`, with the cluster's token in ~/.ray/auth_token, "
+            "the file RAY_AUTH_TOKEN_PATH names, or RAY_AUTH_TOKEN")
 
 
 def _answers_http(connection: socket.socket) -> bool:
@@ -126,3 +149,26 @@ def gcs_answer(address: str) -> str:
     thread.start()
     thread.join(GCS_ANSWER_S)
     return answers[0] if answers else "silent"
+
+
+def client_answer(target: tuple[str, int]) -> str:
+    """How the Ray Client server at `target` answers one ping through Ray's own gRPC channel (its token and TLS
+    settings): "ok"; "token" (it refused this process's token, in milliseconds); "silent" (no answer within
+    GCS_ANSWER_S); "other" (another gRPC service, or an error ray.init then says)."""
+    import grpc
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
+
+    channel = init_grpc_channel(f"{target[0]}:{target[1]}", options=[], asynchronous=False)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=GCS_ANSWER_S)
+        ping = ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING)
+        ray_client_pb2_grpc.RayletDriverStub(channel).ClusterInfo(ping, timeout=GCS_ANSWER_S)
+        return "ok"
+    except grpc.FutureTimeoutError:
+        return "silent"
+    except grpc.RpcError as e:
+        return {grpc.StatusCode.UNAUTHENTICATED: "token", grpc.StatusCode.DEADLINE_EXCEEDED: "silent"}.get(
+            e.code(), "other")
+    finally:
+        channel.close()

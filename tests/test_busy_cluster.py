@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, lean_quickstart
-from tests.test_cluster import TOKEN_AUTH, ray_head
+from tests.test_cluster import TOKEN_AUTH, free_port, ray_head
 from tests.test_reliability import wait_for
 
 HOLDER = """
@@ -38,8 +38,10 @@ time.sleep(3600)
 
 @pytest.fixture(scope="module")
 def head_and_dashboard():
-    with ray_head("--num-cpus=1") as (address, url):
-        yield address, url.split("://", 1)[1]
+    """(GCS address, dashboard host:port, Ray Client address) of one head."""
+    client = free_port()
+    with ray_head("--num-cpus=1", client_port=client) as (address, url):
+        yield address, url.split("://", 1)[1], f"ray://127.0.0.1:{client}"
 
 
 @pytest.fixture
@@ -48,15 +50,21 @@ def head(head_and_dashboard):
 
 
 @pytest.mark.slow
-def test_a_command_that_sends_no_token_to_a_cluster_that_asks_for_one_is_told_how_in_one_line(tmp_path, head):
+def test_a_command_that_sends_no_token_to_a_cluster_that_asks_for_one_is_told_how_in_one_line(tmp_path,
+                                                                                                head_and_dashboard):
+    """Its GCS address (a sweep, the pool) or its Ray Client address (the pool: Ray's client retried 30 s, then
+    said "ray client connection timeout")."""
+    head, _, client = head_and_dashboard
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
     raysweep = [sys.executable, "-c", "import sys; from jobs.cli import entry; sys.argv[0] = 'raysweep'; entry()"]
-    for command in ([sys.executable, "-m", "jobs.sweep", str(lean_quickstart(tmp_path)), "--address", head,
-                     "--output", str(tmp_path / "out")], [*raysweep, "pool", "status", "--address", head]):
+    for address, command in ((head, [sys.executable, "-m", "jobs.sweep", str(lean_quickstart(tmp_path)), "--address",
+                                     head, "--output", str(tmp_path / "out")]),
+                             (head, [*raysweep, "pool", "status", "--address", head]),
+                             (client, [*raysweep, "pool", "status", "--address", client])):
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 2, done.stdout + done.stderr
         assert done.stderr.strip().splitlines()[-1] == (
-            f"raysweep: error: --address {head}: the Ray there asks for a token (token authentication), and this "
+            f"raysweep: error: --address {address}: the Ray there asks for a token (token authentication), and this "
             "command sends none: `export RAY_AUTH_MODE=token`, with the cluster's token in ~/.ray/auth_token, the file "
             "RAY_AUTH_TOKEN_PATH names, or RAY_AUTH_TOKEN"), done.stderr
     assert not (tmp_path / "out").exists()  # refused before the output was touched
@@ -66,7 +74,7 @@ def test_a_command_that_sends_no_token_to_a_cluster_that_asks_for_one_is_told_ho
 def test_an_address_where_no_ray_gcs_answers_is_one_line_not_a_wait_without_end(tmp_path, head_and_dashboard):
     """The dashboard's port (a web server), or a port whose listener never answers: ray.init waited for ever, a
     warning line every 40 s."""
-    _, dashboard = head_and_dashboard
+    _, dashboard, _ = head_and_dashboard
     with socket.socket() as silent:  # accepts connections, answers nothing
         silent.bind(("127.0.0.1", 0))
         silent.listen()

@@ -48,7 +48,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def ray_head(*extra: str, env: dict | None = None, port: int | None = None):
+def ray_head(*extra: str, env: dict | None = None, port: int | None = None, client_port: int | None = None):
     """`ray start --head --block` in its own process group and its own Ray folder; yields (gcs address, dashboard
     URL). Its own folder (--temp-dir): `ray start` records the head's address in `<folder>/ray_current_cluster`,
     and Ray's job supervisor gives a job's driver RAY_ADDRESS from that record ("auto"). In the shared /tmp/ray,
@@ -56,7 +56,7 @@ def ray_head(*extra: str, env: dict | None = None, port: int | None = None):
     here was given that other cluster's address (seen: its driver failing for 6 minutes to reach "GCS at address
     ...:38397", the other worker's fake autoscaling cluster, stopped by then)."""
     for _ in range(3):  # a head that exits at once (a port another worker's Ray took meanwhile) is started anew
-        head, folder, address, url = _start_head(extra, env, port)
+        head, folder, address, url = _start_head(extra, env, port, client_port)
         deadline = time.time() + 90
         while head.poll() is None:
             try:
@@ -120,16 +120,16 @@ def end_session(leader: subprocess.Popen, folder: str) -> None:
     leader.wait()
 
 
-def _start_head(extra, env, port):
-    """One `ray start --head --block` with free ports and a Ray folder of its own: (process, folder, gcs address,
-    dashboard URL)."""
+def _start_head(extra, env, port, client_port=None):
+    """One `ray start --head --block` with free ports (`port` for its GCS, `client_port` for its Ray Client server,
+    where given) and a Ray folder of its own: (process, folder, gcs address, dashboard URL)."""
     port, dash = port or free_port(), free_port()
     folder = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must stay under 108 bytes
     # every port a head binds by a fixed default is a free one: another Ray on the host (a user's, a test's) holds
     # 52365 or 10001 otherwise, and `ray job submit` then answers "No available agent" for minutes
     cmd = ["ray", "start", "--head", "--block", f"--port={port}", "--dashboard-host=127.0.0.1",
            f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={free_port()}",
-           f"--ray-client-server-port={free_port()}", "--disable-usage-stats", f"--temp-dir={folder}", *extra]
+           f"--ray-client-server-port={client_port or free_port()}", "--disable-usage-stats", f"--temp-dir={folder}", *extra]
     head = subprocess.Popen(cmd, env=os.environ | TOKEN_AUTH | (env or {}), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     return head, folder, f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}"

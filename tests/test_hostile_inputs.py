@@ -583,4 +583,5 @@ def test_a_ray_client_address_is_refused_for_a_sweep_in_one_line_and_kept_for_th
     with pytest.raises(RayStartError, match=r"^--address ray://head:10001: a Ray Client address, which a sweep "
                                             r"cannot run through .*`ray job submit`$"):
         check_ray_address("ray://head:10001", "--address")
-    check_ray_address("ray://head:10001", "--address", ray_client=True)  # the pool's commands: Ray Client serves
+    with pytest.raises(RayStartError, match=r"^--address ray://nohost\.invalid: no Ray there to connect to"):
+        check_ray_address("ray://nohost.invalid", "--address", ray_client=True)  # the pool's: probed on port 10001
