@@ -142,23 +142,6 @@ def imported_whole(name: str) -> None:
 
 
 @contextlib.contextmanager
-def downloads_not_counted_again():
-    """The `datasets` library without its download count: each `load_dataset` of a task's documents otherwise sends
-    the Hugging Face hub a HEAD request (`datasets.load.increase_load_count`, unless HF_HUB_OFFLINE is set). For
-    lm-eval's scoring pass, which loads every dataset the building pass loaded already: on a machine that cannot
-    reach the hub the request waits for its name lookup, 5.6 s at the end of a sweep of lm-eval's suite on the 2-core
-    CPU machine. `datasets.config.HF_UPDATE_DOWNLOAD_COUNTS` is read at each load; it is back when the call ends."""
-    import datasets.config as config
-
-    saved = config.HF_UPDATE_DOWNLOAD_COUNTS
-    config.HF_UPDATE_DOWNLOAD_COUNTS = False
-    try:
-        yield
-    finally:
-        config.HF_UPDATE_DOWNLOAD_COUNTS = saved
-
-
-@contextlib.contextmanager
 def templates_compiled_once():
     """lm-eval's `utils.apply_template` with each template string compiled once: lm-eval compiles a task's
     `doc_to_text`/`doc_to_target`/`doc_to_choice` again for every document and every few-shot example (18,004
@@ -327,12 +310,8 @@ def _closest(line: str, known_tasks) -> str:
     import difflib
 
     known = sorted(known_tasks())
-    hints = []
-    for name in line[len(NOT_FOUND):].split(", "):
-        close = difflib.get_close_matches(name, known, n=3)
-        if close:
-            hints.append(f"closest to {name}: {', '.join(close)}")
-    return "".join(f"; {hint}" for hint in hints)
+    close = {name: difflib.get_close_matches(name, known, n=3) for name in line[len(NOT_FOUND):].split(", ")}
+    return "".join(f"; closest to {name}: {', '.join(names)}" for name, names in close.items() if names)
 
 
 class FewShotRefused(ValueError):

@@ -16,8 +16,8 @@ from collections import defaultdict
 from typing import Iterable
 
 from cluster.contracts.lm_eval_task import EXTRA, LmEvalSettings
-from cluster.lm_eval.adapter import (downloads_not_counted_again, own_request_cache, require_version,
-                                     run_record_ahead, templates_compiled_once, without_run_record)
+from cluster.lm_eval.adapter import (own_request_cache, require_version, run_record_ahead, templates_compiled_once,
+                                     without_run_record)
 from cluster.lm_eval.quiet import quiet
 
 
@@ -171,3 +171,20 @@ def requests_hash(requests: Iterable) -> dict[str, str]:
         digests.setdefault(r.task_name, hashlib.sha256()).update(
             json.dumps([r.doc_id, r.idx, r.request_type, r.args], sort_keys=True, default=repr).encode() + b"\n")
     return {task: digest.hexdigest()[:32] for task, digest in digests.items()}
+
+
+@contextlib.contextmanager
+def downloads_not_counted_again():
+    """The `datasets` library without its download count: each `load_dataset` of a task's documents otherwise sends
+    the Hugging Face hub a HEAD request (`datasets.load.increase_load_count`, unless HF_HUB_OFFLINE is set). For
+    lm-eval's scoring pass, which loads every dataset the building pass loaded already: on a machine that cannot
+    reach the hub the request waits for its name lookup, 5.6 s at the end of a sweep of lm-eval's suite on the 2-core
+    CPU machine. `datasets.config.HF_UPDATE_DOWNLOAD_COUNTS` is read at each load; it is back when the call ends."""
+    import datasets.config as config
+
+    saved = config.HF_UPDATE_DOWNLOAD_COUNTS
+    config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    try:
+        yield
+    finally:
+        config.HF_UPDATE_DOWNLOAD_COUNTS = saved
