@@ -159,7 +159,8 @@ def client_answer(target: tuple[str, int]) -> str:
     from ray._private.grpc_utils import init_grpc_channel
     from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
 
-    channel = init_grpc_channel(f"{target[0]}:{target[1]}", options=[], asynchronous=False)
+    host = f"[{target[0]}]" if ":" in target[0] else target[0]  # an IPv6 address in gRPC's form
+    channel = init_grpc_channel(f"{host}:{target[1]}", options=[], asynchronous=False)
     try:
         grpc.channel_ready_future(channel).result(timeout=GCS_ANSWER_S)
         ping = ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING)
