@@ -41,7 +41,17 @@ def head_and_dashboard():
     """(GCS address, dashboard host:port, Ray Client address) of one head."""
     client = free_port()
     with ray_head("--num-cpus=1", client_port=client) as (address, url):
+        # the head starts its Ray Client server after its dashboard answers: a test that comes first waits for it
+        assert wait_for(lambda: _listening(client), timeout_s=120), "no Ray Client server came up in 120 s"
         yield address, url.split("://", 1)[1], f"ray://127.0.0.1:{client}"
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 @pytest.fixture
