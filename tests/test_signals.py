@@ -302,9 +302,10 @@ def test_nothing_the_run_started_outlives_a_killed_driver(tmp_path, ray_dir):
     dashboard and runtime env agents outlived the driver by a minute, trying to tell the dead GCS that their raylet
     was gone). A closed terminal's SIGHUP to the group: the SIGHUP test."""
     sweep = _run(tmp_path / "out", ray_dir)
-    _read_until(sweep, "mid-shards")
+    lines = _read_until(sweep, "mid-shards")
     noted = _descendants(sweep.pid)
-    assert _raylets(ray_dir) & set(noted), "no raylet of this run's Ray among its processes: nothing to check"
+    assert _raylets(ray_dir) & set(noted), ("no raylet of this run's Ray among its processes: nothing to check",
+                                            sweep.poll(), "".join(lines)[-3000:])
     os.kill(sweep.pid, signal.SIGKILL)
     sweep.communicate(timeout=120)
     left = _left_running(noted, within_s=15)  # a bound on a hang: the reaper ends them in about a second
@@ -319,8 +320,9 @@ def test_a_lost_gcs_ends_the_run_in_one_line_within_seconds_and_the_run_resumes(
     sweep = _run(tmp_path / "out", ray_dir)
     lines = _read_until(sweep, "engines up")
     noted = _descendants(sweep.pid)
-    (gcs,) = [pid for pid in noted if "/gcs/gcs_server " in _command_line(pid) and ray_dir in _command_line(pid)]
-    os.kill(gcs, signal.SIGKILL)
+    gcs = [pid for pid in noted if "/gcs/gcs_server " in _command_line(pid) and ray_dir in _command_line(pid)]
+    assert len(gcs) == 1, ("not one GCS of this run's Ray among its processes", sweep.poll(), "".join(lines)[-3000:])
+    os.kill(gcs[0], signal.SIGKILL)
     killed = time.monotonic()
     rest, _ = sweep.communicate(timeout=120)
     took = time.monotonic() - killed
@@ -328,7 +330,7 @@ def test_a_lost_gcs_ends_the_run_in_one_line_within_seconds_and_the_run_resumes(
     text = "".join(lines) + rest
     assert sweep.returncode == 1, text[-3000:]
     stopped = [line for line in text.splitlines() if line.startswith("[raysweep] stopped: this run's local Ray lost "
-                                                                        f"its head (its gcs_server, pid {gcs}, ")]
+                                                                        f"its head (its gcs_server, pid {gcs[0]}, ")]
     assert len(stopped) == 1 and stopped[0].endswith(RESUMED_OR_DONE), text[-3000:]
     # our line, not Ray's: Ray's own wait for a lost GCS ends in its C++ "Failed to connect to GCS" line
     assert "Failed to connect to GCS" not in text and "Traceback" not in text, text[-3000:]
