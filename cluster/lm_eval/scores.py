@@ -221,8 +221,7 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
                                     "and the same command scores them once the task is fixed")
                         metrics[(model.name, task_name)] = {"error": why}
                     if results is not None:
-                        metrics.update(_write(model.name, model_args(spec.model_path(model), model.engine), results,
-                                              trackers[-1], write_text, write_table))
+                        metrics.update(_write(model, spec.model_path(model), results, trackers[-1], write_text, write_table))
                 for line in said:
                     log(line)
                 continue
@@ -237,16 +236,18 @@ def model_args(path: str, engine: dict) -> dict:
     return {"pretrained": path, **{k: v for k, v in sorted(engine.items()) if k != "backend"}}
 
 
-def _write(model: str, args: dict, results: dict, tracker, write_text, write_table) -> dict[tuple[str, str], dict]:
+def _write(spec_model: ModelSpec, path: str, results: dict, tracker, write_text, write_table
+           ) -> dict[tuple[str, str], dict]:
     """lm-eval's own files, written by its EvaluationTracker into a local folder and copied into the output
     (which may be a remote filesystem): results_<date>.json and samples_<task>_<date>.jsonl, as
-    `lm_eval --output_path ... --log_samples` names them; beside them each task's samples as Parquet. `args`:
-    the model's `model_args` (`model_args`)."""
+    `lm_eval --output_path ... --log_samples` names them; beside them each task's samples as Parquet. `path`:
+    where the model resolves to, for its `model_args`."""
     from lm_eval.utils import handle_non_serializable
 
+    model = spec_model.name
     samples = results.pop("samples", {})
     results["config"]["model"] = "raysweep"
-    results["config"]["model_args"] = args
+    results["config"]["model_args"] = model_args(path, spec_model.engine)
 
     def dumps(value) -> str:
         return json.dumps(value, default=handle_non_serializable, ensure_ascii=False)
