@@ -62,6 +62,7 @@ def check_ray_address(address: str, named: str, ray_client: bool = False) -> Non
     if address == "local":
         return
     server = "Ray Client server (`ray start --head` serves one on port 10001)" if client else "Ray cluster's GCS"
+    advice = "" if client else ": give the head's GCS address, `ray start --head --port` (6379 by default)"
     target = _host_port(address)
     if target is None and address != "auto":
         return  # not host:port: ray.init says what it makes of it
@@ -72,15 +73,13 @@ def check_ray_address(address: str, named: str, ray_client: bool = False) -> Non
         except OSError as e:
             raise RayStartError(f"{named} {address}: no Ray there to connect to ({e.strerror or e})") from None
         if web:
-            raise RayStartError(f"{named} {address}: a web server answers there, not a {server}" + (
-                "" if client else " (the Ray dashboard's port?): give the head's GCS address, `ray start --head "
-                                  "--port` (6379 by default)"))
+            dashboard = "" if client else " (the Ray dashboard's port?)"
+            raise RayStartError(f"{named} {address}: a web server answers there, not a {server}{dashboard}{advice}")
     answer = client_answer(target) if client else gcs_answer(address)
     if answer == "silent" and address != "auto":
         raise RayStartError(f"{named} {address}: something listens there, but no "
                             f"{'Ray Client server' if client else 'Ray GCS'} answered in "
-                            f"{GCS_ANSWER_S:.0f} s" + ("" if client else ": give the head's GCS address, `ray start "
-                                                                         "--head --port` (6379 by default)"))
+                            f"{GCS_ANSWER_S:.0f} s{advice}")
     if answer == "token":
         raise RayStartError(f"{named} {address}: the Ray there asks for a token (token authentication), and "
                             f"{_token_advice()}")

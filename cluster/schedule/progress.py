@@ -52,8 +52,9 @@ class LogProgress:
 
     def add(self, n: int, shard_id: str) -> None:
         self.done += n
-        self._results.append((time.perf_counter(), self.done))
-        if time.perf_counter() - self.last >= self.every_s or self.done >= self.total:
+        now = time.perf_counter()
+        self._results.append((now, self.done))
+        if now - self.last >= self.every_s or self.done >= self.total:
             self._line(f"last: {shard_id}")
 
     def tick(self, doing: str) -> None:
