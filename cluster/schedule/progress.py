@@ -39,7 +39,8 @@ RATE_WINDOW_S = 30.0  # the log line's samples/s and ETA: over the results of th
 class LogProgress:
     """Progress as periodic log lines. Their rate is that of the last RATE_WINDOW_S: a rate since the start
     would count the engines' start (and replayed rows, done at once) as work, and its ETA would grow while
-    engines start and stay too long once they run. No rate (`ETA ?`) until two results within the window."""
+    engines start and stay too long once they run. No rate (`? samples/s, ETA ?`) until two results within the
+    window; `ETA 0s` once every sample planned so far is done."""
 
     def __init__(self, total: int, log: Callable[[str], None], every_s: float = 2.0):
         self.total, self.log, self.every_s = total, log, every_s
@@ -73,13 +74,17 @@ class LogProgress:
 
     def _line(self, tail: str) -> None:
         now = self.last = time.perf_counter()
-        rate = self._rate(now)
-        eta = f"ETA {(self.total - self.done) / rate:.0f}s" if rate > 0 else "ETA ?"
         if not self.total:  # planning has not cut its first shard
             self.log(f"[raysweep] no samples planned yet — {tail}")
             return
+        rate = self._rate(now)
+        speed = f"{rate:.1f} samples/s" if rate > 0 else "? samples/s"  # unknown, not zero: one result so far
+        if self.done >= self.total:
+            eta = "ETA 0s"
+        else:
+            eta = f"ETA {(self.total - self.done) / rate:.0f}s" if rate > 0 else "ETA ?"
         self.log(f"[raysweep] {self.done}/{self.total} samples ({100 * self.done / self.total:.0f}%) "
-                 f"{rate:.1f} samples/s, {eta} — {tail}")
+                 f"{speed}, {eta} — {tail}")
 
     def close(self) -> None:
         pass
