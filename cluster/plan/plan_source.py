@@ -28,6 +28,7 @@ from cluster.contracts.task_spec import no_room
 from cluster.inputs.builtin_model import resolve_model_path
 from cluster.inputs.checks import check_inputs
 from cluster.inputs.data import TaskData
+from cluster.inputs.grammar_cache import CompiledBefore
 from cluster.inputs.staging import StagingFolder
 from cluster.inputs.token_cache import TokenCache
 from cluster.plan.planner import TaskPlan, plan_replay, plan_task
@@ -48,8 +49,10 @@ class ModelPlan:
 
 
 def compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
-    """Compile each structured spec once against this model's tokenizer, as the engines will."""
-    structured = [t for t in spec.tasks if t.structured is not None]
+    """Compile each structured spec once against this model's tokenizer, as the engines will; a spec that compiled
+    against these tokenizer files before is not compiled again (cluster/inputs/grammar_cache.py)."""
+    compiled = CompiledBefore(tokenizer)
+    structured = [t for t in spec.tasks if t.structured is not None and t.structured not in compiled]
     if not structured:
         return
     import xgrammar as xgr
@@ -65,6 +68,7 @@ def compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
         except Exception as e:  # xgrammar's own error types; the message is what matters
             raise PreflightError(f"{spec.source}: tasks.{task.name}.structured: does not compile for model "
                                    f"{model.name}: {xgrammar_message(e)}") from None
+        compiled.add(task.structured)
 
 
 def one_line(e: BaseException, limit: int = 400) -> str:
