@@ -51,8 +51,11 @@ class ModelPlan:
 def compile_for(model: ModelSpec, tokenizer, spec: SweepSpec) -> None:
     """Compile each structured spec once against this model's tokenizer, as the engines will; a spec that compiled
     against these tokenizer files before is not compiled again (cluster/inputs/grammar_cache.py)."""
+    structured = [t for t in spec.tasks if t.structured is not None]
+    if not structured:  # no fingerprint taken: of a loaded hub tokenizer, that serialises its whole definition
+        return
     compiled = CompiledBefore(tokenizer)
-    structured = [t for t in spec.tasks if t.structured is not None and t.structured not in compiled]
+    structured = [t for t in structured if t.structured not in compiled]
     if not structured:
         return
     import xgrammar as xgr
