@@ -26,8 +26,14 @@ def choose_backend(model: ModelSpec) -> str:
     return "vllm" if cuda_and_vllm_available() else "hf"
 
 
-PRELOADS = {"vllm": ("vllm", "transformers", "actors.vllm_engine"), "hf": ("torch", "transformers", "actors.hf_engine"),
-            "fake": ("transformers", "actors.fake_engine")}  # per backend: what its engine starts import
+# per backend: what its engine starts import. transformers imports a model's classes on first use, xgrammar its
+# CPU mask kernel: the builtin models' (Llama) and the auto classes are imported here, as each engine forked from
+# the engine host (actors/engine_host.py) paid 3.5 s of a 2-core machine's CPU for them after the fork
+HF_CLASSES = ("transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
+              "transformers.models.llama.modeling_llama", "xgrammar", "xgrammar.kernels.apply_token_bitmask_inplace_cpu")
+PRELOADS = {"vllm": ("vllm", "transformers", "actors.vllm_engine"),
+            "hf": ("torch", "transformers", *HF_CLASSES, "actors.hf_engine", "actors.shard_work"),
+            "fake": ("transformers", "actors.fake_engine")}
 
 
 def preload(backends, core_process: bool = True) -> None:

@@ -245,3 +245,34 @@ def test_an_engine_here_and_an_engine_in_an_engine_process_answer_the_same_calls
     assert calls(LocalEngine) == calls(HostedEngine) == {"run_rows", "startup", "sleep", "wake_up", "close"}
     assert inspect.signature(InProcess.start_engine).parameters.keys() == \
         inspect.signature(EngineProcess.start_engine).parameters.keys()
+
+
+# what the host does before it forks (actors/engine_host.py), then what an engine process does for the
+# quickstart's builtin:tiny: start the CPU engine and generate under a grammar; prints the modules it imported
+PRELOADED = """
+import sys
+from actors.engine_factory import make_engine, preload
+from actors.engine import EngineProfile, GenRequest
+from cluster.contracts.spec import ModelSpec, SamplingSpec
+from cluster.contracts.task_spec import StructuredSpec
+
+preload(["hf"], core_process=False)
+import actors.engine_process
+before = set(sys.modules)
+engine = make_engine(ModelSpec("tiny", "builtin:tiny", backend="hf"), sys.argv[1], EngineProfile(), num_threads=1)
+engine.generate([GenRequest("0", [1, 2, 3], 0)], SamplingSpec(max_tokens=3), StructuredSpec("choice", ("A", "B")))
+print(sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("torch", "transformers", "xgrammar")))
+"""
+
+
+def test_an_engine_forked_from_the_host_imports_nothing_the_host_could_have():
+    """The host imports what the CPU engine of the builtin models needs before it forks: transformers imports a
+    model's classes on first use, and each forked engine paid about 3.5 CPU-seconds for them again."""
+    import ast
+
+    from cluster.inputs.builtin_model import resolve_model_path
+
+    done = subprocess.run([sys.executable, "-c", PRELOADED, resolve_model_path("builtin:tiny")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ast.literal_eval(done.stdout.strip().splitlines()[-1]) == []
