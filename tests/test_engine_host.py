@@ -273,6 +273,7 @@ def test_an_engine_forked_from_the_host_imports_nothing_the_host_could_have():
     from cluster.inputs.builtin_model import resolve_model_path
 
     done = subprocess.run([sys.executable, "-c", PRELOADED, resolve_model_path("builtin:tiny")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env=os.environ | {"PYTHONPATH": str(ROOT)})
+                          capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     assert done.returncode == 0, done.stderr[-2000:]
     assert ast.literal_eval(done.stdout.strip().splitlines()[-1]) == []
