@@ -3,12 +3,13 @@
 for the command's clock (`started_at`); and a command's first signals are its own from here (`_stopped_at_once`).
 """
 
+import _signal  # the interpreter's own module, built in: no import stands between a command's start and its handlers
 import os as _os
-import signal as _signal
 import sys as _sys
 import time as _time
 
 _ENTERED_AT, _CPU_AT_ENTRY = _time.time(), _time.process_time()
+_STOPS = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM", _signal.SIGHUP: "SIGHUP"}  # the signals it handles
 
 
 def _stopped_at_once(signum, frame) -> None:
@@ -18,7 +19,7 @@ def _stopped_at_once(signum, frame) -> None:
     was in. The line goes to the terminal also while lm-eval is kept quiet (its stderr is /dev/null then)."""
     quiet = _sys.modules.get("cluster.lm_eval.quiet")  # looked up, not imported: a signal may come mid-import
     _os.write(quiet.terminal_stderr() if quiet is not None else 2,
-              f"[raysweep] stopped by {_signal.Signals(signum).name}: no sweep was running, none was cut "
+              f"[raysweep] stopped by {_STOPS[signum]}: no sweep was running, none was cut "
               "short\n".encode())
     _os._exit(1)
 
@@ -29,7 +30,7 @@ def _own_handlers_dropped_in_child() -> None:
     process is not the command: the pool ends it with SIGTERM, and the command's handler there said the command's
     stop line and waited for threads that do not exist after a fork, so the pool's join, and the run, waited for
     ever (seen: a sweep whose lm-eval perplexity metric bootstraps its stderr, under load)."""
-    for signum in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+    for signum in _STOPS:
         if getattr(_signal.getsignal(signum), "raysweep_stop", False):
             _signal.signal(signum, _signal.default_int_handler if signum == _signal.SIGINT else _signal.SIG_DFL)
 
@@ -39,9 +40,10 @@ _os.register_at_fork(after_in_child=_own_handlers_dropped_in_child)
 
 # A command is `python -m jobs.X` (while Python imports the module's package, sys.argv[0] is "-m") or the installed
 # `raysweep` script; a program that imports jobs (a test, a notebook) keeps its own handlers. Installed before any
-# other import: a signal in the next line's import was Python's traceback
+# other import, through `_signal` (the `signal` module's import took long enough on a loaded machine for a Ctrl-C in
+# it to be Python's traceback)
 if _sys.argv[:1] == ["-m"] or _os.path.basename(_sys.argv[0] if _sys.argv else "") == "raysweep":
-    for _s in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+    for _s in _STOPS:
         _signal.signal(_s, _stopped_at_once)
 
 try:  # had this process waited for child processes before Python started? (cluster/contracts/timing.py)

@@ -575,3 +575,35 @@ def test_a_process_forked_by_the_run_ends_on_its_sigterm_without_the_runs_stop_l
     kept the pool's join, and the sweep, waiting for ever (seen under load, once the shards were committed)."""
     done = subprocess.run([sys.executable, "-c", FORKED], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout == f"child ended by {int(signal.SIGTERM)}\n", done.stdout + done.stderr
+
+
+# a command's first moments (`python -m jobs.X`: sys.argv[0] is "-m" while its package imports): the SIGINT handler
+# in place when the `signal` module's import begins, if anything imports it
+FIRST_IMPORT = """
+import _signal, sys
+
+seen = []
+
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "signal":
+            seen.append(getattr(_signal.getsignal(_signal.SIGINT), "__name__", "default"))
+        return None
+
+
+sys.meta_path.insert(0, Watch())
+sys.argv = ["-m"]
+import jobs
+import signal
+print(seen)
+"""
+
+
+def test_a_commands_own_signal_handlers_are_set_before_it_imports_anything():
+    """A Ctrl-C 0.1 s after a command started, on a loaded machine, landed in `import signal` on the first lines of
+    jobs/__init__.py, before its handlers were set: Python's KeyboardInterrupt traceback, not the one line. They are
+    set through the interpreter's built-in `_signal` now, before that import."""
+    done = subprocess.run([sys.executable, "-c", FIRST_IMPORT], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['_stopped_at_once']"]
