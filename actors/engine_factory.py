@@ -27,8 +27,8 @@ def choose_backend(model: ModelSpec) -> str:
 
 
 # per backend: what its engine starts import. transformers imports a model's classes on first use, xgrammar its
-# CPU mask kernel: the builtin models' (Llama) and the auto classes are imported here, as each engine forked from
-# the engine host (actors/engine_host.py) paid 3.5 s of a 2-core machine's CPU for them after the fork
+# CPU mask kernel: the builtin models' (Llama) and the auto classes are imported here, or each engine forked from
+# the engine host (actors/engine_host.py) would import them after the fork, 3-4 CPU-seconds on a 2-core machine
 HF_CLASSES = ("transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
               "transformers.models.llama.modeling_llama", "xgrammar", "xgrammar.kernels.apply_token_bitmask_inplace_cpu")
 PRELOADS = {"vllm": ("vllm", "transformers", "actors.vllm_engine"),

@@ -267,7 +267,8 @@ print(sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("torch"
 
 def test_an_engine_forked_from_the_host_imports_nothing_the_host_could_have():
     """The host imports what the CPU engine of the builtin models needs before it forks: transformers imports a
-    model's classes on first use, and each forked engine paid about 3.5 CPU-seconds for them again."""
+    model's classes on first use, and each forked engine would import them again (3-4 CPU-seconds on a 2-core
+    machine)."""
     import ast
 
     from cluster.inputs.builtin_model import resolve_model_path

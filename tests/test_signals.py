@@ -603,7 +603,7 @@ print(seen)
 def test_a_commands_own_signal_handlers_are_set_before_it_imports_anything():
     """A Ctrl-C 0.1 s after a command started, on a loaded machine, landed in `import signal` on the first lines of
     jobs/__init__.py, before its handlers were set: Python's KeyboardInterrupt traceback, not the one line. They are
-    set through the interpreter's built-in `_signal` now, before that import."""
+    set through the interpreter's built-in `_signal`, before that import."""
     done = subprocess.run([sys.executable, "-c", FIRST_IMPORT], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["['_stopped_at_once']"]
