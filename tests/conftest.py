@@ -179,6 +179,18 @@ def start_local_ray():
     return ray
 
 
+@pytest.fixture(scope="session")
+def engine_host(model_cache):
+    """An engine host (cluster/launch.py EngineHost) for the session's sweeps run in this process: their actors
+    get engine processes forked from it, as a local command's do from its own, rather than each importing torch
+    and transformers itself (6-8 CPU-s an actor on the 2-core machine). Started once, for the tests that ask."""
+    from cluster.launch import EngineHost
+
+    host = EngineHost(["hf", "fake"])
+    yield host.address
+    host.stop()
+
+
 _SESSION_RAY_STOPPED = []  # non-empty while a fake_cluster test has stopped the session's local Ray (ray_local)
 
 

@@ -13,7 +13,8 @@ from tests.test_parallel import write_spec
 
 
 @pytest.mark.slow
-def test_an_engine_that_raises_and_one_that_hangs_each_fail_their_model_in_one_line(ray_local, tmp_path, monkeypatch):
+def test_an_engine_that_raises_and_one_that_hangs_each_fail_their_model_in_one_line(engine_host, ray_local, tmp_path,
+                                                                                    monkeypatch):
     from cluster.schedule.run import run_sweep
 
     # every start here is a fake's: an error at once, or a tokenizer read (0.85 s to be answered on an idle 2-core
@@ -26,7 +27,7 @@ def test_an_engine_that_raises_and_one_that_hangs_each_fail_their_model_in_one_l
               {"name": "stuck", "path": "builtin:tiny", "engine": {"backend": "fake", "start_s": 3600}}]
     spec = load_spec(write_spec(tmp_path, models, rows=20, actors={"count": 1, "num_cpus": 0.5}))
     lines: list[str] = []
-    report = run_sweep(spec, log=lines.append)
+    report = run_sweep(spec, engine_host=engine_host, log=lines.append)
     said = [line for line in lines if line.startswith("[raysweep] model ")]
     assert sorted(said) == [
         "[raysweep] model broken: engine did not start: RuntimeError: NCCL error: no GPU; its shards fail, the other "

@@ -348,9 +348,10 @@ def test_a_second_sweep_of_the_same_name_on_one_cluster_is_refused_in_one_line(r
 
 
 @pytest.mark.slow
-def test_a_torn_summary_or_telemetry_file_is_one_line_in_report_and_set_aside_by_the_next_run(ray_local, tmp_path):
+def test_a_torn_summary_or_telemetry_file_is_one_line_in_report_and_set_aside_by_the_next_run(engine_host, ray_local,
+                                                                                             tmp_path):
     spec, out = _tiny_spec(tmp_path, "torn", 8, max_samples=4), tmp_path / "out"
-    assert not run_sweep(spec, log=lambda line: None).failed
+    assert not run_sweep(spec, engine_host=engine_host, log=lambda line: None).failed
     (out / "summary.parquet").write_bytes(b"PAR1 torn")
     proc = subprocess.run([sys.executable, "-m", "jobs.cli", "report", str(out)], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
@@ -364,7 +365,7 @@ def test_a_torn_summary_or_telemetry_file_is_one_line_in_report_and_set_aside_by
     (out / "manifest.journal").unlink(missing_ok=True)
     os.remove(out / entry["file"])
     lines = []
-    assert not run_sweep(spec, log=lines.append).failed
+    assert not run_sweep(spec, engine_host=engine_host, log=lines.append).failed
     assert any(line.startswith("[raysweep] telemetry/shards.parquet could not be read (torn or replaced): set aside")
                for line in lines), lines
     assert list((out / "telemetry").glob("shards.parquet.unreadable-*"))

@@ -78,13 +78,13 @@ class MetricsWatcher:
 
 
 @pytest.mark.slow
-def test_sweep_metrics_on_the_prometheus_endpoint(ray_local, tmp_path):
+def test_sweep_metrics_on_the_prometheus_endpoint(engine_host, ray_local, tmp_path):
     # 150 + 100 + 30 samples in 3 + 2 + 1 shards; a name of its own: other tests' quickstarts on this session's
     # Ray leave their series in the same endpoint
     spec = replace(load_spec(lean_quickstart(tmp_path)), name=f"metrics-{os.getpid()}-{time.time_ns()}")
     samples = 250 + LEAN_EXTRACT_ROWS
     with MetricsWatcher(spec.name) as watcher:
-        report = run_sweep(spec, output=str(tmp_path / "out"), log=lambda line: None)
+        report = run_sweep(spec, output=str(tmp_path / "out"), engine_host=engine_host, log=lambda line: None)
         watcher.wait_for_total("ray_raysweep_samples_done_total", samples)
     assert report.samples == samples and not report.failed
 

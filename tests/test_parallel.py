@@ -182,7 +182,7 @@ def test_parallel_settings_vllm_would_refuse_on_held_gpus_are_refused_before_ray
 
 
 @pytest.mark.slow
-def test_a_tp4_actor_holds_four_gpus_of_one_node(fake_cluster, tmp_path):
+def test_a_tp4_actor_holds_four_gpus_of_one_node(engine_host, fake_cluster, tmp_path):
     """Two TP=4 actors on two nodes of 4 GPUs: each holds 4 distinct GPUs (one Ray actor always sits on one
     node, so its GPUs are that node's; what this checks is that raysweep asks for all 4 in one actor, and
     that two such actors run on the two nodes), and a TP=1 model beside them gets actors of one GPU. Every
@@ -194,7 +194,7 @@ def test_a_tp4_actor_holds_four_gpus_of_one_node(fake_cluster, tmp_path):
         {"name": "wide", "path": "builtin:tiny", "engine": {"backend": "fake", "tensor_parallel_size": 4}},
         {"name": "narrow", "path": "builtin:tiny", "engine": "fake"}], rows=40,
         actors={"count": 2, "num_cpus": 0.5}))
-    report = run_sweep(spec, log=lambda line: None)
+    report = run_sweep(spec, engine_host=engine_host, log=lambda line: None)
     assert not report.failed and report.samples == 80
     results = pq.read_table(tmp_path / "out" / "results").to_pandas()
     assert len(results) == 80 and not results.duplicated(["model", "sample_id"]).any()
@@ -224,7 +224,7 @@ def test_four_gpus_on_two_nodes_never_hold_a_tp4_engine(fake_cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_shards_cut_at_the_tail_are_committed_once_each(ray_local, tmp_path):
+def test_shards_cut_at_the_tail_are_committed_once_each(engine_host, ray_local, tmp_path):
     """Two actors, one shard each at a time, three shards of 64: the last waiting ones are cut in halves
     (parts of at least MIN_PART_ROWS rows), run apart, and committed whole under their own ids; every
     sample once, and the run's record keeps the tail's idle share and how many shards were cut."""
@@ -236,7 +236,7 @@ def test_shards_cut_at_the_tail_are_committed_once_each(ray_local, tmp_path):
     fake = {"backend": "fake", "delay_s": 2.0}
     spec = load_spec(write_spec(tmp_path, [{"name": "m", "path": "builtin:tiny", "engine": fake}], rows=192,
                                 max_samples=64, actors={"count": 2, "num_cpus": 1, "shards_in_flight": 1}))
-    report = run_sweep(spec, log=lambda line: None)
+    report = run_sweep(spec, engine_host=engine_host, log=lambda line: None)
     assert not report.failed and report.samples == 192
     results = pq.read_table(tmp_path / "out" / "results").to_pandas()
     assert sorted(results["sample_id"]) == sorted(f"s{i}" for i in range(192))
@@ -527,7 +527,8 @@ def test_an_actor_whose_model_is_done_runs_the_tail_of_another_model(ray_local, 
 
 
 @pytest.mark.slow
-def test_a_fast_models_cpu_actor_takes_shards_of_a_slow_one_in_a_real_sweep(ray_local, tmp_path, monkeypatch):
+def test_a_fast_models_cpu_actor_takes_shards_of_a_slow_one_in_a_real_sweep(engine_host, ray_local, tmp_path,
+                                                                            monkeypatch):
     """A fast and a slow model, one CPU actor each, 48 rows in shards of 6, `max_num_seqs: 8`: each CPU actor
     holds two shards (its engine runs one batch at a time), so the slow model's shards wait in the driver,
     and the fast model's actor, once done, runs some of them. Before, each actor held six (the depth that
@@ -550,7 +551,7 @@ def test_a_fast_models_cpu_actor_takes_shards_of_a_slow_one_in_a_real_sweep(ray_
                        "prompt": "Question: {question}\nAnswer:", "sampling": {"max_tokens": 24}}],
             "shards": {"max_samples": 6}, "actors": {"count": 1, "num_cpus": 1}}
     (tmp_path / "s.yaml").write_text(json.dumps(spec))
-    report = run_sweep(load_spec(tmp_path / "s.yaml"), log=print)
+    report = run_sweep(load_spec(tmp_path / "s.yaml"), engine_host=engine_host, log=print)
     assert not report.failed
     shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
     fast_actor = set(shards[shards.model == "fast"].actor_id)

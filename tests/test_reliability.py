@@ -69,11 +69,11 @@ def outputs(out) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(ray_local, tmp_path_factory):
+def reference(engine_host, ray_local, tmp_path_factory):
     """The uninterrupted run of the small-shard spec."""
     tmp = tmp_path_factory.mktemp("reference")
     spec = load_spec(small_shard_spec(tmp))
-    run_sweep(spec, output=str(tmp / "out"), log=lambda line: None)
+    run_sweep(spec, output=str(tmp / "out"), engine_host=engine_host, log=lambda line: None)
     return outputs(tmp / "out")
 
 
@@ -113,12 +113,13 @@ def test_driver_kill9_then_rerun_completes_identically(ray_local, reference, tmp
 
 @pytest.mark.parametrize("how", ["ray.kill", "os._exit"])
 @pytest.mark.slow
-def test_actor_death_mid_shard_is_retried(ray_local, reference, tmp_path, how):
+def test_actor_death_mid_shard_is_retried(engine_host, ray_local, reference, tmp_path, how):
     import ray
 
     spec, out = load_spec(small_shard_spec(tmp_path, name=f"death-{how.replace('.', '')}")), tmp_path / "out"
     report = {}
-    sweep = threading.Thread(target=lambda: report.update(r=run_sweep(spec, output=str(out), log=lambda line: None)))
+    sweep = threading.Thread(target=lambda: report.update(
+        r=run_sweep(spec, output=str(out), engine_host=engine_host, log=lambda line: None)))
     sweep.start()
     # an actor that has committed a shard runs its engine and holds more shards (the telemetry of each
     # committed shard is on disk as it commits); the other one may still be starting on a busy machine
@@ -179,8 +180,8 @@ def test_an_empty_prompt_under_fail_on_error_true_is_refused_before_ray_with_one
 
 @pytest.mark.parametrize("fail_on_error", [False, 0.2])
 @pytest.mark.slow
-def test_rows_that_break_become_error_rows_when_allowed(ray_local, tmp_path, fail_on_error):
-    report = run_sweep(load_spec(poison_spec(tmp_path, fail_on_error)), log=lambda line: None)
+def test_rows_that_break_become_error_rows_when_allowed(engine_host, ray_local, tmp_path, fail_on_error):
+    report = run_sweep(load_spec(poison_spec(tmp_path, fail_on_error)), engine_host=engine_host, log=lambda line: None)
     assert not report.failed
     results = pq.read_table(tmp_path / "out" / "results").to_pandas().set_index("sample_id")
     assert len(results) == 40

@@ -13,7 +13,7 @@ from cluster.inputs.spec_file import load_spec
 
 
 @pytest.mark.slow
-def test_mixed_profiles_route_with_few_restarts(ray_local, tmp_path):
+def test_mixed_profiles_route_with_few_restarts(engine_host, ray_local, tmp_path):
     rows = [{"id": f"s{i}", "text": f"sample {i}"} for i in range(60)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # submission order alternates short, long, short, long: first-come-first-served would restart often
@@ -24,7 +24,7 @@ def test_mixed_profiles_route_with_few_restarts(ray_local, tmp_path):
                                                                        "engine": "fake"}],
         "tasks": tasks, "shards": {"max_samples": 10}, "actors": {"count": 2, "num_cpus": 1}}))
     spec = load_spec(tmp_path / "mixed.yaml")
-    report = run_sweep(spec, log=lambda line: None)
+    report = run_sweep(spec, engine_host=engine_host, log=lambda line: None)
     assert not report.failed and report.samples == 240
     shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
     # 24 shards; a long one cut at the tail (cluster/schedule/tail_split.py) has a telemetry row per part
@@ -42,7 +42,7 @@ def test_mixed_profiles_route_with_few_restarts(ray_local, tmp_path):
 
 
 @pytest.mark.slow
-def test_an_actor_ray_cannot_place_holds_no_shards(ray_local, tmp_path):
+def test_an_actor_ray_cannot_place_holds_no_shards(engine_host, ray_local, tmp_path):
     """Three actors of 1 CPU on a 2-CPU Ray: the third never starts, and the sweep must not wait on it."""
     rows = [{"id": f"s{i}", "text": f"sample {i}"} for i in range(50)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -51,7 +51,7 @@ def test_an_actor_ray_cannot_place_holds_no_shards(ray_local, tmp_path):
         "models": [{"name": "m", "path": "builtin:tiny", "engine": "fake"}],
         "tasks": [{"name": "t", "data": "d.jsonl", "id_column": "id", "prompt": "{text}", "sampling": {"max_tokens": 2}}],
         "shards": {"max_samples": 5}, "actors": {"count": 3, "num_cpus": 1}}))
-    report = run_sweep(load_spec(tmp_path / "s.yaml"), log=lambda line: None)
+    report = run_sweep(load_spec(tmp_path / "s.yaml"), engine_host=engine_host, log=lambda line: None)
     assert not report.failed and report.samples == 50
     shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
     assert 1 <= shards["actor_id"].nunique() <= 2  # the fake engine is instant: one actor may do it all

@@ -143,7 +143,7 @@ def test_cpu_engine_loglikelihood_is_the_models_own_log_softmax_whatever_the_bat
 
 
 @pytest.mark.slow
-def test_the_scoring_example_sweep(ray_local, tmp_path):
+def test_the_scoring_example_sweep(engine_host, ray_local, tmp_path):
     """sweeps/scoring.yaml on the CPU engine: multiple choice by log-likelihood, four sampled completions per
     code problem run in the sandbox, and replayed completions (right, wrong, never returning) scored with
     no engine; every completion once, pass@k from the replayed ones' known outcomes."""
@@ -155,7 +155,7 @@ def test_the_scoring_example_sweep(ray_local, tmp_path):
     for task in raw["tasks"]:
         task["data"] = str(ROOT / "sweeps" / task["data"])
     (tmp_path / "scoring.yaml").write_text(yaml.safe_dump(raw))
-    report = run_sweep(load_spec(tmp_path / "scoring.yaml"), log=print)
+    report = run_sweep(load_spec(tmp_path / "scoring.yaml"), engine_host=engine_host, log=print)
     assert not report.failed
     results = pq.read_table(tmp_path / "out" / "results").to_pandas()
     assert len(results) == 40 + 8 * 4 + 8 * 3

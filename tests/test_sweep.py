@@ -138,10 +138,10 @@ def test_telemetry_is_measured(quickstart):
 
 
 @pytest.mark.slow
-def test_rerun_skips_committed_shards_and_changed_spec_is_refused(quickstart, ray_local, tmp_path):
+def test_rerun_skips_committed_shards_and_changed_spec_is_refused(engine_host, quickstart, ray_local, tmp_path):
     spec, out = quickstart[:2]
     first = pq.read_table(out / "summary.parquet")
-    again = run_sweep(spec, output=str(out), log=lambda line: None)
+    again = run_sweep(spec, output=str(out), engine_host=engine_host, log=lambda line: None)
     assert again.shards_run == 0 and again.shards_skipped == 7
     for a, b in zip(again.summary.to_pylist(), first.to_pylist(), strict=True):  # read back from disk
         assert a == {k: pytest.approx(v) if isinstance(v, float) else v for k, v in b.items()}
@@ -149,7 +149,7 @@ def test_rerun_skips_committed_shards_and_changed_spec_is_refused(quickstart, ra
     changed = load_spec(QUICKSTART)
     object.__setattr__(changed, "name", "other")
     with pytest.raises(SinkError, match="holds results of another spec"):
-        run_sweep(changed, output=str(out), log=lambda line: None)
+        run_sweep(changed, output=str(out), engine_host=engine_host, log=lambda line: None)
 
 
 def output_files(folder) -> dict:

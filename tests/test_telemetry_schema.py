@@ -90,11 +90,11 @@ def test_a_short_row_gets_every_schema_column_typed(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_quickstart_sweeps_telemetry_has_exactly_the_schemas_columns_and_types(ray_local, tmp_path):
+def test_a_quickstart_sweeps_telemetry_has_exactly_the_schemas_columns_and_types(engine_host, ray_local, tmp_path):
     from cluster.schedule.run import run_sweep
 
     out = tmp_path / "out"
-    run_sweep(load_spec(lean_quickstart(tmp_path)), output=str(out), log=lambda line: None)
+    run_sweep(load_spec(lean_quickstart(tmp_path)), output=str(out), engine_host=engine_host, log=lambda line: None)
     written = {p.stem for p in (out / "telemetry").glob("*.parquet")}
     assert {"shards", "actors"} <= written and written <= {"shards", "actors", "gpu", "switches"}
     for name in written:

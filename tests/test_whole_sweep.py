@@ -28,12 +28,12 @@ def two_model_spec(tmp_path, models, rows=48, actors=None, max_tokens=6):
 
 
 @pytest.fixture(scope="module")
-def two_models(ray_local, tmp_path_factory):
+def two_models(engine_host, ray_local, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("two-models")
     # enough work per model (several seconds on the CPU engine) that the second actor, whose imports may
     # finish seconds after the first's on a loaded machine, comes up while the first model still runs
     spec = two_model_spec(tmp, [("a", "builtin:tiny", "hf"), ("b", "builtin:tiny", "hf")], rows=96, max_tokens=48)
-    return run_sweep(spec, log=lambda line: None), tmp / "out"
+    return run_sweep(spec, engine_host=engine_host, log=lambda line: None), tmp / "out"
 
 
 @pytest.mark.slow
@@ -70,13 +70,13 @@ def test_startup_figures_are_measured_and_add_up(two_models):
 
 
 @pytest.mark.slow
-def test_a_finished_models_actor_serves_the_other_model(ray_local, tmp_path):
+def test_a_finished_models_actor_serves_the_other_model(engine_host, ray_local, tmp_path):
     """`fast` (the fake engine) is done at once; its actor changes model and helps `slow` (CPU engine). `slow`
     has seconds of work (48 new tokens a row): with 6, on a loaded machine its own actor had finished every
     shard before the helper's engine was up."""
     spec = two_model_spec(tmp_path, [("fast", "builtin:tiny", "fake"), ("slow", "builtin:tiny", "hf")], rows=96,
                           max_tokens=48)
-    report = run_sweep(spec, log=lambda line: None)
+    report = run_sweep(spec, engine_host=engine_host, log=lambda line: None)
     assert not report.failed and report.samples == 2 * 96
     starts = pq.read_table(tmp_path / "out" / "telemetry" / "actors.parquet").to_pandas()
     changed = starts[starts["reason"] == "model"]
@@ -101,12 +101,12 @@ def test_a_finished_models_actor_serves_the_other_model(ray_local, tmp_path):
 
 
 @pytest.mark.slow
-def test_an_engine_that_cannot_start_fails_only_its_model(ray_local, tmp_path, tiny_path):
+def test_an_engine_that_cannot_start_fails_only_its_model(engine_host, ray_local, tmp_path, tiny_path):
     broken = tmp_path / "broken-model"
     shutil.copytree(tiny_path, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")  # config and tokenizer still load
     spec = two_model_spec(tmp_path, [("broken", str(broken), "hf"), ("good", "builtin:tiny", "hf")], rows=24)
-    report = run_sweep(spec, log=lambda line: None)
+    report = run_sweep(spec, engine_host=engine_host, log=lambda line: None)
     assert sorted(report.failed) == [f"broken/t/{i:05d}" for i in range(4)]  # every shard of the broken model
     assert all("engine did not start" in entry["errors"][-1] for entry in report.failed.values())
     results = pq.read_table(tmp_path / "out" / "results").to_pandas()

@@ -142,11 +142,11 @@ def _finished(prepared: Prepared, log: Callable[[str], None], clock: RunClock) -
                            command_s=time.time() - clock.started_at, shards_skipped=committed)
 
 
-def run_sweep(spec: SweepSpec, output: str | None = None, log: Callable[[str], None] = print,
-              max_attempts: int = 3, new_run: bool = False) -> SweepReport:
+def run_sweep(spec: SweepSpec, output: str | None = None, new_run: bool = False, **options) -> SweepReport:
+    """`prepare` (the spec's inputs checked first), then `execute` with `options`: a command's steps in one."""
     from cluster.inputs.checks import check_inputs
 
-    return execute(prepare(spec, check_inputs(spec).data, output, new_run), log=log, max_attempts=max_attempts)
+    return execute(prepare(spec, check_inputs(spec).data, output, new_run), **options)
 
 
 class _Run:
