@@ -25,7 +25,7 @@ MAX_SOCKET_PATH = 100  # bytes: Linux's Unix socket paths end at 107
 
 
 def start_engine_host(backends) -> "EngineHost | None":
-    """A local run's engine host, started now; None where RAYSWEEP_ENGINE_HOST=0 turns it off, or where it
+    """A run's engine host, started now; None where RAYSWEEP_ENGINE_HOST=0 turns it off, or where it
     cannot start (said in one line: the actors then import and run their engines themselves)."""
     import os
     import sys
@@ -38,6 +38,21 @@ def start_engine_host(backends) -> "EngineHost | None":
         print(f"[raysweep] no engine host ({e}): the actors import and run their engines themselves",
               file=sys.stderr, flush=True)
         return None
+
+
+def cluster_on_this_machine() -> bool:
+    """Whether every live node of the Ray cluster this process joined runs on this machine, and no autoscaler can
+    add one elsewhere (a workstation's `ray start`, of one node or several): each actor then reaches an engine host
+    this process starts. Ray's node table, and this machine's processes for the autoscaler (its head is here)."""
+    import ray
+
+    from cluster.plan.placement import read_node_types
+
+    here = ray.util.get_node_ip_address()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if not nodes or any(n.get("NodeManagerAddress") != here for n in nodes):
+        return False
+    return not read_node_types(ray.get_runtime_context().gcs_address.rsplit(":", 1)[-1])
 
 
 FOLDER_PREFIX = "raysweep-engine-host-"
@@ -67,8 +82,9 @@ def remove_stale_folders(parent: str, prefix: str = FOLDER_PREFIX) -> None:
 
 
 class EngineHost:
-    """A local run's engine host (cluster/contracts/engine_host.py): started before Ray, so the engines'
-    libraries are imported while Ray starts; stopped after the run (and killed with the driver, however it
+    """A run's engine host (cluster/contracts/engine_host.py): a local run's started before Ray, so the engines'
+    libraries are imported while Ray starts (a run that joins a cluster on this machine starts it once Ray is
+    joined, jobs/lifecycle.py); stopped after the run (and killed with the driver, however it
     goes). It runs in a session of its own (Ctrl-C in the terminal is the driver's). Its output goes to a file
     beside its socket, said in one line if the host ended by itself."""
 

@@ -4,10 +4,10 @@
 (jobs/lm_eval_model.py).
 
 What is the process's happens once, however many sweeps it runs:
-- `begin`: the engine host decided once, from what a quick look at a spec file or lm-eval's model_args tell (a new
-  local Ray's, started at once so the engines' imports run while the rest is checked; none on a Ray cluster or for
-  a reproducible run), else by the first spec; Ray's start begun at once where lm-eval builds tasks or requests
-  (seconds) first;
+- `begin`: the engine host decided once, from what a quick look at a spec file (jobs/spec_glance.py) or lm-eval's
+  model_args tell, else by the first spec: a new local Ray's started at once, so the engines' imports run while
+  the rest is checked; on a Ray cluster, one once Ray is joined where every node of it is on this machine; none
+  for a reproducible run. Ray's start begun at once where lm-eval builds tasks or requests (seconds) first;
 - Ray started or joined once (the first sweep's step 4; a later sweep's finds it up), a local one with its reaper
   (jobs/ray_reaper.py) started first;
 - with `keep_engines`, the actors of one sweep kept for the next (cluster/schedule/fleet.py KeptActors);
@@ -95,6 +95,7 @@ class SweepRun:
         self._ray_started = False
         self._reaper = None  # a local Ray's reaper (jobs/ray_reaper.py), released once this run stopped its Ray
         self._host_decided = False
+        self._host_backends = None  # the engines' backends, where the host is decided once Ray is joined
         self._early = None  # the early engines asked of the engine host (cluster/plan/early_engines.py EarlyPlan)
         self._early_asked = False  # by the run's first sweep only: a later one finds engines kept or gone
         self._held = contextlib.ExitStack()  # what the run holds, released by close, the last taken first
@@ -109,15 +110,15 @@ class SweepRun:
 
     # -- the process's: the engine host, Ray's early start, temporary folders ------------------------------------
     def begin(self, backends: list[str], reproducible: bool = False, ray_early: bool = False) -> None:
-        """The engine host decided, once (a later call keeps the first's decision); with `ray_early`, Ray's start
-        begun on a thread of its own, once (lm-eval builds its tasks or requests while it starts)."""
+        """The engine host decided, once (a later call keeps the first's decision): started now for a new local
+        Ray, else once Ray is joined (`_host_for_cluster`); none for a reproducible run. With `ray_early`, Ray's
+        start begun on a thread of its own, once (lm-eval builds its tasks or requests while it starts)."""
         if not self._host_decided:
             self._host_decided = True
-            if self.address == "local" and not reproducible:  # RAYSWEEP_ENGINE_HOST=0: none (cluster/launch.py)
-                from cluster.launch import start_engine_host
-
-                self.host = start_engine_host(backends)
-                self._held.callback(self._stop_host)
+            if self.address == "local" and not reproducible:
+                self._start_host(backends)
+            elif not reproducible:
+                self._host_backends = backends
         if ray_early and not self.ray_begun:
             from jobs.background import Background
 
@@ -145,6 +146,7 @@ class SweepRun:
         from cluster.inputs.spec_file import load_spec
 
         from jobs.silence import watched
+        from jobs.spec_glance import backends_named, names_lm_eval_tasks, quick_look
 
         raw = quick_look(path)
         lm_eval = raw is not None and names_lm_eval_tasks(raw)
@@ -162,8 +164,9 @@ class SweepRun:
         self._step(Phase.READ)
         if self.sweep is not None:
             self.sweep.close()
-        if self.host is not None and spec.reproducible:
+        if spec.reproducible:
             self._stop_host()
+            self._host_backends = None
         else:
             self.begin([m.backend for m in spec.models], spec.reproducible)
         self.sweep = _Sweep(spec)
@@ -281,6 +284,7 @@ class SweepRun:
             else:
                 self._start_ray()
             reclaim()  # Ray's core worker took SIGTERM over: ours again, so it ends the run in one line
+            self._host_for_cluster()
         except SystemExit as e:  # ray.init's own SIGTERM handler: sys.exit(15), no word
             if e.code == signal.SIGTERM:
                 raise Interrupted(signal.SIGTERM) from None
@@ -353,6 +357,21 @@ class SweepRun:
             self._reaper.release()
             self._reaper = None
 
+    def _start_host(self, backends) -> None:
+        from cluster.launch import start_engine_host
+
+        self.host = start_engine_host(backends)  # RAYSWEEP_ENGINE_HOST=0: none (cluster/launch.py)
+        self._held.callback(self._stop_host)
+
+    def _host_for_cluster(self) -> None:
+        """Once a Ray cluster is joined: an engine host where every node of it runs on this machine and no
+        autoscaler can add one elsewhere (a workstation's `ray start`), so every actor reaches it; else none."""
+        from cluster.launch import cluster_on_this_machine
+
+        backends, self._host_backends = self._host_backends, None
+        if backends is not None and cluster_on_this_machine():
+            self._start_host(backends)
+
     def _stop_host(self) -> None:
         if self.host is not None:
             self.host.stop()
@@ -363,37 +382,3 @@ class SweepRun:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def quick_look(path: str) -> dict | None:
-    """The spec file as YAML, or None where it is not readable YAML of a mapping (load_spec then says what is
-    wrong, before anything starts)."""
-    import yaml
-
-    if not os.path.isfile(path):  # a named pipe would block open(); load_spec names what it is instead
-        return None
-    try:
-        with open(path, "rb") as f:
-            raw = yaml.safe_load(f)
-    except Exception:  # noqa: BLE001
-        return None
-    return raw if isinstance(raw, dict) else None
-
-
-def backends_named(raw: dict) -> list[str]:
-    """The engine backends the spec's models name (`engine: NAME` or `engine: {backend: NAME}`), `auto` for
-    the rest and for what load_spec will refuse."""
-    from cluster.contracts.spec import BACKENDS
-
-    found = []
-    for model in raw.get("models") if isinstance(raw.get("models"), list) else []:
-        engine = model.get("engine") if isinstance(model, dict) else None
-        backend = engine if isinstance(engine, str) else engine.get("backend") if isinstance(engine, dict) else None
-        found.append(backend if backend in BACKENDS else "auto")
-    return found or ["auto"]
-
-
-def names_lm_eval_tasks(raw: dict) -> bool:
-    """Whether the spec has a `lm_eval:` entry among its tasks (a quick look: load_spec checks it all)."""
-    tasks = raw.get("tasks")
-    return isinstance(tasks, list) and any(isinstance(t, dict) and "lm_eval" in t for t in tasks)

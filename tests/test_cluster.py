@@ -285,7 +285,7 @@ def test_the_autoscalers_node_types_are_read_from_this_clusters_monitor_not_anot
     """Two Ray heads on one machine (two users, or two test suites): each autoscaler's monitor process names
     its config; the node types are those of the monitor whose --gcs-address is this cluster's (by its port).
     Before, the first monitor found was read: a sweep beside another head saw no 4-GPU node type."""
-    from cluster.plan.placement import _read_node_types
+    from cluster.plan.placement import read_node_types
 
     monitors = []
     try:
@@ -298,8 +298,8 @@ def test_the_autoscalers_node_types_are_read_from_this_clusters_monitor_not_anot
                                               f"--gcs-address=10.0.0.1:{port}", f"--autoscaling-config={config}"]))
         for monitor in monitors:  # Popen returns once the exec began; /proc shows the new argv a moment later
             _wait_for_cmdline(monitor.pid, "monitor.py")
-        assert _read_node_types("40222") == [{"CPU": 1, "GPU": 4}]
-        assert _read_node_types("40111") == [{"CPU": 1, "GPU": 1}]
+        assert read_node_types("40222") == [{"CPU": 1, "GPU": 4}]
+        assert read_node_types("40111") == [{"CPU": 1, "GPU": 1}]
     finally:
         for monitor in monitors:
             monitor.kill()

@@ -278,3 +278,20 @@ def test_an_engine_forked_from_the_host_imports_nothing_the_host_could_have():
                           env=os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     assert done.returncode == 0, done.stderr[-2000:]
     assert ast.literal_eval(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_cluster_is_on_this_machine_where_every_live_node_runs_here_and_no_autoscaler_can_add_one(ray_local,
+                                                                                                   monkeypatch):
+    """What decides an engine host for a run that joins a cluster (jobs/lifecycle.py `_host_for_cluster`): the
+    session's local Ray is on this machine; a live node elsewhere, or an autoscaler that may start one, is not."""
+    from cluster.launch import cluster_on_this_machine
+
+    assert cluster_on_this_machine()
+    nodes = ray_local.nodes()
+    elsewhere = {**nodes[0], "NodeManagerAddress": "198.51.100.7"}
+    monkeypatch.setattr("ray.nodes", lambda: nodes + [elsewhere])
+    assert not cluster_on_this_machine()
+    monkeypatch.setattr("ray.nodes", lambda: nodes + [{**elsewhere, "Alive": False}])
+    assert cluster_on_this_machine()  # a dead node takes no actor
+    monkeypatch.setattr("cluster.plan.placement.read_node_types", lambda gcs_port: [{"CPU": 4, "GPU": 1}])
+    assert not cluster_on_this_machine()

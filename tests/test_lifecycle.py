@@ -58,7 +58,7 @@ def test_a_spec_that_does_not_load_stops_the_engine_host_it_started(tmp_path, ho
     assert len(hosts) == 1 and hosts[0].stopped == 1
 
 
-def test_a_reproducible_spec_runs_no_engine_host_and_a_cluster_none(tmp_path, hosts):
+def test_a_reproducible_spec_runs_no_engine_host_and_a_cluster_none_before_ray_is_joined(tmp_path, hosts):
     from cluster.inputs.spec_file import load_spec
 
     spec = load_spec(QUICKSTART / "quickstart.yaml")
@@ -71,6 +71,37 @@ def test_a_reproducible_spec_runs_no_engine_host_and_a_cluster_none(tmp_path, ho
         life.adopt(spec)
         life.adopt(spec)  # decided once
     assert len(hosts) == 1 and hosts[0].stopped == 1
+
+
+@pytest.mark.parametrize("here", [True, False], ids=["every node here", "a node elsewhere"])
+def test_a_run_that_joins_a_cluster_starts_an_engine_host_once_joined_where_every_node_is_here(tmp_path, monkeypatch,
+                                                                                               hosts, here):
+    """`--address` (or RAY_ADDRESS): the host is decided once Ray is joined, from where the cluster's nodes run
+    (cluster/launch.py cluster_on_this_machine); started then, and stopped with the rest at close. A reproducible
+    spec gets none either way."""
+    from types import SimpleNamespace
+
+    from cluster.inputs.spec_file import load_spec
+
+    monkeypatch.setattr("cluster.schedule.run.prepare", lambda *a, **k: SimpleNamespace(
+        sink=SimpleNamespace(close=lambda: None), nothing_left=False))
+    monkeypatch.setattr("jobs.ray_start.check_ray_address", lambda *a: None)
+    monkeypatch.setattr("jobs.ray_start.start_ray", lambda *a, **k: None)
+    monkeypatch.setattr("jobs.local_ray.shutdown", lambda: None)
+    monkeypatch.setattr("jobs.interrupts.reclaim", lambda: None)
+    monkeypatch.setattr("cluster.launch.cluster_on_this_machine", lambda: here)
+    spec = load_spec(QUICKSTART / "quickstart.yaml")
+    for reproducible in (False, True):
+        with SweepRun(_args(address="127.0.0.1:6379"), _clock(), log=lambda line: None) as life:
+            life.adopt(spec.__class__(**{**spec.__dict__, "reproducible": reproducible}))
+            life.check()
+            life.open(str(tmp_path / "out"))
+            assert hosts == []  # not before Ray is joined
+            life.start_ray()
+            started = list(hosts)
+        assert [h.backends for h in started] == ([["auto"]] if here and not reproducible else [])
+        assert all(h.stopped == 1 for h in started)
+        hosts.clear()
 
 
 def test_a_temporary_folder_goes_at_close_and_one_a_killed_command_left_goes_with_the_next(tmp_path, monkeypatch):

@@ -235,9 +235,10 @@ def telemetry(out: Path, table: str):
 
 
 def test_a_sweep_spreads_over_two_nodes(cluster, tmp_path):
-    """One actor per node, both with shards; no engine host on a cluster: each actor runs its engine itself. The
-    fake engine holds every shard until both engines are up: with builtin:tiny's engine on a busy machine the head's
-    actor had run every shard before the second node's actor was up."""
+    """One actor per node, both with shards; both nodes on the driver's machine, so the command's engine host
+    serves the actors of both (jobs/lifecycle.py `_host_for_cluster`). The fake engine holds every shard until both
+    engines are up: with builtin:tiny's engine on a busy machine the head's actor had run every shard before the
+    second node's actor was up."""
     hold = tmp_path / "hold"
     hold.touch()
     spec, total = small_spec(tmp_path, "two-nodes", rows=150, shard=5,
@@ -254,7 +255,7 @@ def test_a_sweep_spreads_over_two_nodes(cluster, tmp_path):
     both = {cluster.head_id, cluster.node.node_id}
     actors = telemetry(tmp_path / "out", "actors")
     assert set(actors["node_id"]) == both, actors[["actor_id", "node_id"]]
-    assert set(actors["engine_process"]) == {"actor"}  # jobs/sweep.py engine_host: none for a cluster
+    assert set(actors["engine_process"]) == {"host"}  # forked from the driver's host, the second node's actor too
     shards = telemetry(tmp_path / "out", "shards")
     assert set(shards["node_id"]) == both, shards[["shard_id", "actor_id", "node_id"]]
     assert " lost: " not in sweep.text and " died (" not in sweep.text, sweep.text[-3000:]

@@ -76,7 +76,7 @@ def node_shapes(bundle: dict) -> tuple[list[dict], bool]:
         return alive, False
     head = {"num_cpus": 0, "resources": {"node:__internal_head__": 0.001}}
     gcs_port = ray.get_runtime_context().gcs_address.rsplit(":", 1)[-1]
-    types = ray.get(ray.remote(_read_node_types).options(**head).remote(gcs_port))
+    types = ray.get(ray.remote(read_node_types).options(**head).remote(gcs_port))
     return alive + types, bool(types)
 
 
@@ -105,7 +105,7 @@ def _show(resources: dict) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
 
 
-def _read_node_types(gcs_port: str) -> list[dict]:
+def read_node_types(gcs_port: str) -> list[dict]:
     """Runs on the head node: the `available_node_types` of the config its autoscaler was started with
     (Ray 2.60 has no API that returns them): the `--autoscaling-config` of the monitor process of this
     cluster (its `--gcs-address` on `gcs_port`: another Ray's head on the same machine has its own), or the
