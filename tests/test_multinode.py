@@ -356,6 +356,7 @@ def test_gpu_nodes_losing_one_mid_sweep(tmp_path):
     actors = telemetry(tmp_path / "out", "actors")
     shown = actors[["actor_id", "node_id", "engine", "gpu_ids"]]
     assert set(actors["engine"]) == {"vllm"} and set(actors["node_id"]) == {cluster.head_id, second}, shown
+    assert set(actors["engine_process"]) == {"host"}, actors["engine_process"]  # both nodes on the driver's machine
     # each node's actors on its own GPUs: Ray's GPU ids are those its node was started with
     assert set(actors[actors["node_id"] == second]["gpu_ids"]) == set(node_gpus), shown
     assert set(actors[actors["node_id"] == cluster.head_id]["gpu_ids"]) <= set(head_gpus), shown
