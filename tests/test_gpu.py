@@ -124,9 +124,9 @@ def _engine_host_processes(run: str) -> set[int]:
     return found
 
 
-def _local_command(spec: Path, out: Path) -> str:
-    """`jobs.sweep SPEC --output OUT` as a user runs it, with a new local Ray, to exit 0; returns the mark its
-    processes carry (`_engine_host_processes`)."""
+def _local_command(spec: Path, out: Path, env: dict | None = None) -> str:
+    """`jobs.sweep SPEC --output OUT` as a user runs it, with a new local Ray, to exit 0 (`env`: more of its
+    environment); returns the mark its processes carry (`_engine_host_processes`)."""
     import os
     import subprocess
     import sys
@@ -134,7 +134,7 @@ def _local_command(spec: Path, out: Path) -> str:
 
     run = uuid.uuid4().hex
     done = subprocess.run([sys.executable, "-m", "jobs.sweep", str(spec), "--output", str(out)],
-                          cwd=ROOT, env=os.environ | {"RAY_ADDRESS": "local", "RAYSWEEP_TEST_RUN": run},
+                          cwd=ROOT, env=os.environ | {"RAY_ADDRESS": "local", "RAYSWEEP_TEST_RUN": run} | (env or {}),
                           capture_output=True, text=True, timeout=500)
     print(done.stdout[-3000:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -159,12 +159,17 @@ def test_a_local_command_line_sweep_runs_its_engines_forked_from_the_engine_host
     Ray: their first engines are the ones the host built before Ray was up ("early"), and a long shard's profile
     restart asks the host for a new one ("host"); CUDA graphs captured; structured outputs valid; nothing of the
     host or its engines is left once the command exits. The built-in model is built first (`tiny_path`), as a
-    user's later runs find it: one not built yet is built by the planner, once Ray is up, and gets no early engine."""
+    user's later runs find it: one not built yet is built by the planner, once Ray is up, and gets no early engine.
+    The command sees one GPU: on two, the spec's two actors are not the four that fill them, and none is built early
+    (cluster/plan/early_engines.py)."""
+    import os
+
     import pyarrow.parquet as pq
 
     mixed_spec(tmp_path / "host.yaml", "gpu-host", rows=24, seed=1)
     out = tmp_path / "out"
-    run = _local_command(tmp_path / "host.yaml", out)
+    one_gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    run = _local_command(tmp_path / "host.yaml", out, env={"CUDA_VISIBLE_DEVICES": one_gpu})
     actors = pq.read_table(out / "telemetry" / "actors.parquet").to_pandas()
     print(actors[["actor_id", "reason", "profile", "engine_process", "engine_core", "imports_s", "engine_init_s",
                   "graph_mode", "fallback_reason"]].to_string())
