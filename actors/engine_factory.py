@@ -79,11 +79,16 @@ BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"  # vLLM 0.26 reads it as its engine sta
 MIN_BATCH_INVARIANT_CAPABILITY = (8, 0)  # vLLM's invariant kernels need FlashAttention or Triton: sm80 and up
 
 
+def runs_vllm(backends) -> bool:
+    """Whether an engine of `backends` would be vLLM on this machine (`auto` resolved here)."""
+    return "vllm" in {choose_backend(ModelSpec("check", "-", backend=b)) for b in backends}
+
+
 def reproducible_refusal(backends) -> str | None:
     """Why this process's GPU cannot run vLLM's batch-invariant mode (`reproducible: true`), or None. vLLM
     0.26 checks nothing itself: on an older GPU the mode stays on and its kernels fail or are not invariant.
     Read through NVML, so no CUDA context opens in the actor."""
-    if "vllm" not in {choose_backend(ModelSpec("check", "-", backend=b)) for b in backends}:
+    if not runs_vllm(backends):
         return None  # the CPU engine runs reproducibly anywhere
     from actors.telemetry import gpu_capability, gpu_name
 

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 from actors.engine import EngineProfile, runs_profile
-from actors.engine_factory import BATCH_INVARIANT, engine_cpu_threads, reproducible_refusal
+from actors.engine_factory import BATCH_INVARIANT, engine_cpu_threads, reproducible_refusal, runs_vllm
 from actors.hosted_engine import connect
 from actors.local_engine import InProcess
 from actors.telemetry import GpuSampler, gpu_name
@@ -58,9 +58,10 @@ class EvalActor:
         self.cpu_threads = engine_cpu_threads(num_cpus, num_gpus, _node_gpus(self.node_id)) if num_gpus else None
         # the engines run in a process forked from the run's engine host, imported before Ray started, where
         # there is one on this machine (a local run's); else here, with the imports every engine start would
-        # otherwise pay done now, once. Reproducible runs keep their engines here: vLLM's batch-invariant
-        # setting is this process's, set above
-        self.engines = (None if reproducible else connect(engine_host, engine_key(self.gpu_ids))) or InProcess(backends)
+        # otherwise pay done now, once. Reproducible runs on vLLM keep their engines here: vLLM's batch-invariant
+        # setting is this process's, set above (the CPU engine's is its start's `reproducible`: one row at a time)
+        own = reproducible and runs_vllm(backends)
+        self.engines = (None if own else connect(engine_host, engine_key(self.gpu_ids))) or InProcess(backends)
         self.gpu_name = gpu_name()
         self.refusal = reproducible_refusal(backends) if reproducible else None  # the driver stops on it
         self.gpu = GpuSampler().start()  # one sampler for the actor's life; shards read their own windows

@@ -40,6 +40,16 @@ def start_engine_host(backends) -> "EngineHost | None":
         return None
 
 
+def engines_in_actors(backends, reproducible: bool) -> bool:
+    """Whether a run's actors must run their engines in their own processes, with no engine host: a reproducible
+    run that may run vLLM, whose batch-invariant setting is the actor's process's (actors/evaluator.py). The CPU
+    engine's is its start's. Told without importing torch: `auto` may be vLLM wherever vLLM is installed."""
+    import importlib.util
+
+    cpu = {"hf", "fake"} | ({"auto"} if importlib.util.find_spec("vllm") is None else set())
+    return reproducible and not set(backends) <= cpu
+
+
 def cluster_on_this_machine() -> bool:
     """Whether every live node of the Ray cluster this process joined runs on this machine, and no autoscaler can
     add one elsewhere (a workstation's `ray start`, of one node or several): each actor then reaches an engine host

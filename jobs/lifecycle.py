@@ -7,7 +7,7 @@ What is the process's happens once, however many sweeps it runs:
 - `begin`: the engine host decided once, from what a quick look at a spec file (jobs/spec_glance.py) or lm-eval's
   model_args tell, else by the first spec: a new local Ray's started at once, so the engines' imports run while
   the rest is checked; on a Ray cluster, one once Ray is joined where every node of it is on this machine; none
-  for a reproducible run. Ray's start begun at once where lm-eval builds tasks or requests (seconds) first;
+  for a reproducible run on vLLM. Ray's start begun at once where lm-eval builds tasks or requests (seconds) first;
 - Ray started or joined once (the first sweep's step 4; a later sweep's finds it up), a local one with its reaper
   (jobs/ray_reaper.py) started first;
 - with `keep_engines`, the actors of one sweep kept for the next (cluster/schedule/fleet.py KeptActors);
@@ -111,13 +111,16 @@ class SweepRun:
     # -- the process's: the engine host, Ray's early start, temporary folders ------------------------------------
     def begin(self, backends: list[str], reproducible: bool = False, ray_early: bool = False) -> None:
         """The engine host decided, once (a later call keeps the first's decision): started now for a new local
-        Ray, else once Ray is joined (`_host_for_cluster`); none for a reproducible run. With `ray_early`, Ray's
-        start begun on a thread of its own, once (lm-eval builds its tasks or requests while it starts)."""
+        Ray, else once Ray is joined (`_host_for_cluster`); none for a reproducible run on vLLM (its actors keep
+        their engines: cluster/launch.py). With `ray_early`, Ray's start begun on a thread of its own, once (lm-eval
+        builds its tasks or requests while it starts)."""
+        from cluster.launch import engines_in_actors
+
         if not self._host_decided:
             self._host_decided = True
-            if self.address == "local" and not reproducible:
+            if self.address == "local" and not engines_in_actors(backends, reproducible):
                 self._start_host(backends)
-            elif not reproducible:
+            elif not engines_in_actors(backends, reproducible):
                 self._host_backends = backends
         if ray_early and not self.ray_begun:
             from jobs.background import Background
@@ -159,16 +162,19 @@ class SweepRun:
 
     def adopt(self, spec):
         """A spec already loaded (`verify` builds one; lm-eval's model makes one per request type): a new sweep.
-        Its engine host decided here where `begin` did not, or stopped where the spec turned out reproducible (its
-        actors run their own engines)."""
+        Its engine host decided here where `begin` did not, or stopped where the spec turned out reproducible on vLLM
+        (its actors run their own engines)."""
+        from cluster.launch import engines_in_actors
+
         self._step(Phase.READ)
         if self.sweep is not None:
             self.sweep.close()
-        if spec.reproducible:
+        backends = [m.backend for m in spec.models]
+        if engines_in_actors(backends, spec.reproducible):
             self._stop_host()
             self._host_backends = None
         else:
-            self.begin([m.backend for m in spec.models], spec.reproducible)
+            self.begin(backends, spec.reproducible)
         self.sweep = _Sweep(spec)
         self._held.callback(self.sweep.close)
         return spec

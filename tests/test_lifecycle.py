@@ -58,15 +58,24 @@ def test_a_spec_that_does_not_load_stops_the_engine_host_it_started(tmp_path, ho
     assert len(hosts) == 1 and hosts[0].stopped == 1
 
 
-def test_a_reproducible_spec_runs_no_engine_host_and_a_cluster_none_before_ray_is_joined(tmp_path, hosts):
+def test_a_reproducible_spec_on_vllm_runs_no_engine_host_and_a_cluster_none_before_ray_is_joined(tmp_path, hosts):
+    """A reproducible run's vLLM engines stay in their actors (vLLM's batch-invariant setting is the actor's
+    process's); the CPU engine's reproducible runs use the host as any other run."""
+    import dataclasses
+
     from cluster.inputs.spec_file import load_spec
 
     spec = load_spec(QUICKSTART / "quickstart.yaml")
     with SweepRun(_args(address="ray://head:10001"), _clock()) as life:
         life.adopt(spec)
+    on_vllm = tuple(dataclasses.replace(m, backend="vllm") for m in spec.models)
     with SweepRun(_args(), _clock()) as life:
-        life.adopt(spec.__class__(**{**spec.__dict__, "reproducible": True}))
+        life.adopt(spec.__class__(**{**spec.__dict__, "reproducible": True, "models": on_vllm}))
     assert hosts == []
+    with SweepRun(_args(), _clock()) as life:
+        life.adopt(spec.__class__(**{**spec.__dict__, "reproducible": True}))  # builtin:tiny on the CPU engine here
+    assert [h.backends for h in hosts] == [["auto"]] and hosts[0].stopped == 1
+    hosts.clear()
     with SweepRun(_args(), _clock()) as life:
         life.adopt(spec)
         life.adopt(spec)  # decided once
@@ -78,7 +87,8 @@ def test_a_run_that_joins_a_cluster_starts_an_engine_host_once_joined_where_ever
                                                                                                hosts, here):
     """`--address` (or RAY_ADDRESS): the host is decided once Ray is joined, from where the cluster's nodes run
     (cluster/launch.py cluster_on_this_machine); started then, and stopped with the rest at close. A reproducible
-    spec gets none either way."""
+    spec on vLLM gets none either way."""
+    import dataclasses
     from types import SimpleNamespace
 
     from cluster.inputs.spec_file import load_spec
@@ -90,16 +100,19 @@ def test_a_run_that_joins_a_cluster_starts_an_engine_host_once_joined_where_ever
     monkeypatch.setattr("jobs.local_ray.shutdown", lambda: None)
     monkeypatch.setattr("jobs.interrupts.reclaim", lambda: None)
     monkeypatch.setattr("cluster.launch.cluster_on_this_machine", lambda: here)
+    monkeypatch.setattr("cluster.inputs.checks.check_inputs", lambda spec: SimpleNamespace(data=[], models={}))
     spec = load_spec(QUICKSTART / "quickstart.yaml")
+    on_vllm = tuple(dataclasses.replace(m, backend="vllm") for m in spec.models)
     for reproducible in (False, True):
         with SweepRun(_args(address="127.0.0.1:6379"), _clock(), log=lambda line: None) as life:
-            life.adopt(spec.__class__(**{**spec.__dict__, "reproducible": reproducible}))
+            life.adopt(spec.__class__(**{**spec.__dict__, "reproducible": reproducible,
+                                         **({"models": on_vllm} if reproducible else {})}))
             life.check()
             life.open(str(tmp_path / "out"))
             assert hosts == []  # not before Ray is joined
             life.start_ray()
             started = list(hosts)
-        assert [h.backends for h in started] == ([["auto"]] if here and not reproducible else [])
+        assert [h.backends for h in started] == ([["auto"]] if here and not reproducible else [])  # none on vLLM
         assert all(h.stopped == 1 for h in started)
         hosts.clear()
 

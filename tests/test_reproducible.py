@@ -131,6 +131,9 @@ def test_reproducible_outputs_repeat_across_shards_actors_and_a_resume_and_verif
     assert again.returncode == 0 and "resuming:" in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]
     assert outputs(out) == big
     assert json.loads((out / "manifest.json").read_text())["reproducible"] is True
+    for run in (tmp_path / "big", out):  # the CPU engine's: forked from each command's engine host, as in any run
+        engines = pq.read_table(run / "telemetry" / "actors.parquet", columns=["engine_process"])
+        assert set(engines["engine_process"].to_pylist()) == {"host"}
 
     # verify, once: one committed results file altered (every output of it), then 40 rows sampled and generated
     # again: the sampled rows of that file differ and are named, every other sampled row matches
