@@ -1,4 +1,4 @@
-"""What a local run's driver, its engine host and its actors agree on (cluster/launch.py starts the host,
+"""What a run's driver, its engine host and its actors agree on (cluster/launch.py starts the host,
 actors/engine_host.py is it, actors/hosted_engine.py is an actor's end): where the host listens, and the
 messages between an actor and the engine process the host forked for it.
 
@@ -6,7 +6,9 @@ Why a host: a sweep's actors exist only once Ray has started (4-6 s on a GPU mac
 imported vLLM itself (15-20 s) before its engine could start. A plain script imports vLLM at once. The host
 is a process of the driver's, started before Ray, that imports the engines' libraries while Ray starts;
 each actor on the driver's machine then gets an engine process forked from it, imported already. That import is
-vLLM's own (18.0-20.8 s on an H200, 0.06 s of it raysweep's modules: bench/records/h200-engine-host-import.md).
+vLLM's own (18.0-20.8 s on an H200, 0.06 s of it raysweep's modules: bench/records/h200-engine-host-import.md). A
+run that joins a Ray cluster whose nodes all run on the driver's machine starts its host once Ray is joined
+(jobs/lifecycle.py).
 
 Early engines: where the driver knows before Ray is up which engine each actor will start first (cluster/plan/
 early_engines.py), it asks the host for them at once, one per actor, each under the GPUs that actor will be given
