@@ -118,12 +118,11 @@ class SweepRun:
 
         if not self._host_decided:
             self._host_decided = True
-            if engines_in_actors(backends, reproducible):
-                pass  # its actors run their engines themselves
-            elif self.address == "local":
-                self._start_host(backends)
-            else:
-                self._host_backends = backends  # decided once Ray is joined
+            if not engines_in_actors(backends, reproducible):
+                if self.address == "local":
+                    self._start_host(backends)
+                else:
+                    self._host_backends = backends  # decided once Ray is joined
         if ray_early and not self.ray_begun:
             from jobs.background import Background
 
