@@ -110,24 +110,30 @@ class SweepRun:
 
     # -- the process's: the engine host, Ray's early start, temporary folders ------------------------------------
     def begin(self, backends: list[str], reproducible: bool = False, ray_early: bool = False) -> None:
-        """The engine host decided, once (a later call keeps the first's decision): started now for a new local
-        Ray, else once Ray is joined (`_host_for_cluster`); none for a reproducible run on vLLM (its actors keep
-        their engines: cluster/launch.py). With `ray_early`, Ray's start begun on a thread of its own, once (lm-eval
-        builds its tasks or requests while it starts)."""
-        from cluster.launch import engines_in_actors
-
-        if not self._host_decided:
-            self._host_decided = True
-            if not engines_in_actors(backends, reproducible):
-                if self.address == "local":
-                    self._start_host(backends)
-                else:
-                    self._host_backends = backends  # decided once Ray is joined
+        """The engine host decided (`_decide_host`). With `ray_early`, Ray's start begun on a thread of its own, once
+        (lm-eval builds its tasks or requests while it starts)."""
+        self._decide_host(backends, reproducible)
         if ray_early and not self.ray_begun:
             from jobs.background import Background
 
             self._held.callback(self._stop_ray)
             self._ray_starting = Background(self._start_ray, "raysweep-ray-start")
+
+    def _decide_host(self, backends: list[str], reproducible: bool) -> None:
+        """The engine host decided once, by the first call: started now for a new local Ray, else once Ray is joined
+        (`_host_for_cluster`). None, and one started stopped, for a reproducible run on vLLM, told by any call (a
+        spec that turns out so after a quick look): its actors keep their engines (cluster/launch.py)."""
+        from cluster.launch import engines_in_actors
+
+        if engines_in_actors(backends, reproducible):
+            self._stop_host()
+            self._host_backends = None
+        elif not self._host_decided:
+            if self.address == "local":
+                self._start_host(backends)
+            else:
+                self._host_backends = backends  # decided once Ray is joined
+        self._host_decided = True
 
     def temporary_folder(self, purpose: str) -> str:
         """A new folder, removed at close: `raysweep-PURPOSE-PID-*` in the temporary folder; those of the same
@@ -165,17 +171,10 @@ class SweepRun:
         """A spec already loaded (`verify` builds one; lm-eval's model makes one per request type): a new sweep.
         Its engine host decided here where `begin` did not, or stopped where the spec turned out reproducible on vLLM
         (its actors run their own engines)."""
-        from cluster.launch import engines_in_actors
-
         self._step(Phase.READ)
         if self.sweep is not None:
             self.sweep.close()
-        backends = [m.backend for m in spec.models]
-        if engines_in_actors(backends, spec.reproducible):
-            self._stop_host()
-            self._host_backends = None
-        else:
-            self.begin(backends, spec.reproducible)
+        self._decide_host([m.backend for m in spec.models], spec.reproducible)
         self.sweep = _Sweep(spec)
         self._held.callback(self.sweep.close)
         return spec
