@@ -55,29 +55,35 @@ def ray_head(*extra: str, env: dict | None = None, port: int | None = None, clie
     a head started meanwhile by another test (another xdist worker's) or a user overwrote it, and a job submitted
     here was given that other cluster's address (seen: its driver failing for 6 minutes to reach "GCS at address
     ...:38397", the other worker's fake autoscaling cluster, stopped by then)."""
-    for _ in range(3):  # a head that exits at once (a port another worker's Ray took meanwhile) is started anew
+    for _ in range(3):  # started anew, on other free ports, where a head exits at once or its dashboard never
+        # answers (seen once: no dashboard in 90 s, its cause not kept; a port taken between free_port and the bind
+        # by another worker's Ray would do it)
         head, folder, address, url = _start_head(extra, env, port, client_port)
-        deadline = time.time() + 90
-        while head.poll() is None:
-            try:
-                urllib.request.urlopen(f"{url}/api/version", timeout=2)
-                break
-            except urllib.error.HTTPError:  # 401 without a token: the dashboard is up
-                break
-            except OSError:
-                if time.time() > deadline:
-                    _end_head(head, folder)
-                    raise AssertionError("ray start --head did not come up in 90 s") from None
-                time.sleep(0.5)
-        if head.poll() is None:
+        if _dashboard_answers(head, url, within_s=90):
             break
         _end_head(head, folder)
     else:
-        raise AssertionError(f"ray start --head exited {head.returncode} three times")
+        raise AssertionError("ray start --head did not come up three times (it exited, or its dashboard did not "
+                             "answer in 90 s)")
     try:
         yield address, url
     finally:
         _end_head(head, folder)
+
+
+def _dashboard_answers(head: subprocess.Popen, url: str, within_s: float) -> bool:
+    """Whether the head's dashboard answers (a 401 without a token is an answer) while the head runs, within
+    `within_s`."""
+    deadline = time.time() + within_s
+    while head.poll() is None and time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/api/version", timeout=2)
+            return True
+        except urllib.error.HTTPError:  # 401 without a token: the dashboard is up
+            return True
+        except OSError:
+            time.sleep(0.5)
+    return False
 
 
 def _end_head(head: subprocess.Popen, folder: str) -> None:

@@ -262,17 +262,27 @@ def test_a_sweep_spreads_over_two_nodes(cluster, tmp_path):
     print(sweep.text[-1500:])
 
 
-def _lose_the_second_node(cluster: TwoNodes, sweep: Sweep, actors: int = 1) -> str:
+def _lose_the_second_node(cluster: TwoNodes, sweep: Sweep, actors: int = 1, hold: Path | None = None) -> str:
     """Once shards that ran on the second node are committed, from `actors` of its actors (each of them ready:
-    the driver knows where it runs), its processes are killed while the sweep still runs; the lost node's id."""
+    the driver knows where it runs), its processes are killed while the sweep still runs; the lost node's id.
+    `hold` (the fake engine's hold file): made again before the kill, so every shard not begun waits and the node
+    is lost with shards in flight however late this loop saw its commit on a busy machine (without it, the sweep
+    once ended before the driver saw the node go, and said nothing of it); taken away once the loss is said."""
     deadline = time.time() + sweep.hang_s
     lost = cluster.node.node_id
     while len(set(sweep.committed_on(lost).values())) < actors:
         assert sweep.process.poll() is None, f"the sweep ended before the second node committed shards: {sweep.text[-4000:]}"
         assert time.time() < deadline, sweep.text[-4000:]
         time.sleep(0.1)
+    if hold is not None:
+        hold.touch()
     assert sweep.process.poll() is None, "the sweep ended before the node could be lost"
     cluster.lose_node()
+    if hold is not None:
+        while not NODE_LOST.search(sweep.text):
+            assert sweep.process.poll() is None and time.time() < deadline, sweep.text[-4000:]
+            time.sleep(0.1)
+        hold.unlink()
     return lost
 
 
@@ -294,7 +304,7 @@ def test_losing_a_node_mid_sweep_loses_and_duplicates_nothing(cluster, tmp_path)
     head's actor, the sweep ends (exit 0) with every sample once, and one line says what happened. The fake
     engine (0.2 s a shard) holds every shard until both engines are up: however late the second node's actor
     starts, most of the work is still to do when it commits its first shard (with builtin:tiny's engine the
-    head's actor had done it all by then, beside a second suite)."""
+    head's actor had done it all by then, beside a second suite), and again from then until the loss is said."""
     hold = tmp_path / "hold"
     hold.touch()
     spec, total = small_spec(tmp_path, "node-lost", rows=150, shard=5,
@@ -305,7 +315,7 @@ def test_losing_a_node_mid_sweep_loses_and_duplicates_nothing(cluster, tmp_path)
         assert sweep.process.poll() is None and time.time() < deadline, sweep.text[-4000:]
         time.sleep(0.1)
     hold.unlink()
-    lost = _lose_the_second_node(cluster, sweep)
+    lost = _lose_the_second_node(cluster, sweep, hold=hold)
     rc = sweep.wait()
     _check_node_loss(sweep, rc, tmp_path / "out", total, lost)
 
