@@ -26,7 +26,8 @@
    lm-eval's own, e.g. the uncompiled start of actors/vllm_args.py UNCOMPILED). `--peer-env JSON` is added to
    lm-eval's environment alone: lm-eval given a setting raysweep's engines have (actors/vllm_args.py ENGINE_ENV).
 3. Agreement of each pair, once both its runs are done (`raysweep_1` and `lm_eval_1`: `agreement`; `raysweep_n`
-   and `lm_eval_n`: `agreement_n`), from the two runs' lm-eval sample files, per task: the documents whose
+   and `lm_eval_n`: `agreement_n`; checkpoint K's records of `raysweep_ckpt` and lm-eval's run of it:
+   `agreement_ckpt_K`), from the two runs' lm-eval sample files, per task: the documents whose
    `acc` / `acc_norm` decision differs, with each one's margin (the gap between the two choices in lm-eval's own
    values); each choice's log-likelihood difference; the aggregates and stderr side by side; gsm8k's responses
    equal. And from raysweep's telemetry, the prompt tokens requested and computed.
@@ -253,13 +254,18 @@ def _run_variant(suite: Suite, variant: str, suffix: str, model: Path, tasks: Pa
     n = variant.rsplit("_", 1)[1]
     ours, theirs = f"raysweep_{n}{suffix}", f"lm_eval_{n}{suffix}"
     if {ours, theirs} <= set(suite.figures):
-        key = "agreement" if n == "1" else "agreement_n"
-        suite.figures[key] = agreement(suite.out / f"{ours}_out" / "lm_eval", suite.out / theirs)
-        brief = {t: {k: v for k, v in f.items() if k != "differing"} for t, f in suite.figures[key].items()
-                 if t != "metrics"}
-        print(f"[bench] s agreement {ours} vs {theirs}: {json.dumps(brief)}", flush=True)
-        print(f"[bench] s metrics [raysweep, lm-eval]: {json.dumps(suite.figures[key]['metrics'])}", flush=True)
-        suite.save()
+        _compare(suite, "agreement" if n == "1" else "agreement_n", f"{ours}_out/lm_eval", theirs)
+
+
+def _compare(suite: Suite, key: str, ours: str, theirs: str) -> None:
+    """The agreement of raysweep's lm-eval records under OUT/`ours` with lm-eval's run under OUT/`theirs`, kept
+    as `key` and printed (the documents whose decision differs, with their margins, in s.json)."""
+    suite.figures[key] = agreement(suite.out / ours, suite.out / theirs)
+    brief = {t: {k: v for k, v in f.items() if k != "differing"} for t, f in suite.figures[key].items()
+             if t != "metrics"}
+    print(f"[bench] s {key} {ours} vs {theirs}: {json.dumps(brief)}", flush=True)
+    print(f"[bench] s {key} metrics [raysweep, lm-eval]: {json.dumps(suite.figures[key]['metrics'])}", flush=True)
+    suite.save()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -314,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.checkpoints:
         suite.raysweep(f"raysweep_ckpt{suffix}", models, ckpt_tasks, args.gpus)
         suite.lm_eval(f"lm_eval_ckpt{suffix}", models, ckpt_tasks, args.gpus)
+        for k, checkpoint in enumerate(models):  # each checkpoint's records against lm-eval's run of it
+            _compare(suite, f"agreement_ckpt{suffix}_{k + 1}",
+                     f"raysweep_ckpt{suffix}_out/lm_eval/{checkpoint.name}", f"lm_eval_ckpt{suffix}_{k}")
         suite.ratio(f"lm_eval_ckpt{suffix}/raysweep_ckpt{suffix}", f"lm_eval_ckpt{suffix}", f"raysweep_ckpt{suffix}")
     return 0
 

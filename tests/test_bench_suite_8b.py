@@ -1,5 +1,6 @@
 """Bench part (s) without a GPU: `--fresh-caches` starts each variant on empty compile caches of its own, each pair
-of runs (one GPU, N GPUs) is compared with lm-eval once both are done, and an unknown variant is refused first."""
+of runs (one GPU, N GPUs, each checkpoint of the checkpoint sweep) is compared with lm-eval once both are done, and
+an unknown variant is refused first."""
 
 import json
 from pathlib import Path
@@ -96,6 +97,15 @@ def test_each_pair_is_compared_once_both_its_runs_are_done(tmp_path, monkeypatch
     figures = json.loads((tmp_path / "s.json").read_text())
     assert figures["agreement"] == figures["agreement_n"] == {"mmlu": {"documents": 1}, "metrics": {}}
     assert figures["lm_eval_1/raysweep_1"] == figures["lm_eval_n/raysweep_n"] == 3.0
+
+    runs.clear(), compared.clear()  # the checkpoint sweep: each checkpoint's records against lm-eval's run of it
+    suite_8b.main(["--out", str(tmp_path), "--gpus", "4", "--variants", "", "--checkpoints", "3"])
+
+    assert runs == [("raysweep_ckpt", 4), ("lm_eval_ckpt", 4)]
+    assert [(ours, theirs) for ours, theirs, _ in compared] == [
+        (f"raysweep_ckpt_out/lm_eval/model-{k}", f"lm_eval_ckpt_{k - 1}") for k in (1, 2, 3)]
+    figures = json.loads((tmp_path / "s.json").read_text())
+    assert {f"agreement_ckpt_{k}" for k in (1, 2, 3)} <= set(figures) and figures["lm_eval_ckpt/raysweep_ckpt"] == 3.0
 
 
 def test_a_variant_it_does_not_know_is_refused_before_anything_is_built(tmp_path, capsys):
