@@ -85,6 +85,11 @@ def test_a_finished_models_actor_serves_the_other_model(engine_host, ray_local, 
     shards = pq.read_table(tmp_path / "out" / "telemetry" / "shards.parquet").to_pandas()
     helper = changed["actor_id"].iloc[0]  # the actor that ran `fast`, then shards of `slow`
     assert set(shards[shards["actor_id"] == helper]["model"]) == {"fast", "slow"}
+    # each model's rows came from its own engine, the helper's included: none of slow's from the fake engine it
+    # ran before, every one of fast's from it
+    results = pq.read_table(tmp_path / "out" / "results").to_pandas()
+    by_model = results.groupby(results["model"].astype(str))["output_text"]
+    assert (by_model.get_group("fast") == "fake").all() and not (by_model.get_group("slow") == "fake").any()
 
     # the report names that actor by both models, in order (it was named by its last one), and its sample
     # browser lists every sample of the task with both models' completions side by side
