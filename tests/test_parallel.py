@@ -539,7 +539,7 @@ def test_a_fast_models_cpu_actor_takes_shards_of_a_slow_one_in_a_real_sweep(engi
     from cluster.store.manifest import read_manifest
 
     monkeypatch.setitem(builtin_model.CONFIGS, "slowish", dict(
-        hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+        hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
         max_position_embeddings=4096, seed=7))
     builtin_model.build("slowish", tmp_path / "slowish")  # a local folder: the actors load it as any model
     rows = [json.loads(line) for line in open(Path(__file__).parents[1] / "sweeps" / "data" / "arithmetic.jsonl")]
