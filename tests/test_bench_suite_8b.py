@@ -98,7 +98,8 @@ def test_each_pair_is_compared_once_both_its_runs_are_done(tmp_path, monkeypatch
     assert figures["agreement"] == figures["agreement_n"] == {"mmlu": {"documents": 1}, "metrics": {}}
     assert figures["lm_eval_1/raysweep_1"] == figures["lm_eval_n/raysweep_n"] == 3.0
 
-    runs.clear(), compared.clear()  # the checkpoint sweep: each checkpoint's records against lm-eval's run of it
+    runs.clear()  # the checkpoint sweep: each checkpoint's records against lm-eval's run of it
+    compared.clear()
     suite_8b.main(["--out", str(tmp_path), "--gpus", "4", "--variants", "", "--checkpoints", "3"])
 
     assert runs == [("raysweep_ckpt", 4), ("lm_eval_ckpt", 4)]
