@@ -16,7 +16,9 @@ def _stopped_at_once(signum, frame) -> None:
     """Ctrl-C, SIGTERM or SIGHUP while the command imports its libraries, once its run is over and it exits, or in a
     command that runs no sweep (`raysweep plan`) (outside a run's own handlers, jobs/interrupts.py): no run is open
     then, so the command ends at once in one line, not Python's traceback of whichever import or exit function it
-    was in. The line goes to the terminal also while lm-eval is kept quiet (its stderr is /dev/null then)."""
+    was in. The line goes to the terminal also while lm-eval is kept quiet (its stderr is /dev/null then). In a
+    child forked before its own handlers were dropped (`in_forked_child`), the child ends, without a word."""
+    in_forked_child(signum)
     quiet = _sys.modules.get("cluster.lm_eval.quiet")  # looked up, not imported: a signal may come mid-import
     _os.write(quiet.terminal_stderr() if quiet is not None else 2,
               f"[raysweep] stopped by {_STOPS[signum]}: no sweep was running, none was cut "
@@ -24,17 +26,31 @@ def _stopped_at_once(signum, frame) -> None:
     _os._exit(1)
 
 
+def in_forked_child(signum: int) -> None:
+    """A command's stop handler called in a process forked from it, before `_own_handlers_dropped_in_child` ran
+    there (a signal to the whole group, as a terminal's Ctrl-C is, landing in the fork): that process ends at once,
+    silent, by the signal's default action. The command says the run's line."""
+    if _os.getpid() != _COMMAND_PID:
+        _signal.signal(signum, _signal.SIG_DFL)
+        _os.kill(_os.getpid(), signum)
+        _os._exit(128 + signum)  # not reached: the default action of each of _STOPS ends the process
+
+
 def _own_handlers_dropped_in_child() -> None:
-    """In a process forked from a command (multiprocessing's fork: lm-eval's bootstrap pool), the command's stop
-    handlers (this module's and jobs/interrupts.py's, each marked `raysweep_stop`) give way to the defaults. That
-    process is not the command: the pool ends it with SIGTERM, and the command's handler there said the command's
-    stop line and waited for threads that do not exist after a fork, so the pool's join, and the run, waited for
-    ever (seen: a sweep whose lm-eval perplexity metric bootstraps its stderr, under load)."""
+    """In a process forked from a command (multiprocessing's fork: lm-eval's bootstrap pool; Ray's processes,
+    forked and then run), the command's stop handlers (this module's and jobs/interrupts.py's, each marked
+    `raysweep_stop`) give way to the default actions, SIGINT's also: that process is not the command. The pool ends
+    its workers with SIGTERM, and the command's handler there said the command's stop line and waited for threads
+    that do not exist after a fork, so the pool's join, and the run, waited for ever (seen: a sweep whose lm-eval
+    perplexity metric bootstraps its stderr, under load). Python's own SIGINT handler raised KeyboardInterrupt in
+    whichever code the child ran, between the fork and the program it runs: a library's fork hook, whose
+    "Exception ignored" traceback came out beside the run's one line (seen: a Ctrl-C as Ray started)."""
     for signum in _STOPS:
         if getattr(_signal.getsignal(signum), "raysweep_stop", False):
-            _signal.signal(signum, _signal.default_int_handler if signum == _signal.SIGINT else _signal.SIG_DFL)
+            _signal.signal(signum, _signal.SIG_DFL)
 
 
+_COMMAND_PID = _os.getpid()  # the command's process: a process forked from it has another
 _stopped_at_once.raysweep_stop = True
 _os.register_at_fork(after_in_child=_own_handlers_dropped_in_child)
 

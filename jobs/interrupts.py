@@ -26,6 +26,7 @@ from typing import Callable
 from cluster.contracts.shard import ShardState
 from cluster.contracts.uninterrupted import hold, holding
 from cluster.lm_eval.quiet import terminal_stderr  # a stop's line reaches the terminal while lm-eval is quiet
+from jobs import in_forked_child
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed
 _OURS: list = []  # the handler interruptible() installed, while it is in force
@@ -61,10 +62,12 @@ def interruptible(say: Callable[[Interrupted], None] | None = None):
     taken: list[int] = []  # the signal that stopped the run, once one did
 
     def second(signum, frame):
+        in_forked_child(signum)
         os.write(terminal_stderr(), f"\n[raysweep] {signal.Signals(signum).name} again: stopped at once\n".encode())
         os._exit(128 + signum)
 
     def first(signum, frame):
+        in_forked_child(signum)
         if _in_finalizer(frame):  # raised there, Python would print it as "Exception ignored" and go on
             main = threading.main_thread().ident  # sent again as a signal: a blocking call of the main thread ends
             threading.Timer(FINALIZER_WAIT_S, signal.pthread_kill, args=(main, signum)).start()

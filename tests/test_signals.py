@@ -577,6 +577,40 @@ def test_a_process_forked_by_the_run_ends_on_its_sigterm_without_the_runs_stop_l
     assert done.returncode == 0 and done.stdout == f"child ended by {int(signal.SIGTERM)}\n", done.stdout + done.stderr
 
 
+SIGNALLED_IN_A_FORK = """
+import os, signal, subprocess, sys
+
+
+def signalled_in_the_child():  # a library's fork hook (filelock's), in the child between the fork and its program
+    if os.getpid() != parent:
+        os.kill(os.getpid(), signal.SIGINT)  # a terminal's Ctrl-C to the whole group, landing in the fork
+        sum(range(1000))  # Python code after it: where a handler raises, if one does
+
+
+parent = os.getpid()
+if sys.argv[1] == "before":
+    os.register_at_fork(after_in_child=signalled_in_the_child)  # before jobs's own hook
+from jobs.interrupts import interruptible
+if sys.argv[1] == "after":
+    os.register_at_fork(after_in_child=signalled_in_the_child)
+
+with interruptible(say=lambda stop: os.write(1, f"the command's stop line: {stop}\\n".encode())):
+    child = subprocess.Popen([sys.executable, "-c", "print('the child ran its program')"], preexec_fn=lambda: None)
+    print("child ended by", -child.wait(30), flush=True)  # Ray starts its processes this way (a preexec_fn)
+"""
+
+
+@pytest.mark.parametrize("hook", ["before", "after"])
+def test_a_signal_in_a_process_forked_by_the_run_ends_it_without_a_word(hook):
+    """A Ctrl-C as Ray started its processes landed in one between its fork and its program, inside a library's
+    fork hook: Python's KeyboardInterrupt came out there as an "Exception ignored" traceback beside the run's one
+    line. The child ends, silent, whether the signal comes before the run's handlers give way in it or after."""
+    done = subprocess.run([sys.executable, "-c", SIGNALLED_IN_A_FORK, hook], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout == f"child ended by {int(signal.SIGINT)}\n" and done.stderr == "", done.stdout + done.stderr
+
+
 # a command's first moments (`python -m jobs.X`: sys.argv[0] is "-m" while its package imports): the SIGINT handler
 # in place when the `signal` module's import begins, if anything imports it
 FIRST_IMPORT = """
