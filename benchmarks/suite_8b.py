@@ -1,7 +1,7 @@
 """Bench part (s): lm-eval's standard suite at the size teams evaluate, raysweep against `lm_eval --model vllm`.
 
     python -m benchmarks.suite_8b --out DIR --fraction 0.05 [--gpus 4] [--shape large]
-        [--variants lm_eval_1,raysweep_1,lm_eval_n,raysweep_n] [--checkpoints 4 --ckpt-fraction F]
+        [--variants lm_eval_1,raysweep_1,lm_eval_n,raysweep_n] [--checkpoints 4 --ckpt-fraction F [--ckpt-lm-eval 4]]
         [--tasks choice] [--raysweep-engine JSON] [--fresh-caches] [--peer-env JSON]
 
 1. The model and data (benchmarks/suite_tasks.py): a random-weight Llama of `--shape` (`large`: Llama-3-8B's
@@ -17,7 +17,8 @@
    - `raysweep_n`, `lm_eval_n`: the same on `--gpus` GPUs (lm-eval with `data_parallel_size=N`);
    - with `--checkpoints K`: `K` models of the same shape (other seeds) over the suite at `--ckpt-fraction`:
      `raysweep_ckpt` (one spec naming the K models, every GPU) against `lm_eval_ckpt` (lm-eval with
-     `data_parallel_size=N`, once per checkpoint, one after another, as its users run it).
+     `data_parallel_size=N`, once per checkpoint, one after another, as its users run it; `--ckpt-lm-eval`
+     names the checkpoints it runs where not all, and then no ratio is given).
    The variants share the machine's compile caches: on a fresh machine the first to run compiles, and a later one
    with the same engine arguments finds them compiled. `--fresh-caches` gives every variant empty caches of its
    own instead (vLLM's, Inductor's, Triton's, FlashInfer's: `fresh_caches`), as on a node new to the model.
@@ -27,7 +28,9 @@
    lm-eval's environment alone: lm-eval given a setting raysweep's engines have (actors/vllm_args.py ENGINE_ENV).
 3. Agreement of each pair, once both its runs are done (`raysweep_1` and `lm_eval_1`: `agreement`; `raysweep_n`
    and `lm_eval_n`: `agreement_n`; checkpoint K's records of `raysweep_ckpt` and lm-eval's run of it:
-   `agreement_ckpt_K`), from the two runs' lm-eval sample files, per task: the documents whose
+   `agreement_ckpt_K`; and `nearest_ckpt_K`: per document of checkpoint K's records, the run its values lie
+   closest to among lm-eval's runs and raysweep's records of the other checkpoints), from the lm-eval sample
+   files, per task: the documents whose
    `acc` / `acc_norm` decision differs, with each one's margin (the gap between the two choices in lm-eval's own
    values); each choice's log-likelihood difference; the aggregates and stderr side by side; gsm8k's responses
    equal. And from raysweep's telemetry, the prompt tokens requested and computed.
@@ -52,6 +55,7 @@ SHOTS = {"mmlu": 5, "hellaswag": 10, "arc_challenge": 25, "winogrande": 5, "gsm8
 CHOICE_TASKS = ("mmlu", "hellaswag", "arc_challenge", "winogrande")
 MAX_MODEL_LEN = 4096
 VARIANTS = ("raysweep_1", "lm_eval_1", "raysweep_n", "lm_eval_n")
+SAME_MODEL = 0.01  # nats: a choice's value this close to another run's is the same model's (bf16: within 0.001)
 NEAR_TIE = 0.05  # nats: two choices this close in lm-eval's own values are a tie that bf16 rounding can turn
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -176,6 +180,24 @@ def agreement(ours: Path, theirs: Path) -> dict:
     return figures
 
 
+def nearest_runs(ours: Path, theirs: list[Path], within: float = SAME_MODEL) -> dict:
+    """For each document of raysweep's records of one checkpoint (a choice task's), which of lm-eval's runs
+    (`theirs`: one per checkpoint) its choices' values lie closest to, by the largest difference of a choice,
+    counted per run, and `none` where none lies within `within`: a checkpoint's documents found nearest another
+    checkpoint's run say that its rows came from that checkpoint's engine."""
+    runs = [{task: samples(folder, task) for task in CHOICE_TASKS} for folder in theirs]
+    found = {}
+    for task in CHOICE_TASKS:
+        counts = {**{folder.name: 0 for folder in theirs}, "none": 0}
+        for key, record in samples(ours, task).items():
+            gaps = [(max((abs(x - y) for x, y in zip(choice_values(record), choice_values(run[task][key]))),
+                         default=0.0), folder.name) for run, folder in zip(runs, theirs) if key in run[task]]
+            gap, nearest = min(gaps, default=(float("inf"), "none"))
+            counts[nearest if gap <= within else "none"] += 1
+        found[task] = counts
+    return found
+
+
 def token_counts(output: Path) -> dict:
     """raysweep's log-likelihood prompt tokens, requested and computed, summed over its shards' telemetry."""
     import pyarrow.compute as pc
@@ -203,9 +225,12 @@ class Suite:
     def save(self) -> None:
         (self.out / "s.json").write_text(json.dumps(self.figures, indent=2, default=str))
 
-    def lm_eval(self, name: str, models: list[Path], tasks: Path, gpus: int) -> float:
+    def lm_eval(self, name: str, models: list[Path], tasks: Path, gpus: int, only: list[int] | None = None) -> float:
+        """lm-eval once per model (of `only`'s numbers from 1, where given), one after another."""
         total, env = 0.0, {**self.env(name, gpus), **self.peer_env}
         for k, model in enumerate(models):
+            if only is not None and k + 1 not in only:
+                continue
             dest = self.out / (f"{name}_{k}" if len(models) > 1 else name)
             wall, _ = run_process(lm_eval_argv(self.peer, model, tasks, dest, gpus, self.names), env,
                                   self.out / dest.name)
@@ -268,6 +293,39 @@ def _compare(suite: Suite, key: str, ours: str, theirs: str) -> None:
     suite.save()
 
 
+def _run_checkpoints(suite: Suite, models: list[Path], tasks: Path, gpus: int, suffix: str, peers: list[int]) -> None:
+    """raysweep's one sweep of the checkpoints, then lm-eval once for each of `peers` (numbers from 1); each of
+    those checkpoints' records against lm-eval's run of it; and for every checkpoint, the run nearest each of its
+    documents among lm-eval's and raysweep's records of the other checkpoints."""
+    suite.raysweep(f"raysweep_ckpt{suffix}", models, tasks, gpus)
+    suite.lm_eval(f"lm_eval_ckpt{suffix}", models, tasks, gpus, only=peers)
+    ours = [suite.out / f"raysweep_ckpt{suffix}_out" / "lm_eval" / checkpoint.name for checkpoint in models]
+    theirs = {k: suite.out / f"lm_eval_ckpt{suffix}_{k - 1}" for k in peers}
+    for k in peers:
+        _compare(suite, f"agreement_ckpt{suffix}_{k}", ours[k - 1].relative_to(suite.out).as_posix(), theirs[k].name)
+    for k in range(1, len(models) + 1):
+        key = f"nearest_ckpt{suffix}_{k}"
+        suite.figures[key] = nearest = nearest_runs(ours[k - 1], [*theirs.values(), *ours[:k - 1], *ours[k:]])
+        print(f"[bench] s {key} (the run nearest each document, of lm-eval's and raysweep's other checkpoints'): "
+              f"{json.dumps(nearest)}", flush=True)
+        suite.save()
+    if len(peers) == len(models):
+        suite.ratio(f"lm_eval_ckpt{suffix}/raysweep_ckpt{suffix}", f"lm_eval_ckpt{suffix}", f"raysweep_ckpt{suffix}")
+
+
+def _numbers(parser: argparse.ArgumentParser, given: str | None, count: int) -> list[int]:
+    """`--ckpt-lm-eval`: the checkpoints lm-eval runs, numbers from 1 (all where not given)."""
+    if given is None:
+        return list(range(1, count + 1))
+    try:
+        numbers = sorted({int(k) for k in given.split(",")})
+    except ValueError:
+        numbers = []
+    if not numbers or not set(numbers) <= set(range(1, count + 1)):
+        parser.error(f"--ckpt-lm-eval: checkpoint numbers 1 to {count}, comma separated; got {given!r}")
+    return numbers
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.suite_8b", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -277,6 +335,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--checkpoints", type=int, default=0, help="also K checkpoints x the suite (0: not run)")
     parser.add_argument("--ckpt-fraction", type=float, default=None, help="the checkpoint sweep's fraction")
+    parser.add_argument("--ckpt-lm-eval", default=None,
+                        help="the checkpoints lm-eval runs, e.g. 4 (default: all; the ratio needs all)")
     parser.add_argument("--peer", default="vllm", help="lm-eval's model: vllm (GPU), hf (a CPU dry run)")
     parser.add_argument("--tasks", default=",".join(SHOTS),
                         help="some of the suite's tasks (`choice`: the log-likelihood ones); the variants' names then "
@@ -299,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--tasks: some of {', '.join(SHOTS)}, or `choice`; got {args.tasks!r}")
     if args.variants and not set(args.variants.split(",")) <= set(VARIANTS):
         parser.error(f"--variants: some of {', '.join(VARIANTS)}; got {args.variants!r}")
+    peers = _numbers(parser, args.ckpt_lm_eval, args.checkpoints)
     suffix = "" if set(names) == set(SHOTS) else "_" + ("choice" if set(names) == set(CHOICE_TASKS) else "-".join(names))
     os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **MULTICAST_OFF})
     out = Path(args.out)
@@ -318,12 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in ("1", "n"):
         suite.ratio(f"lm_eval_{n}{suffix}/raysweep_{n}{suffix}", f"lm_eval_{n}{suffix}", f"raysweep_{n}{suffix}")
     if args.checkpoints:
-        suite.raysweep(f"raysweep_ckpt{suffix}", models, ckpt_tasks, args.gpus)
-        suite.lm_eval(f"lm_eval_ckpt{suffix}", models, ckpt_tasks, args.gpus)
-        for k, checkpoint in enumerate(models):  # each checkpoint's records against lm-eval's run of it
-            _compare(suite, f"agreement_ckpt{suffix}_{k + 1}",
-                     f"raysweep_ckpt{suffix}_out/lm_eval/{checkpoint.name}", f"lm_eval_ckpt{suffix}_{k}")
-        suite.ratio(f"lm_eval_ckpt{suffix}/raysweep_ckpt{suffix}", f"lm_eval_ckpt{suffix}", f"raysweep_ckpt{suffix}")
+        _run_checkpoints(suite, models, ckpt_tasks, args.gpus, suffix, peers)
     return 0
 
 

@@ -74,14 +74,14 @@ def test_each_pair_is_compared_once_both_its_runs_are_done(tmp_path, monkeypatch
         return out / "tasks", [out / f"model-{seed}" for seed in seeds]
 
     def run(tool):
-        def record(self, name, models, tasks, gpus):
-            runs.append((name, gpus))
+        def record(self, name, models, tasks, gpus, only=None):
+            runs.append((name, gpus) if only is None else (name, gpus, only))
             self.figures[name] = 10.0 if tool == "raysweep" else 30.0
             return self.figures[name]
         return record
 
     def agreement(ours, theirs):
-        compared.append((ours.relative_to(tmp_path).as_posix(), theirs.name, [name for name, _ in runs]))
+        compared.append((ours.relative_to(tmp_path).as_posix(), theirs.name, [run[0] for run in runs]))
         return {"mmlu": {"documents": 1}, "metrics": {}}
 
     monkeypatch.setattr(suite_8b, "prepare", prepare)
@@ -102,11 +102,43 @@ def test_each_pair_is_compared_once_both_its_runs_are_done(tmp_path, monkeypatch
     compared.clear()
     suite_8b.main(["--out", str(tmp_path), "--gpus", "4", "--variants", "", "--checkpoints", "3"])
 
-    assert runs == [("raysweep_ckpt", 4), ("lm_eval_ckpt", 4)]
+    assert runs == [("raysweep_ckpt", 4), ("lm_eval_ckpt", 4, [1, 2, 3])]
     assert [(ours, theirs) for ours, theirs, _ in compared] == [
         (f"raysweep_ckpt_out/lm_eval/model-{k}", f"lm_eval_ckpt_{k - 1}") for k in (1, 2, 3)]
     figures = json.loads((tmp_path / "s.json").read_text())
-    assert {f"agreement_ckpt_{k}" for k in (1, 2, 3)} <= set(figures) and figures["lm_eval_ckpt/raysweep_ckpt"] == 3.0
+    assert {f"agreement_ckpt_{k}" for k in (1, 2, 3)} | {f"nearest_ckpt_{k}" for k in (1, 2, 3)} <= set(figures)
+    assert figures["lm_eval_ckpt/raysweep_ckpt"] == 3.0
+
+    runs.clear()  # lm-eval on some checkpoints only: those compared, no ratio
+    compared.clear()
+    (tmp_path / "s.json").unlink()
+    suite_8b.main(["--out", str(tmp_path), "--gpus", "1", "--variants", "", "--checkpoints", "4", "--ckpt-lm-eval", "4"])
+
+    assert runs == [("raysweep_ckpt", 1), ("lm_eval_ckpt", 1, [4])]
+    assert [(ours, theirs) for ours, theirs, _ in compared] == [("raysweep_ckpt_out/lm_eval/model-4", "lm_eval_ckpt_3")]
+    figures = json.loads((tmp_path / "s.json").read_text())
+    assert {f"nearest_ckpt_{k}" for k in (1, 2, 3, 4)} <= set(figures) and "lm_eval_ckpt/raysweep_ckpt" not in figures
+
+
+def _records(folder: Path, task: str, values: list[list[float]]) -> Path:
+    """lm-eval's sample file of `task`, one document per list of choice values."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"samples_{task}_2026-12-01T00-00-00.jsonl", "w") as f:
+        for doc, choices in enumerate(values):
+            f.write(json.dumps({"doc_id": doc, "filter": "none", "filtered_resps": [[v, False] for v in choices]}) + "\n")
+    return folder
+
+
+def test_each_checkpoints_documents_are_matched_to_the_lm_eval_run_nearest_them(tmp_path):
+    """A checkpoint's rows that came from another checkpoint's engine lie within bf16 noise of that one's lm-eval
+    run; rows of neither lie within SAME_MODEL of none."""
+    theirs = [_records(tmp_path / f"lm_eval_ckpt_{k}", "hellaswag", [[-10.0 - k, -12.0 - k]] * 3) for k in (0, 1)]
+    ours = _records(tmp_path / "ours", "hellaswag", [[-11.0005, -13.0], [-10.0, -11.9995], [-10.5, -12.5]])
+
+    found = suite_8b.nearest_runs(ours, theirs)
+
+    assert found["hellaswag"] == {"lm_eval_ckpt_0": 1, "lm_eval_ckpt_1": 1, "none": 1}
+    assert found["mmlu"] == {"lm_eval_ckpt_0": 0, "lm_eval_ckpt_1": 0, "none": 0}  # no records of it
 
 
 def test_a_variant_it_does_not_know_is_refused_before_anything_is_built(tmp_path, capsys):
@@ -114,4 +146,8 @@ def test_a_variant_it_does_not_know_is_refused_before_anything_is_built(tmp_path
         suite_8b.main(["--out", str(tmp_path / "out"), "--variants", "raysweep_1,raysweep_4"])
     assert "--variants: some of raysweep_1, lm_eval_1, raysweep_n, lm_eval_n; got 'raysweep_1,raysweep_4'" in \
         capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        suite_8b.main(["--out", str(tmp_path / "out"), "--checkpoints", "4", "--ckpt-lm-eval", "5"])
+    assert "--ckpt-lm-eval: checkpoint numbers 1 to 4, comma separated; got '5'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
