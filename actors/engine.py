@@ -84,6 +84,10 @@ class Engine(Protocol):
 
     def wake_up(self) -> None: ...
 
+    def swap_weights(self, model_path: str) -> dict:
+        """Load the weights of another checkpoint of the same model (actors/weight_swap.py) into this engine, in
+        place; called while no shard is in flight. Returns {"weights_s": seconds}. The `hf` and `vllm` engines."""
+
     def close(self) -> None: ...
 
 

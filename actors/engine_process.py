@@ -30,7 +30,7 @@ from multiprocessing.reduction import recv_handle
 
 from cluster.contracts.engine_host import CALL, EARLY, READY, RUN_ROWS, START
 
-CALLS = ("sleep", "wake_up", "close", "batch_counters")
+CALLS = ("sleep", "wake_up", "swap_weights", "close", "batch_counters")
 
 
 def serve(client: socket.socket) -> None:
@@ -210,11 +210,11 @@ class Engines:
             engine_id, rows, task, add_special_tokens = args
             return self.engines[engine_id].run_rows(rows, task, add_special_tokens)
         if op == CALL:
-            engine_id, method = args
+            engine_id, method, *call_args = args
             if method not in CALLS:
                 raise ValueError(f"engine call {method!r}: not one of {', '.join(CALLS)}")
             engine = self.engines[engine_id]
-            value = getattr(engine, method)()
+            value = getattr(engine, method)(*call_args)
             if method == "close":
                 self.engines.pop(engine_id, None)
             return value

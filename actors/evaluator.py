@@ -26,6 +26,7 @@ from actors.engine_factory import BATCH_INVARIANT, engine_cpu_threads, reproduci
 from actors.hosted_engine import connect
 from actors.local_engine import InProcess
 from actors.telemetry import GpuSampler, gpu_name
+from actors.weight_swap import BUILD_FIGURES, say_not_swapped, why_not_swapped
 from cluster.contracts.engine_host import EngineHostAddress, engine_key
 from cluster.contracts.shard import LONG, NOT_RUN, Shard
 from cluster.contracts.results_schema import actor_table
@@ -83,14 +84,17 @@ class EvalActor:
 
     def start_engine(self, model: ModelSpec, model_path: str, requested_at: float,
                      profile: EngineProfile = EngineProfile()) -> dict:
-        """Run `model` from now on (closing the engine of another model, or, with `sleep_mode`, putting it
-        to sleep for `switch`); returns its telemetry/actors row. Called only while no shard is in flight."""
+        """Run `model` from now on: another checkpoint of the running engine's model by loading its weights into
+        that engine (actors/weight_swap.py), else a new engine (the other model's closed, or, with `sleep_mode`,
+        put to sleep for `switch`); returns its telemetry/actors row. Called only while no shard is in flight."""
         with self._cv:
             if self.engine is not None and self.sleep_mode:
                 self.engine.sleep()
                 self.asleep[self.model.name] = (self.model, self.model_path, self.engine)
                 self.engine = None
-            elif self.engine is not None:
+            elif self.engine is not None and (row := self._swapped(model, model_path, profile, requested_at)):
+                return row
+            if self.engine is not None:
                 self.engine.close()
                 self.engine = None
             reason = "model" if self.engine_starts else "first"  # a start that raised does not count
@@ -166,6 +170,28 @@ class EvalActor:
         if first:  # its clock runs from the actor's request; the wait for a model sits between
             requested_at = first.pop("requested_at")
             first["waiting_s"] = since(self._imported_at, engine_requested_at)
+        return self._engine_row(profile, requested_at, ready_at, reason, {**first, **self.engine.startup()})
+
+    def _swapped(self, model: ModelSpec, model_path: str, profile: EngineProfile, requested_at: float) -> dict | None:
+        """`model`'s weights loaded into the running engine where it is another checkpoint of the engine's model
+        (actors/weight_swap.py): its telemetry/actors row (reason `weights`), whose engine figures are the swap's
+        (weights_s), those of building an engine none. None where it is not, or the swap raised (said)."""
+        if not runs_profile(self.engine, profile) or why_not_swapped(
+                self.engine.kind, self.model, self.model_path, model, model_path) is not None:
+            return None
+        try:
+            swapped = self.engine.swap_weights(model_path)
+        except Exception as e:  # noqa: BLE001  (the engine is closed and a new one started, as for another model)
+            say_not_swapped(model, e)
+            return None
+        ready_at = time.time()
+        self.model, self.model_path = model, model_path
+        self.model_changes += 1
+        figures = {**self.engine.startup(), **dict.fromkeys(BUILD_FIGURES), "built_at": utc(ready_at), **swapped}
+        return self._engine_row(self.engine.profile, requested_at, ready_at, "weights", figures)
+
+    def _engine_row(self, profile: EngineProfile, requested_at: float, ready_at: float, reason: str,
+                    figures: dict) -> dict:
         self.engine_starts += 1
         return {"actor_id": self.actor_id, "node_ip": self.node_ip, "node_id": self.node_id,
                 "gpu_name": self.gpu_name, "gpus": len(self.gpu_ids), "gpu_ids": ",".join(self.gpu_ids),
@@ -173,9 +199,9 @@ class EvalActor:
                 "profile": profile.name, "start_index": self.engine_starts - 1, "reason": reason,
                 "restart": self.restarts, "model_change": self.model_changes,
                 "requested_at": utc(requested_at), "ready_at": utc(ready_at),
-                "process_started_at": None, "process_s": None, "imports_s": None, "waiting_s": None, **first,
+                "process_started_at": None, "process_s": None, "imports_s": None, "waiting_s": None,
                 "startup_s": since(requested_at, ready_at), "first_token_s": None,  # filled by the driver
-                "engine_process": self.engine.where, **self.engine.startup()}
+                "engine_process": self.engine.where, **figures}
 
     def _run(self, engine, shard: Shard, task: TaskSpec, attempt: int) -> tuple[pa.Table, dict]:
         started_at, started, t0 = datetime.now(timezone.utc), time.perf_counter(), time.time()

@@ -107,11 +107,14 @@ class HostedEngine:
     def wake_up(self) -> None:
         self._call("wake_up")
 
+    def swap_weights(self, model_path: str) -> dict:
+        return self._call("swap_weights", model_path)
+
     def close(self) -> None:
         self._call("close")
 
-    def _call(self, method: str):
-        return self.process.call(CALL, (self.engine_id, method))
+    def _call(self, method: str, *args):
+        return self.process.call(CALL, (self.engine_id, method, *args))
 
 
 def connect(address: EngineHostAddress | None, key: str | None = None) -> EngineProcess | None:

@@ -42,6 +42,9 @@ class LocalEngine:
     def wake_up(self) -> None:
         self.engine.wake_up()
 
+    def swap_weights(self, model_path: str) -> dict:
+        return self.engine.swap_weights(model_path)
+
     def close(self) -> None:
         self.engine.close()
 

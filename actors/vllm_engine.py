@@ -219,6 +219,21 @@ class VllmEngine:
     def wake_up(self) -> None:
         self._on_engine_thread(self.llm.wake_up)
 
+    def swap_weights(self, model_path: str) -> dict:
+        """Another checkpoint of the same model loaded in place: vLLM's `reload_weights` on every worker, from
+        `model_path` (v1/worker/gpu_model_runner.py: its loader reads that folder's weights into the model's own
+        tensors, which the captured CUDA graphs and compiled code read), then its prefix cache emptied: the KV
+        blocks it holds were computed with the old weights. Run by the engine thread, between steps."""
+        started = time.perf_counter()
+
+        def swap() -> None:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": model_path})
+            if not self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM did not empty its prefix cache after the weights were loaded")
+
+        self._on_engine_thread(swap)
+        return {"weights_s": time.perf_counter() - started}
+
     def _on_engine_thread(self, call) -> None:
         work = self._inbox.submit(Call(call))
         if work.error is not None:

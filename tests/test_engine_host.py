@@ -242,7 +242,8 @@ def test_an_engine_here_and_an_engine_in_an_engine_process_answer_the_same_calls
 
     assert {"start_engine", "close"} <= calls(InProcess) & calls(EngineProcess)
     assert (InProcess.where, EngineProcess.where) == ("actor", "host")
-    assert calls(LocalEngine) == calls(HostedEngine) == {"run_rows", "startup", "sleep", "wake_up", "close"}
+    assert calls(LocalEngine) == calls(HostedEngine) == {"run_rows", "startup", "sleep", "wake_up", "swap_weights",
+                                                           "close"}
     assert inspect.signature(InProcess.start_engine).parameters.keys() == \
         inspect.signature(EngineProcess.start_engine).parameters.keys()
 

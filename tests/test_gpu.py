@@ -650,3 +650,47 @@ def test_reproducible_sweep_repeats_across_shard_sizes_and_actors_on_vllm(ray_lo
     same = sum(one[k] == two[k] for k in one)
     print(f"reproducible: {same} of {len(one)} outputs equal between (1 actor, shards of 128) and (2 actors, shards of 16)")
     assert len(one) == len(two) == 400 and same == 400
+
+
+@pytest.mark.slow
+def test_a_checkpoint_after_another_on_one_vllm_engine_gives_its_own_rows(tmp_path, tiny_path):
+    """Two checkpoints of builtin:tiny's shape (its weights, and those moved by noise) on one whole GPU, with
+    RAYSWEEP_VLLM_WEIGHT_SWAP=1 and `reproducible: true`: the actor's engine runs the first, then has the second's
+    weights loaded into it (reason `weights`: no new engine); the second's rows, generation and log-likelihood, are
+    those of the second run alone by the same command, every one."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    from tests.test_weight_swap import checkpoint
+
+    paths = {"a": checkpoint(tiny_path, tmp_path / "ckpt-a"), "b": checkpoint(tiny_path, tmp_path / "ckpt-b", seed=1)}
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"id": f"s{i}", "text": f"sample number {i} says", "label": i % 3,
+                                        "choices": [" yes", " no", " maybe"]}) + "\n" for i in range(64)))
+    one_gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+
+    def run(name: str, models: list[str]) -> dict:
+        spec = {"name": name, "reproducible": True,
+                "models": [{"name": m, "path": str(paths[m]), "engine": {"backend": "vllm"}} for m in models],
+                "tasks": [{"name": "gen", "data": str(data), "id_column": "id", "prompt": "{text}",
+                           "sampling": {"max_tokens": 16}},
+                          {"name": "mc", "type": "loglikelihood", "data": str(data), "id_column": "id",
+                           "prompt": "{text}:", "choices": "choices", "target": "label"}],
+                "shards": {"max_samples": 16}, "actors": {"count": 1, "num_gpus": 1}}
+        (tmp_path / f"{name}.yaml").write_text(json.dumps(spec))
+        _local_command(tmp_path / f"{name}.yaml", tmp_path / name,
+                       env={"CUDA_VISIBLE_DEVICES": one_gpu, "RAYSWEEP_VLLM_WEIGHT_SWAP": "1"})
+        rows = pq.read_table(tmp_path / name / "results").to_pylist()
+        return {(r["model"], r["task"], r["sample_id"]): (r["output_text"], r["choice_logprobs"]) for r in rows}
+
+    both = run("both", ["a", "b"])
+    starts = pq.read_table(tmp_path / "both" / "telemetry" / "actors.parquet").to_pandas()
+    print(starts[["model", "reason", "startup_s", "engine_init_s", "weights_s", "compile_s", "graph_mode"]].to_string())
+    assert list(starts["reason"]) == ["first", "weights"] and starts["actor_id"].nunique() == 1
+    first, second = starts["model"]
+    alone = run("alone", [second])
+    same = sum(both.get(key) == value for key, value in alone.items())
+    print(f"weights loaded into the engine: {same} of {len(alone)} rows of checkpoint {second} equal to it run alone")
+    assert len(alone) == 128 and same == 128
+    assert sum(both[(first, *key[1:])] == value for key, value in alone.items()) < 128  # the first's engine differs

@@ -83,7 +83,9 @@ ACTORS: tuple[Column, ...] = (
     _c("engine", pa.string(), "actor", S, "the engine kind (vllm | hf | fake)"),
     _c("profile", pa.string(), "actor", S, "the engine profile: short | long"),
     _c("start_index", pa.int64(), "actor", S, "the actor's engine starts before this one"),
-    _c("reason", pa.string(), "actor", S, "first | model (a model change) | profile (a profile restart)"),
+    _c("reason", pa.string(), "actor", S,
+       "first | model (a model change) | profile (a profile restart) | weights (a model change that loaded another "
+       "checkpoint of the running engine's model into it: actors/weight_swap.py)"),
     _c("restart", pa.int64(), "actor", S, "profile restarts of the actor so far"),
     _c("model_change", pa.int64(), "actor", S, "model changes of the actor so far"),
     _c("requested_at", TS, "actor", S, "when the start was asked for (the first: the actor)"),
@@ -100,8 +102,8 @@ ACTORS: tuple[Column, ...] = (
     _c("warmup_s", pa.float64(), "engine", S, "the engine's warm-up"),
     _c("load_s", pa.float64(), "engine", S, "the engine's construction and warm-up (engine_init_s + warmup_s)"),
     _c("weights_s", pa.float64(), "engine", S,
-       "vLLM: the model built and its weights loaded onto the GPU (its report's \"Model loading took\"); null "
-       "elsewhere"),
+       "vLLM: the model built and its weights loaded onto the GPU (its report's \"Model loading took\"); a "
+       "`weights` row: the checkpoint's weights loaded into the running engine (any engine); null elsewhere"),
     _c("core_init_s", pa.float64(), "engine", S,
        "vLLM: the engine core's step after the weights: torch.compile, the memory profile, the KV cache, graph "
        "capture and its own warm-up (its report's \"init engine ... took\"); null elsewhere"),

@@ -69,7 +69,11 @@ class Commits:
             self.engine_rows[(row["actor_id"], row["start_index"])] = row
             self.sink.add_telemetry("actors", row)
             self.sink.flush_telemetry(("actors",))  # on disk as it starts: a driver killed later keeps it
-            if row.get("reason") != "profile":
+            if row.get("reason") == "weights":
+                self.progress.log(f"[raysweep] weights loaded: model {row['model']} into the running {row['engine']} "
+                                  f"engine on actor {row['actor_id'][:8]} (another checkpoint of its model), "
+                                  f"{row['startup_s']:.1f}s after it was asked for")
+            elif row.get("reason") != "profile":
                 early = ", built before Ray was up" if row.get("engine_process") == "early" else ""
                 self.progress.log(f"[raysweep] engine up: model {row['model']} ({row['engine']}) on actor "
                                   f"{row['actor_id'][:8]}, {row['startup_s']:.1f}s after it was asked for{early}")
