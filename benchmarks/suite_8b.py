@@ -2,7 +2,7 @@
 
     python -m benchmarks.suite_8b --out DIR --fraction 0.05 [--gpus 4] [--shape large]
         [--variants lm_eval_1,raysweep_1,lm_eval_n,raysweep_n] [--checkpoints 4 --ckpt-fraction F [--ckpt-lm-eval 4]]
-        [--tasks choice] [--raysweep-engine JSON] [--fresh-caches] [--peer-env JSON]
+        [--tasks choice] [--raysweep-engine JSON] [--fresh-caches] [--peer-env JSON] [--raysweep-env JSON]
 
 1. The model and data (benchmarks/suite_tasks.py): a random-weight Llama of `--shape` (`large`: Llama-3-8B's
    shape) with a 32,000-token BPE vocabulary, and lm-eval 0.4.13's own task definitions for `mmlu`, `hellaswag`,
@@ -25,7 +25,8 @@
    `--tasks` runs some of the suite's tasks (`choice`: the log-likelihood ones alone), each variant's name then
    ending in `_TASKS`. `--raysweep-engine JSON` is added to raysweep's engine arguments (a setting tried against
    lm-eval's own, e.g. the uncompiled start of actors/vllm_args.py UNCOMPILED). `--peer-env JSON` is added to
-   lm-eval's environment alone: lm-eval given a setting raysweep's engines have (actors/vllm_args.py ENGINE_ENV).
+   lm-eval's environment alone: lm-eval given a setting raysweep's engines have (actors/vllm_args.py ENGINE_ENV);
+   `--raysweep-env JSON` to raysweep's alone (e.g. `{"RAYSWEEP_VLLM_WEIGHT_SWAP": "1"}`: actors/weight_swap.py).
 3. Agreement of each pair, once both its runs are done (`raysweep_1` and `lm_eval_1`: `agreement`; `raysweep_n`
    and `lm_eval_n`: `agreement_n`; checkpoint K's records of `raysweep_ckpt` and lm-eval's run of it:
    `agreement_ckpt_K`; and `nearest_ckpt_K`: per document of checkpoint K's records, the run its values lie
@@ -213,9 +214,9 @@ def token_counts(output: Path) -> dict:
 # -- the run -------------------------------------------------------------------------------------
 class Suite:
     def __init__(self, out: Path, peer: str, names=tuple(SHOTS), engine: dict | None = None, fresh: bool = False,
-                 peer_env: dict[str, str] | None = None):
+                 peer_env: dict[str, str] | None = None, own_env: dict[str, str] | None = None):
         self.out, self.peer, self.figures, self.names, self.engine = out, peer, {}, tuple(names), engine or {}
-        self.fresh, self.peer_env = fresh, dict(peer_env or {})
+        self.fresh, self.peer_env, self.own_env = fresh, dict(peer_env or {}), dict(own_env or {})
 
     def env(self, name: str, gpus: int) -> dict[str, str]:
         """A variant's environment: its GPUs, and with `fresh` compile caches of its own, empty when it starts
@@ -240,8 +241,8 @@ class Suite:
 
     def raysweep(self, name: str, models: list[Path], tasks: Path, gpus: int) -> float:
         spec = spec_file(self.out, name, models, tasks, self.names, self.engine)
-        wall, stdout = run_process([sys.executable, "-m", "jobs.cli", "run", str(spec)], self.env(name, gpus),
-                                   self.out / name)
+        wall, stdout = run_process([sys.executable, "-m", "jobs.cli", "run", str(spec)],
+                                   {**self.env(name, gpus), **self.own_env}, self.out / name)
         line = next((x for x in stdout.splitlines() if "samples in" in x and "shards run" in x), None)
         self.figures[f"{name}_line"] = line
         self.figures[f"{name}_tokens"] = token_counts(self.out / f"{name}_out")
@@ -347,6 +348,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--peer-env", default="{}",
                         help="JSON of environment variables for lm-eval's processes alone, e.g. a vLLM setting "
                              "raysweep sets in its own engines: '{\"VLLM_USE_FLASHINFER_SAMPLER\": \"0\"}'")
+    parser.add_argument("--raysweep-env", default="{}",
+                        help="JSON of environment variables for raysweep's processes alone, e.g. "
+                             "'{\"RAYSWEEP_VLLM_WEIGHT_SWAP\": \"1\"}'")
     parser.add_argument("--build-only", action="store_true")
     return parser
 
@@ -364,13 +368,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **MULTICAST_OFF})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    suite = Suite(out, args.peer, names, json.loads(args.raysweep_engine), args.fresh_caches, json.loads(args.peer_env))
+    suite = Suite(out, args.peer, names, json.loads(args.raysweep_engine), args.fresh_caches, json.loads(args.peer_env),
+                  json.loads(args.raysweep_env))
     if args.checkpoints:  # every checkpoint built at once, before any clock starts
         ckpt_tasks, models = prepare(out, args.ckpt_fraction or args.fraction, list(range(1, args.checkpoints + 1)),
                                      args.shape)
     tasks, (model,) = prepare(out, args.fraction, [1], args.shape)
     suite.figures.update({"fraction": args.fraction, "shape": args.shape, "gpus": args.gpus, "shots": SHOTS,
-                          "peer_env": suite.peer_env})
+                          "peer_env": suite.peer_env, "raysweep_env": suite.own_env})
     if args.build_only:  # lm-eval loads every task's documents here: the datasets cache is warm for both tools
         _print_lengths(out, [tasks, *([ckpt_tasks] if args.checkpoints else [])])
         return 0

@@ -53,18 +53,20 @@ def test_each_variant_gets_its_own_caches_and_a_checkpoint_loop_shares_its_varia
     assert Path(one["VLLM_CACHE_ROOT"]).is_relative_to(tmp_path / "caches" / "lm_eval_1")
 
 
-def test_the_peer_environment_goes_to_lm_eval_alone(tmp_path, monkeypatch):
+def test_each_tools_own_environment_goes_to_it_alone(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(suite_8b, "run_process", lambda argv, env, stem: calls.append(env) or (10.0, ""))
     monkeypatch.setattr(suite_8b, "spec_file", lambda *args: tmp_path / "spec.yaml")
     monkeypatch.setattr(suite_8b, "token_counts", lambda output: {})
-    suite = Suite(tmp_path, "vllm", peer_env={"VLLM_USE_FLASHINFER_SAMPLER": "0"})
+    suite = Suite(tmp_path, "vllm", peer_env={"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+                  own_env={"RAYSWEEP_VLLM_WEIGHT_SWAP": "1"})
 
     suite.lm_eval("lm_eval_1", [tmp_path / "model-1"], tmp_path / "tasks", 1)
     suite.raysweep("raysweep_1", [tmp_path / "model-1"], tmp_path / "tasks", 1)
 
     theirs, ours = calls
-    assert theirs == {**gpu_env(1), "VLLM_USE_FLASHINFER_SAMPLER": "0"} and ours == gpu_env(1)
+    assert theirs == {**gpu_env(1), "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    assert ours == {**gpu_env(1), "RAYSWEEP_VLLM_WEIGHT_SWAP": "1"}
 
 
 def test_each_pair_is_compared_once_both_its_runs_are_done(tmp_path, monkeypatch):
