@@ -20,7 +20,7 @@ from cluster.contracts.spec import ModelSpec
 # config.json keys that name a checkpoint or the library that wrote it, not the model it describes
 NAMING_KEYS = frozenset({"_name_or_path", "name_or_path", "transformers_version"})
 # the files that make the tokenizer and the generation defaults the engine read at its start, compared byte
-# for byte (the weights are the only thing a swap reads)
+# for byte with the model's own code (*.py) where it has any: the weights are the only thing a swap reads
 SAME_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
               "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
               "generation_config.json")
@@ -49,8 +49,17 @@ def why_not_swapped(kind: str, running: ModelSpec, running_path: str, model: Mod
         return "no local config.json to compare"
     if configs[0] != configs[1]:
         return "its config.json differs"
-    differ = [name for name in SAME_FILES if _read(running_path, name) != _read(model_path, name)]
+    names = [*SAME_FILES, *sorted(_code_files(running_path) | _code_files(model_path))]
+    differ = [name for name in names if _read(running_path, name) != _read(model_path, name)]
     return f"its {', '.join(differ)} differ{'s' if len(differ) == 1 else ''}" if differ else None
+
+
+def _code_files(folder: str) -> set[str]:
+    """The model's own code beside its weights (a `trust_remote_code` model's modeling_*.py)."""
+    try:
+        return {name for name in os.listdir(folder) if name.endswith(".py")}
+    except OSError:
+        return set()
 
 
 def say_not_swapped(model: ModelSpec, error: BaseException) -> None:

@@ -53,6 +53,10 @@ def test_only_another_checkpoint_of_the_same_model_keeps_the_engine(tiny_path, t
     (b / "tokenizer_config.json").write_text("{}")
     assert why_not_swapped("hf", first, str(a), second, str(b)) == \
         "its tokenizer_config.json, generation_config.json differ"
+    (b / "generation_config.json").write_text((a / "generation_config.json").read_text())
+    (b / "tokenizer_config.json").write_text((a / "tokenizer_config.json").read_text())
+    (b / "modeling_mine.py").write_text("# a trust_remote_code model's own code\n")
+    assert why_not_swapped("hf", first, str(a), second, str(b)) == "its modeling_mine.py differs"
     assert why_not_swapped("hf", first, str(a), second, str(tmp_path / "nowhere")) == "no local config.json to compare"
 
 
