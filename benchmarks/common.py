@@ -209,3 +209,26 @@ def engine_starts(output: Path) -> dict[str, list[float]]:
         if values:
             found[column] = values
     return found
+
+
+def engine_lives(output: Path) -> list[str]:
+    """Each engine start of a sweep, in order, as one line: its actor, model, why it started, its profile, its
+    start-up and compile seconds, and the shards of each model that ran on it (from telemetry/shards.parquet)."""
+    import pyarrow.parquet as pq
+
+    starts, shards = (output / "telemetry" / f"{name}.parquet" for name in ("actors", "shards"))
+    if not starts.exists():
+        return []
+    ran: dict[tuple, dict[str, int]] = {}
+    for shard in pq.read_table(shards).to_pylist() if shards.exists() else []:
+        if shard.get("error") is None:
+            models = ran.setdefault((shard["actor_id"], shard.get("engine_start_index")), {})
+            models[shard["model"]] = models.get(shard["model"], 0) + 1
+    lines = []
+    for row in pq.read_table(starts).to_pylist():
+        def seconds(key: str) -> str:
+            return "-" if row.get(key) is None else f"{row[key]:.1f}"
+        lines.append(f"{row['actor_id'][:8]} #{row['start_index']} {row['model']} ({row['reason']}, {row['profile']}): "
+                     f"up in {seconds('startup_s')} s, compile {seconds('compile_s')} s, weights {seconds('weights_s')} s;"
+                     f" shards {ran.get((row['actor_id'], row['start_index']), {})}")
+    return lines

@@ -34,7 +34,8 @@
    files, per task: the documents whose
    `acc` / `acc_norm` decision differs, with each one's margin (the gap between the two choices in lm-eval's own
    values); each choice's log-likelihood difference; the aggregates and stderr side by side; gsm8k's responses
-   equal. And from raysweep's telemetry, the prompt tokens requested and computed.
+   equal. And from raysweep's telemetry, the prompt tokens requested and computed, and each engine start (its
+   actor, model, reason, profile, seconds) with the shards of each model that ran on it.
 Prints `[bench] s ...` lines and writes OUT/s.json after each step (a call cut short keeps what was done).
 """
 
@@ -50,7 +51,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from benchmarks.common import engine_starts, fresh_caches, run_process
+from benchmarks.common import engine_lives, engine_starts, fresh_caches, run_process
 
 SHOTS = {"mmlu": 5, "hellaswag": 10, "arc_challenge": 25, "winogrande": 5, "gsm8k": 5}
 CHOICE_TASKS = ("mmlu", "hellaswag", "arc_challenge", "winogrande")
@@ -251,6 +252,10 @@ class Suite:
         self._say(name, wall, f"raysweep run, {len(models)} model(s), {gpus} GPU(s); {line}; "
                               f"log-likelihood tokens {json.dumps(self.figures[f'{name}_tokens'])}; "
                               f"engine starts (s) {json.dumps(starts)}")
+        self.figures[f"{name}_lives"] = lives = engine_lives(self.out / f"{name}_out")
+        for life in lives:  # which engine ran which model's shards
+            print(f"[bench] s {name} engine {life}", flush=True)
+        self.save()
         return wall
 
     def ratio(self, name: str, theirs: str, ours: str) -> None:

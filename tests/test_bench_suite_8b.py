@@ -153,3 +153,28 @@ def test_a_variant_it_does_not_know_is_refused_before_anything_is_built(tmp_path
         suite_8b.main(["--out", str(tmp_path / "out"), "--checkpoints", "4", "--ckpt-lm-eval", "5"])
     assert "--ckpt-lm-eval: checkpoint numbers 1 to 4, comma separated; got '5'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_each_engine_start_is_one_line_with_the_shards_of_each_model_that_ran_on_it(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.common import engine_lives
+
+    (tmp_path / "telemetry").mkdir()
+    start = {"actor_id": "0123456789", "profile": "short", "compile_s": None, "weights_s": None}
+    pq.write_table(pa.Table.from_pylist([
+        {**start, "start_index": 0, "model": "ckpt-1", "reason": "first", "startup_s": 20.04, "compile_s": 4.0},
+        {**start, "start_index": 1, "model": "ckpt-2", "reason": "weights", "startup_s": 2.5, "weights_s": 2.44}]),
+        tmp_path / "telemetry" / "actors.parquet")
+    shard = {"actor_id": "0123456789", "error": None}
+    pq.write_table(pa.Table.from_pylist([
+        {**shard, "engine_start_index": 0, "model": "ckpt-1"}, {**shard, "engine_start_index": 0, "model": "ckpt-1"},
+        {**shard, "engine_start_index": 1, "model": "ckpt-2"}, {**shard, "engine_start_index": 1, "model": "ckpt-1"},
+        {**shard, "engine_start_index": 1, "model": "ckpt-2", "error": "raised"}]),
+        tmp_path / "telemetry" / "shards.parquet")
+
+    assert engine_lives(tmp_path) == [
+        "01234567 #0 ckpt-1 (first, short): up in 20.0 s, compile 4.0 s, weights - s; shards {'ckpt-1': 2}",
+        "01234567 #1 ckpt-2 (weights, short): up in 2.5 s, compile - s, weights 2.4 s; shards {'ckpt-2': 1, 'ckpt-1': 1}"]
+    assert engine_lives(tmp_path / "nothing") == []
