@@ -30,8 +30,8 @@ def answer(shard_: Shard) -> Answered:
 
 
 def run(io: FakeIO, jobs: list[Job], models=("m",), actors: int = 2, split: bool = False, bisect: bool = False,
-        lent: dict | None = None):
-    """The sweep of `jobs` to its end; what it reported."""
+        lent: dict | None = None, families: dict | None = None):
+    """The sweep of `jobs` to its end; what it reported. `families`: {model: its checkpoint family}."""
     seen = SimpleNamespace(results=[], failed=[], bisected=[], split=[], attempts=[], lost=[], model_failed=[])
     events = SchedulerEvents(
         on_result=lambda job, table, row: seen.results.append((job.shard.shard_id, table["sample_id"].to_pylist())),
@@ -45,7 +45,7 @@ def run(io: FakeIO, jobs: list[Job], models=("m",), actors: int = 2, split: bool
     scheduler = SweepScheduler(io.spawn, events, capacity=actors, io=io)
     for name in models:
         scheduler.add_model(ModelWork(name, max_actors=actors, depth=1,
-                                      start=lambda at, name=name: (name, at)))
+                                      start=lambda at, name=name: (name, at), family=(families or {}).get(name)))
     for name, handle in (lent or {}).items():  # engines up before the sweep (cluster/schedule/engine_sources.py)
         scheduler.fleet.lend(name, handle, depth=2, replicas=2)
     fed = []
@@ -238,3 +238,13 @@ def test_a_model_is_checking_until_it_may_start_and_failed_once_given_up():
     assert model.state is ModelState.READY
     model.give_up("engine did not start: OOM")
     assert model.state is ModelState.FAILED and model.failed and model.error == "engine did not start: OOM"
+
+
+def test_an_actor_whose_model_is_done_takes_another_checkpoint_of_it_first_where_the_work_is_even():
+    """a1 and a2 are checkpoints of one model, b1 of another, each with as much work: the one actor runs a1, then
+    a2 (its engine loads the weights alone: actors/weight_swap.py), then b1, not in the order they were given."""
+    io = FakeIO(script())
+    seen = run(io, jobs_of("a1", 2) + jobs_of("b1", 2) + jobs_of("a2", 2), models=("a1", "b1", "a2"), actors=1,
+               families={"a1": "family a", "a2": "family a", "b1": "family b"})
+    assert [ref.args[0] for ref in io.calls if ref.method == "start_engine"] == ["a1", "a2", "b1"]
+    assert len(seen.results) == 6 and not seen.failed

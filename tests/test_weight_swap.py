@@ -60,6 +60,20 @@ def test_only_another_checkpoint_of_the_same_model_keeps_the_engine(tiny_path, t
     assert why_not_swapped("hf", first, str(a), second, str(tmp_path / "nowhere")) == "no local config.json to compare"
 
 
+def test_checkpoints_of_one_model_are_one_family_and_other_settings_or_files_another(tiny_path, tmp_path):
+    """The scheduler's side of the same question (cluster/contracts/checkpoint.py family): one digest for the
+    checkpoints of one model with the same settings."""
+    from cluster.contracts.checkpoint import family
+
+    a, b = checkpoint(tiny_path, tmp_path / "a"), checkpoint(tiny_path, tmp_path / "b", seed=1)
+    first, second = ModelSpec("a", str(a), "hf"), ModelSpec("b", str(b), "hf")
+    assert family(first, str(a)) == family(second, str(b)) is not None
+    assert family(dataclasses.replace(second, engine={"max_num_seqs": 8}), str(b)) != family(first, str(a))
+    (b / "generation_config.json").write_text("{}")
+    assert family(second, str(b)) != family(first, str(a))
+    assert family(second, str(tmp_path / "nowhere")) is None
+
+
 def test_a_swap_that_raises_gives_way_to_a_new_engine(tiny_path, tmp_path, capfd):
     """The actor's own engine (no Ray): a swap that raised is said in one line, the engine closed and a new one
     started for the model; the next checkpoint after it is swapped in again."""

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from cluster.contracts.checkpoint import family
 from cluster.contracts.errors import PreflightError
 from cluster.contracts.spec import ModelSpec, SweepSpec
 from cluster.contracts.structured import xgrammar_message
@@ -39,6 +40,7 @@ class ModelReady:
     """A model passed every check: its actors may start."""
     model: ModelSpec
     path: str  # resolved local path (builtin models built)
+    family: str | None = None  # equal for checkpoints of one model (cluster/contracts/checkpoint.py)
 
 
 @dataclass
@@ -145,7 +147,7 @@ def plan_events(spec: SweepSpec, data: list[TaskData], strict: bool = True) -> I
             d.check_unchanged()  # what was planned is what was checked
             yield plan
     models = load_models(spec)
-    yield from (ModelReady(m.model, m.path) for m in models)
+    yield from (ModelReady(m.model, m.path, family(m.model, m.path)) for m in models)
     caches: dict[int, TokenCache] = {}  # one per tokenizer loaded: models that share it read its counts once
     for m in models:
         if id(m.tokenizer) not in caches:

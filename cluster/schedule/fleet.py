@@ -158,11 +158,15 @@ class Fleet:
             self._release(done)
 
     def _next_model(self, slot: Slot) -> ModelWork | None:
-        """The model with the most samples left per actor, among those with work below their maximum."""
+        """The model with the most samples left per actor, among those with work below their maximum; of those
+        with as many, another checkpoint of the actor's model first (its engine loads the weights alone)."""
         candidates = [m for m in self.models.values() if m and m.state is ModelState.READY
                       and m.assigned < m.max_actors and m.name != slot.model and m.name not in slot.refused
                       and m.shape == slot.shape]
-        return max(candidates, key=lambda m: m.samples_left() / (m.assigned + 1), default=None)
+        current = self.models.get(slot.model)
+        family = current.family if current is not None else None
+        return max(candidates, key=lambda m: (m.samples_left() / (m.assigned + 1),
+                                              family is not None and m.family == family), default=None)
 
     def _model_to_help(self, slot: Slot) -> ModelWork | None:
         """For an actor no model needs below its maximum (its own model done): the model of its shape with the

@@ -256,8 +256,7 @@ class PlanFeed:
         is over."""
         for event in self.plans.take(timeout_s):
             if isinstance(event, ModelReady):
-                model, path = event.model, event.path
-                self.scheduler.models[model.name].start = lambda at, model=model, path=path: (model, path, at)
+                self.scheduler.models[event.model.name].ready(event.model, event.path, event.family)
             elif event.task.replay is not None:
                 self._replay(event)
             else:

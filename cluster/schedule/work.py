@@ -73,6 +73,14 @@ class ModelWork:
     # the kind of actor it runs on (cluster/plan/placement.py ActorResources: an engine of N GPUs needs actors of
     # N GPUs); models of one shape share actors, one of another shape gets actors of its own
     shape: Any = None
+    # equal for checkpoints of one model (cluster/contracts/checkpoint.py): an actor changing between them keeps
+    # its engine and loads the weights; None until the model is ready, or where its files were not read
+    family: str | None = None
+
+    def ready(self, model, path: str, family: str | None = None) -> None:
+        """The model passed its checks: `start` gives an actor's `start_engine` arguments from now on."""
+        self.start = lambda at: (model, path, at)
+        self.family = family
 
     @property
     def state(self) -> ModelState:
