@@ -229,6 +229,7 @@ def engine_lives(output: Path) -> list[str]:
         def seconds(key: str) -> str:
             return "-" if row.get(key) is None else f"{row[key]:.1f}"
         lines.append(f"{row['actor_id'][:8]} #{row['start_index']} {row['model']} ({row['reason']}, {row['profile']}): "
-                     f"up in {seconds('startup_s')} s, compile {seconds('compile_s')} s, weights {seconds('weights_s')} s;"
+                     f"up in {seconds('startup_s')} s, compile {seconds('compile_s')} s, "
+                     f"weights {seconds('weights_s')} s;"
                      f" shards {ran.get((row['actor_id'], row['start_index']), {})}")
     return lines

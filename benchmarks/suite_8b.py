@@ -183,10 +183,11 @@ def agreement(ours: Path, theirs: Path) -> dict:
 
 
 def nearest_runs(ours: Path, theirs: list[Path], within: float = SAME_MODEL) -> dict:
-    """For each document of raysweep's records of one checkpoint (a choice task's), which of lm-eval's runs
-    (`theirs`: one per checkpoint) its choices' values lie closest to, by the largest difference of a choice,
-    counted per run, and `none` where none lies within `within`: a checkpoint's documents found nearest another
-    checkpoint's run say that its rows came from that checkpoint's engine."""
+    """For each document of raysweep's records of one checkpoint (a choice task's), which of the runs `theirs`
+    (lm-eval's of checkpoints, raysweep's records of the other checkpoints) its choices' values lie closest to, by
+    the largest difference of a choice, counted per run (by folder name), and `none` where none lies within
+    `within`: a checkpoint's documents found nearest another checkpoint's run say that its rows came from that
+    checkpoint's engine."""
     runs = [{task: samples(folder, task) for task in CHOICE_TASKS} for folder in theirs]
     found = {}
     for task in CHOICE_TASKS:
