@@ -26,7 +26,7 @@ from actors.engine_factory import BATCH_INVARIANT, engine_cpu_threads, reproduci
 from actors.hosted_engine import connect
 from actors.local_engine import InProcess
 from actors.telemetry import GpuSampler, gpu_name
-from actors.weight_swap import BUILD_FIGURES, say_not_swapped, why_not_swapped
+from actors.weight_swap import BUILD_FIGURES, not_swapped, why_not_swapped
 from cluster.contracts.engine_host import EngineHostAddress, engine_key
 from cluster.contracts.shard import LONG, NOT_RUN, Shard
 from cluster.contracts.results_schema import actor_table
@@ -175,15 +175,18 @@ class EvalActor:
     def _swapped(self, model: ModelSpec, model_path: str, profile: EngineProfile, requested_at: float) -> dict | None:
         """`model`'s weights loaded into the running engine where it is another checkpoint of the engine's model
         (actors/weight_swap.py): its telemetry/actors row (reason `weights`), whose engine figures are the swap's
-        (weights_s), those of building an engine none. None where it is not, or the swap raised (said)."""
+        (weights_s), those of building an engine none. None where it is not. A swap that raised fails the start
+        (the driver says it, as any engine's that could not start), its engine closed: its weights are neither
+        model's now."""
         if not runs_profile(self.engine, profile) or why_not_swapped(
                 self.engine.kind, self.model, self.model_path, model, model_path) is not None:
             return None
         try:
             swapped = self.engine.swap_weights(model_path)
-        except Exception as e:  # noqa: BLE001  (the engine is closed and a new one started, as for another model)
-            say_not_swapped(model, e)
-            return None
+        except Exception as e:
+            engine, self.engine = self.engine, None
+            engine.close()
+            raise not_swapped(self.model, model, e) from e
         ready_at = time.time()
         self.model, self.model_path = model, model_path
         self.model_changes += 1

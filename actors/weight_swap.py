@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 
 from cluster.contracts.checkpoint import differences
 from cluster.contracts.spec import ModelSpec
@@ -41,7 +40,7 @@ def why_not_swapped(kind: str, running: ModelSpec, running_path: str, model: Mod
     return differences(running_path, model_path)
 
 
-def say_not_swapped(model: ModelSpec, error: BaseException) -> None:
-    """A swap that raised: the engine is closed and a new one started for `model` (the line says why)."""
-    print(f"[raysweep] model {model.name}: its weights could not be loaded into the running engine "
-          f"({type(error).__name__}: {error}); a new engine starts for it", file=sys.stderr, flush=True)
+def not_swapped(running: ModelSpec, model: ModelSpec, error: BaseException) -> RuntimeError:
+    """The start's error where loading `model`'s weights into the engine of `running` raised `error`."""
+    return RuntimeError(f"the weights of model {model.name} could not be loaded into the running engine of model "
+                        f"{running.name} ({type(error).__name__}: {error})")

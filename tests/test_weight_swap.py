@@ -74,9 +74,10 @@ def test_checkpoints_of_one_model_are_one_family_and_other_settings_or_files_ano
     assert family(second, str(tmp_path / "nowhere")) is None
 
 
-def test_a_swap_that_raises_gives_way_to_a_new_engine(tiny_path, tmp_path, capfd):
-    """The actor's own engine (no Ray): a swap that raised is said in one line, the engine closed and a new one
-    started for the model; the next checkpoint after it is swapped in again."""
+def test_a_swap_that_raises_fails_the_start_and_closes_the_engine(tiny_path, tmp_path):
+    """The actor's own engine (no Ray): a swap that raised fails the start with an error naming both models and
+    the cause (the driver's one line), and the engine, whose weights are neither model's, is closed; the model's
+    next start builds a new engine, and the next checkpoint after it is swapped in again."""
     from actors.evaluator import EvalActor
 
     a, b = checkpoint(tiny_path, tmp_path / "a"), checkpoint(tiny_path, tmp_path / "b", seed=1)
@@ -89,11 +90,12 @@ def test_a_swap_that_raises_gives_way_to_a_new_engine(tiny_path, tmp_path, capfd
             raise OSError("the disk went away")
 
         engine.swap_weights = broken
+        with pytest.raises(RuntimeError, match=r"^the weights of model b could not be loaded into the running engine "
+                                               r"of model a \(OSError: the disk went away\)$"):
+            actor.start_engine(ModelSpec("b", str(b), "hf"), str(b), time.time())
+        assert actor.engine is None and engine.engine.model is None  # closed
         row = actor.start_engine(ModelSpec("b", str(b), "hf"), str(b), time.time())
         assert (row["reason"], row["model"], row["model_change"], row["start_index"]) == ("model", "b", 1, 1)
-        assert actor.engine is not engine and engine.engine.model is None  # closed
-        assert "[raysweep] model b: its weights could not be loaded into the running engine (OSError: the disk went " \
-               "away); a new engine starts for it\n" in capfd.readouterr().err
         row = actor.start_engine(ModelSpec("a", str(a), "hf"), str(a), time.time())
         assert (row["reason"], row["model"], row["model_change"], row["start_index"]) == ("weights", "a", 2, 2)
         assert row["engine_init_s"] is None and row["weights_s"] > 0 and row["max_num_seqs"] == 32
@@ -152,8 +154,8 @@ def test_a_checkpoint_after_another_on_one_engine_gives_its_own_rows(engine_host
 
 @pytest.mark.slow
 def test_a_checkpoint_whose_weights_cannot_be_loaded_fails_alone(engine_host, ray_local, tiny_path, tmp_path):
-    """Its swap raised: the engine was closed and a new one started for it, which could not start either; that
-    checkpoint's shards fail with the engine's error, the other's rows are all there."""
+    """Its swap raised: the start failed with the swap's error, in the driver's words for an engine that could not
+    start, and that checkpoint's shards fail with it; the other's rows are all there."""
     from cluster.schedule.run import run_sweep
 
     good, bad = checkpoint(tiny_path, tmp_path / "good"), checkpoint(tiny_path, tmp_path / "bad")
@@ -164,6 +166,8 @@ def test_a_checkpoint_whose_weights_cannot_be_loaded_fails_alone(engine_host, ra
     assert len(_rows(tmp_path / "one-bad", "good")) == 24
     assert not _rows(tmp_path / "one-bad", "bad") and sorted(report.failed) == [
         "bad/gen/00000", "bad/gen/00001", "bad/mc/00000", "bad/mc/00001"], lines
-    assert all(f["errors"][-1].startswith("engine did not start: SafetensorError") for f in report.failed.values())
+    assert all(f["errors"][-1].startswith("engine did not start: RuntimeError: the weights of model bad could not be "
+                                          "loaded into the running engine of model good (SafetensorError")
+               for f in report.failed.values()), report.failed
     starts = pq.read_table(tmp_path / "one-bad" / "telemetry" / "actors.parquet").to_pandas()
     assert list(starts["reason"]) == ["first"] and list(starts["model"]) == ["good"]
