@@ -15,11 +15,13 @@ from cluster.contracts.spec import ModelSpec
 
 # config.json keys that name a checkpoint or the library that wrote it, not the model it describes
 NAMING_KEYS = frozenset({"_name_or_path", "name_or_path", "transformers_version"})
-# the files that make the tokenizer and the generation defaults an engine reads at its start, compared byte for
-# byte with the model's own code (*.py) where it has any: a model's weights are the only thing that differs
-SAME_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
-              "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
-              "generation_config.json")
+# what PreTrainedTokenizerFast.from_pretrained reads of a local folder (cluster/inputs/model_files.py reads it too)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json")
+# the files that make the tokenizer (a slow one's vocabularies too) and the generation defaults an engine reads at
+# its start, compared byte for byte with the model's own code (*.py) where it has any: a model's weights are the
+# only thing that differs
+SAME_FILES = (*TOKENIZER_FILES, "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
 
 
 def differences(folder: str, other: str) -> str | None:

@@ -23,15 +23,14 @@ import json
 import os
 from typing import Any, Callable
 
+from cluster.contracts.checkpoint import TOKENIZER_FILES  # what a fast tokenizer reads of a local folder
+
 # config.json keys that hold a model's context length, in the order AutoConfig's attribute maps resolve
 # `max_position_embeddings` (GPT-2's n_positions)
 LENGTH_KEYS = ("max_position_embeddings", "n_positions")
 GENERIC = ("PreTrainedTokenizerFast", "TokenizersBackend")  # the class names of transformers' generic fast tokenizer
 
 
-# what PreTrainedTokenizerFast.from_pretrained reads of a local folder
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "chat_template.jinja", "chat_template.json")
 
 
 def load_tokenizer(path: str):
