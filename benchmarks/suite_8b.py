@@ -18,7 +18,7 @@
    - with `--checkpoints K`: `K` models of the same shape (other seeds) over the suite at `--ckpt-fraction`:
      `raysweep_ckpt` (one spec naming the K models, every GPU) against `lm_eval_ckpt` (lm-eval with
      `data_parallel_size=N`, once per checkpoint, one after another, as its users run it; `--ckpt-lm-eval`
-     names the checkpoints it runs where not all, and then no ratio is given).
+     names the checkpoints it runs where not all, or `none`, and then no ratio is given).
    The variants share the machine's compile caches: on a fresh machine the first to run compiles, and a later one
    with the same engine arguments finds them compiled. `--fresh-caches` gives every variant empty caches of its
    own instead (vLLM's, Inductor's, Triton's, FlashInfer's: `fresh_caches`), as on a node new to the model.
@@ -305,7 +305,8 @@ def _run_checkpoints(suite: Suite, models: list[Path], tasks: Path, gpus: int, s
     those checkpoints' records against lm-eval's run of it; and for every checkpoint, the run nearest each of its
     documents among lm-eval's and raysweep's records of the other checkpoints."""
     suite.raysweep(f"raysweep_ckpt{suffix}", models, tasks, gpus)
-    suite.lm_eval(f"lm_eval_ckpt{suffix}", models, tasks, gpus, only=peers)
+    if peers:
+        suite.lm_eval(f"lm_eval_ckpt{suffix}", models, tasks, gpus, only=peers)
     ours = [suite.out / f"raysweep_ckpt{suffix}_out" / "lm_eval" / checkpoint.name for checkpoint in models]
     theirs = {k: suite.out / f"lm_eval_ckpt{suffix}_{k - 1}" for k in peers}
     for k in peers:
@@ -321,9 +322,11 @@ def _run_checkpoints(suite: Suite, models: list[Path], tasks: Path, gpus: int, s
 
 
 def _numbers(parser: argparse.ArgumentParser, given: str | None, count: int) -> list[int]:
-    """`--ckpt-lm-eval`: the checkpoints lm-eval runs, numbers from 1 (all where not given)."""
+    """`--ckpt-lm-eval`: the checkpoints lm-eval runs, numbers from 1 (all where not given, none for `none`)."""
     if given is None:
         return list(range(1, count + 1))
+    if given == "none":
+        return []
     try:
         numbers = sorted({int(k) for k in given.split(",")})
     except ValueError:
@@ -343,7 +346,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoints", type=int, default=0, help="also K checkpoints x the suite (0: not run)")
     parser.add_argument("--ckpt-fraction", type=float, default=None, help="the checkpoint sweep's fraction")
     parser.add_argument("--ckpt-lm-eval", default=None,
-                        help="the checkpoints lm-eval runs, e.g. 4 (default: all; the ratio needs all)")
+                        help="the checkpoints lm-eval runs, e.g. 4, or none (default: all; the ratio needs all)")
     parser.add_argument("--peer", default="vllm", help="lm-eval's model: vllm (GPU), hf (a CPU dry run)")
     parser.add_argument("--tasks", default=",".join(SHOTS),
                         help="some of the suite's tasks (`choice`: the log-likelihood ones); the variants' names then "

@@ -121,6 +121,15 @@ def test_each_pair_is_compared_once_both_its_runs_are_done(tmp_path, monkeypatch
     figures = json.loads((tmp_path / "s.json").read_text())
     assert {f"nearest_ckpt_{k}" for k in (1, 2, 3, 4)} <= set(figures) and "lm_eval_ckpt/raysweep_ckpt" not in figures
 
+    runs.clear()  # lm-eval on none: raysweep's checkpoints against each other alone
+    compared.clear()
+    (tmp_path / "s.json").unlink()
+    suite_8b.main(["--out", str(tmp_path), "--gpus", "1", "--variants", "", "--checkpoints", "2", "--ckpt-lm-eval", "none"])
+
+    assert runs == [("raysweep_ckpt", 1)] and compared == []
+    figures = json.loads((tmp_path / "s.json").read_text())
+    assert {"nearest_ckpt_1", "nearest_ckpt_2"} <= set(figures) and "lm_eval_ckpt/raysweep_ckpt" not in figures
+
 
 def _records(folder: Path, task: str, values: list[list[float]]) -> Path:
     """lm-eval's sample file of `task`, one document per list of choice values."""
