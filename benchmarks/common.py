@@ -213,19 +213,23 @@ def engine_starts(output: Path) -> dict[str, list[float]]:
 
 def engine_lives(output: Path) -> list[str]:
     """Each engine start of a sweep, in order, as one line: its actor, model, why it started, its profile, its
-    start-up and compile seconds, and the shards of each model that ran on it (from telemetry/shards.parquet)."""
+    start-up and compile seconds, and the shards of each model that ran on it (from telemetry/shards.parquet: a
+    shard ran on its actor's last engine ready when it started)."""
     import pyarrow.parquet as pq
 
     starts, shards = (output / "telemetry" / f"{name}.parquet" for name in ("actors", "shards"))
     if not starts.exists():
         return []
+    rows = pq.read_table(starts).to_pylist()
+    ready = sorted((row["ready_at"], row["actor_id"], row["start_index"]) for row in rows if row.get("ready_at"))
     ran: dict[tuple, dict[str, int]] = {}
     for shard in pq.read_table(shards).to_pylist() if shards.exists() else []:
-        if shard.get("error") is None:
-            models = ran.setdefault((shard["actor_id"], shard.get("engine_start_index")), {})
+        if shard.get("error") is None and shard.get("started_at") is not None:
+            engine = [index for at, actor, index in ready if actor == shard["actor_id"] and at <= shard["started_at"]]
+            models = ran.setdefault((shard["actor_id"], engine[-1] if engine else None), {})
             models[shard["model"]] = models.get(shard["model"], 0) + 1
     lines = []
-    for row in pq.read_table(starts).to_pylist():
+    for row in rows:
         def seconds(key: str) -> str:
             return "-" if row.get(key) is None else f"{row[key]:.1f}"
         lines.append(f"{row['actor_id'][:8]} #{row['start_index']} {row['model']} ({row['reason']}, {row['profile']}): "

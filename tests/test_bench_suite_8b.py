@@ -170,20 +170,29 @@ def test_each_engine_start_is_one_line_with_the_shards_of_each_model_that_ran_on
 
     from benchmarks.common import engine_lives
 
+    from datetime import datetime, timedelta
+
+    at = [datetime(2026, 12, 1) + timedelta(seconds=s) for s in range(10)]
     (tmp_path / "telemetry").mkdir()
     start = {"actor_id": "0123456789", "profile": "short", "compile_s": None, "weights_s": None}
     pq.write_table(pa.Table.from_pylist([
-        {**start, "start_index": 0, "model": "ckpt-1", "reason": "first", "startup_s": 20.04, "compile_s": 4.0},
-        {**start, "start_index": 1, "model": "ckpt-2", "reason": "weights", "startup_s": 2.5, "weights_s": 2.44}]),
+        {**start, "start_index": 0, "model": "ckpt-1", "reason": "first", "startup_s": 20.04, "compile_s": 4.0,
+         "ready_at": at[1]},
+        {**start, "start_index": 1, "model": "ckpt-2", "reason": "weights", "startup_s": 2.5, "weights_s": 2.44,
+         "ready_at": at[5]},
+        {**start, "actor_id": "abcdefghij", "start_index": 0, "model": "ckpt-1", "reason": "first", "startup_s": 20.0,
+         "ready_at": at[0]}]),
         tmp_path / "telemetry" / "actors.parquet")
     shard = {"actor_id": "0123456789", "error": None}
-    pq.write_table(pa.Table.from_pylist([
-        {**shard, "engine_start_index": 0, "model": "ckpt-1"}, {**shard, "engine_start_index": 0, "model": "ckpt-1"},
-        {**shard, "engine_start_index": 1, "model": "ckpt-2"}, {**shard, "engine_start_index": 1, "model": "ckpt-1"},
-        {**shard, "engine_start_index": 1, "model": "ckpt-2", "error": "raised"}]),
+    pq.write_table(pa.Table.from_pylist([  # the shards' telemetry: the actor and when each started there
+        {**shard, "started_at": at[2], "model": "ckpt-1"}, {**shard, "started_at": at[4], "model": "ckpt-1"},
+        {**shard, "started_at": at[6], "model": "ckpt-2"}, {**shard, "started_at": at[5], "model": "ckpt-1"},
+        {**shard, "started_at": at[7], "model": "ckpt-2", "error": "raised"},
+        {**shard, "actor_id": "abcdefghij", "started_at": at[8], "model": "ckpt-1"}]),
         tmp_path / "telemetry" / "shards.parquet")
 
     assert engine_lives(tmp_path) == [
         "01234567 #0 ckpt-1 (first, short): up in 20.0 s, compile 4.0 s, weights - s; shards {'ckpt-1': 2}",
-        "01234567 #1 ckpt-2 (weights, short): up in 2.5 s, compile - s, weights 2.4 s; shards {'ckpt-2': 1, 'ckpt-1': 1}"]
+        "01234567 #1 ckpt-2 (weights, short): up in 2.5 s, compile - s, weights 2.4 s; shards {'ckpt-2': 1, 'ckpt-1': 1}",
+        "abcdefgh #0 ckpt-1 (first, short): up in 20.0 s, compile - s, weights - s; shards {'ckpt-1': 1}"]
     assert engine_lives(tmp_path / "nothing") == []
