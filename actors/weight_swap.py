@@ -17,11 +17,10 @@ import os
 from cluster.contracts.checkpoint import differences
 from cluster.contracts.spec import ModelSpec
 
-# the engines that load another checkpoint's weights in place; vLLM's only where RAYSWEEP_VLLM_WEIGHT_SWAP=1 is set
-# (its test, tests/test_gpu.py test_a_checkpoint_after_another_on_one_vllm_engine_gives_its_own_rows, has not run
-# on a GPU yet)
+# the engines that load another checkpoint's weights in place
 SWAPS = ("hf", "vllm")
-VLLM_SWAP_SWITCH = "RAYSWEEP_VLLM_WEIGHT_SWAP"
+# set to 0 in the actors' environment: every model change builds a new engine
+SWAP_SWITCH = "RAYSWEEP_WEIGHT_SWAP"
 # telemetry/actors figures of building an engine (cluster/contracts/telemetry_schema.py): none for a swap, whose
 # weights_s is its loading of the weights
 BUILD_FIGURES = ("engine_init_s", "warmup_s", "load_s", "weights_s", "core_init_s", "compile_s", "profile_run_s",
@@ -31,10 +30,10 @@ BUILD_FIGURES = ("engine_init_s", "warmup_s", "load_s", "weights_s", "core_init_
 def why_not_swapped(kind: str, running: ModelSpec, running_path: str, model: ModelSpec, model_path: str) -> str | None:
     """Why the engine of `running` (of `kind`, its files at `running_path`) cannot run `model` by loading its
     weights (at `model_path`): None where it can."""
+    if os.environ.get(SWAP_SWITCH) == "0":
+        return f"{SWAP_SWITCH}=0 is set"
     if kind not in SWAPS:
         return f"the {kind} engine does not load another checkpoint's weights"
-    if kind == "vllm" and os.environ.get(VLLM_SWAP_SWITCH) != "1":
-        return f"the vllm engine loads another checkpoint's weights only where {VLLM_SWAP_SWITCH}=1"
     if dataclasses.replace(running, name=model.name, path=model.path) != model:
         return "its settings in the spec differ"
     return differences(running_path, model_path)

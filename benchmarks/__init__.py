@@ -12,7 +12,7 @@
 
 Modules: common (prompts, the Bench that records figures, child processes), engine_ratios (a-d),
 whole_process (e), breakdown (x, y), orchestration (p, o), loglik (l), pool (w), repro (r), repro_probe,
-lm_eval_tasks (t), scale_out (n), suite_8b and suite_tasks (s), weight_files, weights_probe;
+lm_eval_tasks (t), scale_out (n), suite_8b, suite_tasks and suite_agreement (s), weight_files, weights_probe;
 and the alternatives timed against raysweep, each run as its own process: plain_vllm, plain_vllm_loglik,
 ray_data_llm.
 """

@@ -26,39 +26,36 @@
    ending in `_TASKS`. `--raysweep-engine JSON` is added to raysweep's engine arguments (a setting tried against
    lm-eval's own, e.g. the uncompiled start of actors/vllm_args.py UNCOMPILED). `--peer-env JSON` is added to
    lm-eval's environment alone: lm-eval given a setting raysweep's engines have (actors/vllm_args.py ENGINE_ENV);
-   `--raysweep-env JSON` to raysweep's alone (e.g. `{"RAYSWEEP_VLLM_WEIGHT_SWAP": "1"}`: actors/weight_swap.py).
+   `--raysweep-env JSON` to raysweep's alone (e.g. `{"RAYSWEEP_WEIGHT_SWAP": "0"}`: a new engine for every
+   checkpoint, actors/weight_swap.py).
 3. Agreement of each pair, once both its runs are done (`raysweep_1` and `lm_eval_1`: `agreement`; `raysweep_n`
    and `lm_eval_n`: `agreement_n`; checkpoint K's records of `raysweep_ckpt` and lm-eval's run of it:
    `agreement_ckpt_K`; and `nearest_ckpt_K`: per document of checkpoint K's records, the run its values lie
    closest to among lm-eval's runs and raysweep's records of the other checkpoints), from the lm-eval sample
-   files, per task: the documents whose
-   `acc` / `acc_norm` decision differs, with each one's margin (the gap between the two choices in lm-eval's own
-   values); each choice's log-likelihood difference; the aggregates and stderr side by side; gsm8k's responses
-   equal. And from raysweep's telemetry, the prompt tokens requested and computed, and each engine start (its
-   actor, model, reason, profile, seconds) with the shards of each model that ran on it.
+   files, per task: the documents whose `acc` / `acc_norm` decision differs, with each one's margin (the gap
+   between the two choices in lm-eval's own values); each choice's log-likelihood difference; the aggregates and
+   stderr side by side; gsm8k's responses equal. And from raysweep's telemetry, the prompt tokens requested and
+   computed, and each engine start (its actor, model, reason, profile, seconds) with the shards of each model
+   that ran on it.
 Prints `[bench] s ...` lines and writes OUT/s.json after each step (a call cut short keeps what was done).
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import re
-import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from benchmarks.common import engine_lives, engine_starts, fresh_caches, run_process
+from benchmarks.suite_agreement import CHOICE_TASKS, agreement, nearest_runs
 
 SHOTS = {"mmlu": 5, "hellaswag": 10, "arc_challenge": 25, "winogrande": 5, "gsm8k": 5}
-CHOICE_TASKS = ("mmlu", "hellaswag", "arc_challenge", "winogrande")
 MAX_MODEL_LEN = 4096
 VARIANTS = ("raysweep_1", "lm_eval_1", "raysweep_n", "lm_eval_n")
-SAME_MODEL = 0.01  # nats: a choice's value this close to another run's is the same model's (bf16: within 0.001)
-NEAR_TIE = 0.05  # nats: two choices this close in lm-eval's own values are a tie that bf16 rounding can turn
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -121,84 +118,6 @@ def spec_file(out: Path, name: str, models: list[Path], tasks: Path, names=tuple
 
 def gpu_env(gpus: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))), **MULTICAST_OFF}
-
-
-# -- agreement -----------------------------------------------------------------------------------
-def samples(folder: Path, task: str) -> dict[tuple, dict]:
-    """lm-eval's per-document records of a task and, for a group (mmlu), of all its subtasks: (subtask, doc)."""
-    found = {}
-    for path in glob.glob(f"{folder}/**/samples_{task}*.jsonl", recursive=True):
-        sub = re.sub(r"_\d{4}-\d{2}-\d{2}T.*$", "", Path(path).name[len("samples_"):])
-        if task != "mmlu" and sub != task:
-            continue
-        for r in map(json.loads, open(path)):
-            if r.get("filter", "none") in ("none", "strict-match"):
-                found[(sub, r["doc_id"])] = r
-    return found
-
-
-def choice_values(record: dict) -> list[float]:
-    return [float(v[0]) for v in record["filtered_resps"]]
-
-
-def decision_gaps(values: list[float], lengths: list[int] | None) -> tuple[int, float]:
-    """The chosen index (lm-eval's argmax, of value / length for acc_norm) and its gap to the runner-up."""
-    scores = [v / n for v, n in zip(values, lengths)] if lengths else values
-    order = sorted(range(len(scores)), key=lambda i: -scores[i])
-    return order[0], (scores[order[0]] - scores[order[1]]) if len(order) > 1 else float("inf")
-
-
-def choice_agreement(ours: dict, theirs: dict) -> dict:
-    both = sorted(set(ours) & set(theirs))
-    diffs, differ = [], {"acc": [], "acc_norm": []}
-    for key in both:
-        a, b = choice_values(ours[key]), choice_values(theirs[key])
-        diffs += [abs(x - y) for x, y in zip(a, b)]
-        lengths = [max(1, len(str(arg[1]))) for arg in theirs[key].get("arguments", [])] or None
-        for metric, n in (("acc", None), ("acc_norm", lengths)):
-            if metric not in theirs[key]:
-                continue
-            (pick_a, _), (pick_b, gap) = decision_gaps(a, n), decision_gaps(b, n)
-            if pick_a != pick_b:
-                differ[metric].append({"doc": list(key), "margin_lm_eval": round(gap, 5)})
-    return {"documents": len(ours), "in_both": len(both),
-            "choice_logliks": len(diffs), "max_abs_diff": max(diffs, default=None),
-            "mean_abs_diff": statistics.fmean(diffs) if diffs else None,
-            "p99_abs_diff": sorted(diffs)[int(0.99 * (len(diffs) - 1))] if diffs else None,
-            **{f"{m}_differ": len(v) for m, v in differ.items()},
-            **{f"{m}_differ_near_ties": sum(d["margin_lm_eval"] < NEAR_TIE for d in v) for m, v in differ.items()},
-            "differing": differ}
-
-
-def agreement(ours: Path, theirs: Path) -> dict:
-    figures = {task: choice_agreement(samples(ours, task), samples(theirs, task)) for task in CHOICE_TASKS}
-    a, b = samples(ours, "gsm8k"), samples(theirs, "gsm8k")
-    figures["gsm8k"] = {"documents": len(a), "in_both": len(set(a) & set(b)),
-                        "same_response": sum(a[k]["resps"] == b[k]["resps"] for k in a if k in b)}
-    results = [json.loads(Path(sorted(glob.glob(f"{d}/**/results_*.json", recursive=True))[-1]).read_text())["results"]
-               for d in (ours, theirs)]
-    figures["metrics"] = {task: {k: [results[0].get(task, {}).get(k), v] for k, v in results[1][task].items()
-                                 if k != "alias"} for task in SHOTS if task in results[1]}
-    return figures
-
-
-def nearest_runs(ours: Path, theirs: list[Path], within: float = SAME_MODEL) -> dict:
-    """For each document of raysweep's records of one checkpoint (a choice task's), which of the runs `theirs`
-    (lm-eval's of checkpoints, raysweep's records of the other checkpoints) its choices' values lie closest to, by
-    the largest difference of a choice, counted per run (by folder name), and `none` where none lies within
-    `within`: a checkpoint's documents found nearest another checkpoint's run say that its rows came from that
-    checkpoint's engine."""
-    runs = [{task: samples(folder, task) for task in CHOICE_TASKS} for folder in theirs]
-    found = {}
-    for task in CHOICE_TASKS:
-        counts = {**{folder.name: 0 for folder in theirs}, "none": 0}
-        for key, record in samples(ours, task).items():
-            gaps = [(max((abs(x - y) for x, y in zip(choice_values(record), choice_values(run[task][key]))),
-                         default=0.0), folder.name) for run, folder in zip(runs, theirs) if key in run[task]]
-            gap, nearest = min(gaps, default=(float("inf"), "none"))
-            counts[nearest if gap <= within else "none"] += 1
-        found[task] = counts
-    return found
 
 
 def token_counts(output: Path) -> dict:
@@ -323,10 +242,8 @@ def _run_checkpoints(suite: Suite, models: list[Path], tasks: Path, gpus: int, s
 
 def _numbers(parser: argparse.ArgumentParser, given: str | None, count: int) -> list[int]:
     """`--ckpt-lm-eval`: the checkpoints lm-eval runs, numbers from 1 (all where not given, none for `none`)."""
-    if given is None:
-        return list(range(1, count + 1))
-    if given == "none":
-        return []
+    if given in (None, "none"):
+        return list(range(1, count + 1)) if given is None else []
     try:
         numbers = sorted({int(k) for k in given.split(",")})
     except ValueError:
@@ -359,7 +276,7 @@ def _parser() -> argparse.ArgumentParser:
                              "raysweep sets in its own engines: '{\"VLLM_USE_FLASHINFER_SAMPLER\": \"0\"}'")
     parser.add_argument("--raysweep-env", default="{}",
                         help="JSON of environment variables for raysweep's processes alone, e.g. "
-                             "'{\"RAYSWEEP_VLLM_WEIGHT_SWAP\": \"1\"}'")
+                             "'{\"RAYSWEEP_WEIGHT_SWAP\": \"0\"}'")
     parser.add_argument("--build-only", action="store_true")
     return parser
 

@@ -59,14 +59,14 @@ def test_each_tools_own_environment_goes_to_it_alone(tmp_path, monkeypatch):
     monkeypatch.setattr(suite_8b, "spec_file", lambda *args: tmp_path / "spec.yaml")
     monkeypatch.setattr(suite_8b, "token_counts", lambda output: {})
     suite = Suite(tmp_path, "vllm", peer_env={"VLLM_USE_FLASHINFER_SAMPLER": "0"},
-                  own_env={"RAYSWEEP_VLLM_WEIGHT_SWAP": "1"})
+                  own_env={"RAYSWEEP_WEIGHT_SWAP": "0"})
 
     suite.lm_eval("lm_eval_1", [tmp_path / "model-1"], tmp_path / "tasks", 1)
     suite.raysweep("raysweep_1", [tmp_path / "model-1"], tmp_path / "tasks", 1)
 
     theirs, ours = calls
     assert theirs == {**gpu_env(1), "VLLM_USE_FLASHINFER_SAMPLER": "0"}
-    assert ours == {**gpu_env(1), "RAYSWEEP_VLLM_WEIGHT_SWAP": "1"}
+    assert ours == {**gpu_env(1), "RAYSWEEP_WEIGHT_SWAP": "0"}
 
 
 def test_each_pair_is_compared_once_both_its_runs_are_done(tmp_path, monkeypatch):

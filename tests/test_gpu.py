@@ -655,7 +655,7 @@ def test_reproducible_sweep_repeats_across_shard_sizes_and_actors_on_vllm(ray_lo
 @pytest.mark.slow
 def test_a_checkpoint_after_another_on_one_vllm_engine_gives_its_own_rows(tmp_path, tiny_path):
     """Two checkpoints of builtin:tiny's shape (its weights, and those moved by noise) on one whole GPU, with
-    RAYSWEEP_VLLM_WEIGHT_SWAP=1 and `reproducible: true`: the actor's engine runs the first, then has the second's
+    `reproducible: true`: the actor's engine runs the first, then has the second's
     weights loaded into it (reason `weights`: no new engine); the second's rows, generation and log-likelihood, are
     those of the second run alone by the same command, every one."""
     import os
@@ -680,7 +680,7 @@ def test_a_checkpoint_after_another_on_one_vllm_engine_gives_its_own_rows(tmp_pa
                 "shards": {"max_samples": 16}, "actors": {"count": 1, "num_gpus": 1}}
         (tmp_path / f"{name}.yaml").write_text(json.dumps(spec))
         _local_command(tmp_path / f"{name}.yaml", tmp_path / name,
-                       env={"CUDA_VISIBLE_DEVICES": one_gpu, "RAYSWEEP_VLLM_WEIGHT_SWAP": "1"})
+                       env={"CUDA_VISIBLE_DEVICES": one_gpu})
         rows = pq.read_table(tmp_path / name / "results").to_pylist()
         return {(r["model"], r["task"], r["sample_id"]): (r["output_text"], r["choice_logprobs"]) for r in rows}
 

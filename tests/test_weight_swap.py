@@ -33,11 +33,12 @@ def test_only_another_checkpoint_of_the_same_model_keeps_the_engine(tiny_path, t
     a, b = checkpoint(tiny_path, tmp_path / "a"), checkpoint(tiny_path, tmp_path / "b", seed=1)
     first, second = ModelSpec("a", str(a), "hf"), ModelSpec("b", str(b), "hf")
     assert why_not_swapped("hf", first, str(a), second, str(b)) is None
-    monkeypatch.delenv("RAYSWEEP_VLLM_WEIGHT_SWAP", raising=False)
-    assert why_not_swapped("vllm", first, str(a), second, str(b)) == "the vllm engine loads another checkpoint's " \
-                                                                      "weights only where RAYSWEEP_VLLM_WEIGHT_SWAP=1"
-    monkeypatch.setenv("RAYSWEEP_VLLM_WEIGHT_SWAP", "1")
+    monkeypatch.delenv("RAYSWEEP_WEIGHT_SWAP", raising=False)
     assert why_not_swapped("vllm", first, str(a), second, str(b)) is None
+    monkeypatch.setenv("RAYSWEEP_WEIGHT_SWAP", "0")
+    assert why_not_swapped("vllm", first, str(a), second, str(b)) == "RAYSWEEP_WEIGHT_SWAP=0 is set"
+    assert why_not_swapped("hf", first, str(a), second, str(b)) == "RAYSWEEP_WEIGHT_SWAP=0 is set"
+    monkeypatch.delenv("RAYSWEEP_WEIGHT_SWAP")
     assert why_not_swapped("fake", first, str(a), second, str(b)) == "the fake engine does not load another " \
                                                                       "checkpoint's weights"
     other = dataclasses.replace(second, engine={"max_num_seqs": 8})
@@ -74,10 +75,11 @@ def test_checkpoints_of_one_model_are_one_family_and_other_settings_or_files_ano
     assert family(second, str(tmp_path / "nowhere")) is None
 
 
-def test_a_swap_that_raises_fails_the_start_and_closes_the_engine(tiny_path, tmp_path):
+def test_a_swap_that_raises_fails_the_start_and_closes_the_engine(tiny_path, tmp_path, monkeypatch):
     """The actor's own engine (no Ray): a swap that raised fails the start with an error naming both models and
     the cause (the driver's one line), and the engine, whose weights are neither model's, is closed; the model's
-    next start builds a new engine, and the next checkpoint after it is swapped in again."""
+    next start builds a new engine, and the next checkpoint after it is swapped in again; with
+    RAYSWEEP_WEIGHT_SWAP=0 in the actor's environment the next one builds a new engine."""
     from actors.evaluator import EvalActor
 
     a, b = checkpoint(tiny_path, tmp_path / "a"), checkpoint(tiny_path, tmp_path / "b", seed=1)
@@ -99,6 +101,9 @@ def test_a_swap_that_raises_fails_the_start_and_closes_the_engine(tiny_path, tmp
         row = actor.start_engine(ModelSpec("a", str(a), "hf"), str(a), time.time())
         assert (row["reason"], row["model"], row["model_change"], row["start_index"]) == ("weights", "a", 2, 2)
         assert row["engine_init_s"] is None and row["weights_s"] > 0 and row["max_num_seqs"] == 32
+        monkeypatch.setenv("RAYSWEEP_WEIGHT_SWAP", "0")
+        row = actor.start_engine(ModelSpec("b", str(b), "hf"), str(b), time.time())
+        assert (row["reason"], row["model"], row["start_index"]) == ("model", "b", 3) and row["engine_init_s"] > 0
     finally:
         actor.close()
 
