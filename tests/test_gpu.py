@@ -655,9 +655,9 @@ def test_reproducible_sweep_repeats_across_shard_sizes_and_actors_on_vllm(ray_lo
 @pytest.mark.slow
 def test_a_checkpoint_after_another_on_one_vllm_engine_gives_its_own_rows(tmp_path, tiny_path):
     """Two checkpoints of builtin:tiny's shape (its weights, and those moved by noise) on one whole GPU, with
-    `reproducible: true`: the actor's engine runs the first, then has the second's
-    weights loaded into it (reason `weights`: no new engine); the second's rows, generation and log-likelihood, are
-    those of the second run alone by the same command, every one."""
+    `reproducible: true`: the actor's engine runs the first, then has the second's weights loaded into it (reason
+    `weights`: no new engine); the second's rows, generation and log-likelihood, are those of the second run alone
+    by the same command, every one."""
     import os
 
     import pyarrow.parquet as pq
