@@ -59,6 +59,34 @@ def test_only_another_checkpoint_of_the_same_model_keeps_the_engine(tiny_path, t
     (b / "modeling_mine.py").write_text("# a trust_remote_code model's own code\n")
     assert why_not_swapped("hf", first, str(a), second, str(b)) == "its modeling_mine.py differs"
     assert why_not_swapped("hf", first, str(a), second, str(tmp_path / "nowhere")) == "no local config.json to compare"
+    (b / "modeling_mine.py").unlink()
+
+
+def test_a_checkpoint_whose_weight_files_hold_other_tensors_gets_a_new_engine(tiny_path, tmp_path):
+    """vLLM's reload keeps the running model's tensor where a checkpoint lacks one (a new engine refuses such a
+    checkpoint): only folders whose safetensors files hold the same tensors, names and shapes, are swapped."""
+    from safetensors.numpy import load_file, save_file
+
+    a, b = checkpoint(tiny_path, tmp_path / "a"), checkpoint(tiny_path, tmp_path / "b", seed=1)
+    first, second = ModelSpec("a", str(a), "hf"), ModelSpec("b", str(b), "hf")
+    weights = load_file(b / "model.safetensors")
+    (b / "model.safetensors").unlink()
+    names = sorted(weights)
+    save_file({n: weights[n] for n in names[:2]}, str(b / "model-00001-of-00002.safetensors"))
+    save_file({n: weights[n] for n in names[2:]}, str(b / "model-00002-of-00002.safetensors"))
+    assert why_not_swapped("hf", first, str(a), second, str(b)) is None  # the same tensors in other files
+    save_file({n: weights[n] for n in names[2:-1]}, str(b / "model-00002-of-00002.safetensors"))
+    assert why_not_swapped("hf", first, str(a), second, str(b)) == "its weight tensors differ"
+    last = weights[names[-1]]
+    save_file({**{n: weights[n] for n in names[2:-1]}, names[-1]: last[..., :1]},
+              str(b / "model-00002-of-00002.safetensors"))
+    assert why_not_swapped("hf", first, str(a), second, str(b)) == "its weight tensors differ"  # a shape
+    for path in b.glob("*.safetensors"):
+        path.unlink()
+    (b / "pytorch_model.bin").write_bytes(b"not read")
+    assert why_not_swapped("hf", first, str(a), second, str(b)) == "no safetensors weights to compare"
+    (b / "model.safetensors").write_bytes(b"\xff" * 8 + b"{}")  # a header length past the file
+    assert why_not_swapped("hf", first, str(a), second, str(b)) == "no safetensors weights to compare"
 
 
 def test_checkpoints_of_one_model_are_one_family_and_other_settings_or_files_another(tiny_path, tmp_path):
@@ -159,12 +187,14 @@ def test_a_checkpoint_after_another_on_one_engine_gives_its_own_rows(engine_host
 
 @pytest.mark.slow
 def test_a_checkpoint_whose_weights_cannot_be_loaded_fails_alone(engine_host, ray_local, tiny_path, tmp_path):
-    """Its swap raised: the start failed with the swap's error, in the driver's words for an engine that could not
-    start, and that checkpoint's shards fail with it; the other's rows are all there."""
+    """Its swap raised (its file's tensors are those of the running model, its data cut short): the start failed
+    with the swap's error, in the driver's words for an engine that could not start, and that checkpoint's shards
+    fail with it; the other's rows are all there."""
     from cluster.schedule.run import run_sweep
 
     good, bad = checkpoint(tiny_path, tmp_path / "good"), checkpoint(tiny_path, tmp_path / "bad")
-    (bad / "model.safetensors").write_bytes(b"not a checkpoint")
+    data = (bad / "model.safetensors").read_bytes()  # its header whole (the same tensors), its data cut short
+    (bad / "model.safetensors").write_bytes(data[:8 + int.from_bytes(data[:8], "little") + 64])
     lines: list[str] = []
     report = run_sweep(_spec(tmp_path, "one-bad", [("good", str(good)), ("bad", str(bad))]), engine_host=engine_host,
                        log=lines.append)

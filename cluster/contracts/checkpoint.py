@@ -1,5 +1,6 @@
-"""Whether two model folders hold checkpoints of one model: the same config.json but the keys that name it, and
-the same files that make its tokenizer, its generation defaults and its own code, byte for byte. Such a model's
+"""Whether two model folders hold checkpoints of one model: the same config.json but the keys that name it, the
+same files that make its tokenizer, its generation defaults and its own code, byte for byte, and safetensors files
+that hold the same tensors (names and shapes, read from their headers). Such a model's
 engine runs another checkpoint by loading its weights alone (actors/weight_swap.py decides, the actor's side);
 the scheduler gives an actor whose model is done another checkpoint of it first, where the work is even
 (`family`, cluster/schedule/fleet.py)."""
@@ -10,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import struct
 
 from cluster.contracts.spec import ModelSpec
 
@@ -22,6 +24,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # its start, compared byte for byte with the model's own code (*.py) where it has any: a model's weights are the
 # only thing that differs
 SAME_FILES = (*TOKENIZER_FILES, "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
+# a safetensors file begins with its header's length (8 bytes, little-endian) and the header, JSON; one longer than
+# this is not read
+MAX_HEADER_BYTES = 100 * 2**20
 
 
 def differences(folder: str, other: str) -> str | None:
@@ -32,7 +37,33 @@ def differences(folder: str, other: str) -> str | None:
     if configs[0] != configs[1]:
         return "its config.json differs"
     differ = [name for name in _compared(folder, other) if read(folder, name) != read(other, name)]
-    return f"its {', '.join(differ)} differ{'s' if len(differ) == 1 else ''}" if differ else None
+    if differ:
+        return f"its {', '.join(differ)} differ{'s' if len(differ) == 1 else ''}"
+    # vLLM loads into a running engine whatever tensors the files hold and keeps its own for the rest, where a new
+    # engine refuses a checkpoint that lacks one: the same tensors, or no swap
+    tensors = [weight_tensors(path) for path in (folder, other)]
+    if None in tensors:
+        return "no safetensors weights to compare"
+    return "its weight tensors differ" if tensors[0] != tensors[1] else None
+
+
+def weight_tensors(folder: str) -> dict[str, list[int]] | None:
+    """Each tensor's name and shape in the folder's *.safetensors files, from their headers alone; None where it
+    has none, or one cannot be read."""
+    try:
+        files = sorted(name for name in os.listdir(folder) if name.endswith(".safetensors"))
+        tensors: dict[str, list[int]] = {}
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size)) if size <= MAX_HEADER_BYTES else None
+            if not isinstance(header, dict):
+                return None
+            tensors.update({key: value.get("shape") for key, value in header.items()
+                            if key != "__metadata__" and isinstance(value, dict)})
+    except (OSError, ValueError, struct.error):
+        return None
+    return tensors or None
 
 
 def family(model: ModelSpec, folder: str) -> str | None:
