@@ -1,9 +1,9 @@
 """Whether two model folders hold checkpoints of one model: the same config.json but the keys that name it, the
 same files that make its tokenizer, its generation defaults and its own code, byte for byte, and safetensors files
-that hold the same tensors (names and shapes, read from their headers). Such a model's
-engine runs another checkpoint by loading its weights alone (actors/weight_swap.py decides, the actor's side);
-the scheduler gives an actor whose model is done another checkpoint of it first, where the work is even
-(`family`, cluster/schedule/fleet.py)."""
+that hold the same tensors (names and shapes, read from their headers). Such a model's engine runs another
+checkpoint by loading its weights alone (actors/weight_swap.py decides, the actor's side); the scheduler gives an
+actor whose model is done another checkpoint of it first, where the work is even (`family`,
+cluster/schedule/fleet.py)."""
 
 from __future__ import annotations
 
