@@ -11,8 +11,8 @@ import dataclasses
 import hashlib
 import json
 import os
-import struct
 
+from cluster.contracts.model_memory import folder_config, safetensors_tensors, weight_files
 from cluster.contracts.spec import ModelSpec
 
 # config.json keys that name a checkpoint or the library that wrote it, not the model it describes
@@ -24,9 +24,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # its start, compared byte for byte with the model's own code (*.py) where it has any: a model's weights are the
 # only thing that differs
 SAME_FILES = (*TOKENIZER_FILES, "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
-# a safetensors file begins with its header's length (8 bytes, little-endian) and the header, JSON; one longer than
-# this is not read
-MAX_HEADER_BYTES = 100 * 2**20
 
 
 def differences(folder: str, other: str) -> str | None:
@@ -48,20 +45,14 @@ def differences(folder: str, other: str) -> str | None:
 
 
 def weight_tensors(folder: str) -> dict[str, list[int]] | None:
-    """Each tensor's name and shape in the folder's *.safetensors files, from their headers alone; None where it
-    has none, or one cannot be read."""
+    """Each tensor's name and shape in the safetensors files vLLM loads from the folder
+    (cluster/contracts/model_memory.py `weight_files`), from their headers alone; None where it has none, or one
+    cannot be read."""
+    tensors: dict[str, list[int]] = {}
     try:
-        files = sorted(name for name in os.listdir(folder) if name.endswith(".safetensors"))
-        tensors: dict[str, list[int]] = {}
-        for name in files:
-            with open(os.path.join(folder, name), "rb") as f:
-                (size,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(size)) if size <= MAX_HEADER_BYTES else None
-            if not isinstance(header, dict):
-                return None
-            tensors.update({key: value.get("shape") for key, value in header.items()
-                            if key != "__metadata__" and isinstance(value, dict)})
-    except (OSError, ValueError, struct.error):
+        for path in weight_files(folder):
+            tensors.update(safetensors_tensors(path))
+    except (OSError, ValueError):
         return None
     return tensors or None
 
@@ -80,12 +71,9 @@ def family(model: ModelSpec, folder: str) -> str | None:
 
 
 def model_config(folder: str) -> dict | None:
-    try:
-        with open(os.path.join(folder, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return {key: value for key, value in config.items() if key not in NAMING_KEYS} if isinstance(config, dict) else None
+    """config.json but the keys that name the checkpoint; None where it cannot be read."""
+    config = folder_config(folder)
+    return None if config is None else {key: value for key, value in config.items() if key not in NAMING_KEYS}
 
 
 def read(folder: str, name: str) -> bytes | None:

@@ -112,9 +112,14 @@ SAFETENSORS_HEADER_MAX = 100_000_000  # the format's own bound on its JSON heade
 
 
 def _safetensors_parameters(path: Path) -> int:
-    """Parameters in one safetensors file, from its JSON header (8 bytes of length, then the header). A file that
-    is not one (a header length past the file's end or the format's bound, a header that is no tensor table)
-    raises ValueError, before anything of that length is read."""
+    """Parameters in one safetensors file, from its header (`safetensors_tensors`)."""
+    return sum(math.prod(shape) for shape in safetensors_tensors(path).values())
+
+
+def safetensors_tensors(path: Path) -> dict[str, list[int]]:
+    """Each tensor's name and shape in one safetensors file, from its JSON header (8 bytes of length, then the
+    header). A file that is not one (a header length past the file's end or the format's bound, a header that is
+    no tensor table) raises ValueError, before anything of that length is read."""
     with open(path, "rb") as f:
         start = f.read(8)
         length = struct.unpack("<Q", start)[0] if len(start) == 8 else -1
@@ -122,7 +127,7 @@ def _safetensors_parameters(path: Path) -> int:
             raise ValueError(f"{path}: not a safetensors file (header length {length})")
         header = json.loads(f.read(length))
     try:
-        return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+        return {name: list(t["shape"]) for name, t in header.items() if name != "__metadata__"}
     except (AttributeError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a safetensors header ({type(e).__name__}: {e})") from None
 

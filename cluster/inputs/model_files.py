@@ -31,8 +31,6 @@ LENGTH_KEYS = ("max_position_embeddings", "n_positions")
 GENERIC = ("PreTrainedTokenizerFast", "TokenizersBackend")  # the class names of transformers' generic fast tokenizer
 
 
-
-
 def load_tokenizer(path: str):
     """The tokenizer of a local model folder (or hub id) as AutoTokenizer would load it."""
     import transformers
