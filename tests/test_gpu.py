@@ -657,7 +657,8 @@ def test_a_checkpoint_after_another_on_one_vllm_engine_gives_its_own_rows(tmp_pa
     """Two checkpoints of builtin:tiny's shape (its weights, and those moved by noise) on one whole GPU, with
     `reproducible: true`: the actor's engine runs the first, then has the second's weights loaded into it (reason
     `weights`: no new engine); the second's rows, generation and log-likelihood, are those of the second run alone
-    by the same command, every one."""
+    by the same command, every one. Each engine takes a third of the GPU's memory: the module's shared engine
+    (`vllm_engine`) may hold another."""
     import os
 
     import pyarrow.parquet as pq
@@ -672,7 +673,8 @@ def test_a_checkpoint_after_another_on_one_vllm_engine_gives_its_own_rows(tmp_pa
 
     def run(name: str, models: list[str]) -> dict:
         spec = {"name": name, "reproducible": True,
-                "models": [{"name": m, "path": str(paths[m]), "engine": {"backend": "vllm"}} for m in models],
+                "models": [{"name": m, "path": str(paths[m]),
+                            "engine": {"backend": "vllm", "gpu_memory_utilization": 0.3}} for m in models],
                 "tasks": [{"name": "gen", "data": str(data), "id_column": "id", "prompt": "{text}",
                            "sampling": {"max_tokens": 16}},
                           {"name": "mc", "type": "loglikelihood", "data": str(data), "id_column": "id",
