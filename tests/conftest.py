@@ -1,11 +1,14 @@
 """Shared fixtures: the builtin model built into a temporary cache, and one local Ray with 2 CPUs."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# lm-eval's own command line, its task index built from --include_path alone (the parity tests' references)
+LM_EVAL = [sys.executable, str(ROOT / "tests" / "lm_eval_reference.py")]
 QUICKSTART = ROOT / "sweeps" / "quickstart.yaml"
 LEAN_EXTRACT_ROWS = 30  # of the quickstart's 100 `extract` rows: their 96-token JSON outputs took 19 of a run's 28
 # engine-seconds on the 2-core CPU machine, and tests of interrupts and resumes need shards, not long ones

@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from tests.conftest import ROOT  # noqa: E402
+from tests.conftest import LM_EVAL, ROOT  # noqa: E402
 from tests.test_lm_eval_tasks import write_tasks  # noqa: E402
 
 N = 64  # max_model_len: a 2-shot context of the fixture tasks is 100-300 tokens (a byte-level tokenizer)
@@ -199,7 +199,7 @@ def test_reproducible_log_likelihoods_are_lm_evals_hf_batch_1_bit_for_bit_and_th
     assert not strays and "| tiny | rs_last |" in run.stdout, run.stdout
     hf_length, _ = documented("loglikelihood")
     subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+        [*LM_EVAL, "--model", "hf", "--model_args",
          f"pretrained={tiny_path},dtype=float32,max_length={MAX_MODEL_LEN - (N - hf_length)}", "--tasks",
          ",".join(tasks), "--include_path", include, "--num_fewshot", "2", "--device", "cpu", "--batch_size", "1",
          "--output_path", str(tmp_path / "reference"), "--log_samples"],

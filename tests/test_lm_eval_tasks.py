@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import pytest
 
 from cluster.contracts.spec import SpecError
-from tests.conftest import ROOT
+from tests.conftest import LM_EVAL, ROOT
 
 pytest.importorskip("lm_eval")
 
@@ -168,9 +168,10 @@ def compare(reference: Path, ours: Path, tasks=("rs_mc", "rs_gen", "rs_ppl")) ->
 
 
 def lm_eval_reference(include_path: Path, out: Path, tiny_path: str) -> Path:
-    """lm-eval's own run: `lm_eval --model hf` on the CPU, float32; max_length is raysweep's window."""
+    """lm-eval's own run: `lm_eval --model hf` on the CPU, float32 (tests/lm_eval_reference.py); max_length is
+    raysweep's window."""
     subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+        [*LM_EVAL, "--model", "hf", "--model_args",
          f"pretrained={tiny_path},dtype=float32,max_length={MAX_MODEL_LEN - 2}", "--tasks", "rs_mc,rs_gen,rs_ppl,rs_mc0",
          "--include_path", str(include_path), "--num_fewshot", "2", "--device", "cpu", "--batch_size", "8",
          "--output_path", str(out), "--log_samples"],
@@ -429,7 +430,7 @@ def test_chat_templated_lm_eval_tasks_give_lm_evals_own_numbers(include_path, tm
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+        [*LM_EVAL, "--model", "hf", "--model_args",
          f"pretrained={tiny_path},dtype=float32,max_length={MAX_MODEL_LEN - 2}", "--tasks", "rs_mc,rs_gen",
          "--include_path", str(include_path), "--num_fewshot", "2", "--apply_chat_template", "--fewshot_as_multiturn",
          "--system_instruction", "Be brief.", "--device", "cpu", "--batch_size", "8",
@@ -482,7 +483,7 @@ def test_a_multiple_choice_context_too_long_is_cut_as_lm_eval_cuts_it(include_pa
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+        [*LM_EVAL, "--model", "hf", "--model_args",
          f"pretrained={tiny_path},dtype=float32,max_length=298", "--tasks", "rs_mc", "--include_path", str(include_path),
          "--num_fewshot", "3", "--limit", "10", "--device", "cpu", "--batch_size", "8",
          "--output_path", str(tmp_path / "reference"), "--log_samples"],
