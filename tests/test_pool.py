@@ -162,8 +162,11 @@ def test_a_sweep_uses_the_pool_for_the_models_it_serves_and_its_own_actors_for_t
             holder.kill()
         gone = cli("pool", "status", address=address)
         assert gone.returncode == 2 and "no pool on this cluster" in gone.stderr
-        # Serve, left running by `down` and serving nothing, starts again on the port asked for
-        assert cli("pool", "up", pool_spec, "--http-port", str(other), address=address).returncode == 0
+        # Serve, left running by `down` and serving nothing, starts again on the port asked for (a replica of the
+        # fake engine: what it serves is not the point, and the CPU engine's replica imports torch)
+        fake = spec_file(tmp_path / "fake.yaml", [{"name": "tiny", "path": "builtin:tiny", "engine": {"backend": "fake"}}],
+                         {"count": 1, "num_cpus": 1})
+        assert cli("pool", "up", fake, "--http-port", str(other), address=address).returncode == 0
         assert json.loads(urllib.request.urlopen(f"http://127.0.0.1:{other}/raysweep/sweeps", timeout=10).read()) == []
         assert cli("pool", "down", address=address).returncode == 0
 
