@@ -9,6 +9,7 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
 - `plain`: the plain script (benchmarks/plain_vllm.py, raysweep's engine arguments) on one GPU, every prompt;
 - `plain_defaults`: the same script given only the model: `LLM(model=PATH)`, vLLM's own defaults for the GPU;
 - `split`: the plain script as N processes started together, one GPU and 1/N of the prompts each (a hand split);
+- `split_defaults`: the same hand split given only the model, as `plain_defaults`;
 - `raysweep_1`: `python -m jobs.sweep` over a spec with no `actors:` section, on the first GPU;
 - `raysweep`: the same spec on all N GPUs;
 - `raysweep_one`: the same on N GPUs with `actors: {num_gpus: 1}` (one engine per GPU, whatever the rule says);
@@ -24,12 +25,14 @@ same prompts (`prompts_of(n, 64, 1024, seed=11)`, as part e), greedy, `--max-tok
 `plain_defaults`'s); `--raysweep-engine JSON` to raysweep's alone (a setting of raysweep's tried against the same
 plain script). `--rounds N` runs the variants N times in turn (a later round's prints end in `_r2`, ...): each
 variant's wall is the median of its rounds, and each round's ratio to `plain_defaults` is said beside the
-median's (a host whose plain script moves by seconds between calls). The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
+median's (a host whose plain script moves by seconds between calls), and so is each hand split's over each
+raysweep variant's. The GPUs are this process's (the first N of CUDA_VISIBLE_DEVICES where it is set).
 Untimed warm-ups first (unless --no-warm), each over WARM_PROMPTS prompts, filling vLLM's compile cache: the
 plain script on one GPU (where `plain`, `split` or `ray_data` run), `plain_defaults`, raysweep on one GPU (where
 `raysweep_1` runs), each of `raysweep`, `raysweep_one`, `raysweep_two`, `raysweep_four` and the tried variants
-that runs with its own actors (the engine arguments of a whole GPU and of a shared one differ, and so do their compiled graphs), and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0
-with one output per prompt; one that fails is said, the others run, and the call fails at the end. Figures go to
+that runs with its own actors (the engine arguments of a whole GPU and of a shared one differ, and so do their
+compiled graphs), and lm-eval on N GPUs (its own engine arguments). A variant counts only if it exits 0 with one
+output per prompt; one that fails is said, the others run, and the call fails at the end. Figures go to
 OUT/n.json after each variant (a call cut short keeps those done) and to OUT/bench.parquet; each process's
 command and prints are kept beside them (`n_*.cmd`, `.stdout`, `.stderr`).
 `--fresh-caches`: each variant's run starts on empty compile and JIT caches of its own (vLLM's, Inductor's,
@@ -54,8 +57,8 @@ from benchmarks.common import (REPO, Bench, count_lines, fresh_caches, prompts_o
                                summary_line, sweep_spec, vllm_args, write_prompts)
 from benchmarks.whole_process import raysweep_figures
 
-VARIANTS = ("plain", "plain_defaults", "split", "raysweep", "raysweep_1", "raysweep_one", "raysweep_two",
-            "raysweep_four", "raysweep_tried", "lm_eval", "ray_data")
+VARIANTS = ("plain", "plain_defaults", "split", "split_defaults", "raysweep", "raysweep_1", "raysweep_one",
+            "raysweep_two", "raysweep_four", "raysweep_tried", "lm_eval", "ray_data")
 WARM_PROMPTS = 256
 
 
@@ -93,14 +96,15 @@ class ScaleOut:
         self._expect(stem, _outputs(stdout, stem), count_lines(data))
         return wall
 
-    def split(self, stem: str) -> float:
+    def split(self, stem: str, engine_args: dict | None = None) -> float:
         """N plain scripts started together, one GPU each: the wall time of the slowest."""
         caches = self._caches(stem)  # one node's: its processes share them
         children, started = [], time.perf_counter()
         for i, part in enumerate(self.parts):
             path = self.out / f"{stem}_{i}"
             device = self.devices[i]
-            env, argv = {"CUDA_VISIBLE_DEVICES": device, **caches}, self._script("benchmarks.plain_vllm", part)
+            env = {"CUDA_VISIBLE_DEVICES": device, **caches}
+            argv = self._script("benchmarks.plain_vllm", part, engine_args)
             path.with_name(path.name + ".cmd").write_text(
                 " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv) + "\n")
             stdout, stderr = open(f"{path}.stdout", "w"), open(f"{path}.stderr", "w")
@@ -157,7 +161,7 @@ class ScaleOut:
                   "raysweep_four": {"num_gpus": 0.25}, **{name: self.tried_actors for name in self.tried}}
         if warm and not self.fresh:  # fresh caches: each run starts on empty ones, nothing to warm
             warm_ups = [(("plain", "split", "ray_data"), "plain", lambda: self.plain("n_warm_plain", self.warm)),
-                        (("plain_defaults",), "plain_defaults",
+                        (("plain_defaults", "split_defaults"), "plain_defaults",
                          lambda: self.plain("n_warm_plain_defaults", self.warm, self._model_only())),
                         (("raysweep_1",), "raysweep_1",
                          lambda: self.raysweep("n_warm_raysweep_1", self.warm, {}, self._one_gpu()))]
@@ -171,6 +175,7 @@ class ScaleOut:
                 if set(wanted) & set(variants):
                     self._note(f"warm {label}", go())
         runs = {"plain": lambda r: self.plain(f"n_plain{r}", self.data), "split": lambda r: self.split(f"n_split{r}"),
+                "split_defaults": lambda r: self.split(f"n_split_defaults{r}", self._model_only()),
                 "plain_defaults": lambda r: self.plain(f"n_plain_defaults{r}", self.data, self._model_only()),
                 "raysweep_1": lambda r: self.raysweep(f"n_raysweep_1{r}", self.data, {}, self._one_gpu()),
                 "lm_eval": lambda r: self.lm_eval(f"n_lm_eval{r}", None),
@@ -198,6 +203,10 @@ class ScaleOut:
             if "plain_defaults" in walls and self.rounds > 1:  # the rounds' medians, and each round's own ratio
                 each = ", ".join(f"{a / b:.2f}" for a, b in zip(rounds["plain_defaults"], rounds[variant]))
                 self.bench.record("n", f"RATIO plain_defaults/{variant}", walls["plain_defaults"] / wall,
+                                  f"x (median of {self.rounds} rounds' whole processes; each round: {each})")
+            for split in (s for s in ("split", "split_defaults") if s in walls and variant.startswith("raysweep")):
+                each = ", ".join(f"{a / b:.2f}" for a, b in zip(rounds[split], rounds[variant]))
+                self.bench.record("n", f"RATIO {split}/{variant}", walls[split] / wall,
                                   f"x (median of {self.rounds} rounds' whole processes; each round: {each})")
         spans = {v: self.figures.get(f"n_{v}", {}).get("shards_span_s") for v in ("raysweep", "raysweep_1")}
         if all(spans.values()):

@@ -31,12 +31,14 @@ class Runner(StubRunner):
 class Child:
     """A hand-split process: its summary printed to the file it was given at once."""
     started: list = []
+    engines: list = []
 
     def __init__(self, argv, stdout, stderr, env, cwd):
         n = sum(1 for _ in open(argv[argv.index("--prompts") + 1]))
         stdout.write(json.dumps({"outputs": n, "output_tokens": n}) + "\n")
         stdout.close()
         Child.started.append((env["CUDA_VISIBLE_DEVICES"], n))
+        Child.engines.append(json.loads(argv[argv.index("--engine-args") + 1]))
 
     def wait(self):
         return 0
@@ -45,14 +47,16 @@ class Child:
 def test_every_variant_runs_once_after_the_warm_ups_and_the_split_takes_one_gpu_each(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     bench, runner = Bench("/models/small", tmp_path, 0), Runner()
-    Child.started = []
+    Child.started, Child.engines = [], []
     ScaleOut(bench, 4, 12, 8, runner=runner, popen=Child, tried_engines=[{"max_num_seqs": 8}]).run(list(VARIANTS),
                                                                                                   warm=True)
     names = [name for name, _ in runner.calls]
     assert names[:9] == ["n_warm_plain", "n_warm_plain_defaults", "n_warm_raysweep_1", "n_warm_raysweep",
                          "n_warm_raysweep_one", "n_warm_raysweep_two", "n_warm_raysweep_four", "n_warm_raysweep_tried",
                          "n_warm_lm_eval"]
-    assert sorted(Child.started) == [("0", 3), ("1", 3), ("2", 3), ("3", 3)]
+    # the hand split, then the hand split given only the model: one process per GPU each time
+    assert sorted(Child.started) == [("0", 3), ("0", 3), ("1", 3), ("1", 3), ("2", 3), ("2", 3), ("3", 3), ("3", 3)]
+    assert "seed" in Child.engines[0] and Child.engines[4:] == [{"model": "/models/small"}] * 4
     envs = dict(runner.calls)
     assert envs["n_plain"] == envs["n_raysweep_1"] == {"CUDA_VISIBLE_DEVICES": "0"}
     assert envs["n_raysweep"] == envs["n_ray_data"] == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
@@ -67,6 +71,8 @@ def test_every_variant_runs_once_after_the_warm_ups_and_the_split_takes_one_gpu_
     values = {r["metric"]: r["value"] for r in bench.rows}
     assert values["RATIO plain/raysweep"] == pytest.approx(2.0)  # the stub's 20 s over 10 s
     assert values["RATIO plain/lm_eval"] == pytest.approx(0.5)
+    walls = figures["walls"]  # the stub's split waits for nothing, its sweep 10 s
+    assert values["RATIO split_defaults/raysweep"] == pytest.approx(walls["split_defaults"] / walls["raysweep"])
 
 
 def test_the_plain_script_takes_raysweeps_arguments_or_only_the_model_and_the_gpus_are_this_process(
