@@ -14,9 +14,9 @@ What is the process's happens once, however many sweeps it runs:
 - `temporary_folder`: a folder removed at the end (named by this process: one a killed command left is removed by
   the next command that makes one).
 Everything the run holds is put on one ExitStack as it is taken: the engine host, Ray (its stop closes the kept
-actors first and releases its reaper after), the temporary folders, each sweep's output sink (closed there where
-the sweep did not run to close it). `close` (also on any error or signal) releases them once, in the reverse of
-the order they were taken.
+actors first and releases its reaper after), the temporary folders (lm-eval's request cache in one, for a spec
+with `lm_eval:` entries), each sweep's output sink (closed there where the sweep did not run to close it).
+`close` (also on any error or signal) releases them once, in the reverse of the order they were taken.
 
 Each sweep goes through the same steps, each once, in this order (`Phase`, the run's `phase`; a step out of order
 is a bug, raised as one):
@@ -153,8 +153,10 @@ class SweepRun:
     def read(self, path: str):
         """The spec file, loaded once. Before that, a quick look at its YAML begins the process's part: the
         engine host and, for a spec with `lm_eval:` entries, Ray (lm-eval builds its tasks while they start)."""
-        from cluster.inputs.spec_file import load_spec
+        import importlib.util
 
+        from cluster.inputs.spec_file import load_spec
+        from cluster.lm_eval.adapter import own_request_cache
         from jobs.silence import watched
         from jobs.spec_glance import backends_named, names_lm_eval_tasks, quick_look
 
@@ -162,6 +164,8 @@ class SweepRun:
         lm_eval = raw is not None and names_lm_eval_tasks(raw)
         if raw is not None:
             self.begin(backends_named(raw), raw.get("reproducible") is True, lm_eval)
+        if lm_eval and importlib.util.find_spec("lm_eval") is not None:  # lm-eval's request cache the run's own
+            self._held.enter_context(own_request_cache(self.temporary_folder("lm-eval-requests")))
         with watched(self.log, "lm-eval indexes and loads its tasks and builds their requests" if lm_eval else
                      "the spec read"):
             spec = load_spec(path)

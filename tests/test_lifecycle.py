@@ -270,3 +270,40 @@ def test_steps_go_in_order_and_close_releases_what_was_taken_once_the_last_first
     assert life.phase is Phase.CLOSED
     with pytest.raises(RuntimeError, match="after 'closed'"):
         life.adopt(spec)
+
+
+def test_a_spec_with_lm_eval_entries_holds_lm_evals_request_cache_in_a_folder_of_its_own_until_close(tmp_path,
+                                                                                                       monkeypatch,
+                                                                                                       hosts):
+    """lm-eval's request cache (which its building pass writes and its scoring pass reads) is in a folder of the run's
+    own while the spec loads and the run lasts; at close lm-eval's own path is back and the folder gone. A spec
+    without `lm_eval:` entries leaves lm-eval's path alone."""
+    pytest.importorskip("lm_eval")
+    import lm_eval.caching.cache as cache
+
+    from cluster.inputs.spec_file import load_spec
+    from cluster.lm_eval.adapter import request_cache_owned
+
+    lm_evals_own, seen = cache.PATH, []
+    monkeypatch.setattr(SweepRun, "begin", lambda self, *a, **k: None)  # no engine host, no Ray
+
+    def loads(path):
+        seen.append((cache.PATH, request_cache_owned()))
+        return load_spec(QUICKSTART / "quickstart.yaml")
+
+    monkeypatch.setattr("cluster.inputs.spec_file.load_spec", loads)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(json.dumps({"name": "s", "models": [{"name": "m", "path": "builtin:tiny"}],
+                                "tasks": [{"lm_eval": {"tasks": ["arc_easy"]}}]}))
+    life = SweepRun(_args(), _clock(), log=lambda line: None)
+    life.read(str(spec))
+    (folder, owned), = seen
+    assert owned and folder != lm_evals_own and os.path.isdir(folder) and cache.PATH == folder
+    life.close()
+    assert cache.PATH == lm_evals_own and not request_cache_owned() and not os.path.exists(folder)
+
+    spec.write_text(json.dumps({"name": "s", "models": [{"name": "m", "path": "builtin:tiny"}],
+                                "tasks": [{"name": "t", "data": "x.jsonl", "prompt": "{q}"}]}))
+    with SweepRun(_args(), _clock(), log=lambda line: None) as life:
+        life.read(str(spec))
+    assert seen[-1] == (lm_evals_own, False)

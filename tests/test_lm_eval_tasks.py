@@ -719,6 +719,30 @@ def test_the_scoring_pass_takes_lm_evals_environment_record_while_it_scores(monk
     assert run_lm_eval(settings, None, None, log_samples=False, bootstrap_iters=0)["pretty_env_info"] == "in place"
 
 
+def test_lm_evals_request_cache_is_used_only_in_a_folder_a_run_holds_and_its_own_path_comes_back(tmp_path,
+                                                                                                   monkeypatch):
+    """The building and scoring passes ask lm-eval for its request cache only where a run holds it in a folder of
+    its own (jobs/lifecycle.py): lm-eval's own folder is shared by every process, and its key names neither a limit
+    nor the data. A limit turns it off there too. lm-eval's path is back when the run lets it go."""
+    import lm_eval.caching.cache as cache
+    import lm_eval.evaluator as evaluator
+
+    from cluster.contracts.lm_eval_task import LmEvalSettings
+    from cluster.lm_eval.adapter import own_request_cache
+    from cluster.lm_eval.run import run_lm_eval
+
+    asked = []
+    monkeypatch.setattr(evaluator, "simple_evaluate", lambda **kw: asked.append((kw["cache_requests"], cache.PATH)))
+    lm_evals_own = cache.PATH
+    run_lm_eval(LmEvalSettings(tasks=("rs_mc",)), None, None, log_samples=False, bootstrap_iters=0,
+                requests_only=True)
+    with own_request_cache(str(tmp_path)):
+        for settings in (LmEvalSettings(tasks=("rs_mc",)), LmEvalSettings(tasks=("rs_mc",), limit=3)):
+            run_lm_eval(settings, None, None, log_samples=False, bootstrap_iters=0, requests_only=True)
+    assert asked == [(False, lm_evals_own), (True, str(tmp_path)), (False, str(tmp_path))]
+    assert cache.PATH == lm_evals_own
+
+
 def test_transformers_is_imported_whole_before_the_environment_records_thread_starts():
     """lm-eval's environment record names transformers' version, and its thread may be the first to import it.
     transformers swaps its module for a lazy one at the end of its import, and the scoring pass's thread, hashing

@@ -5,7 +5,7 @@ lm-eval is used. Each replacement is a context manager or a subclass that puts l
 - `without_run_record`: `simple_evaluate` without its environment record (a pass whose results nobody reads);
 - `run_record_ahead`: `simple_evaluate`'s environment record taken on a thread while it evaluates;
 - `templates_compiled_once`: `utils.apply_template` with each template compiled once;
-- `own_request_cache`: lm-eval's request cache in a temporary folder of this process's own;
+- `own_request_cache`: lm-eval's request cache in a run's own folder (`request_cache_owned` tells);
 - `own_tasks_indexed`: lm-eval's command line indexing only an include_path that holds every task named;
 - `process_results_named`: each task's `process_results` raising an error that names the task;
 - `command_line_checked`: lm-eval's checks of its command line raising one error of the caller's;
@@ -166,19 +166,26 @@ def templates_compiled_once():
         utils.apply_template = original
 
 
-@functools.lru_cache(maxsize=1)
-def own_request_cache() -> str:
-    """lm-eval's request cache moved from its package folder to a temporary one removed at exit."""
-    import atexit
-    import shutil
-    import tempfile
-
+@contextlib.contextmanager
+def own_request_cache(folder: str):
+    """lm-eval's request cache in `folder` (a run's own) while the context lasts, lm-eval's path back after. Stands
+    in for `PATH = OVERRIDE_PATH or f"{MODULE_DIR}/.cache"` (lm_eval/caching/cache.py: its package folder, or
+    LM_HARNESS_CACHE_PATH), which lm-eval reads at each load and save."""
     import lm_eval.caching.cache as cache
 
-    folder = tempfile.mkdtemp(prefix="raysweep-lm-eval-requests-")
-    atexit.register(shutil.rmtree, folder, True)
-    cache.PATH = folder  # read by lm-eval at each load and save
-    return folder
+    kept, cache.PATH = cache.PATH, folder
+    try:
+        yield folder
+    finally:
+        cache.PATH = kept
+
+
+def request_cache_owned() -> bool:
+    """Whether lm-eval's request cache is in a folder of a run's own (`own_request_cache`): lm-eval's own folder is
+    shared by every process, and its key names neither a limit nor the data a cache was made from."""
+    import lm_eval.caching.cache as cache
+
+    return cache.PATH != (cache.OVERRIDE_PATH or f"{cache.MODULE_DIR}/.cache")
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from collections import defaultdict
 from typing import Iterable
 
 from cluster.contracts.lm_eval_task import EXTRA, LmEvalSettings
-from cluster.lm_eval.adapter import (own_request_cache, require_version, run_record_ahead, templates_compiled_once,
+from cluster.lm_eval.adapter import (request_cache_owned, require_version, run_record_ahead, templates_compiled_once,
                                      without_run_record)
 from cluster.lm_eval.quiet import quiet
 
@@ -41,19 +41,18 @@ def import_lm_eval():
 
 def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, bootstrap_iters: int,
                 tracker=None, requests_only: bool = False) -> dict:
-    """lm-eval's `simple_evaluate` with the entry's settings: the one call that builds and that scores.
-    Without a `limit` or `samples`, lm-eval's request cache is on, in a folder of this process's own: the scoring
-    pass reads the requests the building pass made (lm-eval renders each document's few-shot context again
-    otherwise, about half of a pass), and no later process can read a cache made from other data (its key names
-    neither the limit nor the samples). `requests_only` (the building pass, whose results are thrown away):
-    without what only the results record (`without_run_record`), without seeding torch (a model's sampling; no
-    request depends on it): torch is not imported for it; and without predict_only (which changes only the
-    metrics). The scoring pass loads each dataset again without `datasets`' download count, and takes lm-eval's
-    environment record on a thread while it scores (adapter.py). The answers
-    cache (`use_cache`) is the scoring model's own (cluster/lm_eval/scores.py)."""
+    """lm-eval's `simple_evaluate` with the entry's settings: the one call that builds and that scores. Without a
+    `limit` or `samples`, lm-eval's request cache is on where a run holds it in a folder of its own
+    (jobs/lifecycle.py, adapter.py `own_request_cache`): the scoring pass reads the requests the building pass made
+    (lm-eval renders each document's few-shot context again otherwise, about half of a pass), and no other run can
+    read a cache made from other data (its key names neither the limit nor the samples); off elsewhere.
+    `requests_only` (the building pass, whose results are thrown away): without what only the results record
+    (`without_run_record`), without seeding torch (a model's sampling; no request depends on it): torch is not
+    imported for it; and without predict_only (which changes only the metrics). The scoring pass loads each dataset
+    again without `datasets`' download count, and takes lm-eval's environment record on a thread while it scores
+    (adapter.py). The answers cache (`use_cache`) is the scoring model's own (cluster/lm_eval/scores.py)."""
     import lm_eval.evaluator
 
-    own_request_cache()
     random_seed, numpy_seed, torch_seed, fewshot_seed = settings.seeds
     if not requests_only:
         # torch imported whole before lm-eval seeds it and before its environment record's thread imports it: two
@@ -66,7 +65,7 @@ def run_lm_eval(settings: LmEvalSettings, lm, task_manager, log_samples: bool, b
             patched.enter_context(patch)
         return lm_eval.evaluator.simple_evaluate(
             # with a limit lm-eval's request cache would build every document; its key names no samples
-            cache_requests=settings.limit is None and settings.samples is None,
+            cache_requests=settings.limit is None and settings.samples is None and request_cache_owned(),
             model=lm, tasks=list(settings.tasks), num_fewshot=settings.num_fewshot, limit=settings.limit,
             samples=settings.samples, bootstrap_iters=bootstrap_iters, log_samples=log_samples,
             system_instruction=settings.system_instruction, apply_chat_template=settings.apply_chat_template,
@@ -81,11 +80,11 @@ _AHEAD: dict = {"thread": None}  # the thread `score_ahead` started in this proc
 
 
 def score_ahead() -> None:
-    """While a sweep's shards run, once per process: torch imported on a daemon thread. lm-eval's scoring pass
-    seeds torch first (`set_torch_seed`); on the 2-core CPU machine torch's import was 2.8 s of a 4.7 s scoring
-    pass after the last result (300 + 300 documents, builtin:tiny). The scoring pass waits for the thread
-    (`run_lm_eval`, which starts it where no sweep's shards did). lm-eval's environment record stays in the scoring pass, inside `quiet()` and after the
-    engines have closed: torch's collect_env initialises CUDA and prints what it warns of."""
+    """While a sweep's shards run, once per process: torch imported on a daemon thread. lm-eval's scoring pass seeds
+    torch first (`set_torch_seed`); on the 2-core CPU machine torch's import was 2.8 s of a 4.7 s scoring pass after
+    the last result (300 + 300 documents, builtin:tiny). The scoring pass waits for the thread (`run_lm_eval`, which
+    starts it where no sweep's shards did). lm-eval's environment record stays in the scoring pass, inside `quiet()`
+    and after the engines have closed: torch's collect_env initialises CUDA and prints what it warns of."""
     def take() -> None:
         try:
             import torch  # noqa: F401
