@@ -96,8 +96,10 @@ class RaysweepLM(AnsweredLM):
     @property
     def tokenizer_name(self) -> str:
         """Asked by lm-eval only under --apply_chat_template; a model with a chat template answers it
-        (cluster/lm_eval/adapter.py with_chat_template), one without is one line here, not lm-eval's traceback."""
-        raise LmEvalError(f"--apply_chat_template: model {self.model.path}: {self.no_chat_template}")
+        (cluster/lm_eval/answered.py `templated`), one without is one line here, not lm-eval's traceback."""
+        if self.chat_tokenizer is None:
+            raise LmEvalError(f"--apply_chat_template: model {self.model.path}: {self.no_chat_template}")
+        return super().tokenizer_name
 
     def begin(self) -> None:
         """The engine host decided (the engines' imports start) and Ray's start begun, on a thread of its own: once
@@ -197,8 +199,6 @@ def _chat_templated(lm, folder: str) -> None:
     """The model's chat template for lm-eval's --apply_chat_template, where its tokenizer has one. The tokenizer
     loads when lm-eval first asks for the template, not here (transformers' import and the load took seconds
     before lm-eval could build its requests): a model folder's files say whether it has a template."""
-    from cluster.lm_eval.adapter import with_chat_template
-
     found = has_chat_template(folder)
     lm.no_chat_template = "its tokenizer has no chat template"
     if found is False:
@@ -214,9 +214,9 @@ def _chat_templated(lm, folder: str) -> None:
             lm.no_chat_template = f"its tokenizer cannot be loaded: {one_line(e)}"
             return
         if getattr(tokenizer, "chat_template", None):
-            with_chat_template(lm, tokenizer)
+            lm.templated(tokenizer)
         return
-    with_chat_template(lm, lm.tokenizer)  # loaded when lm-eval first asks for the template (`described`)
+    lm.templated(lm.tokenizer)  # loaded when lm-eval first asks for the template (`described`)
 
 
 def has_chat_template(folder: str) -> bool | None:

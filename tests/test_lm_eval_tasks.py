@@ -635,12 +635,12 @@ def test_lm_evals_command_line_indexes_only_the_include_path_that_holds_every_ta
 
     made = []  # where a name is not in the folder: indexed again with lm-eval's tasks (recorded, not read: 14 s)
 
-    class Recorded:
-        def __init__(self, verbosity=None, include_path=None, include_defaults=True, metadata=None):
-            made.append(include_defaults)
-            self.all_tasks = ["rs_mc"] + (["arc_easy"] if include_defaults else [])
+    def recorded(self, verbosity=None, include_path=None, include_defaults=True, metadata=None):
+        made.append(include_defaults)
+        self.recorded_tasks = ["rs_mc"] + (["arc_easy"] if include_defaults else [])
 
-    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Recorded)
+    monkeypatch.setattr(original, "__init__", recorded)  # lm-eval's own TaskManager's, under raysweep's
+    monkeypatch.setattr(original, "all_tasks", property(lambda self: self.recorded_tasks))
     with own_tasks_indexed(["rs_mc", "arc_easy"]):
         assert "arc_easy" in lm_eval.tasks.TaskManager(include_path=str(include_path)).all_tasks
     assert made == [False, True]
@@ -817,11 +817,10 @@ def test_a_tokenizer_with_named_chat_templates_renders_with_its_default_as_lm_ev
     entry (an unhashable dict)."""
     import shutil
 
-    from lm_eval.api.model import TemplateLM
     from transformers import AutoTokenizer
 
     from cluster.inputs.model_files import chat_tokenizer
-    from cluster.lm_eval.adapter import with_chat_template
+    from cluster.lm_eval.answered import AnswersFrom
 
     folder = tmp_path / "multi"
     shutil.copytree(tiny_path, folder)
@@ -831,11 +830,7 @@ def test_a_tokenizer_with_named_chat_templates_renders_with_its_default_as_lm_ev
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     tokenizer = AutoTokenizer.from_pretrained(folder)
 
-    class Model(TemplateLM):  # the least of an lm-eval model
-        eot_token_id = 0
-        tok_encode = _loglikelihood_tokens = loglikelihood_rolling = generate_until = None
-
-    lm = with_chat_template(Model(), tokenizer)
+    lm = AnswersFrom(lambda kind, requests: []).templated(tokenizer)
     assert lm.chat_template(True) == own and lm.chat_template("alt") == "{{ messages }}"
     assert chat_tokenizer([types.SimpleNamespace(path=str(folder))] * 2, str(tmp_path)).chat_template["default"] == own
 

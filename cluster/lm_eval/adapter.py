@@ -1,7 +1,6 @@
 """Where raysweep replaces parts of lm-eval at run time, in one place, for the one lm-eval release it is written
 against (cluster/contracts/lm_eval_task.py VERSION): `require_version` stops on any other in one line before
 lm-eval is used. Each replacement is a context manager or a subclass that puts lm-eval's own back:
-- `with_chat_template`: an lm-eval model rendering chat templates as lm-eval's HF model does;
 - `without_run_record`: `simple_evaluate` without its environment record (a pass whose results nobody reads);
 - `run_record_ahead`: `simple_evaluate`'s environment record taken on a thread while it evaluates;
 - `templates_compiled_once`: `utils.apply_template` with each template compiled once;
@@ -36,39 +35,6 @@ def require_version(installed: str | None = None) -> None:
     if installed != VERSION:
         raise LmEvalVersionError(f"lm-eval {installed} is installed; raysweep works with lm-eval {VERSION} only "
                                  f"(it replaces some of lm-eval's internals): {EXTRA}")
-
-
-def with_chat_template(lm, tokenizer):
-    """`lm` (an lm-eval model) rendering chat templates with `tokenizer`, as lm-eval's HF model does: its
-    `apply_chat_template` (the system message dropped where the template refuses one), `chat_template` and
-    `tokenizer_name` (which lm-eval's request cache and results name). None: `lm` as it is."""
-    if tokenizer is None:
-        return lm
-    import types
-
-    import jinja2
-    from lm_eval.api.model import TemplateLM
-
-    class ChatTemplated(type(lm)):
-        @property
-        def tokenizer_name(self) -> str:
-            return tokenizer.name_or_path.replace("/", "__")
-
-        def chat_template(self, chat_template: bool | str = False) -> str | None:
-            # lm-eval's own choice of template by the tokenizer's: one, or of several by name, "default" unless named
-            return TemplateLM.chat_template(types.SimpleNamespace(tokenizer=tokenizer), chat_template)
-
-        def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
-            def render(history):
-                return tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                     continue_final_message=not add_generation_prompt)
-            try:
-                return render(chat_history)
-            except jinja2.exceptions.TemplateError:
-                return render([m for m in chat_history if m["role"] != "system"])
-
-    lm.__class__ = ChatTemplated
-    return lm
 
 
 @contextlib.contextmanager
@@ -198,18 +164,12 @@ def own_tasks_indexed(names: list[str]):
     `command_line_checked`'s closest names."""
     import lm_eval.tasks
 
+    from cluster.lm_eval.task_index import OwnTasksFirst
+
     original = lm_eval.tasks.TaskManager
-    made = []
-
-    class OwnTasksFirst(original):
-        def __init__(self, verbosity=None, include_path=None, include_defaults: bool = True, metadata=None):
-            narrow = include_defaults and include_path is not None and bool(names)
-            super().__init__(verbosity, include_path, include_defaults and not narrow, metadata)
-            if narrow and not all(name in self.all_tasks for name in names):
-                super().__init__(verbosity, include_path, True, metadata)
-            made[:] = [self]
-
-    lm_eval.tasks.TaskManager = OwnTasksFirst
+    made: list = []
+    # lm-eval's command line makes its TaskManager by this name (lm_eval/config/evaluate_config.py process_tasks)
+    lm_eval.tasks.TaskManager = functools.partial(OwnTasksFirst, tuple(names), made)
     try:
         yield lambda: list(made[0].all_tasks) if made else []
     finally:

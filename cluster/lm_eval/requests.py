@@ -23,7 +23,7 @@ from collections import defaultdict
 
 from cluster.contracts.lm_eval_task import LmEvalSettings, LmEvalTask
 from cluster.contracts.task_spec import NAME_RE, SamplingSpec, TaskSpec
-from cluster.lm_eval.adapter import FewShotRefused, few_shots_checked, with_chat_template
+from cluster.lm_eval.adapter import FewShotRefused, few_shots_checked
 from cluster.lm_eval.quiet import quiet
 from cluster.lm_eval.run import (documents_hash, import_lm_eval, request_rows, requests_hash, run_lm_eval,
                                  task_manager)
@@ -38,29 +38,26 @@ SETTING_ERROR = re.compile(rf"^({'|'.join(LmEvalSettings.__dataclass_fields__)})
 MAX_GEN_TOKS = 256  # lm-eval's default for a task that does not say (its HFLM and VLLM models)
 
 
-def recording_lm(chat_tokenizer=None):
-    """An lm-eval model that records its requests and answers each with a placeholder."""
-    from lm_eval.api.model import LM
+PLACEHOLDERS = {"loglikelihood": (0.0, False), "loglikelihood_rolling": 0.0, "generate_until": ""}
 
-    class RecordingLM(LM):
-        def __init__(self):
-            super().__init__()
-            self.requests: list = []
 
-        def _record(self, requests, answer):
-            self.requests.extend(requests)
-            return [answer] * len(requests)
+class Recorder:
+    """What an lm-eval model is asked, kept in order; each request answered with its type's placeholder."""
 
-        def loglikelihood(self, requests, disable_tqdm: bool = False):
-            return self._record(requests, (0.0, False))
+    def __init__(self):
+        self.requests: list = []
 
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            return self._record(requests, 0.0)
+    def __call__(self, kind: str, requests) -> list:
+        self.requests.extend(requests)
+        return [PLACEHOLDERS[kind]] * len(requests)
 
-        def generate_until(self, requests, disable_tqdm: bool = False):
-            return self._record(requests, "")
 
-    return with_chat_template(RecordingLM(), chat_tokenizer)
+def recording_lm(recorder: Recorder, chat_tokenizer=None):
+    """An lm-eval model that gives `recorder` its requests to keep and answer, rendering chat templates with
+    `chat_tokenizer` (None: none)."""
+    from cluster.lm_eval.answered import AnswersFrom
+
+    return AnswersFrom(recorder).templated(chat_tokenizer)
 
 
 def check_names(settings: LmEvalSettings, manager) -> None:
@@ -80,7 +77,8 @@ def _version() -> str:
 
 def record(settings: LmEvalSettings, manager, chat_tokenizer=None) -> list:
     """Every request lm-eval would send a model for the entry's tasks."""
-    lm = recording_lm(chat_tokenizer)
+    recorder = Recorder()
+    lm = recording_lm(recorder, chat_tokenizer)
     try:
         with quiet(), few_shots_checked():
             run_lm_eval(settings, lm, manager, log_samples=False, bootstrap_iters=0, requests_only=True)
@@ -88,7 +86,7 @@ def record(settings: LmEvalSettings, manager, chat_tokenizer=None) -> list:
         raise
     except Exception as e:  # a dataset lm-eval could not load, a template that fails, lm-eval's own refusals
         raise ValueError(_failure(settings, manager, e)) from None
-    return lm.requests
+    return recorder.requests
 
 
 # what `datasets` and huggingface_hub raise for data that is not there or not reachable offline

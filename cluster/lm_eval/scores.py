@@ -31,7 +31,6 @@ import pyarrow as pa
 
 from cluster.contracts.shard import GENERATED
 from cluster.contracts.spec import ModelSpec, SweepSpec
-from cluster.lm_eval.adapter import with_chat_template
 from cluster.lm_eval.failures import scored_leaving_out_failures
 from cluster.lm_eval.quiet import quiet
 from cluster.lm_eval.run import (documents_hash, empty_document, request_rows, requests_hash, run_lm_eval,
@@ -58,64 +57,74 @@ def replay_lm(answers: dict[str, dict[tuple[str, int], dict]], planned: dict[str
     (`--use_cache`'s path) in front of the rows, lm-eval's own CachingLM: a request it holds is answered from it,
     the others from the rows and added to it. The rows are found from every request lm-eval asks for, before the
     cache takes those it holds (the rule that makes requests into rows reads a document's requests together)."""
-    from cluster.lm_eval.answered import AnsweredLM
+    from cluster.lm_eval.answered import AnswersFrom
 
-    class ReplayLM(AnsweredLM):
-        def _answer(self, kind: str, requests):
-            for task, now in requests_hash(requests).items():
-                if (planned or {}).get(task) not in (None, now):
-                    raise ChangedDocuments(_changed(task, "prompts", manager))
-            where = {}
-            for task, rows in request_rows(requests).items():
-                for row, keys in rows:
-                    for doc_id, idx, position in keys:
-                        where[(task, doc_id, idx)] = (row["id"], position)
-            if cache is None:
-                return getattr(_from_rows(answers, where), kind)(requests)
-            from lm_eval.api.model import CachingLM
-
-            cached = CachingLM(_from_rows(answers, where), cache_file(cache))
-            try:
-                return getattr(cached, kind)(requests)
-            finally:
-                cached.dbdict.close()  # its connection's thread, which lm-eval leaves open
-
-    return ReplayLM()
+    return AnswersFrom(Replay(answers, planned or {}, manager, cache))
 
 
-def _from_rows(answers: dict[str, dict[tuple[str, int], dict]], where: dict[tuple, tuple[str, int]]):
-    """An lm-eval model answering each request from its row: `where[(task, doc_id, idx)]` = (row id, the
-    request's position in the row's choices)."""
-    from lm_eval.api.model import LM
+class Replay:
+    """`replay_lm`'s answers to one request type's requests."""
 
-    def rows(requests):
+    def __init__(self, answers: dict, planned: dict, manager, cache: str | None):
+        self.answers, self.planned, self.manager, self.cache = answers, planned, manager, cache
+
+    def __call__(self, kind: str, requests) -> list:
+        for task, now in requests_hash(requests).items():
+            if self.planned.get(task) not in (None, now):
+                raise ChangedDocuments(_changed(task, "prompts", self.manager))
+        where = {}
+        for task, rows in request_rows(requests).items():
+            for row, keys in rows:
+                for doc_id, idx, position in keys:
+                    where[(task, doc_id, idx)] = (row["id"], position)
+        if self.cache is None:
+            return getattr(FromRows(self.answers, where), kind)(requests)
+        from lm_eval.api.model import CachingLM
+
+        cached = CachingLM(FromRows(self.answers, where), cache_file(self.cache))
+        try:
+            return getattr(cached, kind)(requests)
+        finally:
+            cached.dbdict.close()  # its connection's thread, which lm-eval leaves open
+
+
+class FromRows:
+    """The three request types of an lm-eval model (what lm-eval's CachingLM calls), each request answered from its
+    row: `where[(task, doc_id, idx)]` = (row id, the request's position in the row's choices)."""
+
+    def __init__(self, answers: dict[str, dict[tuple[str, int], dict]], where: dict[tuple, tuple[str, int]]):
+        self.answers, self.where = answers, where
+        self.cache_hook = None
+
+    def set_cache_hook(self, cache_hook) -> None:
+        """As lm-eval's `LM` keeps it: CachingLM gives it, and writes what the rows answer itself."""
+        self.cache_hook = cache_hook
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        return [(row["choice_logprobs"][p], bool(row["choice_greedy"][p])) for row, p in self._rows(requests)]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        return [row["choice_logprobs"][0] for row, _ in self._rows(requests)]
+
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        return [row["output_text"] for row, _ in self._rows(requests)]
+
+    def _rows(self, requests):
         seen: dict[tuple, int] = defaultdict(int)
         for r in requests:
             if empty_document(r):
                 yield {"choice_logprobs": [sum(())]}, 0  # no windows: lm-eval's models sum nothing (the int 0)
                 continue
             key = (r.task_name, r.doc_id, r.idx)
-            sample_id, position = where[key]
+            sample_id, position = self.where[key]
             completion = seen[key]
             seen[key] += 1
-            row = answers.get(r.task_name, {}).get((sample_id, completion)) or \
-                answers.get(r.task_name, {}).get((sample_id, 0))  # greedy repeats: the one completion
+            found = self.answers.get(r.task_name, {})
+            row = found.get((sample_id, completion)) or found.get((sample_id, 0))  # greedy repeats: the one completion
             if row is None or row["status"] not in GENERATED:
                 why = "no committed row" if row is None else f"a {row['status']} row ({row.get('error')})"
                 raise MissingAnswer(f"task {r.task_name}: document {r.doc_id} has {why}")
             yield row, position
-
-    class FromRows(LM):
-        def loglikelihood(self, requests, disable_tqdm: bool = False):
-            return [(row["choice_logprobs"][p], bool(row["choice_greedy"][p])) for row, p in rows(requests)]
-
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            return [row["choice_logprobs"][0] for row, _ in rows(requests)]
-
-        def generate_until(self, requests, disable_tqdm: bool = False):
-            return [row["output_text"] for row, _ in rows(requests)]
-
-    return FromRows()
 
 
 def cache_file(path: str) -> str:
@@ -206,7 +215,7 @@ def score_lm_eval(spec: SweepSpec, read: Callable[[str, str], pa.Table | None], 
                         planned = {t.name: t.lm_eval.requests for t in tasks}
                         cache = settings.cache_of(model.name)
                         replay = replay_lm(answers, planned, manager, cache).described(*model_files(model))
-                        lm = with_chat_template(replay, chat_tokenizer() if settings.apply_chat_template else None)
+                        lm = replay.templated(chat_tokenizer() if settings.apply_chat_template else None)
                         results, failed = scored_leaving_out_failures(score, settings, [t.name for t in tasks])
                         if results is not None:
                             results["config"]["use_cache"] = cache  # as `--use_cache` records it
