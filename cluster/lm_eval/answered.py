@@ -9,6 +9,7 @@ from __future__ import annotations
 import types
 from typing import Any, Callable
 
+import jinja2  # lm-eval's own dependency (lm_eval/utils.py renders its templates with it)
 from lm_eval.api.model import LM, TemplateLM
 
 
@@ -56,8 +57,6 @@ class AnsweredLM(LM):
 
     def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
         """The tokenizer's rendering, without the system message where the template refuses one."""
-        import jinja2
-
         if self.chat_tokenizer is None:
             return super().apply_chat_template(chat_history, add_generation_prompt)
 

@@ -52,14 +52,6 @@ class Recorder:
         return [PLACEHOLDERS[kind]] * len(requests)
 
 
-def recording_lm(recorder: Recorder, chat_tokenizer=None):
-    """An lm-eval model that gives `recorder` its requests to keep and answer, rendering chat templates with
-    `chat_tokenizer` (None: none)."""
-    from cluster.lm_eval.answered import AnswersFrom
-
-    return AnswersFrom(recorder).templated(chat_tokenizer)
-
-
 def check_names(settings: LmEvalSettings, manager) -> None:
     known = set(manager.all_tasks)
     for name in settings.tasks:
@@ -76,9 +68,12 @@ def _version() -> str:
 
 
 def record(settings: LmEvalSettings, manager, chat_tokenizer=None) -> list:
-    """Every request lm-eval would send a model for the entry's tasks."""
+    """Every request lm-eval would send a model for the entry's tasks: a model that gives `recorder` each one to
+    keep and answer, rendering chat templates with `chat_tokenizer` (None: none)."""
+    from cluster.lm_eval.answered import AnswersFrom
+
     recorder = Recorder()
-    lm = recording_lm(recorder, chat_tokenizer)
+    lm = AnswersFrom(recorder).templated(chat_tokenizer)
     try:
         with quiet(), few_shots_checked():
             run_lm_eval(settings, lm, manager, log_samples=False, bootstrap_iters=0, requests_only=True)
